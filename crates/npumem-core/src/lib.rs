@@ -1,0 +1,13 @@
+//! npumem-core: the memory system of an Ascend-style NPU, in pure Rust.
+//!
+//! Layers, each using only the ones before it: [`vm`] (VA window, frames, page table, byte store)
+//! → [`backend`] (the driver-level VMM API: reserve, physical allocations, map, byte access) →
+//! [`pool`] (allocators that turn `malloc` into backend calls) → [`device`] (AscendCL semantics:
+//! policies, padding, bounds-checked copies, host memory). [`error`], [`units`] and [`acl`] are
+//! leaves every layer may use.
+
+pub mod error;
+pub mod units;
+pub mod vm;
+
+pub use error::{AclError, ErrorCode, Result};

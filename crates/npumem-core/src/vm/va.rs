@@ -1,0 +1,269 @@
+//! `VaSpace`: the device virtual address window and its reservations.
+//!
+//! Invariants: reservations lie inside the window, never overlap, start at a multiple of their
+//! alignment and have a non-zero length that is a multiple of the 4 KiB granule; free extents are
+//! kept coalesced (no two free extents touch), so `free + reserved == window size` always holds.
+//! Placement is best fit by length, lowest address among equals, in O(log n).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{VA_WINDOW_END, VA_WINDOW_START};
+use crate::error::{AclError, Result};
+use crate::units::{KIB, checked_align_up, format_size};
+
+/// The smallest unit of VA that is handed out.
+pub const VA_GRANULE: u64 = 4 * KIB;
+
+/// The device virtual address window.
+#[derive(Debug)]
+pub struct VaSpace {
+    start: u64,
+    end: u64,
+    /// Free extents by start address → length.
+    free_by_addr: BTreeMap<u64, u64>,
+    /// Free extents ordered by (length, start), for best fit.
+    free_by_len: BTreeSet<(u64, u64)>,
+    /// Live reservations by start address → length.
+    reserved: BTreeMap<u64, u64>,
+    reserved_bytes: u64,
+}
+
+impl Default for VaSpace {
+    fn default() -> Self {
+        Self::new(VA_WINDOW_START, VA_WINDOW_END)
+    }
+}
+
+impl VaSpace {
+    /// A window `[start, end)`; both ends must be granule-aligned.
+    pub fn new(start: u64, end: u64) -> Self {
+        assert!(start < end && start % VA_GRANULE == 0 && end % VA_GRANULE == 0);
+        let mut va = VaSpace {
+            start,
+            end,
+            free_by_addr: BTreeMap::new(),
+            free_by_len: BTreeSet::new(),
+            reserved: BTreeMap::new(),
+            reserved_bytes: 0,
+        };
+        va.insert_free(start, end - start);
+        va
+    }
+
+    pub fn window(&self) -> (u64, u64) {
+        (self.start, self.end)
+    }
+
+    pub fn reserved_bytes(&self) -> u64 {
+        self.reserved_bytes
+    }
+
+    pub fn reservation_count(&self) -> usize {
+        self.reserved.len()
+    }
+
+    /// The largest free extent (not counting alignment losses).
+    pub fn largest_free(&self) -> u64 {
+        self.free_by_len.last().map_or(0, |&(len, _)| len)
+    }
+
+    /// Reserves `size` bytes aligned to `align` (a power of two ≥ 4 KiB; `size` is rounded up to
+    /// a multiple of the granule). Returns the start address.
+    pub fn reserve(&mut self, size: u64, align: u64) -> Result<u64> {
+        let size = self.check_request(size, align)?;
+        // Best fit: the shortest extents first; the first that fits after alignment wins. The
+        // scan is bounded: past a few candidates, take the shortest extent of at least
+        // `size + align - granule` bytes, which always fits whatever its alignment.
+        const SCAN: usize = 32;
+        let fits = |&(len, start): &(u64, u64)| {
+            let aligned = checked_align_up(start, align)?;
+            (aligned.checked_add(size)? <= start + len).then_some((start, len, aligned))
+        };
+        let mut found = self.free_by_len.range((size, 0)..).take(SCAN).find_map(fits);
+        if found.is_none() {
+            let sure = size.saturating_add(align - VA_GRANULE);
+            found = self.free_by_len.range((sure, 0)..).next().and_then(fits);
+        }
+        let Some((start, len, aligned)) = found else {
+            return Err(AclError::oom(format!(
+                "the device virtual address window has no free range of {} aligned to {} \
+                 (largest free extent {}); release reservations you no longer need",
+                format_size(size),
+                format_size(align),
+                format_size(self.largest_free())
+            )));
+        };
+        self.carve(start, len, aligned, size);
+        Ok(aligned)
+    }
+
+    /// Reserves exactly `[addr, addr + size)`, as `aclrtReserveMemAddress` does with `expectPtr`.
+    pub fn reserve_at(&mut self, addr: u64, size: u64, align: u64) -> Result<u64> {
+        let size = self.check_request(size, align)?;
+        if addr % align != 0 {
+            return Err(AclError::invalid_param(format!(
+                "the expected address {addr:#x} is not aligned to {}; pass an aligned address or 0",
+                format_size(align)
+            )));
+        }
+        let hit = self.free_by_addr.range(..=addr).next_back().map(|(&s, &l)| (s, l));
+        match hit {
+            Some((start, len)) if addr.checked_add(size).is_some_and(|e| e <= start + len) => {
+                self.carve(start, len, addr, size);
+                Ok(addr)
+            }
+            _ => Err(AclError::invalid_param(format!(
+                "the range {addr:#x}+{} is not free inside the device window {:#x}..{:#x}; \
+                 pass 0 to let the runtime choose",
+                format_size(size),
+                self.start,
+                self.end
+            ))),
+        }
+    }
+
+    /// Releases the reservation that starts at `addr`, returning its length.
+    pub fn release(&mut self, addr: u64) -> Result<u64> {
+        let Some(len) = self.reserved.remove(&addr) else {
+            return Err(AclError::invalid_param(format!(
+                "{addr:#x} is not the start of a virtual address reservation; pass the address \
+                 that reserve returned"
+            )));
+        };
+        self.reserved_bytes -= len;
+        let mut start = addr;
+        let mut len_total = len;
+        // Coalesce with the free extent on the left and on the right.
+        if let Some((&ls, &ll)) = self.free_by_addr.range(..addr).next_back() {
+            if ls + ll == addr {
+                self.remove_free(ls, ll);
+                start = ls;
+                len_total += ll;
+            }
+        }
+        let end = addr + len;
+        if let Some(&rl) = self.free_by_addr.get(&end) {
+            self.remove_free(end, rl);
+            len_total += rl;
+        }
+        self.insert_free(start, len_total);
+        Ok(len)
+    }
+
+    /// The reservation that contains `addr`, as `(start, len)`.
+    pub fn reservation_containing(&self, addr: u64) -> Option<(u64, u64)> {
+        self.reserved
+            .range(..=addr)
+            .next_back()
+            .filter(|&(&s, &l)| addr < s + l)
+            .map(|(&s, &l)| (s, l))
+    }
+
+    fn check_request(&self, size: u64, align: u64) -> Result<u64> {
+        if size == 0 {
+            return Err(AclError::invalid_param("cannot reserve 0 bytes of address space; pass a size > 0"));
+        }
+        if !align.is_power_of_two() || align < VA_GRANULE {
+            return Err(AclError::invalid_param(format!(
+                "alignment {align} is not a power of two of at least 4 KiB"
+            )));
+        }
+        checked_align_up(size, VA_GRANULE)
+            .filter(|&s| s <= self.end - self.start)
+            .ok_or_else(|| {
+                AclError::oom(format!(
+                    "{} is larger than the whole device address window ({})",
+                    format_size(size),
+                    format_size(self.end - self.start)
+                ))
+            })
+    }
+
+    /// Takes `[at, at+size)` out of the free extent `[start, start+len)`.
+    fn carve(&mut self, start: u64, len: u64, at: u64, size: u64) {
+        self.remove_free(start, len);
+        if at > start {
+            self.insert_free(start, at - start);
+        }
+        let end = start + len;
+        if at + size < end {
+            self.insert_free(at + size, end - (at + size));
+        }
+        self.reserved.insert(at, size);
+        self.reserved_bytes += size;
+    }
+
+    fn insert_free(&mut self, start: u64, len: u64) {
+        self.free_by_addr.insert(start, len);
+        self.free_by_len.insert((len, start));
+    }
+
+    fn remove_free(&mut self, start: u64, len: u64) {
+        self.free_by_addr.remove(&start);
+        self.free_by_len.remove(&(len, start));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::units::{GIB, MIB};
+    use proptest::prelude::*;
+
+    #[test]
+    fn reserve_aligns_and_release_coalesces() {
+        let mut va = VaSpace::default();
+        let a = va.reserve(4096, 4096).unwrap();
+        let b = va.reserve(3 * MIB, 2 * MIB).unwrap();
+        assert_eq!(a, VA_WINDOW_START);
+        assert_eq!(b % (2 * MIB), 0);
+        assert!(b >= a + 4096);
+        assert_eq!(va.reservation_containing(b + 5), Some((b, 3 * MIB)));
+        va.release(a).unwrap();
+        va.release(b).unwrap();
+        assert_eq!(va.reserved_bytes(), 0);
+        assert_eq!(va.largest_free(), VA_WINDOW_END - VA_WINDOW_START);
+        assert!(va.release(a).is_err());
+    }
+
+    #[test]
+    fn reserve_at_and_errors() {
+        let mut va = VaSpace::default();
+        let want = VA_WINDOW_START + GIB;
+        assert_eq!(va.reserve_at(want, GIB, GIB).unwrap(), want);
+        assert!(va.reserve_at(want + 4096, 4096, 4096).is_err());
+        assert!(va.reserve(0, 4096).is_err());
+        assert!(va.reserve(4096, 3000).is_err());
+        assert!(va.reserve(u64::MAX, 4096).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn reservations_never_overlap(ops in proptest::collection::vec((0u8..3, 1u64..64, 0u32..4), 1..200)) {
+            let mut va = VaSpace::new(VA_WINDOW_START, VA_WINDOW_START + 4 * GIB);
+            let mut live: Vec<(u64, u64)> = Vec::new();
+            for (op, pages, align_log) in ops {
+                if op < 2 || live.is_empty() {
+                    let size = pages * 64 * 1024;
+                    let align = 4096u64 << (align_log * 3);
+                    if let Ok(addr) = va.reserve(size, align) {
+                        prop_assert_eq!(addr % align, 0);
+                        for &(s, l) in &live {
+                            prop_assert!(addr + size <= s || s + l <= addr);
+                        }
+                        live.push((addr, size));
+                    }
+                } else {
+                    let (s, l) = live.swap_remove(pages as usize % live.len());
+                    prop_assert_eq!(va.release(s).unwrap(), l);
+                }
+                let total: u64 = live.iter().map(|&(_, l)| l).sum();
+                prop_assert_eq!(va.reserved_bytes(), total);
+                let free: u64 = va.free_by_addr.values().sum();
+                prop_assert_eq!(free + total, 4 * GIB);
+            }
+            for (s, _) in live { va.release(s).unwrap(); }
+            prop_assert_eq!(va.largest_free(), 4 * GIB);
+        }
+    }
+}
