@@ -11,3 +11,12 @@ pub mod units;
 pub mod vm;
 
 pub use error::{AclError, ErrorCode, Result};
+pub mod acl;
+pub mod backend;
+pub mod device;
+pub mod host;
+pub mod policy;
+pub mod pool;
+
+pub use acl::{MemAttr, MemcpyKind, Policy};
+pub use device::{Allocation, AllocatorKind, Device, DeviceConfig, DeviceStats};

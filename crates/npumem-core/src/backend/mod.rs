@@ -1,0 +1,96 @@
+//! The `Backend` trait: the driver's virtual-memory-management API, the one seam between npumem's
+//! allocators and real or simulated memory.
+//!
+//! It mirrors AscendCL's VMM calls (`aclrtReserveMemAddress`, `aclrtMallocPhysical`,
+//! `aclrtMapMem`, `aclrtUnmapMem`, `aclrtFreePhysical`, `aclrtReleaseMemAddress`) plus byte access
+//! at device addresses and memory information, so a backend over real host memory or over
+//! AscendCL loaded at run time slots in behind the same allocators.
+//!
+//! Contract every backend keeps: a physical allocation is mapped whole (size equal to its size,
+//! offset 0) at a VA aligned to its page size inside a live reservation; a reservation is
+//! released only when nothing is mapped in it; freeing a still-mapped physical allocation defers
+//! the release of its memory until its last unmap (as `aclrtFreePhysical` does); byte access
+//! touches only mapped addresses and fails, never crashes, elsewhere.
+
+pub mod sim;
+
+pub use sim::{SimBackend, SimConfig};
+
+use crate::acl::MemScope;
+use crate::error::Result;
+use crate::vm::{FrameStats, PageKind, PageSize, PageTableStats, Translation};
+
+/// An opaque physical-allocation handle (`aclrtDrvMemHandle`).
+pub type PhysHandle = u64;
+
+/// How often each driver-level operation ran: the cost a caching allocator exists to avoid.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackendCounters {
+    pub reserves: u64,
+    pub releases: u64,
+    pub physical_allocs: u64,
+    pub physical_frees: u64,
+    pub maps: u64,
+    pub unmaps: u64,
+    /// Page-table entries written by maps (a 64 KiB page counts once).
+    pub pages_mapped: u64,
+    pub pages_unmapped: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+}
+
+pub trait Backend: Send {
+    /// A short name ("sim", "host", "acl").
+    fn name(&self) -> &'static str;
+
+    /// The page size physical allocations of `kind` use (the allocation granularity).
+    fn page_size(&self, kind: PageKind) -> PageSize;
+
+    /// Reserves `size` bytes of device VA aligned to `align`, at `hint` if given.
+    fn reserve(&mut self, size: u64, align: u64, hint: Option<u64>) -> Result<u64>;
+
+    /// Releases the reservation that starts at `va`; nothing may be mapped in it.
+    fn release(&mut self, va: u64) -> Result<()>;
+
+    /// Allocates `size` bytes (a multiple of the page size of `kind`) of physical memory.
+    fn create_physical(&mut self, size: u64, kind: PageKind) -> Result<PhysHandle>;
+
+    /// Frees a physical allocation; if it is mapped, its memory goes back at its last unmap.
+    fn free_physical(&mut self, handle: PhysHandle) -> Result<()>;
+
+    /// Maps the whole of `handle` at `va`.
+    fn map(&mut self, va: u64, handle: PhysHandle) -> Result<()>;
+
+    /// Unmaps the mapping that starts at `va`.
+    fn unmap(&mut self, va: u64) -> Result<()>;
+
+    /// Reads `out.len()` bytes at device address `va`.
+    fn read(&mut self, va: u64, out: &mut [u8]) -> Result<()>;
+
+    /// Writes `data` at device address `va`.
+    fn write(&mut self, va: u64, data: &[u8]) -> Result<()>;
+
+    /// Sets `count` bytes at `va` to `value`.
+    fn fill(&mut self, va: u64, value: u8, count: u64) -> Result<()>;
+
+    /// Copies `count` bytes from `src` to `dst`, both device addresses; overlap is allowed.
+    fn copy(&mut self, dst: u64, src: u64, count: u64) -> Result<()>;
+
+    /// (free, total) bytes of the memory `scope` names.
+    fn mem_info(&self, scope: MemScope) -> (u64, u64);
+
+    /// Where `va` is mapped.
+    fn translate(&self, va: u64) -> Result<Translation>;
+
+    fn counters(&self) -> BackendCounters;
+
+    /// Buddy-allocator state, where the backend can see physical memory.
+    fn frame_stats(&self) -> Option<FrameStats> {
+        None
+    }
+
+    /// Page-table state, where the backend keeps a page table.
+    fn page_table_stats(&self) -> Option<PageTableStats> {
+        None
+    }
+}

@@ -1,0 +1,425 @@
+//! `Device`: AscendCL memory semantics over an allocator and a backend.
+//!
+//! One `malloc`: check the size and policy → book `ALIGN_UP(size, 32) (+ 32)` bytes → the
+//! allocator reserves VA, creates physical memory and maps it through the backend → the live table
+//! records the allocation. One `memcpy`: check `count <= dst_max` → classify each address as
+//! device (inside a live allocation) or host (inside a live `malloc_host` block) → check both
+//! ranges fit → move the bytes (device bytes through the page table).
+//!
+//! Invariants: `live` holds exactly the allocations the allocator has granted and not freed; no
+//! byte outside a live allocation's requested size or a live host block is ever read or written;
+//! every failed call leaves the device as it was.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use crate::acl::{MemAttr, MemcpyKind, Policy};
+use crate::backend::{Backend, BackendCounters, SimBackend, SimConfig};
+use crate::error::{AclError, ErrorCode, Result};
+use crate::host::HostHeap;
+use crate::policy::{HUGE_FIRST_NORMAL_LIMIT, START_ALIGN, booked_size};
+use crate::pool::{Allocator, DirectAllocator, Request};
+use crate::units::format_size;
+use crate::vm::{FrameStats, PageSize, PageTableStats, Translation, is_device_address};
+
+/// Which allocator family a device uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllocatorKind {
+    /// No cache: every malloc maps fresh frames, every free unmaps them.
+    Direct,
+}
+
+impl AllocatorKind {
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "direct" => Ok(AllocatorKind::Direct),
+            other => Err(AclError::invalid_param(format!("unknown allocator {other:?}; available: \"direct\""))),
+        }
+    }
+
+    fn build(self) -> Box<dyn Allocator> {
+        match self {
+            AllocatorKind::Direct => Box::new(DirectAllocator::new()),
+        }
+    }
+}
+
+/// Everything needed to build a simulated device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceConfig {
+    pub sim: SimConfig,
+    pub allocator: AllocatorKind,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        DeviceConfig { sim: SimConfig::default(), allocator: AllocatorKind::Direct }
+    }
+}
+
+/// One live device allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Allocation {
+    pub ptr: u64,
+    /// Bytes the caller asked for; the accessible range.
+    pub size: u64,
+    /// Bytes the runtime booked (aligned to 32, padded by 32 for `malloc`).
+    pub booked: u64,
+    /// Bytes the allocator set aside (page-rounded for the direct allocator).
+    pub granted: u64,
+    pub policy: Policy,
+    pub page: PageSize,
+}
+
+/// Counters of the runtime layer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceStats {
+    pub mallocs: u64,
+    pub frees: u64,
+    pub failed_mallocs: u64,
+    /// HUGE_FIRST requests above 1 MiB that got normal pages because no 2 MiB frame was free.
+    pub huge_fallbacks: u64,
+    /// Copies whose `kind` disagreed with the direction the addresses imply (advisory, as in CANN).
+    pub kind_mismatches: u64,
+    pub live_count: u64,
+    pub live_requested: u64,
+    pub live_granted: u64,
+    pub peak_granted: u64,
+}
+
+/// Where an address lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Side {
+    Device,
+    Host,
+}
+
+/// How many recently freed pointers are remembered to name double frees.
+const FREED_MEMORY: usize = 4096;
+
+pub struct Device {
+    backend: Box<dyn Backend>,
+    allocator: Box<dyn Allocator>,
+    live: BTreeMap<u64, Allocation>,
+    recently_freed: VecDeque<u64>,
+    host: HostHeap,
+    stats: DeviceStats,
+}
+
+impl Device {
+    /// A simulated device.
+    pub fn new(config: DeviceConfig) -> Result<Self> {
+        Ok(Self::with_parts(Box::new(SimBackend::new(config.sim)?), config.allocator.build()))
+    }
+
+    /// A device over any backend and allocator.
+    pub fn with_parts(backend: Box<dyn Backend>, allocator: Box<dyn Allocator>) -> Self {
+        Device {
+            backend,
+            allocator,
+            live: BTreeMap::new(),
+            recently_freed: VecDeque::new(),
+            host: HostHeap::default(),
+            stats: DeviceStats::default(),
+        }
+    }
+
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    pub fn allocator_name(&self) -> &'static str {
+        self.allocator.name()
+    }
+
+    /// `aclrtMalloc`: books `ALIGN_UP(size, 32) + 32` bytes (no pad under HUGE1G).
+    pub fn malloc(&mut self, size: u64, policy: Policy) -> Result<u64> {
+        self.malloc_inner(size, policy, true)
+    }
+
+    /// `aclrtMallocAlign32`: books `ALIGN_UP(size, 32)` bytes.
+    pub fn malloc_align32(&mut self, size: u64, policy: Policy) -> Result<u64> {
+        self.malloc_inner(size, policy, false)
+    }
+
+    fn malloc_inner(&mut self, size: u64, policy: Policy, padded: bool) -> Result<u64> {
+        let booked = booked_size(size, policy, padded)?;
+        let request = Request { size, booked, policy };
+        let grant = match self.allocator.malloc(self.backend.as_mut(), &request) {
+            Ok(g) => g,
+            Err(e) => {
+                self.stats.failed_mallocs += 1;
+                return Err(self.malloc_error(e, size, policy));
+            }
+        };
+        debug_assert!(grant.ptr % START_ALIGN == 0 && grant.granted >= booked);
+        if policy.base() == Policy::HugeFirst
+            && size > HUGE_FIRST_NORMAL_LIMIT
+            && grant.page.bytes() < PageSize::Size2M.bytes()
+        {
+            self.stats.huge_fallbacks += 1;
+        }
+        let allocation = Allocation { ptr: grant.ptr, size, booked, granted: grant.granted, policy, page: grant.page };
+        self.live.insert(grant.ptr, allocation);
+        let s = &mut self.stats;
+        s.mallocs += 1;
+        s.live_count += 1;
+        s.live_requested += size;
+        s.live_granted += grant.granted;
+        s.peak_granted = s.peak_granted.max(s.live_granted);
+        Ok(grant.ptr)
+    }
+
+    fn malloc_error(&self, e: AclError, size: u64, policy: Policy) -> AclError {
+        if !e.code.is_out_of_memory() {
+            return e;
+        }
+        let (free, total) = self.backend.mem_info(crate::acl::MemScope::All);
+        let hint = match policy.base() {
+            Policy::HugeOnly => " HUGE_ONLY needs free 2 MiB frames: use HUGE_FIRST to accept normal pages, \
+                                 or free memory to let huge frames re-form.",
+            Policy::Huge1gOnly => " HUGE1G_ONLY needs giant frames set aside (giant_frames) or use HUGE_FIRST.",
+            _ => " Free memory you no longer need or use a larger device.",
+        };
+        AclError::oom(format!(
+            "malloc({}, {}) failed: {} (device: {} free of {}).{hint}",
+            format_size(size),
+            policy.name(),
+            e.message,
+            format_size(free),
+            format_size(total)
+        ))
+    }
+
+    /// `aclrtFree`.
+    pub fn free(&mut self, ptr: u64) -> Result<()> {
+        if ptr == 0 {
+            return Err(AclError::invalid_param("free(NULL): pass a pointer returned by malloc"));
+        }
+        let Some(allocation) = self.live.get(&ptr).copied() else {
+            return Err(self.bad_pointer(ptr));
+        };
+        self.allocator.free(self.backend.as_mut(), ptr)?;
+        self.live.remove(&ptr);
+        if self.recently_freed.len() == FREED_MEMORY {
+            self.recently_freed.pop_front();
+        }
+        self.recently_freed.push_back(ptr);
+        let s = &mut self.stats;
+        s.frees += 1;
+        s.live_count -= 1;
+        s.live_requested -= allocation.size;
+        s.live_granted -= allocation.granted;
+        Ok(())
+    }
+
+    fn bad_pointer(&self, ptr: u64) -> AclError {
+        if let Some(a) = self.containing(ptr) {
+            return AclError::bad_free(format!(
+                "{ptr:#x} points {} bytes into the allocation at {:#x}; free the pointer malloc returned",
+                ptr - a.ptr,
+                a.ptr
+            ));
+        }
+        if self.recently_freed.contains(&ptr) {
+            return AclError::bad_free(format!("double free: {ptr:#x} was already freed"));
+        }
+        AclError::bad_free(format!("{ptr:#x} is not a live device allocation; it never came from malloc"))
+    }
+
+    fn containing(&self, addr: u64) -> Option<&Allocation> {
+        self.live.range(..=addr).next_back().map(|(_, a)| a).filter(|a| addr < a.ptr + a.granted)
+    }
+
+    /// The live allocation that starts at `ptr`.
+    pub fn allocation(&self, ptr: u64) -> Option<Allocation> {
+        self.live.get(&ptr).copied()
+    }
+
+    /// All live allocations in address order.
+    pub fn allocations(&self) -> impl Iterator<Item = &Allocation> {
+        self.live.values()
+    }
+
+    /// `aclrtMallocHost`: real host memory, 64-byte aligned.
+    pub fn malloc_host(&mut self, size: u64) -> Result<u64> {
+        self.host.alloc(size)
+    }
+
+    /// `aclrtFreeHost`.
+    pub fn free_host(&mut self, ptr: u64) -> Result<()> {
+        if ptr == 0 {
+            return Err(AclError::invalid_param("free_host(NULL): pass a pointer returned by malloc_host"));
+        }
+        self.host.free(ptr)
+    }
+
+    /// Classifies `[addr, addr + len)` and checks that it lies wholly in one live allocation.
+    fn side(&self, addr: u64, len: u64, role: &str) -> Result<Side> {
+        if addr == 0 {
+            return Err(AclError::invalid_param(format!("{role} is NULL")));
+        }
+        if is_device_address(addr) {
+            let a = self.live.range(..=addr).next_back().map(|(_, a)| a).filter(|a| addr < a.ptr + a.size);
+            let Some(a) = a else {
+                let why = if self.containing(addr).is_some() {
+                    "lies in the padding past the requested size of an allocation"
+                } else {
+                    "is not inside a live device allocation (freed already? use after free)"
+                };
+                return Err(AclError::rt_param(format!("{role} {addr:#x} {why}")));
+            };
+            let end = a.ptr + a.size;
+            if addr.checked_add(len).is_none_or(|e| e > end) {
+                return Err(AclError::rt_param(format!(
+                    "{len} bytes at {role} {addr:#x} run {} bytes past the end of the allocation at {:#x} \
+                     ({} bytes); copy less or allocate more",
+                    addr.saturating_add(len) - end,
+                    a.ptr,
+                    a.size
+                )));
+            }
+            return Ok(Side::Device);
+        }
+        if self.host.contains(addr) {
+            self.host.check(addr, len).map_err(|e| AclError::rt_param(format!("{role}: {}", e.message)))?;
+            return Ok(Side::Host);
+        }
+        Err(AclError::rt_param(format!(
+            "{role} {addr:#x} is neither a device address nor host memory from malloc_host; pass \
+             Python data with write()/read(), or copy it into a malloc_host buffer first"
+        )))
+    }
+
+    /// `aclrtMemcpy`: copies `count` bytes; the direction comes from the addresses, `kind` is
+    /// validated but advisory.
+    pub fn memcpy(&mut self, dst: u64, dst_max: u64, src: u64, count: u64, kind: u32) -> Result<()> {
+        let kind = MemcpyKind::from_raw(kind)?;
+        if matches!(kind, MemcpyKind::InnerDeviceToDevice | MemcpyKind::InterDeviceToDevice) {
+            return Err(AclError::invalid_param(format!(
+                "{} is not accepted by aclrtMemcpy (the runtime takes kinds 0-5); use ACL_MEMCPY_DEFAULT",
+                kind.name()
+            )));
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        if count > dst_max {
+            return Err(AclError::rt_param(format!(
+                "count {count} is larger than dst_max {dst_max}; the copy would overflow the destination"
+            )));
+        }
+        let dst_side = self.side(dst, count, "destination")?;
+        let src_side = self.side(src, count, "source")?;
+        if let Some(named) = kind.direction() {
+            if named != (src_side == Side::Device, dst_side == Side::Device) {
+                self.stats.kind_mismatches += 1;
+            }
+        }
+        if dst == src {
+            return Ok(());
+        }
+        match (src_side, dst_side) {
+            (Side::Host, Side::Host) => self.host.copy(dst, src, count),
+            (Side::Host, Side::Device) => {
+                let data = self.host.slice(src, count)?;
+                self.backend.write(dst, data)
+            }
+            (Side::Device, Side::Host) => {
+                let out = self.host.slice_mut(dst, count)?;
+                self.backend.read(src, out)
+            }
+            (Side::Device, Side::Device) => self.backend.copy(dst, src, count),
+        }
+    }
+
+    /// `aclrtMemset`: sets `count` bytes at `ptr` (device or host) to the low byte of `value`.
+    pub fn memset(&mut self, ptr: u64, dst_max: u64, value: i32, count: u64) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        if count > dst_max {
+            return Err(AclError::rt_param(format!(
+                "count {count} is larger than dst_max {dst_max}; the memset would overflow the destination"
+            )));
+        }
+        let byte = value as u8;
+        match self.side(ptr, count, "destination")? {
+            Side::Host => {
+                self.host.slice_mut(ptr, count)?.fill(byte);
+                Ok(())
+            }
+            Side::Device => self.backend.fill(ptr, byte, count),
+        }
+    }
+
+    /// Writes `data` at `ptr` (device or `malloc_host` memory).
+    pub fn write(&mut self, ptr: u64, data: &[u8]) -> Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        match self.side(ptr, data.len() as u64, "destination")? {
+            Side::Host => {
+                self.host.slice_mut(ptr, data.len() as u64)?.copy_from_slice(data);
+                Ok(())
+            }
+            Side::Device => self.backend.write(ptr, data),
+        }
+    }
+
+    /// Reads `out.len()` bytes at `ptr` (device or `malloc_host` memory).
+    pub fn read(&mut self, ptr: u64, out: &mut [u8]) -> Result<()> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        match self.side(ptr, out.len() as u64, "source")? {
+            Side::Host => {
+                out.copy_from_slice(self.host.slice(ptr, out.len() as u64)?);
+                Ok(())
+            }
+            Side::Device => self.backend.read(ptr, out),
+        }
+    }
+
+    /// `aclrtGetMemInfo`: (free, total) bytes of the memory `attr` names.
+    pub fn mem_info(&self, attr: MemAttr) -> (u64, u64) {
+        self.backend.mem_info(attr.scope())
+    }
+
+    /// Where a device VA is mapped.
+    pub fn translate(&self, va: u64) -> Result<Translation> {
+        if !is_device_address(va) {
+            return Err(AclError::rt_param(format!("{va:#x} is not a device address")));
+        }
+        self.backend.translate(va)
+    }
+
+    pub fn frame_stats(&self) -> Result<FrameStats> {
+        self.backend.frame_stats().ok_or_else(|| self.unsupported("frame statistics"))
+    }
+
+    pub fn page_table_stats(&self) -> Result<PageTableStats> {
+        self.backend.page_table_stats().ok_or_else(|| self.unsupported("page-table statistics"))
+    }
+
+    fn unsupported(&self, what: &str) -> AclError {
+        AclError::new(ErrorCode::FeatureUnsupported, format!("the {} backend has no {what}", self.backend.name()))
+    }
+
+    pub fn backend_counters(&self) -> BackendCounters {
+        self.backend.counters()
+    }
+
+    pub fn stats(&self) -> DeviceStats {
+        self.stats
+    }
+
+    /// Live `malloc_host` bytes and blocks.
+    pub fn host_usage(&self) -> (u64, usize) {
+        (self.host.live_bytes(), self.host.live_count())
+    }
+
+    /// Returns cached memory to the backend (nothing to do for the direct allocator).
+    pub fn empty_cache(&mut self) -> Result<()> {
+        self.allocator.empty_cache(self.backend.as_mut())
+    }
+}

@@ -1,0 +1,152 @@
+//! `HostHeap`: real host memory from `aclrtMallocHost`, 64-byte aligned.
+//!
+//! The blocks are genuine process memory, so their addresses can be handed to ctypes, numpy or
+//! other native code. npumem itself touches host memory only inside blocks it allocated and still
+//! holds, after checking the whole range: an unknown or freed host address is an error, never a
+//! wild access.
+//!
+//! Invariants: `blocks` holds exactly the live allocations, each allocated with
+//! `Layout(size, 64)` and zero-initialised; blocks never overlap (the system allocator guarantees
+//! it); every block is deallocated exactly once, by `free` or on drop.
+
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::collections::BTreeMap;
+
+use crate::error::{AclError, Result};
+use crate::units::format_size;
+
+/// Start alignment of host allocations.
+pub const HOST_ALIGN: usize = 64;
+
+#[derive(Debug, Default)]
+pub struct HostHeap {
+    blocks: BTreeMap<u64, u64>,
+    bytes: u64,
+}
+
+// SAFETY: the heap owns its blocks outright (raw addresses, no shared Rust references); moving
+// ownership to another thread is as safe as moving a Vec.
+unsafe impl Send for HostHeap {}
+
+impl HostHeap {
+    pub fn alloc(&mut self, size: u64) -> Result<u64> {
+        if size == 0 {
+            return Err(AclError::invalid_param("malloc_host size must be greater than 0"));
+        }
+        let layout = usize::try_from(size)
+            .ok()
+            .and_then(|s| Layout::from_size_align(s, HOST_ALIGN).ok())
+            .ok_or_else(|| AclError::invalid_param(format!("malloc_host size {size} is too large for this host")))?;
+        // SAFETY: the layout has a non-zero size (checked above).
+        let ptr = unsafe { alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(AclError::oom(format!("the host could not allocate {} of memory", format_size(size))));
+        }
+        let addr = ptr as u64;
+        self.blocks.insert(addr, size);
+        self.bytes += size;
+        Ok(addr)
+    }
+
+    pub fn free(&mut self, addr: u64) -> Result<()> {
+        let size = self.blocks.remove(&addr).ok_or_else(|| {
+            AclError::bad_free(format!(
+                "host address {addr:#x} is not a live malloc_host allocation (already freed, or not from malloc_host)"
+            ))
+        })?;
+        self.bytes -= size;
+        let layout = Layout::from_size_align(size as usize, HOST_ALIGN).expect("validated at alloc");
+        // SAFETY: `addr` was returned by `alloc_zeroed` with this exact layout and was live until
+        // the removal above, so it is deallocated exactly once.
+        unsafe { dealloc(addr as *mut u8, layout) };
+        Ok(())
+    }
+
+    /// Whether `addr` falls inside a live block.
+    pub fn contains(&self, addr: u64) -> bool {
+        self.block_of(addr).is_some()
+    }
+
+    fn block_of(&self, addr: u64) -> Option<(u64, u64)> {
+        self.blocks.range(..=addr).next_back().filter(|&(&s, &l)| addr < s + l).map(|(&s, &l)| (s, l))
+    }
+
+    /// Checks that `[addr, addr + len)` lies inside one live block.
+    pub fn check(&self, addr: u64, len: u64) -> Result<()> {
+        let (start, size) = self.block_of(addr).ok_or_else(|| {
+            AclError::rt_param(format!("host address {addr:#x} is not inside a live malloc_host allocation"))
+        })?;
+        let end = start + size;
+        if addr.checked_add(len).is_none_or(|e| e > end) {
+            return Err(AclError::rt_param(format!(
+                "{len} bytes at host address {addr:#x} run {} bytes past the end of the malloc_host \
+                 allocation at {start:#x} ({} long)",
+                addr.saturating_add(len) - end,
+                format_size(size)
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn slice(&self, addr: u64, len: u64) -> Result<&[u8]> {
+        self.check(addr, len)?;
+        // SAFETY: the range lies inside a live, zero-initialised block owned by this heap, and the
+        // shared borrow of `self` keeps it from being freed while the slice lives.
+        Ok(unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) })
+    }
+
+    pub fn slice_mut(&mut self, addr: u64, len: u64) -> Result<&mut [u8]> {
+        self.check(addr, len)?;
+        // SAFETY: as in `slice`; the exclusive borrow of `self` makes this the only Rust view.
+        Ok(unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len as usize) })
+    }
+
+    /// memmove inside host memory; both ranges must lie in live blocks.
+    pub fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<()> {
+        self.check(src, len)?;
+        self.check(dst, len)?;
+        // SAFETY: both ranges were checked to lie in live blocks of this heap; `ptr::copy`
+        // allows overlap.
+        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len as usize) };
+        Ok(())
+    }
+
+    pub fn live_bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    pub fn live_count(&self) -> usize {
+        self.blocks.len()
+    }
+}
+
+impl Drop for HostHeap {
+    fn drop(&mut self) {
+        let addrs: Vec<u64> = self.blocks.keys().copied().collect();
+        for addr in addrs {
+            let _ = self.free(addr);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alloc_access_free() {
+        let mut h = HostHeap::default();
+        let a = h.alloc(100).unwrap();
+        assert_eq!(a % 64, 0);
+        h.slice_mut(a, 10).unwrap().copy_from_slice(b"0123456789");
+        h.copy(a + 2, a, 8).unwrap();
+        assert_eq!(h.slice(a, 10).unwrap(), b"0101234567");
+        assert!(h.check(a + 90, 11).is_err());
+        assert!(h.check(a + 100, 1).is_err());
+        assert!(h.alloc(0).is_err());
+        h.free(a).unwrap();
+        assert!(h.free(a).is_err());
+        assert!(h.slice(a, 1).is_err());
+        assert!(h.alloc(u64::MAX).is_err());
+    }
+}

@@ -1,0 +1,175 @@
+//! Device-level behaviour: AscendCL rules and a model-based property test over malloc/free/copy.
+
+use npumem_core::backend::SimConfig;
+use npumem_core::units::{GIB, KIB, MIB};
+use npumem_core::vm::PageSize;
+use npumem_core::{Device, DeviceConfig, ErrorCode, MemAttr, MemcpyKind, Policy};
+use proptest::prelude::*;
+
+fn device(capacity: u64, giant_frames: u64) -> Device {
+    let sim = SimConfig { capacity, normal_page: PageSize::Size4K, giant_frames };
+    Device::new(DeviceConfig { sim, ..Default::default() }).unwrap()
+}
+
+#[test]
+fn policies_pick_page_sizes_and_padding() {
+    let mut d = device(4 * GIB, 1);
+    let small = d.malloc(MIB, Policy::HugeFirst).unwrap();
+    let big = d.malloc(MIB + 1, Policy::HugeFirst).unwrap();
+    let only = d.malloc(1024, Policy::HugeOnly).unwrap();
+    let giant = d.malloc(GIB - 100, Policy::Huge1gOnly).unwrap();
+    let aligned = d.malloc_align32(33, Policy::NormalOnly).unwrap();
+    let get = |p| d.allocation(p).unwrap();
+    assert_eq!((get(small).page, get(small).booked), (PageSize::Size4K, MIB + 32));
+    assert_eq!((get(big).page, get(big).granted), (PageSize::Size2M, 2 * MIB));
+    assert_eq!((get(only).page, get(only).granted), (PageSize::Size2M, 2 * MIB));
+    assert_eq!((get(giant).page, get(giant).booked), (PageSize::Size1G, GIB - 96));
+    assert_eq!(get(aligned).booked, 64);
+    for p in [small, big, only, giant, aligned] {
+        assert_eq!(p % 64, 0);
+        d.translate(p).unwrap();
+    }
+    assert_eq!(d.mem_info(MemAttr::HbmHuge1g), (0, GIB));
+    assert_eq!(d.page_table_stats().unwrap().pages, [1 + MIB / (4 * KIB) + 1, 0, 2, 1].map(|x| x as u64));
+}
+
+#[test]
+fn errors_carry_acl_codes() {
+    let mut d = device(64 * MIB, 0);
+    assert_eq!(d.malloc(0, Policy::HugeFirst).unwrap_err().code, ErrorCode::InvalidParam);
+    assert_eq!(d.malloc(u64::MAX, Policy::HugeFirst).unwrap_err().code, ErrorCode::InvalidParam);
+    let oom = d.malloc(GIB, Policy::HugeFirst).unwrap_err();
+    assert_eq!(oom.code, ErrorCode::RtMemoryAllocation);
+    assert!(oom.message.contains("free of"), "{}", oom.message);
+    assert_eq!(d.malloc(4096, Policy::Huge1gOnly).unwrap_err().code, ErrorCode::RtMemoryAllocation);
+    let p = d.malloc(100, Policy::HugeFirst).unwrap();
+    assert_eq!(d.free(p + 64).unwrap_err().code, ErrorCode::RtMemoryFree);
+    d.free(p).unwrap();
+    let double = d.free(p).unwrap_err();
+    assert!(double.message.contains("double free"));
+    assert_eq!(d.free(0).unwrap_err().code, ErrorCode::InvalidParam);
+    assert_eq!(d.free(12345).unwrap_err().code, ErrorCode::RtMemoryFree);
+    assert_eq!(d.stats().live_count, 0);
+    assert_eq!(d.mem_info(MemAttr::Hbm), (64 * MIB, 64 * MIB));
+}
+
+#[test]
+fn copies_check_bounds_and_infer_direction() {
+    let mut d = device(64 * MIB, 0);
+    let a = d.malloc(1000, Policy::HugeFirst).unwrap();
+    let b = d.malloc(1000, Policy::HugeFirst).unwrap();
+    let h = d.malloc_host(1000).unwrap();
+    d.write(h, &[7u8; 1000]).unwrap();
+    // Host to device with a "wrong" kind still works (the kind is advisory) but is counted.
+    d.memcpy(a, 1000, h, 1000, MemcpyKind::DeviceToHost as u32).unwrap();
+    assert_eq!(d.stats().kind_mismatches, 1);
+    d.memcpy(b, 1000, a, 1000, MemcpyKind::Default as u32).unwrap();
+    let mut out = [0u8; 1000];
+    d.read(b, &mut out).unwrap();
+    assert_eq!(out, [7u8; 1000]);
+    assert_eq!(d.memcpy(b, 10, a, 11, 4).unwrap_err().code, ErrorCode::RtParamInvalid);
+    assert_eq!(d.memcpy(b, 2000, a, 1001, 4).unwrap_err().code, ErrorCode::RtParamInvalid);
+    assert_eq!(d.memcpy(b, 10, a, 10, 9).unwrap_err().code, ErrorCode::InvalidParam);
+    assert_eq!(d.memcpy(b, 10, a, 10, 6).unwrap_err().code, ErrorCode::InvalidParam);
+    assert_eq!(d.memcpy(b, 10, 0x1234, 10, 4).unwrap_err().code, ErrorCode::RtParamInvalid);
+    d.memcpy(0, 0, 0, 0, 4).unwrap(); // count 0 is a no-op
+    d.memset(a, 1000, 0x1FF, 10).unwrap();
+    d.read(a, &mut out[..10]).unwrap();
+    assert_eq!(out[..10], [0xFF; 10]);
+    assert!(d.memset(a, 1000, 0, 1001).is_err());
+    d.free(a).unwrap();
+    let uaf = d.read(a, &mut out).unwrap_err();
+    assert!(uaf.message.contains("use after free"), "{}", uaf.message);
+    d.free_host(h).unwrap();
+    assert!(d.free_host(h).is_err());
+}
+
+#[test]
+fn huge_first_falls_back_when_fragmented() {
+    let mut d = device(64 * MIB, 0);
+    // Fill with 4 KiB allocations, then free all but one in each 2 MiB frame.
+    let mut ptrs = Vec::new();
+    while let Ok(p) = d.malloc(4000, Policy::NormalOnly) {
+        ptrs.push(p);
+    }
+    for (i, p) in ptrs.iter().enumerate() {
+        if i % 512 != 0 {
+            d.free(*p).unwrap();
+        }
+    }
+    let (free, _) = d.mem_info(MemAttr::Hbm);
+    assert!(free > 60 * MIB);
+    assert_eq!(d.mem_info(MemAttr::HbmHuge).0, 0);
+    assert_eq!(d.malloc(4 * MIB, Policy::HugeOnly).unwrap_err().code, ErrorCode::RtMemoryAllocation);
+    let p = d.malloc(4 * MIB, Policy::HugeFirst).unwrap();
+    assert_eq!(d.allocation(p).unwrap().page, PageSize::Size4K);
+    assert_eq!(d.stats().huge_fallbacks, 1);
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Malloc(u64, u8),
+    Free(usize),
+    Write(usize, u8),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (1u64..6 * MIB, 0u8..3).prop_map(|(s, p)| Op::Malloc(s, p)),
+        any::<usize>().prop_map(Op::Free),
+        (any::<usize>(), any::<u8>()).prop_map(|(i, b)| Op::Write(i, b)),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    #[test]
+    fn malloc_free_against_model(ops in proptest::collection::vec(op(), 1..60)) {
+        let mut d = device(64 * MIB, 0);
+        let initial = d.frame_stats().unwrap();
+        // Model: ptr -> (size, fill byte once written; fresh memory is uninitialised).
+        let mut live: Vec<(u64, u64, Option<u8>)> = Vec::new();
+        for op in ops {
+            match op {
+                Op::Malloc(size, p) => {
+                    let policy = [Policy::HugeFirst, Policy::HugeOnly, Policy::NormalOnly][p as usize];
+                    if let Ok(ptr) = d.malloc(size, policy) {
+                        let a = d.allocation(ptr).unwrap();
+                        for &(q, qs, _) in &live {
+                            let b = d.allocation(q).unwrap();
+                            prop_assert!(ptr + a.granted <= q || q + b.granted <= ptr);
+                            prop_assert!(qs <= b.granted);
+                        }
+                        live.push((ptr, size, None));
+                    }
+                }
+                Op::Free(i) if !live.is_empty() => {
+                    let (ptr, _, _) = live.swap_remove(i % live.len());
+                    d.free(ptr).unwrap();
+                }
+                Op::Write(i, byte) if !live.is_empty() => {
+                    let k = i % live.len();
+                    let (ptr, size, _) = live[k];
+                    d.memset(ptr, size, byte as i32, size).unwrap();
+                    live[k].2 = Some(byte);
+                }
+                _ => {}
+            }
+            // Every live allocation still holds its own bytes at both ends.
+            for &(ptr, size, byte) in &live {
+                let Some(byte) = byte else { continue };
+                let mut b = [0u8; 1];
+                d.read(ptr, &mut b).unwrap();
+                prop_assert_eq!(b[0], byte);
+                d.read(ptr + size - 1, &mut b).unwrap();
+                prop_assert_eq!(b[0], byte);
+            }
+            prop_assert_eq!(d.stats().live_count as usize, live.len());
+        }
+        for (ptr, _, _) in live {
+            d.free(ptr).unwrap();
+        }
+        prop_assert_eq!(d.frame_stats().unwrap(), initial);
+        prop_assert_eq!(d.page_table_stats().unwrap().mapped_bytes, 0);
+    }
+}
