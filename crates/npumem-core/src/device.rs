@@ -175,8 +175,10 @@ impl Device {
         }
         let (free, total) = self.backend.mem_info(crate::acl::MemScope::All);
         let hint = match policy.base() {
-            Policy::HugeOnly => " HUGE_ONLY needs free 2 MiB frames: use HUGE_FIRST to accept normal pages, \
-                                 or free memory to let huge frames re-form.",
+            Policy::HugeOnly => {
+                " HUGE_ONLY needs free 2 MiB frames: use HUGE_FIRST to accept normal pages, \
+                                 or free memory to let huge frames re-form."
+            }
             Policy::Huge1gOnly => " HUGE1G_ONLY needs giant frames set aside (giant_frames) or use HUGE_FIRST.",
             _ => " Free memory you no longer need or use a larger device.",
         };

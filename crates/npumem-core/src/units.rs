@@ -35,9 +35,7 @@ pub fn align_down(value: u64, align: u64) -> u64 {
 /// T/TB/TiB; binary multiples in every spelling, as memory sizes are). Case-insensitive.
 pub fn parse_size(text: &str) -> Result<u64> {
     let s = text.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
-        .unwrap_or(s.len());
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_')).unwrap_or(s.len());
     let (number, unit) = s.split_at(split);
     let number: String = number.chars().filter(|&c| c != '_').collect();
     let bad = || {

@@ -1,1 +1,36 @@
-//! placeholder
+//! `npumem._native`: the PyO3 bindings of npumem-core. Conversions, GIL handling and error
+//! mapping only; every rule lives in the core crate.
+
+mod convert;
+mod device;
+mod errors;
+
+use pyo3::prelude::*;
+
+#[pymodule(gil_used = false)]
+mod _native {
+    use super::*;
+
+    #[pymodule_export]
+    use crate::device::PyDevice;
+
+    /// Parses a size such as "32GiB", "64KiB" or 4096 into bytes.
+    #[pyfunction]
+    fn parse_size(text: &Bound<'_, PyAny>) -> PyResult<u64> {
+        crate::convert::size_arg(text, "size")
+    }
+
+    /// Formats a byte count ("1.50 GiB").
+    #[pyfunction]
+    fn format_size(bytes: u64) -> String {
+        npumem_core::units::format_size(bytes)
+    }
+
+    #[pymodule_init]
+    fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        m.add("VA_WINDOW_START", npumem_core::vm::VA_WINDOW_START)?;
+        m.add("VA_WINDOW_END", npumem_core::vm::VA_WINDOW_END)?;
+        Ok(())
+    }
+}

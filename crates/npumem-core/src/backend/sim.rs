@@ -118,28 +118,35 @@ impl SimBackend {
         Ok(())
     }
 
-    fn oom_message(&self, size: u64, kind: PageKind, page: PageSize, got: usize) -> String {
+    fn oom_message(&self, size: u64, kind: PageKind, page: PageSize) -> String {
         let s = self.frames.stats();
-        match kind {
-            PageKind::Giant => format!(
+        if kind == PageKind::Giant {
+            return format!(
                 "cannot allocate {} of 1 GiB giant pages: {} of {} giant frames are free",
                 format_size(size),
                 s.giant_free,
                 s.giant_total
-            ),
-            _ => format!(
-                "cannot allocate {} of {} pages (found {} of {} pages): {} of HBM is free but only {} \
-                 lies in free blocks of at least {}; largest free block {}",
+            );
+        }
+        if size > s.free_bytes {
+            return format!(
+                "cannot allocate {} of {} pages: only {} of HBM is free for {kind} pages",
                 format_size(size),
                 page.label(),
-                got,
-                size / page.bytes(),
                 format_size(s.free_bytes),
-                format_size(s.free_bytes_in_blocks_of(page.bytes())),
-                page.label(),
-                format_size(s.largest_free_block)
-            ),
+                kind = kind.label()
+            );
         }
+        format!(
+            "cannot allocate {} of {} pages although {} of HBM is free: fragmentation leaves only {} in \
+             free blocks of at least {} (largest free block {})",
+            format_size(size),
+            page.label(),
+            format_size(s.free_bytes),
+            format_size(s.free_bytes_in_blocks_of(page.bytes())),
+            page.label(),
+            format_size(s.largest_free_block)
+        )
     }
 
     /// Walks `[va, va + len)` page by page, calling `f(pa, offset_in_range, piece_len)`.
@@ -214,7 +221,7 @@ impl Backend for SimBackend {
             _ => self.frames.buddy_free_bytes(),
         };
         if size > available {
-            return Err(AclError::oom(self.oom_message(size, kind, page, 0)));
+            return Err(AclError::oom(self.oom_message(size, kind, page)));
         }
         let mut frames = Vec::with_capacity(count as usize);
         for _ in 0..count {
@@ -225,7 +232,7 @@ impl Backend for SimBackend {
             match got {
                 Ok(pa) => frames.push(pa),
                 Err(_) => {
-                    let message = self.oom_message(size, kind, page, frames.len());
+                    let message = self.oom_message(size, kind, page);
                     for pa in frames {
                         match kind {
                             PageKind::Giant => self.frames.free_giant(pa)?,
@@ -378,9 +385,7 @@ impl Backend for SimBackend {
     }
 
     fn translate(&self, va: u64) -> Result<Translation> {
-        self.page_table
-            .translate(va)
-            .ok_or_else(|| AclError::rt_param(format!("device address {va:#x} is not mapped")))
+        self.page_table.translate(va).ok_or_else(|| AclError::rt_param(format!("device address {va:#x} is not mapped")))
     }
 
     fn counters(&self) -> BackendCounters {

@@ -220,18 +220,13 @@ impl FrameAllocator {
     pub fn free_giant(&mut self, pa: u64) -> Result<()> {
         let frame = pa >> self.frame_shift;
         if !self.giant_all.contains(&frame) || !self.giant_free.insert(frame) {
-            return Err(AclError::bad_free(format!(
-                "physical address {pa:#x} is not an allocated giant frame"
-            )));
+            return Err(AclError::bad_free(format!("physical address {pa:#x} is not an allocated giant frame")));
         }
         Ok(())
     }
 
     pub fn largest_free_block(&self) -> u64 {
-        self.free
-            .iter()
-            .rposition(|list| !list.is_empty())
-            .map_or(0, |order| self.frame_size << order)
+        self.free.iter().rposition(|list| !list.is_empty()).map_or(0, |order| self.frame_size << order)
     }
 
     pub fn stats(&self) -> FrameStats {

@@ -157,7 +157,10 @@ impl PageTable {
     pub fn map(&mut self, va: u64, pa: u64, size: PageSize) -> Result<()> {
         Self::check_va(va, size)?;
         if pa % size.bytes() != 0 || pa & !ADDR_MASK != 0 {
-            return Err(AclError::internal(format!("physical frame {pa:#x} is not aligned to a {} page", size.label())));
+            return Err(AclError::internal(format!(
+                "physical frame {pa:#x} is not aligned to a {} page",
+                size.label()
+            )));
         }
         let level = leaf_level(size);
         let slot = self.walk_create(va, level)?;
@@ -191,9 +194,8 @@ impl PageTable {
         let t = self.table_mut(slot);
         let head = t.entries[first];
         let want_contig = if run > 1 { CONTIG } else { 0 };
-        let ok = t.entries[first..first + run]
-            .iter()
-            .all(|&e| e & (VALID | TABLE) == VALID && e & CONTIG == want_contig);
+        let ok =
+            t.entries[first..first + run].iter().all(|&e| e & (VALID | TABLE) == VALID && e & CONTIG == want_contig);
         if !ok {
             return Err(not_mapped(va, size));
         }

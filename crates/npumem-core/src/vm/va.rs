@@ -152,11 +152,7 @@ impl VaSpace {
 
     /// The reservation that contains `addr`, as `(start, len)`.
     pub fn reservation_containing(&self, addr: u64) -> Option<(u64, u64)> {
-        self.reserved
-            .range(..=addr)
-            .next_back()
-            .filter(|&(&s, &l)| addr < s + l)
-            .map(|(&s, &l)| (s, l))
+        self.reserved.range(..=addr).next_back().filter(|&(&s, &l)| addr < s + l).map(|(&s, &l)| (s, l))
     }
 
     fn check_request(&self, size: u64, align: u64) -> Result<u64> {
@@ -164,19 +160,15 @@ impl VaSpace {
             return Err(AclError::invalid_param("cannot reserve 0 bytes of address space; pass a size > 0"));
         }
         if !align.is_power_of_two() || align < VA_GRANULE {
-            return Err(AclError::invalid_param(format!(
-                "alignment {align} is not a power of two of at least 4 KiB"
-            )));
+            return Err(AclError::invalid_param(format!("alignment {align} is not a power of two of at least 4 KiB")));
         }
-        checked_align_up(size, VA_GRANULE)
-            .filter(|&s| s <= self.end - self.start)
-            .ok_or_else(|| {
-                AclError::oom(format!(
-                    "{} is larger than the whole device address window ({})",
-                    format_size(size),
-                    format_size(self.end - self.start)
-                ))
-            })
+        checked_align_up(size, VA_GRANULE).filter(|&s| s <= self.end - self.start).ok_or_else(|| {
+            AclError::oom(format!(
+                "{} is larger than the whole device address window ({})",
+                format_size(size),
+                format_size(self.end - self.start)
+            ))
+        })
     }
 
     /// Takes `[at, at+size)` out of the free extent `[start, start+len)`.

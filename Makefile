@@ -1,0 +1,45 @@
+# npumem: `make run` builds and runs the demo on the simulated device; `make test` builds and
+# runs every check. Both create and use the local virtual environment .venv.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(abspath $(VENV))/bin
+STAMP := $(VENV)/.deps-stamp
+export VIRTUAL_ENV := $(abspath $(VENV))
+export PATH := $(BIN):$(PATH)
+
+.PHONY: run test build lint test-rust test-python bench clean
+
+run: build
+	npumem demo
+
+test: build lint test-rust test-python
+
+$(STAMP): requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements-dev.txt
+	touch $(STAMP)
+
+# Release build of the extension, installed into .venv (editable for the Python sources).
+build: $(STAMP)
+	maturin develop --release -q
+
+lint: $(STAMP)
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -q -- -D warnings
+	ruff check python tests benches
+	ruff format --check python tests benches
+
+test-rust:
+	cargo test -p npumem-core -q
+
+# pytest exits 5 when it collects no test: that must fail, never pass vacuously.
+test-python: build
+	python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+bench: build
+	python benches/bench_malloc.py
+
+clean:
+	rm -rf $(VENV) target python/npumem/*.so

@@ -1,0 +1,385 @@
+//! `npumem._native.Device`: the simulated device, thread-safe behind one mutex.
+//!
+//! The class is frozen (no PyO3 borrow flag); every method locks the core `Device` for its
+//! duration. Bulk byte transfers of at least `DETACH_BYTES` detach from the interpreter while
+//! they copy, so other Python threads run meanwhile.
+
+use npumem_core::backend::SimConfig;
+use npumem_core::units::format_size;
+use npumem_core::vm::PageSize;
+use npumem_core::{AclError, AllocatorKind, Device, DeviceConfig, MemAttr, Policy};
+use parking_lot::Mutex;
+use pyo3::buffer::PyUntypedBuffer;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+
+use crate::convert::{addr_arg, enum_arg, size_arg};
+use crate::errors::{catch_panics, guard, to_py};
+
+/// Transfers at least this large release the GIL while they copy.
+const DETACH_BYTES: usize = 1 << 20;
+
+#[pyclass(module = "npumem._native", name = "Device", frozen, subclass)]
+pub struct PyDevice {
+    inner: Mutex<Device>,
+    config: DeviceConfig,
+}
+
+/// A raw view of a Python buffer that may cross into a detached section.
+struct RawView {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the view points into a Python buffer export that the caller keeps alive (and its memory
+// pinned) until the detached section returns; only plain bytes are read or written through it.
+unsafe impl Send for RawView {}
+
+fn contiguous_buffer(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<PyUntypedBuffer> {
+    let buf = PyUntypedBuffer::get(obj)?;
+    if !buf.is_c_contiguous() {
+        return Err(to_py(
+            obj.py(),
+            AclError::invalid_param("the buffer is not C-contiguous; pass numpy.ascontiguousarray(x)"),
+        ));
+    }
+    if writable && buf.readonly() {
+        return Err(to_py(obj.py(), AclError::invalid_param("the buffer is read-only; pass a writable one")));
+    }
+    Ok(buf)
+}
+
+fn page_label(p: PageSize) -> &'static str {
+    p.label()
+}
+
+impl PyDevice {
+    /// Runs `f` on the locked device; with `detach`, outside the interpreter so other Python
+    /// threads run meanwhile (for transfers of at least `DETACH_BYTES`).
+    fn run_detached_if<T: Send>(
+        &self,
+        py: Python<'_>,
+        detach: bool,
+        f: impl FnOnce(&mut Device) -> Result<T, AclError> + Send,
+    ) -> PyResult<T> {
+        let inner = &self.inner;
+        let work = move || catch_panics(|| f(&mut inner.lock()));
+        let result = if detach { py.detach(work) } else { work() };
+        result.map_err(|e| to_py(py, e))
+    }
+
+    fn run<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Device) -> Result<T, AclError> + Send) -> PyResult<T> {
+        self.run_detached_if(py, false, f)
+    }
+}
+
+#[pymethods]
+impl PyDevice {
+    #[new]
+    #[pyo3(signature = (capacity = None, *, normal_page = None, giant_frames = 0, backend = "sim", allocator = "direct"))]
+    fn new(
+        py: Python<'_>,
+        capacity: Option<&Bound<'_, PyAny>>,
+        normal_page: Option<&Bound<'_, PyAny>>,
+        giant_frames: u64,
+        backend: &str,
+        allocator: &str,
+    ) -> PyResult<Self> {
+        let capacity = capacity.map(|c| size_arg(c, "capacity")).transpose()?;
+        let normal_page = normal_page.map(|p| size_arg(p, "normal_page")).transpose()?;
+        guard(py, || {
+            if backend != "sim" {
+                return Err(AclError::invalid_param(format!(
+                    "unknown backend {backend:?}; available: \"sim\" (the simulated device)"
+                )));
+            }
+            let defaults = SimConfig::default();
+            let normal_page = match normal_page {
+                None => defaults.normal_page,
+                Some(bytes) => PageSize::from_bytes(bytes)
+                    .filter(|p| matches!(p, PageSize::Size4K | PageSize::Size64K))
+                    .ok_or_else(|| {
+                        AclError::invalid_param(format!(
+                            "normal_page must be \"4KiB\" or \"64KiB\", not {}",
+                            format_size(bytes)
+                        ))
+                    })?,
+            };
+            let sim = SimConfig { capacity: capacity.unwrap_or(defaults.capacity), normal_page, giant_frames };
+            let config = DeviceConfig { sim, allocator: AllocatorKind::parse(allocator)? };
+            Ok(PyDevice { inner: Mutex::new(Device::new(config)?), config })
+        })
+    }
+
+    /// Device memory in bytes.
+    #[getter]
+    fn capacity(&self) -> u64 {
+        self.config.sim.capacity
+    }
+
+    /// The normal page size in bytes.
+    #[getter]
+    fn normal_page(&self) -> u64 {
+        self.config.sim.normal_page.bytes()
+    }
+
+    #[getter]
+    fn giant_frames(&self) -> u64 {
+        self.config.sim.giant_frames
+    }
+
+    #[getter]
+    fn backend(&self) -> &'static str {
+        self.inner.lock().backend_name()
+    }
+
+    #[getter]
+    fn allocator(&self) -> &'static str {
+        self.inner.lock().allocator_name()
+    }
+
+    #[pyo3(signature = (size, policy = None))]
+    fn malloc(&self, py: Python<'_>, size: &Bound<'_, PyAny>, policy: Option<&Bound<'_, PyAny>>) -> PyResult<u64> {
+        let size = size_arg(size, "size")?;
+        let policy = policy.map(|p| enum_arg(p, "policy")).transpose()?.unwrap_or(0);
+        self.run(py, |d| d.malloc(size, Policy::from_raw(policy)?))
+    }
+
+    #[pyo3(signature = (size, policy = None))]
+    fn malloc_align32(
+        &self,
+        py: Python<'_>,
+        size: &Bound<'_, PyAny>,
+        policy: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<u64> {
+        let size = size_arg(size, "size")?;
+        let policy = policy.map(|p| enum_arg(p, "policy")).transpose()?.unwrap_or(0);
+        self.run(py, |d| d.malloc_align32(size, Policy::from_raw(policy)?))
+    }
+
+    fn free(&self, py: Python<'_>, ptr: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ptr = addr_arg(ptr, "ptr")?;
+        self.run(py, |d| d.free(ptr))
+    }
+
+    fn malloc_host(&self, py: Python<'_>, size: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let size = size_arg(size, "size")?;
+        self.run(py, |d| d.malloc_host(size))
+    }
+
+    fn free_host(&self, py: Python<'_>, ptr: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ptr = addr_arg(ptr, "ptr")?;
+        self.run(py, |d| d.free_host(ptr))
+    }
+
+    #[pyo3(signature = (dst, dst_max, src, count, kind = None))]
+    fn memcpy(
+        &self,
+        py: Python<'_>,
+        dst: &Bound<'_, PyAny>,
+        dst_max: &Bound<'_, PyAny>,
+        src: &Bound<'_, PyAny>,
+        count: &Bound<'_, PyAny>,
+        kind: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let (dst, src) = (addr_arg(dst, "dst")?, addr_arg(src, "src")?);
+        let (dst_max, count) = (size_arg(dst_max, "dst_max")?, size_arg(count, "count")?);
+        let kind = kind.map(|k| enum_arg(k, "kind")).transpose()?.unwrap_or(4);
+        self.run_detached_if(py, count >= DETACH_BYTES as u64, |d| d.memcpy(dst, dst_max, src, count, kind))
+    }
+
+    fn memset(
+        &self,
+        py: Python<'_>,
+        ptr: &Bound<'_, PyAny>,
+        dst_max: &Bound<'_, PyAny>,
+        value: i32,
+        count: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let ptr = addr_arg(ptr, "ptr")?;
+        let (dst_max, count) = (size_arg(dst_max, "dst_max")?, size_arg(count, "count")?);
+        self.run(py, |d| d.memset(ptr, dst_max, value, count))
+    }
+
+    /// Writes the bytes of a C-contiguous buffer (bytes, bytearray, memoryview, numpy array) at `ptr`.
+    fn write(&self, py: Python<'_>, ptr: &Bound<'_, PyAny>, buffer: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ptr = addr_arg(ptr, "ptr")?;
+        let buf = contiguous_buffer(buffer, false)?;
+        let view = RawView { ptr: buf.buf_ptr().cast(), len: buf.len_bytes() };
+        let large = view.len >= DETACH_BYTES;
+        let result = self.run_detached_if(py, large, move |d| {
+            let v = view;
+            // SAFETY: `buf` (alive until this function returns) keeps the exported memory valid
+            // and unmoved; it is read as plain bytes.
+            let data = unsafe { std::slice::from_raw_parts(v.ptr as *const u8, v.len) };
+            d.write(ptr, data)
+        });
+        drop(buf);
+        result
+    }
+
+    /// Reads `count` bytes at `ptr` into a new `bytes`.
+    fn read<'py>(
+        &self,
+        py: Python<'py>,
+        ptr: &Bound<'_, PyAny>,
+        count: &Bound<'_, PyAny>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let ptr = addr_arg(ptr, "ptr")?;
+        let count = size_arg(count, "count")?;
+        let len = usize::try_from(count).map_err(|_| to_py(py, AclError::invalid_param("count too large")))?;
+        let mut failure = None;
+        let bytes = PyBytes::new_with(py, len, |out| {
+            if let Err(e) = guard(py, || self.inner.lock().read(ptr, out)) {
+                failure = Some(e);
+            }
+            Ok(())
+        })?;
+        failure.map_or(Ok(bytes), Err)
+    }
+
+    /// Fills a writable C-contiguous buffer (e.g. a numpy array) with the bytes at `ptr`.
+    fn read_into(&self, py: Python<'_>, ptr: &Bound<'_, PyAny>, buffer: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ptr = addr_arg(ptr, "ptr")?;
+        let buf = contiguous_buffer(buffer, true)?;
+        let view = RawView { ptr: buf.buf_ptr().cast(), len: buf.len_bytes() };
+        let large = view.len >= DETACH_BYTES;
+        let result = self.run_detached_if(py, large, move |d| {
+            let v = view;
+            // SAFETY: `buf` keeps the writable export alive and unmoved until this function
+            // returns; npumem is the only Rust code writing through it.
+            let out = unsafe { std::slice::from_raw_parts_mut(v.ptr, v.len) };
+            d.read(ptr, out)
+        });
+        drop(buf);
+        result
+    }
+
+    #[pyo3(signature = (attr = None))]
+    fn mem_info(&self, py: Python<'_>, attr: Option<&Bound<'_, PyAny>>) -> PyResult<(u64, u64)> {
+        let attr = attr.map(|a| enum_arg(a, "attr")).transpose()?.unwrap_or(MemAttr::Hbm as u32);
+        self.run(py, |d| Ok(d.mem_info(MemAttr::from_raw(attr)?)))
+    }
+
+    /// (physical address, page size in bytes) of a mapped device address.
+    fn translate(&self, py: Python<'_>, va: &Bound<'_, PyAny>) -> PyResult<(u64, u64)> {
+        let va = addr_arg(va, "va")?;
+        self.run(py, |d| d.translate(va).map(|t| (t.pa, t.page_size.bytes())))
+    }
+
+    /// (physical address, page size in bytes, descriptors read by the walk).
+    fn walk(&self, py: Python<'_>, va: &Bound<'_, PyAny>) -> PyResult<(u64, u64, u32)> {
+        let va = addr_arg(va, "va")?;
+        self.run(py, |d| d.translate(va).map(|t| (t.pa, t.page_size.bytes(), t.depth)))
+    }
+
+    fn frame_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.run(py, |d| d.frame_stats())?;
+        let dict = PyDict::new(py);
+        let sizes: Vec<u64> = (0..s.free_blocks.len()).map(|k| s.frame_size << k).collect();
+        let bytes: Vec<u64> = s.free_blocks.iter().zip(&sizes).map(|(n, b)| n * b).collect();
+        dict.set_item("frame_size", s.frame_size)?;
+        dict.set_item("buddy_bytes", s.buddy_bytes)?;
+        dict.set_item("free_bytes", s.free_bytes)?;
+        dict.set_item("block_sizes", sizes)?;
+        dict.set_item("free_blocks", &s.free_blocks)?;
+        dict.set_item("free_bytes_by_order", bytes)?;
+        dict.set_item("largest_free_block", s.largest_free_block)?;
+        dict.set_item("free_in_huge_blocks", s.free_bytes_in_blocks_of(PageSize::Size2M.bytes()))?;
+        dict.set_item("giant_total", s.giant_total)?;
+        dict.set_item("giant_free", s.giant_free)?;
+        Ok(dict)
+    }
+
+    fn page_table_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.run(py, |d| d.page_table_stats())?;
+        let dict = PyDict::new(py);
+        let pages = PyDict::new(py);
+        let entries = PyDict::new(py);
+        for (i, p) in PageSize::ALL.iter().enumerate() {
+            pages.set_item(p.label(), s.pages[i])?;
+            entries.set_item(p.label(), s.leaf_entries[i])?;
+        }
+        dict.set_item("pages", pages)?;
+        dict.set_item("leaf_entries", entries)?;
+        dict.set_item("tables", s.tables.to_vec())?;
+        dict.set_item("table_bytes", s.table_bytes)?;
+        dict.set_item("mapped_bytes", s.mapped_bytes)?;
+        Ok(dict)
+    }
+
+    /// The live allocation starting at `ptr` as a dict, or None.
+    fn allocation<'py>(&self, py: Python<'py>, ptr: &Bound<'_, PyAny>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let ptr = addr_arg(ptr, "ptr")?;
+        let a = self.inner.lock().allocation(ptr);
+        a.map(|a| allocation_dict(py, &a)).transpose()
+    }
+
+    /// Every live allocation, in address order.
+    fn allocations<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let all: Vec<_> = self.inner.lock().allocations().copied().collect();
+        let items = all.iter().map(|a| allocation_dict(py, a)).collect::<PyResult<Vec<_>>>()?;
+        PyList::new(py, items)
+    }
+
+    /// Runtime and driver counters.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let (s, c, host) = {
+            let d = self.inner.lock();
+            (d.stats(), d.backend_counters(), d.host_usage())
+        };
+        let dict = PyDict::new(py);
+        for (k, v) in [
+            ("mallocs", s.mallocs),
+            ("frees", s.frees),
+            ("failed_mallocs", s.failed_mallocs),
+            ("huge_fallbacks", s.huge_fallbacks),
+            ("kind_mismatches", s.kind_mismatches),
+            ("live_count", s.live_count),
+            ("live_requested", s.live_requested),
+            ("live_granted", s.live_granted),
+            ("peak_granted", s.peak_granted),
+            ("reserves", c.reserves),
+            ("releases", c.releases),
+            ("physical_allocs", c.physical_allocs),
+            ("physical_frees", c.physical_frees),
+            ("maps", c.maps),
+            ("unmaps", c.unmaps),
+            ("pages_mapped", c.pages_mapped),
+            ("pages_unmapped", c.pages_unmapped),
+            ("bytes_read", c.bytes_read),
+            ("bytes_written", c.bytes_written),
+            ("host_live_bytes", host.0),
+            ("host_live_count", host.1 as u64),
+        ] {
+            dict.set_item(k, v)?;
+        }
+        Ok(dict)
+    }
+
+    fn empty_cache(&self, py: Python<'_>) -> PyResult<()> {
+        self.run(py, |d| d.empty_cache())
+    }
+
+    fn __repr__(&self) -> String {
+        let c = self.config.sim;
+        format!(
+            "Device(capacity={:?}, normal_page={:?}, giant_frames={}, backend=\"sim\", allocator={:?})",
+            format_size(c.capacity).replace(' ', ""),
+            page_label(c.normal_page),
+            c.giant_frames,
+            self.inner.lock().allocator_name()
+        )
+    }
+}
+
+fn allocation_dict<'py>(py: Python<'py>, a: &npumem_core::Allocation) -> PyResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    dict.set_item("ptr", a.ptr)?;
+    dict.set_item("size", a.size)?;
+    dict.set_item("booked", a.booked)?;
+    dict.set_item("granted", a.granted)?;
+    dict.set_item("policy", a.policy as u32)?;
+    dict.set_item("page_size", a.page.bytes())?;
+    Ok(dict)
+}

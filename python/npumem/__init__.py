@@ -1,0 +1,36 @@
+"""npumem: the memory system of an Ascend-style NPU (VA space, page tables, frames, allocators),
+in Rust, driven from Python."""
+
+from __future__ import annotations
+
+from ._native import VA_WINDOW_END, VA_WINDOW_START, __version__, format_size, parse_size
+from .device import Device
+from .enums import MemAttr, MemcpyKind, Policy
+from .errors import (
+    AclError,
+    InternalError,
+    InvalidHandleError,
+    InvalidParamError,
+    MemoryFreeError,
+    OutOfMemoryError,
+    UnsupportedError,
+)
+
+__all__ = [
+    "VA_WINDOW_END",
+    "VA_WINDOW_START",
+    "AclError",
+    "Device",
+    "InternalError",
+    "InvalidHandleError",
+    "InvalidParamError",
+    "MemAttr",
+    "MemcpyKind",
+    "MemoryFreeError",
+    "OutOfMemoryError",
+    "Policy",
+    "UnsupportedError",
+    "__version__",
+    "format_size",
+    "parse_size",
+]

@@ -1,0 +1,48 @@
+"""The :class:`Device`: an Ascend-style NPU's memory, simulated by default."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import _native
+from .enums import Policy
+
+
+class Device(_native.Device):
+    """A device with AscendCL memory semantics.
+
+    ``Device(capacity="32GiB", *, normal_page="4KiB", giant_frames=0, backend="sim",
+    allocator="direct")``. Pointers are ints in the device window (16-24 TiB); ``malloc_host``
+    returns real, 64-byte aligned host memory. Errors are :class:`npumem.errors.AclError`
+    subclasses carrying the AscendCL ``code``.
+    """
+
+    def write(self, ptr: int, buffer: Any) -> None:
+        """Writes the bytes of ``buffer`` (bytes-like or numpy array, any layout) at ``ptr``."""
+        if isinstance(buffer, np.ndarray) and not buffer.flags.c_contiguous:
+            buffer = np.ascontiguousarray(buffer)
+        super().write(ptr, buffer)
+
+    def to_numpy(self, ptr: int, shape: int | tuple[int, ...], dtype: Any = np.uint8) -> np.ndarray:
+        """Copies the bytes at ``ptr`` into a new array of ``shape`` and ``dtype``."""
+        out = np.empty(shape, dtype=dtype)
+        if out.nbytes:
+            self.read_into(ptr, out)
+        return out
+
+    def from_numpy(self, array: np.ndarray, policy: int = Policy.HUGE_FIRST) -> int:
+        """Allocates device memory for ``array``, copies it there and returns the pointer."""
+        array = np.ascontiguousarray(array)
+        ptr = self.malloc(max(array.nbytes, 1), policy)
+        try:
+            self.write(ptr, array)
+        except BaseException:
+            self.free(ptr)
+            raise
+        return ptr
+
+    def page_of(self, ptr: int) -> int:
+        """The page size (bytes) backing the allocation at ``ptr``."""
+        return self.translate(ptr)[1]
