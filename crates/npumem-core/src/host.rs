@@ -5,9 +5,14 @@
 //! holds, after checking the whole range: an unknown or freed host address is an error, never a
 //! wild access.
 //!
-//! Invariants: `blocks` holds exactly the live allocations, each allocated with
-//! `Layout(size, 64)` and zero-initialised; blocks never overlap (the system allocator guarantees
-//! it); every block is deallocated exactly once, by `free` or on drop.
+//! Blocks come from the system's zeroing allocator (`calloc`) with 64 bytes of slack, and the
+//! returned address is the first 64-byte boundary inside: large blocks then arrive as fresh,
+//! lazily zeroed pages instead of being cleared byte by byte, as an aligned zeroed allocation
+//! would be.
+//!
+//! Invariants: `blocks` maps each live aligned address to its size and the raw allocation behind
+//! it (`Layout(size + 64, 16)`), zero-initialised; blocks never overlap (the system allocator
+//! guarantees it); every block is deallocated exactly once, by `free` or on drop.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::collections::BTreeMap;
@@ -20,8 +25,14 @@ pub const HOST_ALIGN: usize = 64;
 
 #[derive(Debug, Default)]
 pub struct HostHeap {
-    blocks: BTreeMap<u64, u64>,
+    /// Aligned address → (size, raw address returned by the allocator).
+    blocks: BTreeMap<u64, (u64, u64)>,
     bytes: u64,
+}
+
+fn raw_layout(size: u64) -> Option<Layout> {
+    let total = usize::try_from(size).ok()?.checked_add(HOST_ALIGN)?;
+    Layout::from_size_align(total, 16).ok()
 }
 
 // SAFETY: the heap owns its blocks outright (raw addresses, no shared Rust references); moving
@@ -33,32 +44,32 @@ impl HostHeap {
         if size == 0 {
             return Err(AclError::invalid_param("malloc_host size must be greater than 0"));
         }
-        let layout = usize::try_from(size)
-            .ok()
-            .and_then(|s| Layout::from_size_align(s, HOST_ALIGN).ok())
+        let layout = raw_layout(size)
             .ok_or_else(|| AclError::invalid_param(format!("malloc_host size {size} is too large for this host")))?;
-        // SAFETY: the layout has a non-zero size (checked above).
-        let ptr = unsafe { alloc_zeroed(layout) };
-        if ptr.is_null() {
+        // SAFETY: the layout has a non-zero size (at least HOST_ALIGN bytes).
+        let raw = unsafe { alloc_zeroed(layout) };
+        if raw.is_null() {
             return Err(AclError::oom(format!("the host could not allocate {} of memory", format_size(size))));
         }
-        let addr = ptr as u64;
-        self.blocks.insert(addr, size);
+        let raw = raw as u64;
+        // The slack of HOST_ALIGN bytes leaves room for `size` bytes after the boundary.
+        let addr = (raw + HOST_ALIGN as u64 - 1) & !(HOST_ALIGN as u64 - 1);
+        self.blocks.insert(addr, (size, raw));
         self.bytes += size;
         Ok(addr)
     }
 
     pub fn free(&mut self, addr: u64) -> Result<()> {
-        let size = self.blocks.remove(&addr).ok_or_else(|| {
+        let (size, raw) = self.blocks.remove(&addr).ok_or_else(|| {
             AclError::bad_free(format!(
                 "host address {addr:#x} is not a live malloc_host allocation (already freed, or not from malloc_host)"
             ))
         })?;
         self.bytes -= size;
-        let layout = Layout::from_size_align(size as usize, HOST_ALIGN).expect("validated at alloc");
-        // SAFETY: `addr` was returned by `alloc_zeroed` with this exact layout and was live until
+        let layout = raw_layout(size).expect("validated at alloc");
+        // SAFETY: `raw` was returned by `alloc_zeroed` with this exact layout and was live until
         // the removal above, so it is deallocated exactly once.
-        unsafe { dealloc(addr as *mut u8, layout) };
+        unsafe { dealloc(raw as *mut u8, layout) };
         Ok(())
     }
 
@@ -68,7 +79,7 @@ impl HostHeap {
     }
 
     fn block_of(&self, addr: u64) -> Option<(u64, u64)> {
-        self.blocks.range(..=addr).next_back().filter(|&(&s, &l)| addr < s + l).map(|(&s, &l)| (s, l))
+        self.blocks.range(..=addr).next_back().filter(|&(&s, &(l, _))| addr < s + l).map(|(&s, &(l, _))| (s, l))
     }
 
     /// Checks that `[addr, addr + len)` lies inside one live block.

@@ -30,7 +30,7 @@ fn policies_pick_page_sizes_and_padding() {
         d.translate(p).unwrap();
     }
     assert_eq!(d.mem_info(MemAttr::HbmHuge1g), (0, GIB));
-    assert_eq!(d.page_table_stats().unwrap().pages, [1 + MIB / (4 * KIB) + 1, 0, 2, 1].map(|x| x as u64));
+    assert_eq!(d.page_table_stats().unwrap().pages, [1 + MIB / (4 * KIB) + 1, 0, 2, 1]);
 }
 
 #[test]

@@ -1,0 +1,82 @@
+"""Direct-allocator cost from Python, against named host peers in the same run.
+
+Measures, per size and policy, the round trip malloc + free on the simulated device under the
+direct (no-cache) allocator, which pays the full driver path each time (reserve VA, allocate
+frames, write page-table entries, and the reverse); and, as peers, numpy.empty (NumPy's host
+allocator) and npumem's own malloc_host/free_host (the system allocator behind aclrtMallocHost).
+Then the bandwidth of host->device writes and device->host reads against numpy's own memcpy.
+
+Run: make bench   (or: .venv/bin/python benches/bench_malloc.py [--quick])
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+import npumem
+from npumem import Policy
+from npumem.units import fmt
+
+
+def per_op(fn, n: int) -> float:
+    """Best of 3 runs of n calls, in microseconds per call."""
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, time.perf_counter() - t0)
+    return best / n * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="fewer iterations")
+    args = ap.parse_args()
+    scale = 10 if args.quick else 1
+    dev = npumem.Device("16GiB")
+    print(f"npumem {npumem.__version__}: {dev}")
+    print()
+    print(f"{'size':>8} {'policy':<12} {'page':>6} {'npumem us':>10} {'np.empty us':>12} {'host us':>9} {'vs np':>7}")
+    cases = [
+        (4 << 10, Policy.HUGE_FIRST),
+        (64 << 10, Policy.HUGE_FIRST),
+        (1 << 20, Policy.HUGE_FIRST),
+        (4 << 20, Policy.HUGE_FIRST),
+        (4 << 20, Policy.NORMAL_ONLY),
+        (64 << 20, Policy.HUGE_FIRST),
+    ]
+    for size, policy in cases:
+        n = max(20, (200_000 // max(1, size >> 12)) // scale)
+        page = dev.translate(p := dev.malloc(size, policy))[1]
+        dev.free(p)
+        t_dev = per_op(lambda s=size, pol=policy: dev.free(dev.malloc(s, pol)), n)
+        t_np = per_op(lambda s=size: np.empty(s, np.uint8), n)
+        t_host = per_op(lambda s=size: dev.free_host(dev.malloc_host(s)), n)
+        print(
+            f"{fmt(size):>8} {policy.name:<12} {fmt(page):>6} "
+            f"{t_dev:10.2f} {t_np:12.2f} {t_host:9.2f} {t_dev / t_np:6.1f}x"
+        )
+    print()
+    size = 64 << 20
+    data = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
+    out = np.empty_like(data)
+    ptr = dev.malloc(size, Policy.HUGE_FIRST)
+    reps = 5 if args.quick else 20
+    t_w = per_op(lambda: dev.write(ptr, data), reps)
+    t_r = per_op(lambda: dev.read_into(ptr, out), reps)
+    t_np = per_op(lambda: np.copyto(out, data), reps)
+    gbps = lambda us: size / (us * 1e-6) / 1e9  # noqa: E731
+    print(f"{'64MiB transfer':<22} {'GB/s':>8} {'vs numpy copy':>14}")
+    print(f"{'write (host->device)':<22} {gbps(t_w):8.2f} {t_np / t_w:13.2f}x")
+    print(f"{'read_into (device->host)':<22} {gbps(t_r):8.2f} {t_np / t_r:13.2f}x")
+    print(f"{'numpy.copyto (peer)':<22} {gbps(t_np):8.2f} {1.0:13.2f}x")
+    assert np.array_equal(out, data)
+    dev.free(ptr)
+
+
+if __name__ == "__main__":
+    main()
