@@ -11,7 +11,7 @@
 //! (deterministic, and it keeps the high addresses unfragmented as long as it can). A number of
 //! 1 GiB frames can be set aside at start for giant pages; they are served from their own list.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 use crate::error::{AclError, Result};
 use crate::units::{GIB, format_size};
@@ -55,8 +55,9 @@ pub struct FrameAllocator {
     /// Free blocks per order, by start frame number.
     free: Vec<BTreeSet<u64>>,
     free_frames: u64,
-    /// Allocated blocks: start frame number → order.
-    allocated: HashMap<u64, u32>,
+    /// Per frame: 0, or 1 + the order of the allocated block that starts there. One byte per
+    /// frame, zero-filled lazily by the OS, so the check costs no hashing.
+    allocated: Vec<u8>,
     /// Giant (1 GiB) frames set aside at start: all of them, and the free ones.
     giant_all: BTreeSet<u64>,
     giant_free: BTreeSet<u64>,
@@ -102,7 +103,7 @@ impl FrameAllocator {
             buddy_frames,
             free: vec![BTreeSet::new(); max_order as usize + 1],
             free_frames: 0,
-            allocated: HashMap::new(),
+            allocated: vec![0; total_frames as usize],
             giant_free: giant_all.clone(),
             giant_all,
         };
@@ -177,18 +178,20 @@ impl FrameAllocator {
             self.free[k as usize].insert(frame + (1 << k));
         }
         self.free_frames -= 1 << order;
-        self.allocated.insert(frame, order);
+        self.allocated[frame as usize] = order as u8 + 1;
         Ok(frame << self.frame_shift)
     }
 
     /// Frees the block at `pa` previously returned by [`alloc`](Self::alloc), merging buddies.
     pub fn free(&mut self, pa: u64) -> Result<()> {
         let mut frame = pa >> self.frame_shift;
-        let Some(mut order) = self.allocated.remove(&frame).filter(|_| pa % self.frame_size == 0) else {
+        let tag = self.allocated.get(frame as usize).copied().filter(|_| pa % self.frame_size == 0).unwrap_or(0);
+        let Some(mut order) = tag.checked_sub(1).map(u32::from) else {
             return Err(AclError::bad_free(format!(
                 "physical address {pa:#x} is not an allocated block; it was freed already or never allocated"
             )));
         };
+        self.allocated[frame as usize] = 0;
         self.free_frames += 1 << order;
         while order < self.max_order {
             let buddy = frame ^ (1 << order);
