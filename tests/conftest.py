@@ -82,6 +82,27 @@ def unchanged(dev: npumem.Device, *, failed_mallocs: int = 0):
     assert dev.stats()["failed_mallocs"] == failed + failed_mallocs
 
 
+def fragment(d: npumem.Device) -> set[int]:
+    """Fills ``d`` with 4 KiB NORMAL_ONLY allocations, then frees all but one per 2 MiB frame."""
+    ptrs = []
+    while True:
+        try:
+            ptrs.append(d.malloc(4096 - 64, npumem.Policy.NORMAL_ONLY))
+        except npumem.OutOfMemoryError:
+            break
+    assert len(ptrs) == d.capacity // 4096
+    assert d.mem_info() == (0, d.capacity)
+    keep: dict[int, int] = {}
+    for p in ptrs:
+        keep.setdefault(d.translate(p)[0] // (2 * MiB), p)
+    kept = set(keep.values())
+    assert len(kept) == d.capacity // (2 * MiB)
+    for p in ptrs:
+        if p not in kept:
+            d.free(p)
+    return kept
+
+
 @pytest.fixture
 def dev() -> npumem.Device:
     """A small, fresh device with 4 KiB normal pages."""

@@ -8,6 +8,15 @@ import numpy as np
 
 from . import _native
 from .enums import Policy
+from .errors import invalid_param
+
+
+def _bytes_of(array: Any) -> np.ndarray:
+    """A flat uint8 view of a numpy array or scalar (a contiguous copy where the layout needs one)."""
+    array = np.asarray(array)
+    if array.dtype.hasobject:
+        raise invalid_param("the array holds Python object pointers, not data; convert it to a numeric dtype first")
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
 
 
 class Device(_native.Device):
@@ -20,10 +29,20 @@ class Device(_native.Device):
     """
 
     def write(self, ptr: int, buffer: Any) -> None:
-        """Writes the bytes of ``buffer`` (bytes-like or numpy array, any layout) at ``ptr``."""
-        if isinstance(buffer, np.ndarray) and not buffer.flags.c_contiguous:
-            buffer = np.ascontiguousarray(buffer)
+        """Writes the bytes of ``buffer`` (bytes-like, or a numpy array or scalar of any layout) at ``ptr``."""
+        if isinstance(buffer, (np.ndarray, np.generic)):
+            buffer = _bytes_of(buffer)
         super().write(ptr, buffer)
+
+    def read_into(self, ptr: int, buffer: Any) -> None:
+        """Fills ``buffer`` (a writable bytes-like object or C-contiguous numpy array) from ``ptr``."""
+        if isinstance(buffer, np.ndarray):
+            if buffer.dtype.hasobject:
+                raise invalid_param("cannot read raw bytes into an array of Python objects; use a numeric dtype")
+            if not buffer.flags.c_contiguous:
+                raise invalid_param("the array is not C-contiguous; read into numpy.empty_like(x) and copy")
+            buffer = buffer.reshape(-1).view(np.uint8)
+        super().read_into(ptr, buffer)
 
     def to_numpy(self, ptr: int, shape: int | tuple[int, ...], dtype: Any = np.uint8) -> np.ndarray:
         """Copies the bytes at ``ptr`` into a new array of ``shape`` and ``dtype``."""

@@ -70,6 +70,11 @@ _BY_CODE: dict[int, type[AclError]] = {
 }
 
 
+def invalid_param(message: str) -> InvalidParamError:
+    """An ``ACL_ERROR_INVALID_PARAM`` error raised by the Python layer."""
+    return InvalidParamError(ACL_ERROR_INVALID_PARAM, "ACL_ERROR_INVALID_PARAM", message)
+
+
 def _from_native(code: int, name: str, message: str) -> AclError:
     """Called by the native module to build the exception for an error code."""
     return _BY_CODE.get(code, AclError)(code, name, message)

@@ -75,6 +75,7 @@ pub struct Allocation {
 pub struct DeviceStats {
     pub mallocs: u64,
     pub frees: u64,
+    /// Mallocs that failed for lack of memory (invalid requests are not counted).
     pub failed_mallocs: u64,
     /// HUGE_FIRST requests above 1 MiB that got normal pages because no 2 MiB frame was free.
     pub huge_fallbacks: u64,
@@ -142,12 +143,16 @@ impl Device {
     }
 
     fn malloc_inner(&mut self, size: u64, policy: Policy, padded: bool) -> Result<u64> {
-        let booked = booked_size(size, policy, padded)?;
-        let request = Request { size, booked, policy };
-        let grant = match self.allocator.malloc(self.backend.as_mut(), &request) {
+        let granted = booked_size(size, policy, padded).and_then(|booked| {
+            let request = Request { size, booked, policy };
+            self.allocator.malloc(self.backend.as_mut(), &request).map(|g| (booked, g))
+        });
+        let (booked, grant) = match granted {
             Ok(g) => g,
             Err(e) => {
-                self.stats.failed_mallocs += 1;
+                if e.code.is_out_of_memory() {
+                    self.stats.failed_mallocs += 1;
+                }
                 return Err(self.malloc_error(e, size, policy));
             }
         };
@@ -290,6 +295,16 @@ impl Device {
             "{role} {addr:#x} is neither a device address nor host memory from malloc_host; pass \
              Python data with write()/read(), or copy it into a malloc_host buffer first"
         )))
+    }
+
+    /// Checks that `[ptr, ptr + len)` may be read or written (device or `malloc_host` memory),
+    /// without touching it: the check `read`/`write` make first, for callers that must size a
+    /// buffer before they copy.
+    pub fn check_range(&self, ptr: u64, len: u64) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.side(ptr, len, "address").map(|_| ())
     }
 
     /// `aclrtMemcpy`: copies `count` bytes; the direction comes from the addresses, `kind` is

@@ -18,11 +18,26 @@ pub fn size_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     Err(to_py(py, out_of_range(obj, what)?))
 }
 
-/// An address or handle: a non-negative int below 2**64.
-pub fn addr_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
+/// An address, handle or count: a non-negative int below 2**64.
+pub fn uint_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     match obj.extract::<u64>() {
         Ok(v) => Ok(v),
         Err(_) => Err(to_py(obj.py(), out_of_range(obj, what)?)),
+    }
+}
+
+/// A C `int32_t` argument.
+pub fn i32_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<i32> {
+    match obj.extract::<i32>() {
+        Ok(v) => Ok(v),
+        Err(_) if obj.is_instance_of::<PyInt>() => Err(to_py(
+            obj.py(),
+            AclError::invalid_param(format!("{what} must be a 32-bit integer (int32_t), got {obj}")),
+        )),
+        Err(_) => Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "{what} must be an int, got {}",
+            obj.get_type().name()?
+        ))),
     }
 }
 

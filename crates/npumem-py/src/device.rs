@@ -13,7 +13,7 @@ use pyo3::buffer::PyUntypedBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
-use crate::convert::{addr_arg, enum_arg, size_arg};
+use crate::convert::{enum_arg, i32_arg, size_arg, uint_arg};
 use crate::errors::{catch_panics, guard, to_py};
 
 /// Transfers at least this large release the GIL while they copy.
@@ -37,6 +37,14 @@ unsafe impl Send for RawView {}
 
 fn contiguous_buffer(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<PyUntypedBuffer> {
     let buf = PyUntypedBuffer::get(obj)?;
+    if buf.format().to_bytes().contains(&b'O') {
+        return Err(to_py(
+            obj.py(),
+            AclError::invalid_param(
+                "the buffer holds Python object pointers, not data; convert it to a numeric dtype first",
+            ),
+        ));
+    }
     if !buf.is_c_contiguous() {
         return Err(to_py(
             obj.py(),
@@ -47,10 +55,6 @@ fn contiguous_buffer(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<PyUntyp
         return Err(to_py(obj.py(), AclError::invalid_param("the buffer is read-only; pass a writable one")));
     }
     Ok(buf)
-}
-
-fn page_label(p: PageSize) -> &'static str {
-    p.label()
 }
 
 impl PyDevice {
@@ -76,16 +80,17 @@ impl PyDevice {
 #[pymethods]
 impl PyDevice {
     #[new]
-    #[pyo3(signature = (capacity = None, *, normal_page = None, giant_frames = 0, backend = "sim", allocator = "direct"))]
+    #[pyo3(signature = (capacity = None, *, normal_page = None, giant_frames = None, backend = "sim", allocator = "direct"))]
     fn new(
         py: Python<'_>,
         capacity: Option<&Bound<'_, PyAny>>,
         normal_page: Option<&Bound<'_, PyAny>>,
-        giant_frames: u64,
+        giant_frames: Option<&Bound<'_, PyAny>>,
         backend: &str,
         allocator: &str,
     ) -> PyResult<Self> {
         let capacity = capacity.map(|c| size_arg(c, "capacity")).transpose()?;
+        let giant_frames = giant_frames.map(|g| uint_arg(g, "giant_frames")).transpose()?.unwrap_or(0);
         let normal_page = normal_page.map(|p| size_arg(p, "normal_page")).transpose()?;
         guard(py, || {
             if backend != "sim" {
@@ -158,7 +163,7 @@ impl PyDevice {
     }
 
     fn free(&self, py: Python<'_>, ptr: &Bound<'_, PyAny>) -> PyResult<()> {
-        let ptr = addr_arg(ptr, "ptr")?;
+        let ptr = uint_arg(ptr, "ptr")?;
         self.run(py, |d| d.free(ptr))
     }
 
@@ -168,7 +173,7 @@ impl PyDevice {
     }
 
     fn free_host(&self, py: Python<'_>, ptr: &Bound<'_, PyAny>) -> PyResult<()> {
-        let ptr = addr_arg(ptr, "ptr")?;
+        let ptr = uint_arg(ptr, "ptr")?;
         self.run(py, |d| d.free_host(ptr))
     }
 
@@ -182,7 +187,7 @@ impl PyDevice {
         count: &Bound<'_, PyAny>,
         kind: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let (dst, src) = (addr_arg(dst, "dst")?, addr_arg(src, "src")?);
+        let (dst, src) = (uint_arg(dst, "dst")?, uint_arg(src, "src")?);
         let (dst_max, count) = (size_arg(dst_max, "dst_max")?, size_arg(count, "count")?);
         let kind = kind.map(|k| enum_arg(k, "kind")).transpose()?.unwrap_or(4);
         self.run_detached_if(py, count >= DETACH_BYTES as u64, |d| d.memcpy(dst, dst_max, src, count, kind))
@@ -193,17 +198,18 @@ impl PyDevice {
         py: Python<'_>,
         ptr: &Bound<'_, PyAny>,
         dst_max: &Bound<'_, PyAny>,
-        value: i32,
+        value: &Bound<'_, PyAny>,
         count: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let ptr = addr_arg(ptr, "ptr")?;
+        let ptr = uint_arg(ptr, "ptr")?;
+        let value = i32_arg(value, "value")?;
         let (dst_max, count) = (size_arg(dst_max, "dst_max")?, size_arg(count, "count")?);
         self.run(py, |d| d.memset(ptr, dst_max, value, count))
     }
 
     /// Writes the bytes of a C-contiguous buffer (bytes, bytearray, memoryview, numpy array) at `ptr`.
     fn write(&self, py: Python<'_>, ptr: &Bound<'_, PyAny>, buffer: &Bound<'_, PyAny>) -> PyResult<()> {
-        let ptr = addr_arg(ptr, "ptr")?;
+        let ptr = uint_arg(ptr, "ptr")?;
         let buf = contiguous_buffer(buffer, false)?;
         let view = RawView { ptr: buf.buf_ptr().cast(), len: buf.len_bytes() };
         let large = view.len >= DETACH_BYTES;
@@ -225,8 +231,10 @@ impl PyDevice {
         ptr: &Bound<'_, PyAny>,
         count: &Bound<'_, PyAny>,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let ptr = addr_arg(ptr, "ptr")?;
+        let ptr = uint_arg(ptr, "ptr")?;
         let count = size_arg(count, "count")?;
+        // Check the range before allocating the result, so a bad count costs nothing.
+        self.run(py, |d| d.check_range(ptr, count))?;
         let len = usize::try_from(count).map_err(|_| to_py(py, AclError::invalid_param("count too large")))?;
         let mut failure = None;
         let bytes = PyBytes::new_with(py, len, |out| {
@@ -240,7 +248,7 @@ impl PyDevice {
 
     /// Fills a writable C-contiguous buffer (e.g. a numpy array) with the bytes at `ptr`.
     fn read_into(&self, py: Python<'_>, ptr: &Bound<'_, PyAny>, buffer: &Bound<'_, PyAny>) -> PyResult<()> {
-        let ptr = addr_arg(ptr, "ptr")?;
+        let ptr = uint_arg(ptr, "ptr")?;
         let buf = contiguous_buffer(buffer, true)?;
         let view = RawView { ptr: buf.buf_ptr().cast(), len: buf.len_bytes() };
         let large = view.len >= DETACH_BYTES;
@@ -263,13 +271,13 @@ impl PyDevice {
 
     /// (physical address, page size in bytes) of a mapped device address.
     fn translate(&self, py: Python<'_>, va: &Bound<'_, PyAny>) -> PyResult<(u64, u64)> {
-        let va = addr_arg(va, "va")?;
+        let va = uint_arg(va, "va")?;
         self.run(py, |d| d.translate(va).map(|t| (t.pa, t.page_size.bytes())))
     }
 
     /// (physical address, page size in bytes, descriptors read by the walk).
     fn walk(&self, py: Python<'_>, va: &Bound<'_, PyAny>) -> PyResult<(u64, u64, u32)> {
-        let va = addr_arg(va, "va")?;
+        let va = uint_arg(va, "va")?;
         self.run(py, |d| d.translate(va).map(|t| (t.pa, t.page_size.bytes(), t.depth)))
     }
 
@@ -310,7 +318,7 @@ impl PyDevice {
 
     /// The live allocation starting at `ptr` as a dict, or None.
     fn allocation<'py>(&self, py: Python<'py>, ptr: &Bound<'_, PyAny>) -> PyResult<Option<Bound<'py, PyDict>>> {
-        let ptr = addr_arg(ptr, "ptr")?;
+        let ptr = uint_arg(ptr, "ptr")?;
         let a = self.inner.lock().allocation(ptr);
         a.map(|a| allocation_dict(py, &a)).transpose()
     }
@@ -363,10 +371,13 @@ impl PyDevice {
 
     fn __repr__(&self) -> String {
         let c = self.config.sim;
+        let capacity = format_size(c.capacity);
+        let capacity =
+            if capacity.contains('.') { c.capacity.to_string() } else { format!("{:?}", capacity.replace(' ', "")) };
         format!(
-            "Device(capacity={:?}, normal_page={:?}, giant_frames={}, backend=\"sim\", allocator={:?})",
-            format_size(c.capacity).replace(' ', ""),
-            page_label(c.normal_page),
+            "Device(capacity={}, normal_page={:?}, giant_frames={}, backend=\"sim\", allocator={:?})",
+            capacity,
+            c.normal_page.label(),
             c.giant_frames,
             self.inner.lock().allocator_name()
         )

@@ -22,8 +22,8 @@ mod _native {
 
     /// Formats a byte count ("1.50 GiB").
     #[pyfunction]
-    fn format_size(bytes: u64) -> String {
-        npumem_core::units::format_size(bytes)
+    fn format_size(bytes: &Bound<'_, PyAny>) -> PyResult<String> {
+        Ok(npumem_core::units::format_size(crate::convert::size_arg(bytes, "bytes")?))
     }
 
     #[pymodule_init]

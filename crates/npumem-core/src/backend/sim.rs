@@ -30,6 +30,9 @@ pub struct SimConfig {
     pub giant_frames: u64,
 }
 
+/// The largest simulated device: 1 TiB of HBM (real NPUs carry up to a few hundred GiB).
+pub const MAX_CAPACITY: u64 = 1 << 40;
+
 impl Default for SimConfig {
     fn default() -> Self {
         SimConfig { capacity: 32 * GIB, normal_page: PageSize::Size4K, giant_frames: 0 }
@@ -79,6 +82,13 @@ impl SimBackend {
             return Err(AclError::invalid_param(format!(
                 "normal_page must be 4KiB or 64KiB, not {}",
                 config.normal_page.label()
+            )));
+        }
+        if config.capacity > MAX_CAPACITY {
+            return Err(AclError::invalid_param(format!(
+                "capacity {} is larger than the simulator's limit of {}; choose a smaller device",
+                format_size(config.capacity),
+                format_size(MAX_CAPACITY)
             )));
         }
         let frames = FrameAllocator::new(config.capacity, config.normal_page.bytes(), config.giant_frames)?;
