@@ -106,7 +106,7 @@ def fragment(d: npumem.Device) -> set[int]:
 @pytest.fixture
 def dev() -> npumem.Device:
     """A small, fresh device with 4 KiB normal pages."""
-    return npumem.Device("64MiB")
+    return npumem.Device("64MiB", allocator="direct")
 
 
 @pytest.fixture

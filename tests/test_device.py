@@ -158,7 +158,7 @@ def test_format_size():
 
 
 def test_default_device():
-    d = Device()
+    d = Device(allocator="direct")
     assert (d.capacity, d.normal_page, d.giant_frames, d.backend, d.allocator) == (32 * GiB, 4096, 0, "sim", "direct")
     assert d.mem_info() == (32 * GiB, 32 * GiB)
     assert repr(d) == 'Device(capacity="32GiB", normal_page="4KiB", giant_frames=0, backend="sim", allocator="direct")'
@@ -168,7 +168,7 @@ def test_default_device():
 @pytest.mark.parametrize("normal_page", [None, 4096, "4KiB", 64 * KiB, "64KiB", "64 kib"])
 def test_config_spellings(capacity, normal_page):
     kwargs = {} if normal_page is None else {"normal_page": normal_page}
-    d = Device(capacity, **kwargs)
+    d = Device(capacity, **kwargs, allocator="direct")
     page = 4096 if normal_page is None else npumem.parse_size(normal_page)
     assert d.capacity == 64 * MiB
     assert d.normal_page == page
@@ -181,7 +181,7 @@ def test_config_spellings(capacity, normal_page):
 
 
 def test_capacity_is_rounded_down_to_whole_frames():
-    d = Device(64 * MiB + 12 * KiB + 100)
+    d = Device(64 * MiB + 12 * KiB + 100, allocator="direct")
     fs = d.frame_stats()
     assert fs["buddy_bytes"] == fs["free_bytes"] == 64 * MiB + 12 * KiB
     assert fs["free_blocks"][:3] == [1, 1, 0]  # 4 KiB + 8 KiB after the 64 MiB block
@@ -190,7 +190,7 @@ def test_capacity_is_rounded_down_to_whole_frames():
 
 
 def test_giant_reserve_at_start():
-    d = Device("2GiB", giant_frames=1)
+    d = Device("2GiB", giant_frames=1, allocator="direct")
     assert d.giant_frames == 1
     assert d.mem_info(MemAttr.HBM) == (2 * GiB, 2 * GiB)
     assert d.mem_info(MemAttr.HBM_NORMAL) == (GiB, GiB)
@@ -202,7 +202,7 @@ def test_giant_reserve_at_start():
 
 def test_device_arguments_are_keyword_only():
     with pytest.raises(TypeError):
-        Device("64MiB", "4KiB")
+        Device("64MiB", "4KiB", allocator="direct")
 
 
 @pytest.mark.parametrize(
@@ -234,14 +234,14 @@ def test_device_arguments_are_keyword_only():
 def test_bad_config(kwargs, match):
     capacity = kwargs.pop("capacity")
     with raises_acl(InvalidParamError, 100000, match=match) as info:
-        Device(capacity, **kwargs)
+        Device(capacity, **{"allocator": "direct", **kwargs})
     assert isinstance(info.value, ValueError)
 
 
 @pytest.mark.parametrize("giant_frames", [-1, 2**64])
 def test_giant_frames_out_of_range_is_invalid_param(giant_frames):
     with raises_acl(InvalidParamError, 100000):
-        Device("64MiB", giant_frames=giant_frames)
+        Device("64MiB", giant_frames=giant_frames, allocator="direct")
 
 
 @pytest.mark.parametrize(("kwargs"), [{"capacity": 1.5}, {"capacity": b"64MiB"}, {"normal_page": 4096.0}])
@@ -249,7 +249,7 @@ def test_wrong_config_types_raise_type_error(kwargs):
     kwargs.setdefault("capacity", "64MiB")
     capacity = kwargs.pop("capacity")
     with pytest.raises(TypeError):
-        Device(capacity, **kwargs)
+        Device(capacity, **kwargs, allocator="direct")
 
 
 # --------------------------------------------------------------------------------------------
@@ -349,7 +349,7 @@ def test_sizes_as_strings_and_enum_or_int_policies(dev):
 @pytest.mark.parametrize("base", [Policy.HUGE_FIRST, Policy.HUGE_ONLY, Policy.NORMAL_ONLY])
 @pytest.mark.parametrize("size", [1, 100, MiB, MiB + 1, 3 * MiB + 5])
 def test_p2p_policies_behave_like_their_base(base, size):
-    d1, d2 = Device("64MiB"), Device("64MiB")
+    d1, d2 = Device("64MiB", allocator="direct"), Device("64MiB", allocator="direct")
     a = d1.allocation(d1.malloc(size, base))
     b = d2.allocation(d2.malloc(size, P2P_OF[base]))
     assert b["policy"] == P2P_OF[base]
@@ -367,7 +367,7 @@ def test_p2p_policies_behave_like_their_base(base, size):
     normal=st.sampled_from([4 * KiB, 64 * KiB]),
 )
 def test_malloc_rules_property(size, policy, padded, normal):
-    d = Device("32MiB", normal_page=normal)
+    d = Device("32MiB", normal_page=normal, allocator="direct")
     p = d.malloc(size, policy) if padded else d.malloc_align32(size, policy)
     a = check_allocation(d, p, size, policy, padded=padded)
     assert d.mem_info() == (32 * MiB - a["granted"], 32 * MiB)
@@ -495,7 +495,7 @@ def test_allocations_listing(dev):
 
 
 def test_free_everything_restores_the_device():
-    dev = Device("256MiB")
+    dev = Device("256MiB", allocator="direct")
     fs0, pt0 = dev.frame_stats(), dev.page_table_stats()
     rng = random.Random(1)
     ptrs = []
@@ -552,7 +552,7 @@ def test_free_returns_memory_for_reuse(dev):
 
 @pytest.mark.parametrize("policy", NON_GIANT_POLICIES)
 def test_whole_device_exactly(policy):
-    d = Device("16MiB")
+    d = Device("16MiB", allocator="direct")
     p = d.malloc_align32(16 * MiB, policy)
     assert d.mem_info() == (0, 16 * MiB)
     for size in (1, 16 * MiB):
@@ -575,7 +575,7 @@ def test_larger_than_the_device(dev, size, policy):
 
 @pytest.mark.parametrize("capacity", ["64MiB", "128MiB"])
 def test_fragmentation_story(capacity):
-    d = Device(capacity)
+    d = Device(capacity, allocator="direct")
     cap = d.capacity
     fs0 = d.frame_stats()
     kept = fragment(d)
@@ -618,7 +618,7 @@ def test_fragmentation_story(capacity):
 
 
 def test_huge_first_oom_when_nothing_fits():
-    d = Device("16MiB")
+    d = Device("16MiB", allocator="direct")
     fragment(d)
     with unchanged(d, failed_mallocs=1), raises_acl(OutOfMemoryError, 207001):
         d.malloc(16 * MiB, Policy.HUGE_FIRST)
@@ -639,7 +639,7 @@ def test_huge1g_needs_giant_frames(dev, policy):
 
 @pytest.mark.parametrize("policy", [Policy.HUGE1G_ONLY, Policy.HUGE1G_ONLY_P2P])
 def test_huge1g_pages(policy):
-    d = Device("2GiB", giant_frames=1)
+    d = Device("2GiB", giant_frames=1, allocator="direct")
     p = d.malloc(1000, policy)
     a = check_allocation(d, p, 1000, policy)
     assert (a["booked"], a["granted"], a["page_size"]) == (1024, GiB, GiB)  # no 32-byte pad
@@ -672,7 +672,7 @@ def test_huge1g_pages(policy):
 
 
 def test_two_giant_pages():
-    d = Device("3GiB", giant_frames=2)
+    d = Device("3GiB", giant_frames=2, allocator="direct")
     p = d.malloc(GiB + 1, Policy.HUGE1G_ONLY)
     assert d.allocation(p)["granted"] == 2 * GiB
     assert {d.translate(p)[0], d.translate(p + GiB)[0]} == {GiB, 2 * GiB}
@@ -682,7 +682,7 @@ def test_two_giant_pages():
 
 
 def test_64k_normal_pages():
-    d = Device("64MiB", normal_page="64KiB")
+    d = Device("64MiB", normal_page="64KiB", allocator="direct")
     assert d.normal_page == 64 * KiB
     p = d.malloc(100, Policy.NORMAL_ONLY)
     a = check_allocation(d, p, 100, Policy.NORMAL_ONLY)
@@ -875,7 +875,7 @@ def test_empty_cache_is_a_noop_for_the_direct_allocator(dev):
 def test_concurrent_malloc_and_free():
     import threading
 
-    d = Device("64MiB")
+    d = Device("64MiB", allocator="direct")
     fs0 = d.frame_stats()
     seen: list[tuple[int, int]] = []
     errors: list[BaseException] = []
@@ -985,7 +985,7 @@ def test_host_errors(dev, host):
 
 
 def test_host_buffers_survive_the_device():
-    d = Device("16MiB")
+    d = Device("16MiB", allocator="direct")
     h = d.malloc_host(100)
     ctypes.memmove(h, b"abc", 3)
     assert d.read(h, 3) == b"abc"
@@ -1014,7 +1014,7 @@ class DeviceMachine(RuleBasedStateMachine):
 
     @initialize()
     def setup(self):
-        self.d = Device(SM_CAPACITY)
+        self.d = Device(SM_CAPACITY, allocator="direct")
         self.frames0 = self.d.frame_stats()
         self.model: dict[int, dict] = {}
         self.data: dict[int, bytearray] = {}

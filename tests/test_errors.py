@@ -82,7 +82,7 @@ def test_codes_map_to_classes():
 
 
 def _raised_errors() -> list[AclError]:
-    d = Device("16MiB")
+    d = Device("16MiB", allocator="direct")
     p = d.malloc(100)
     errors = []
     for call in (
@@ -138,7 +138,7 @@ class Ctx:
     ``h`` (256 bytes) and ``foreign``, host memory that did not come from malloc_host."""
 
     def __init__(self):
-        self.d = Device("64MiB")
+        self.d = Device("64MiB", allocator="direct")
         self.p = self.d.malloc(100)
         self.f = self.d.malloc(100)
         self.d.free(self.f)
@@ -325,7 +325,7 @@ FUZZ_CAPACITY = 16 * MiB
 @settings(max_examples=60)
 @given(data=st.data())
 def test_fuzz_never_crashes(data):
-    d = Device(FUZZ_CAPACITY)
+    d = Device(FUZZ_CAPACITY, allocator="direct")
     live = [d.malloc(100), d.malloc(3 * MiB, Policy.HUGE_ONLY)]
     hosts = [d.malloc_host(128)]
     freed = d.malloc(5000)
@@ -394,7 +394,7 @@ def test_fuzz_never_crashes(data):
         d.free(a["ptr"])
     assert d.page_table_stats()["mapped_bytes"] == 0
     assert d.mem_info() == (FUZZ_CAPACITY, FUZZ_CAPACITY)
-    assert d.frame_stats() == Device(FUZZ_CAPACITY).frame_stats()
+    assert d.frame_stats() == Device(FUZZ_CAPACITY, allocator="direct").frame_stats()
 
 
 # --------------------------------------------------------------------------------------------
@@ -403,7 +403,7 @@ def test_fuzz_never_crashes(data):
 
 
 def test_oom_messages_explain_fragmentation():
-    d = Device("16MiB")
+    d = Device("16MiB", allocator="direct")
     fragment(d)
     with raises_acl(OutOfMemoryError, 207001) as info:
         d.malloc(2 * MiB, Policy.HUGE_ONLY)
@@ -474,7 +474,7 @@ def run_isolated(code: str, *, memory_limit: int | None = None, timeout: float =
 
 
 def test_isolated_runner_reports_success():
-    r = run_isolated("import npumem; print(npumem.Device('16MiB').mem_info())")
+    r = run_isolated("import npumem; print(npumem.Device('16MiB', allocator='direct').mem_info())")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str((16 * MiB, 16 * MiB))
 
@@ -488,7 +488,7 @@ def test_object_arrays_are_refused(call):
     r = run_isolated(
         f"""
         import numpy as np, npumem
-        d = npumem.Device("16MiB")
+        d = npumem.Device("16MiB", allocator="direct")
         p = d.malloc(64)
         d.write(p, bytes(range(1, 65)))
         try:
@@ -507,7 +507,7 @@ def test_absurd_capacity_is_refused():
         """
         import npumem
         try:
-            npumem.Device(2**64 - 1)
+            npumem.Device(2**64 - 1, allocator="direct")
             print("accepted")
         except npumem.InvalidParamError as e:
             print("refused", e.code)
@@ -523,7 +523,7 @@ def test_from_numpy_frees_on_a_failed_write():
         def write(self, ptr, buffer):
             raise RuntimeError("injected")
 
-    d = Failing("16MiB")
+    d = Failing("16MiB", allocator="direct")
     before = snapshot(d)
     with pytest.raises(RuntimeError, match="injected"):
         d.from_numpy(np.arange(1000))

@@ -207,7 +207,7 @@ def test_read_into_writable_buffers(dev):
     policy=st.sampled_from([Policy.NORMAL_ONLY, Policy.HUGE_ONLY, Policy.HUGE_FIRST]),
 )
 def test_round_trip_property(arr, offset, policy):
-    d = Device("16MiB")
+    d = Device("16MiB", allocator="direct")
     p = d.malloc(offset + max(arr.nbytes, 1), policy)
     d.write(p + offset, arr)
     back = d.to_numpy(p + offset, arr.shape, arr.dtype)
@@ -257,7 +257,7 @@ def holey(d: Device, page: int, policy: Policy) -> int:
     "dtype", [np.uint8, np.float32, np.complex128, np.dtype([("a", "<i2"), ("b", "<f8")])], ids=str
 )
 def test_data_across_discontiguous_pages(capacity, normal_page, page, policy, dtype):
-    d = Device(capacity, normal_page=normal_page)
+    d = Device(capacity, normal_page=normal_page, allocator="direct")
     p = holey(d, page, policy)
     size = d.allocation(p)["size"]
     itemsize = np.dtype(dtype).itemsize
@@ -277,7 +277,7 @@ def test_data_across_discontiguous_pages(capacity, normal_page, page, policy, dt
 
 
 def test_64k_pages_hold_16_descriptors_of_data():
-    d = Device("8MiB", normal_page="64KiB")
+    d = Device("8MiB", normal_page="64KiB", allocator="direct")
     a = sample((300 * KiB // 8,), np.float64, seed=4)
     p = d.from_numpy(a, Policy.NORMAL_ONLY)
     assert d.allocation(p)["granted"] == 320 * KiB
@@ -290,7 +290,7 @@ def test_64k_pages_hold_16_descriptors_of_data():
 
 
 def test_giant_page_round_trips():
-    d = Device("2GiB", giant_frames=1)
+    d = Device("2GiB", giant_frames=1, allocator="direct")
     p = d.malloc(GiB, Policy.HUGE1G_ONLY)
     assert d.allocation(p)["page_size"] == GiB
     base = d.translate(p)[0]
@@ -387,7 +387,7 @@ def test_numpy_view_of_host_memory_sees_device_writes(dev):
 
 
 def test_concurrent_round_trips():
-    d = Device("128MiB")
+    d = Device("128MiB", allocator="direct")
     errors: list[BaseException] = []
 
     def worker(seed: int):

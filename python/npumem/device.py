@@ -9,6 +9,7 @@ import numpy as np
 from . import _native
 from .enums import Policy
 from .errors import invalid_param
+from .units import fmt
 
 
 def _bytes_of(array: Any) -> np.ndarray:
@@ -23,9 +24,18 @@ class Device(_native.Device):
     """A device with AscendCL memory semantics.
 
     ``Device(capacity="32GiB", *, normal_page="4KiB", giant_frames=0, backend="sim",
-    allocator="direct")``. Pointers are ints in the device window (16-24 TiB); ``malloc_host``
-    returns real, 64-byte aligned host memory. Errors are :class:`npumem.errors.AclError`
-    subclasses carrying the AscendCL ``code``.
+    allocator="npumem", alloc_conf=None)``.
+
+    ``allocator`` picks the layer between ``malloc`` and the driver: ``"npumem"`` (the default:
+    a VMM pool that maps 2 MiB pages on demand and stitches idle pages into new ranges),
+    ``"pytorch"`` and ``"torch_npu"`` (those caching allocators' published rules), or
+    ``"direct"`` (no cache: every malloc maps fresh frames, as bare ``aclrtMalloc``).
+    ``alloc_conf`` tunes it in the ``PYTORCH_NPU_ALLOC_CONF`` grammar
+    (``"max_split_size_mb:128,garbage_collection_threshold:0.6"``).
+
+    Pointers are ints in the device window (16-24 TiB); ``malloc_host`` returns real, 64-byte
+    aligned host memory. Errors are :class:`npumem.errors.AclError` subclasses carrying the
+    AscendCL ``code``.
     """
 
     def write(self, ptr: int, buffer: Any) -> None:
@@ -61,6 +71,35 @@ class Device(_native.Device):
             self.free(ptr)
             raise
         return ptr
+
+    def memory_summary(self) -> str:
+        """A readable report of the allocator's state, in the spirit of ``torch.cuda.memory_summary``."""
+        st = self.memory_stats()
+        fr = self.fragmentation()
+        lines = [
+            f"npumem memory summary: {self!r}",
+            f"{'metric':<26}{'current':>14}{'peak':>14}{'allocated':>14}{'freed':>14}",
+        ]
+        for key, label in [
+            ("allocated_bytes", "allocated memory"),
+            ("active_bytes", "active memory"),
+            ("requested_bytes", "requested memory"),
+            ("reserved_bytes", "reserved memory"),
+            ("inactive_split_bytes", "non-releasable memory"),
+        ]:
+            for pool in ("all", "large_pool", "small_pool"):
+                name = label if pool == "all" else f"  from {pool.replace('_', ' ')}"
+                vals = [st[f"{key}.{pool}.{f}"] for f in ("current", "peak", "allocated", "freed")]
+                lines.append(f"{name:<26}" + "".join(f"{fmt(v):>14}" for v in vals))
+        for key, label in [("allocation", "allocations"), ("segment", "device segments")]:
+            vals = [st[f"{key}.all.{f}"] for f in ("current", "peak", "allocated", "freed")]
+            lines.append(f"{label:<26}" + "".join(f"{v:>14}" for v in vals))
+        lines.append(
+            f"device allocs/frees: {st['num_device_alloc']}/{st['num_device_free']}, "
+            f"alloc retries: {st['num_alloc_retries']}, OOMs: {st['num_ooms']}"
+        )
+        lines.append(f"fragmentation: {fr['summary']}")
+        return "\n".join(lines)
 
     def page_of(self, ptr: int) -> int:
         """The page size (bytes) backing the allocation at ``ptr``."""

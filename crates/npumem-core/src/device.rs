@@ -17,42 +17,70 @@ use crate::backend::{Backend, BackendCounters, SimBackend, SimConfig};
 use crate::error::{AclError, ErrorCode, Result};
 use crate::host::HostHeap;
 use crate::policy::{HUGE_FIRST_NORMAL_LIMIT, START_ALIGN, booked_size};
-use crate::pool::{Allocator, DirectAllocator, Request};
+use crate::pool::{
+    Allocator, CachingAllocator, CachingConfig, DirectAllocator, Family, Fragmentation, PoolStats, Request,
+    VmmAllocator, VmmConfig,
+};
 use crate::units::format_size;
 use crate::vm::{FrameStats, PageSize, PageTableStats, Translation, is_device_address};
 
 /// Which allocator family a device uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AllocatorKind {
+    /// npumem's VMM pool (the default).
+    Npumem,
     /// No cache: every malloc maps fresh frames, every free unmaps them.
     Direct,
+    /// PyTorch's caching allocator rules.
+    PyTorch,
+    /// torch_npu's caching allocator rules.
+    TorchNpu,
 }
 
 impl AllocatorKind {
+    pub const NAMES: &'static str = "\"npumem\", \"direct\", \"pytorch\", \"torch_npu\"";
+
     pub fn parse(name: &str) -> Result<Self> {
         match name {
+            "npumem" => Ok(AllocatorKind::Npumem),
             "direct" => Ok(AllocatorKind::Direct),
-            other => Err(AclError::invalid_param(format!("unknown allocator {other:?}; available: \"direct\""))),
+            "pytorch" => Ok(AllocatorKind::PyTorch),
+            "torch_npu" => Ok(AllocatorKind::TorchNpu),
+            other => Err(AclError::invalid_param(format!("unknown allocator {other:?}; available: {}", Self::NAMES))),
         }
     }
 
-    fn build(self) -> Box<dyn Allocator> {
-        match self {
-            AllocatorKind::Direct => Box::new(DirectAllocator::new()),
-        }
+    /// Builds the allocator, tuned by `alloc_conf` (PYTORCH_NPU_ALLOC_CONF grammar).
+    fn build(self, alloc_conf: &str, capacity: u64) -> Result<Box<dyn Allocator>> {
+        let family = match self {
+            AllocatorKind::Npumem => {
+                return Ok(Box::new(VmmAllocator::new(VmmConfig::parse(alloc_conf)?, capacity)));
+            }
+            AllocatorKind::Direct if alloc_conf.trim().is_empty() => return Ok(Box::new(DirectAllocator::new())),
+            AllocatorKind::Direct => {
+                return Err(AclError::invalid_param(
+                    "the direct allocator has no settings; pass alloc_conf only with a caching allocator",
+                ));
+            }
+            AllocatorKind::PyTorch => Family::PyTorch,
+            AllocatorKind::TorchNpu => Family::TorchNpu,
+        };
+        Ok(Box::new(CachingAllocator::new(CachingConfig::parse(family, alloc_conf)?, capacity)))
     }
 }
 
 /// Everything needed to build a simulated device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceConfig {
     pub sim: SimConfig,
     pub allocator: AllocatorKind,
+    /// Settings of the allocator, in the PYTORCH_NPU_ALLOC_CONF grammar.
+    pub alloc_conf: String,
 }
 
 impl Default for DeviceConfig {
     fn default() -> Self {
-        DeviceConfig { sim: SimConfig::default(), allocator: AllocatorKind::Direct }
+        DeviceConfig { sim: SimConfig::default(), allocator: AllocatorKind::Npumem, alloc_conf: String::new() }
     }
 }
 
@@ -109,7 +137,10 @@ pub struct Device {
 impl Device {
     /// A simulated device.
     pub fn new(config: DeviceConfig) -> Result<Self> {
-        Ok(Self::with_parts(Box::new(SimBackend::new(config.sim)?), config.allocator.build()))
+        let backend = SimBackend::new(config.sim)?;
+        let (_, capacity) = backend.mem_info(crate::acl::MemScope::All);
+        let allocator = config.allocator.build(&config.alloc_conf, capacity)?;
+        Ok(Self::with_parts(Box::new(backend), allocator))
     }
 
     /// A device over any backend and allocator.
@@ -188,12 +219,13 @@ impl Device {
             _ => " Free memory you no longer need or use a larger device.",
         };
         AclError::oom(format!(
-            "malloc({}, {}) failed: {} (device: {} free of {}).{hint}",
+            "malloc({}, {}) failed: {} (device: {} free of {}; pool: {}).{hint}",
             format_size(size),
             policy.name(),
             e.message,
             format_size(free),
-            format_size(total)
+            format_size(total),
+            self.allocator.fragmentation().summary()
         ))
     }
 
@@ -438,5 +470,19 @@ impl Device {
     /// Returns cached memory to the backend (nothing to do for the direct allocator).
     pub fn empty_cache(&mut self) -> Result<()> {
         self.allocator.empty_cache(self.backend.as_mut())
+    }
+
+    /// The allocator's statistics (PyTorch's `memory_stats` scheme).
+    pub fn pool_stats(&self) -> &PoolStats {
+        self.allocator.stats()
+    }
+
+    pub fn reset_peak_stats(&mut self) {
+        self.allocator.reset_peak_stats();
+    }
+
+    /// Where the allocator's memory goes: waste, cached memory, free extents, per segment.
+    pub fn fragmentation(&self) -> Fragmentation {
+        self.allocator.fragmentation()
     }
 }

@@ -3,12 +3,12 @@
 use npumem_core::backend::SimConfig;
 use npumem_core::units::{GIB, KIB, MIB};
 use npumem_core::vm::PageSize;
-use npumem_core::{Device, DeviceConfig, ErrorCode, MemAttr, MemcpyKind, Policy};
+use npumem_core::{AllocatorKind, Device, DeviceConfig, ErrorCode, MemAttr, MemcpyKind, Policy};
 use proptest::prelude::*;
 
 fn device(capacity: u64, giant_frames: u64) -> Device {
     let sim = SimConfig { capacity, normal_page: PageSize::Size4K, giant_frames };
-    Device::new(DeviceConfig { sim, ..Default::default() }).unwrap()
+    Device::new(DeviceConfig { sim, allocator: AllocatorKind::Direct, ..Default::default() }).unwrap()
 }
 
 #[test]

@@ -80,7 +80,7 @@ impl PyDevice {
 #[pymethods]
 impl PyDevice {
     #[new]
-    #[pyo3(signature = (capacity = None, *, normal_page = None, giant_frames = None, backend = "sim", allocator = "direct"))]
+    #[pyo3(signature = (capacity = None, *, normal_page = None, giant_frames = None, backend = "sim", allocator = "npumem", alloc_conf = None))]
     fn new(
         py: Python<'_>,
         capacity: Option<&Bound<'_, PyAny>>,
@@ -88,6 +88,7 @@ impl PyDevice {
         giant_frames: Option<&Bound<'_, PyAny>>,
         backend: &str,
         allocator: &str,
+        alloc_conf: Option<&str>,
     ) -> PyResult<Self> {
         let capacity = capacity.map(|c| size_arg(c, "capacity")).transpose()?;
         let giant_frames = giant_frames.map(|g| uint_arg(g, "giant_frames")).transpose()?.unwrap_or(0);
@@ -111,8 +112,12 @@ impl PyDevice {
                     })?,
             };
             let sim = SimConfig { capacity: capacity.unwrap_or(defaults.capacity), normal_page, giant_frames };
-            let config = DeviceConfig { sim, allocator: AllocatorKind::parse(allocator)? };
-            Ok(PyDevice { inner: Mutex::new(Device::new(config)?), config })
+            let config = DeviceConfig {
+                sim,
+                allocator: AllocatorKind::parse(allocator)?,
+                alloc_conf: alloc_conf.unwrap_or_default().to_string(),
+            };
+            Ok(PyDevice { inner: Mutex::new(Device::new(config.clone())?), config })
         })
     }
 
@@ -365,8 +370,81 @@ impl PyDevice {
         Ok(dict)
     }
 
+    /// Returns cached, unused memory to the device (unmaps whole free segments).
     fn empty_cache(&self, py: Python<'_>) -> PyResult<()> {
         self.run(py, |d| d.empty_cache())
+    }
+
+    /// The allocator's settings string (PYTORCH_NPU_ALLOC_CONF grammar).
+    #[getter]
+    fn alloc_conf(&self) -> &str {
+        &self.config.alloc_conf
+    }
+
+    /// Allocator statistics under PyTorch's keys (`allocated_bytes.all.current`, `num_ooms`, ...).
+    fn memory_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let pairs = self.inner.lock().pool_stats().pairs();
+        let dict = PyDict::new(py);
+        for (k, v) in pairs {
+            dict.set_item(k, v)?;
+        }
+        Ok(dict)
+    }
+
+    /// Bytes in live blocks (`allocated_bytes.all.current`).
+    fn memory_allocated(&self) -> u64 {
+        self.inner.lock().pool_stats().allocated_bytes.all.current
+    }
+
+    /// Peak of `memory_allocated()` since start or the last reset.
+    fn max_memory_allocated(&self) -> u64 {
+        self.inner.lock().pool_stats().allocated_bytes.all.peak
+    }
+
+    /// Bytes the allocator holds from the device (`reserved_bytes.all.current`).
+    fn memory_reserved(&self) -> u64 {
+        self.inner.lock().pool_stats().reserved_bytes.all.current
+    }
+
+    fn max_memory_reserved(&self) -> u64 {
+        self.inner.lock().pool_stats().reserved_bytes.all.peak
+    }
+
+    fn reset_peak_memory_stats(&self) {
+        self.inner.lock().reset_peak_stats();
+    }
+
+    /// Fragmentation diagnostics: internal waste, cached memory, external fragmentation, free
+    /// extents by size class and per-segment occupancy.
+    fn fragmentation<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let f = self.inner.lock().fragmentation();
+        let dict = PyDict::new(py);
+        dict.set_item("requested", f.requested)?;
+        dict.set_item("allocated", f.allocated)?;
+        dict.set_item("reserved", f.reserved)?;
+        dict.set_item("internal_waste", f.internal_waste())?;
+        dict.set_item("reserved_unallocated", f.reserved_unallocated())?;
+        dict.set_item("free", f.free)?;
+        dict.set_item("largest_free_extent", f.largest_free_extent)?;
+        dict.set_item("external", f.external())?;
+        let buckets = PyList::empty(py);
+        for (class, n, bytes) in &f.free_by_bucket {
+            buckets.append((class, n, bytes))?;
+        }
+        dict.set_item("free_by_bucket", buckets)?;
+        let segments = PyList::empty(py);
+        for s in &f.segments {
+            let d = PyDict::new(py);
+            d.set_item("address", s.ptr)?;
+            d.set_item("size", s.size)?;
+            d.set_item("allocated", s.allocated)?;
+            d.set_item("blocks", s.blocks)?;
+            d.set_item("free_blocks", s.free_blocks)?;
+            segments.append(d)?;
+        }
+        dict.set_item("segments", segments)?;
+        dict.set_item("summary", f.summary())?;
+        Ok(dict)
     }
 
     fn __repr__(&self) -> String {
@@ -374,8 +452,13 @@ impl PyDevice {
         let capacity = format_size(c.capacity);
         let capacity =
             if capacity.contains('.') { c.capacity.to_string() } else { format!("{:?}", capacity.replace(' ', "")) };
+        let conf = if self.config.alloc_conf.is_empty() {
+            String::new()
+        } else {
+            format!(", alloc_conf={:?}", self.config.alloc_conf)
+        };
         format!(
-            "Device(capacity={}, normal_page={:?}, giant_frames={}, backend=\"sim\", allocator={:?})",
+            "Device(capacity={}, normal_page={:?}, giant_frames={}, backend=\"sim\", allocator={:?}{conf})",
             capacity,
             c.normal_page.label(),
             c.giant_frames,

@@ -1,29 +1,39 @@
 //! `DirectAllocator`: the no-cache baseline, what plain `aclrtMalloc` / `aclrtFree` cost.
 //!
-//! Every malloc reserves VA, creates physical memory of the policy's page kind and maps it; every
-//! free unmaps, frees the physical memory and releases the VA. HUGE_FIRST falls back from 2 MiB to
-//! normal pages when the huge attempt runs out of memory, as the real runtime does.
+//! Every malloc maps a fresh [`Segment`] of the policy's page kind (HUGE_FIRST falls back from
+//! 2 MiB to normal pages when the huge attempt runs out of memory, as the real runtime does);
+//! every free unmaps it and returns frames and VA at once.
 //!
-//! Invariant: `blocks` maps each live pointer to the physical handle mapped there; the VA
-//! reservation starts at the pointer and spans exactly the granted bytes.
+//! Invariant: `blocks` maps each live pointer to its segment and the bytes requested; each
+//! allocation is its own segment, so reserved = allocated in the stats.
 
 use std::collections::HashMap;
 
-use super::{Allocator, Grant, Request};
-use crate::backend::{Backend, PhysHandle};
+use super::{Allocator, Fragmentation, Grant, PoolKind, PoolStats, Request, Segment, SegmentUse};
+use crate::backend::Backend;
 use crate::error::{AclError, Result};
-use crate::policy::page_plan;
-use crate::units::checked_align_up;
+use crate::policy::{HUGE_FIRST_NORMAL_LIMIT, page_plan};
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct DirectAllocator {
-    blocks: HashMap<u64, PhysHandle>,
+    blocks: HashMap<u64, (Segment, u64)>,
+    stats: PoolStats,
+}
+
+impl Default for DirectAllocator {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl DirectAllocator {
     pub fn new() -> Self {
-        Self::default()
+        DirectAllocator { blocks: HashMap::new(), stats: PoolStats { max_split_size: u64::MAX, ..Default::default() } }
     }
+}
+
+fn pool_of(size: u64) -> PoolKind {
+    if size <= HUGE_FIRST_NORMAL_LIMIT { PoolKind::Small } else { PoolKind::Large }
 }
 
 impl Allocator for DirectAllocator {
@@ -33,46 +43,56 @@ impl Allocator for DirectAllocator {
 
     fn malloc(&mut self, backend: &mut dyn Backend, request: &Request) -> Result<Grant> {
         let plan = page_plan(request.policy, request.size);
-        let mut last_err = None;
-        for &kind in plan {
-            let page = backend.page_size(kind);
-            let Some(granted) = checked_align_up(request.booked, page.bytes()) else {
-                return Err(AclError::invalid_param(format!("size {} overflows", request.size)));
-            };
-            let handle = match backend.create_physical(granted, kind) {
-                Ok(h) => h,
-                Err(e) if e.code.is_out_of_memory() => {
-                    last_err = Some(e);
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            let mapped = backend.reserve(granted, page.bytes(), None).and_then(|va| {
-                backend.map(va, handle).map(|()| va).inspect_err(|_| {
-                    let _ = backend.release(va);
-                })
-            });
-            match mapped {
-                Ok(ptr) => {
-                    self.blocks.insert(ptr, handle);
-                    return Ok(Grant { ptr, granted, page });
-                }
-                Err(e) => {
-                    backend.free_physical(handle)?;
-                    return Err(e);
-                }
+        let segment = Segment::map(backend, request.booked, plan).inspect_err(|e| {
+            if e.code.is_out_of_memory() {
+                self.stats.num_ooms += 1;
             }
-        }
-        Err(last_err.unwrap_or_else(|| AclError::internal("empty page plan")))
+        })?;
+        let pool = pool_of(request.size);
+        self.stats.on_segment_alloc(pool, segment.size);
+        self.stats.on_alloc(pool, segment.size, request.size);
+        self.blocks.insert(segment.ptr, (segment, request.size));
+        Ok(Grant { ptr: segment.ptr, granted: segment.size, page: segment.page })
     }
 
     fn free(&mut self, backend: &mut dyn Backend, ptr: u64) -> Result<()> {
-        let handle = self
+        let (segment, requested) = self
             .blocks
             .remove(&ptr)
             .ok_or_else(|| AclError::internal(format!("direct allocator does not own {ptr:#x}")))?;
-        backend.unmap(ptr)?;
-        backend.free_physical(handle)?;
-        backend.release(ptr)
+        let pool = pool_of(requested);
+        self.stats.on_free(pool, segment.size, requested);
+        self.stats.on_segment_free(pool, segment.size);
+        segment.unmap(backend)
+    }
+
+    fn empty_cache(&mut self, _backend: &mut dyn Backend) -> Result<()> {
+        Ok(())
+    }
+
+    fn stats(&self) -> &PoolStats {
+        &self.stats
+    }
+
+    fn reset_peak_stats(&mut self) {
+        self.stats.reset_peaks();
+    }
+
+    fn fragmentation(&self) -> Fragmentation {
+        let mut f = Fragmentation::default();
+        for (segment, requested) in self.blocks.values() {
+            f.requested += requested;
+            f.allocated += segment.size;
+            f.reserved += segment.size;
+            f.segments.push(SegmentUse {
+                ptr: segment.ptr,
+                size: segment.size,
+                allocated: segment.size,
+                blocks: 1,
+                free_blocks: 0,
+            });
+        }
+        f.segments.sort_unstable_by_key(|s| s.ptr);
+        f
     }
 }

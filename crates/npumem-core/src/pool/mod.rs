@@ -1,16 +1,30 @@
 //! Allocators: the pluggable layer between `Device` and the `Backend`.
 //!
-//! An [`Allocator`] turns a booked request into a device address by reserving VA, creating
-//! physical memory and mapping it through the backend it is handed; it may cache what it gets
-//! back on free. `Device` does the AscendCL checks (sizes, padding, pointers, bounds) and hands an
-//! allocator only valid requests and pointers it granted and has not yet freed.
+//! An [`Allocator`] turns a checked request into a device address by obtaining [`Segment`]s from
+//! the backend (VA reservation + physical memory + mapping) and, for caching allocators, carving
+//! blocks out of them and keeping freed blocks for reuse. `Device` does the AscendCL checks
+//! (sizes, padding, pointers, bounds) and hands an allocator only valid requests and pointers it
+//! granted and has not yet freed.
 //!
 //! Invariant for every allocator: granted ranges `[ptr, ptr + granted)` of live allocations never
-//! overlap, `ptr` is 64-byte aligned, `granted >= booked`, and the whole granted range is mapped.
+//! overlap, `ptr` is 64-byte aligned, `granted >= requested`, the whole granted range is mapped,
+//! and `stats()` equals a recount of the blocks.
 
+pub mod caching;
+pub mod config;
 pub mod direct;
+pub mod fragmentation;
+pub mod segment;
+pub mod stats;
+pub mod vmm;
 
+pub use caching::CachingAllocator;
+pub use config::{CachingConfig, Family};
 pub use direct::DirectAllocator;
+pub use fragmentation::{Fragmentation, SegmentUse};
+pub use segment::Segment;
+pub use stats::{PoolKind, PoolStats, Stat};
+pub use vmm::{VmmAllocator, VmmConfig};
 
 use crate::acl::Policy;
 use crate::backend::Backend;
@@ -22,7 +36,7 @@ use crate::vm::PageSize;
 pub struct Request {
     /// Bytes the caller asked for.
     pub size: u64,
-    /// Bytes the runtime books (aligned and padded).
+    /// Bytes the runtime books (aligned and padded, as `aclrtMalloc` does).
     pub booked: u64,
     pub policy: Policy,
 }
@@ -31,14 +45,14 @@ pub struct Request {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Grant {
     pub ptr: u64,
-    /// Bytes set aside for this allocation (at least `booked`).
+    /// Bytes set aside for this allocation (at least the request).
     pub granted: u64,
     /// The page size backing it.
     pub page: PageSize,
 }
 
 pub trait Allocator: Send {
-    /// The family name ("direct", later "npumem", "pytorch", "torch_npu").
+    /// The family name ("direct", "pytorch", "torch_npu", ...).
     fn name(&self) -> &'static str;
 
     fn malloc(&mut self, backend: &mut dyn Backend, request: &Request) -> Result<Grant>;
@@ -46,8 +60,12 @@ pub trait Allocator: Send {
     /// Frees `ptr`, a pointer this allocator granted and that is still live.
     fn free(&mut self, backend: &mut dyn Backend, ptr: u64) -> Result<()>;
 
-    /// Returns cached, unused memory to the backend. Allocators without a cache have nothing to do.
-    fn empty_cache(&mut self, _backend: &mut dyn Backend) -> Result<()> {
-        Ok(())
-    }
+    /// Returns cached, unused memory to the backend.
+    fn empty_cache(&mut self, backend: &mut dyn Backend) -> Result<()>;
+
+    fn stats(&self) -> &PoolStats;
+
+    fn reset_peak_stats(&mut self);
+
+    fn fragmentation(&self) -> Fragmentation;
 }

@@ -1,9 +1,13 @@
 //! `VaSpace`: the device virtual address window and its reservations.
 //!
+//! The same structure serves as the sub-allocator of address ranges inside a pool's VA
+//! reservation, with a finer granule (`VaSpace::with_granule`).
+//!
 //! Invariants: reservations lie inside the window, never overlap, start at a multiple of their
-//! alignment and have a non-zero length that is a multiple of the 4 KiB granule; free extents are
-//! kept coalesced (no two free extents touch), so `free + reserved == window size` always holds.
-//! Placement is best fit by length, lowest address among equals, in O(log n).
+//! alignment and have a non-zero length that is a multiple of the granule (4 KiB by default);
+//! free extents are kept coalesced (no two free extents touch), so `free + reserved == window
+//! size` always holds. Placement is best fit by length, lowest address among equals, in
+//! O(log n).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -17,6 +21,7 @@ pub const VA_GRANULE: u64 = 4 * KIB;
 /// The device virtual address window.
 #[derive(Debug)]
 pub struct VaSpace {
+    granule: u64,
     start: u64,
     end: u64,
     /// Free extents by start address → length.
@@ -35,10 +40,16 @@ impl Default for VaSpace {
 }
 
 impl VaSpace {
-    /// A window `[start, end)`; both ends must be granule-aligned.
+    /// A window `[start, end)` handed out in 4 KiB granules; both ends must be granule-aligned.
     pub fn new(start: u64, end: u64) -> Self {
-        assert!(start < end && start % VA_GRANULE == 0 && end % VA_GRANULE == 0);
+        Self::with_granule(start, end, VA_GRANULE)
+    }
+
+    /// A window handed out in units of `granule` (a power of two dividing both ends).
+    pub fn with_granule(start: u64, end: u64, granule: u64) -> Self {
+        assert!(granule.is_power_of_two() && start < end && start % granule == 0 && end % granule == 0);
         let mut va = VaSpace {
+            granule,
             start,
             end,
             free_by_addr: BTreeMap::new(),
@@ -54,6 +65,15 @@ impl VaSpace {
         (self.start, self.end)
     }
 
+    pub fn granule(&self) -> u64 {
+        self.granule
+    }
+
+    /// Free extents in address order, as (start, len).
+    pub fn free_extents(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.free_by_addr.iter().map(|(&s, &l)| (s, l))
+    }
+
     pub fn reserved_bytes(&self) -> u64 {
         self.reserved_bytes
     }
@@ -67,8 +87,8 @@ impl VaSpace {
         self.free_by_len.last().map_or(0, |&(len, _)| len)
     }
 
-    /// Reserves `size` bytes aligned to `align` (a power of two ≥ 4 KiB; `size` is rounded up to
-    /// a multiple of the granule). Returns the start address.
+    /// Reserves `size` bytes aligned to `align` (a power of two ≥ the granule; `size` is rounded
+    /// up to a multiple of the granule). Returns the start address.
     pub fn reserve(&mut self, size: u64, align: u64) -> Result<u64> {
         let size = self.check_request(size, align)?;
         // Best fit: the shortest extents first; the first that fits after alignment wins. The
@@ -81,7 +101,7 @@ impl VaSpace {
         };
         let mut found = self.free_by_len.range((size, 0)..).take(SCAN).find_map(fits);
         if found.is_none() {
-            let sure = size.saturating_add(align - VA_GRANULE);
+            let sure = size.saturating_add(align - self.granule);
             found = self.free_by_len.range((sure, 0)..).next().and_then(fits);
         }
         let Some((start, len, aligned)) = found else {
@@ -159,10 +179,13 @@ impl VaSpace {
         if size == 0 {
             return Err(AclError::invalid_param("cannot reserve 0 bytes of address space; pass a size > 0"));
         }
-        if !align.is_power_of_two() || align < VA_GRANULE {
-            return Err(AclError::invalid_param(format!("alignment {align} is not a power of two of at least 4 KiB")));
+        if !align.is_power_of_two() || align < self.granule {
+            return Err(AclError::invalid_param(format!(
+                "alignment {align} is not a power of two of at least {}",
+                format_size(self.granule)
+            )));
         }
-        checked_align_up(size, VA_GRANULE).filter(|&s| s <= self.end - self.start).ok_or_else(|| {
+        checked_align_up(size, self.granule).filter(|&s| s <= self.end - self.start).ok_or_else(|| {
             AclError::oom(format!(
                 "{} is larger than the whole device address window ({})",
                 format_size(size),

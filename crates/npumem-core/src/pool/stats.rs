@@ -1,0 +1,232 @@
+//! `PoolStats`: allocator statistics in PyTorch's scheme, so tools written for
+//! `torch.cuda.memory_stats()` read npumem's unchanged.
+//!
+//! Keys are `<stat>.<all|small_pool|large_pool>.<current|peak|allocated|freed>` for the stat
+//! arrays, and plain names for the scalars (`num_alloc_retries`, `num_ooms`, ...).
+//!
+//! Invariants: `current` = `allocated` − `freed` for every stat; `peak` ≥ `current`; the `all`
+//! entry of every array equals the sum of its two pools.
+
+/// A counter with its high-water mark and its accumulated increases and decreases.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stat {
+    pub current: u64,
+    pub peak: u64,
+    pub allocated: u64,
+    pub freed: u64,
+}
+
+impl Stat {
+    pub fn add(&mut self, n: u64) {
+        self.current += n;
+        self.allocated += n;
+        self.peak = self.peak.max(self.current);
+    }
+
+    pub fn sub(&mut self, n: u64) {
+        debug_assert!(self.current >= n, "stat underflow");
+        self.current -= n;
+        self.freed += n;
+    }
+
+    pub fn reset_peak(&mut self) {
+        self.peak = self.current;
+    }
+}
+
+/// Which pool a block belongs to: requests up to 1 MiB are small.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PoolKind {
+    Small = 0,
+    Large = 1,
+}
+
+impl PoolKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            PoolKind::Small => "small_pool",
+            PoolKind::Large => "large_pool",
+        }
+    }
+}
+
+/// A stat kept for all memory and for each pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatArray {
+    pub all: Stat,
+    pub pools: [Stat; 2],
+}
+
+impl StatArray {
+    pub fn add(&mut self, pool: PoolKind, n: u64) {
+        self.all.add(n);
+        self.pools[pool as usize].add(n);
+    }
+
+    pub fn sub(&mut self, pool: PoolKind, n: u64) {
+        self.all.sub(n);
+        self.pools[pool as usize].sub(n);
+    }
+
+    pub fn small_pool(&self) -> Stat {
+        self.pools[PoolKind::Small as usize]
+    }
+
+    pub fn large_pool(&self) -> Stat {
+        self.pools[PoolKind::Large as usize]
+    }
+
+    fn reset_peak(&mut self) {
+        self.all.reset_peak();
+        self.pools.iter_mut().for_each(Stat::reset_peak);
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Live allocations (PyTorch emits this array as `allocation`).
+    pub allocation: StatArray,
+    /// Segments obtained from the device.
+    pub segment: StatArray,
+    /// Blocks in use (allocated, or freed but still awaited by a stream).
+    pub active: StatArray,
+    /// Free blocks inside segments that also hold other blocks (cannot be returned alone).
+    pub inactive_split: StatArray,
+    pub allocated_bytes: StatArray,
+    pub reserved_bytes: StatArray,
+    pub active_bytes: StatArray,
+    pub inactive_split_bytes: StatArray,
+    /// Bytes the callers asked for (allocated_bytes − requested_bytes = rounding waste).
+    pub requested_bytes: StatArray,
+    pub oversize_allocations: Stat,
+    pub oversize_segments: Stat,
+    pub num_alloc_retries: u64,
+    pub num_ooms: u64,
+    pub num_sync_all_streams: u64,
+    pub num_device_alloc: u64,
+    pub num_device_free: u64,
+    pub max_split_size: u64,
+}
+
+impl PoolStats {
+    /// Records a block of `size` bytes (`requested` asked for) becoming allocated.
+    pub fn on_alloc(&mut self, pool: PoolKind, size: u64, requested: u64) {
+        self.allocation.add(pool, 1);
+        self.allocated_bytes.add(pool, size);
+        self.active.add(pool, 1);
+        self.active_bytes.add(pool, size);
+        self.requested_bytes.add(pool, requested);
+    }
+
+    pub fn on_free(&mut self, pool: PoolKind, size: u64, requested: u64) {
+        self.allocation.sub(pool, 1);
+        self.allocated_bytes.sub(pool, size);
+        self.active.sub(pool, 1);
+        self.active_bytes.sub(pool, size);
+        self.requested_bytes.sub(pool, requested);
+    }
+
+    pub fn on_segment_alloc(&mut self, pool: PoolKind, size: u64) {
+        self.segment.add(pool, 1);
+        self.reserved_bytes.add(pool, size);
+        self.num_device_alloc += 1;
+    }
+
+    pub fn on_segment_free(&mut self, pool: PoolKind, size: u64) {
+        self.segment.sub(pool, 1);
+        self.reserved_bytes.sub(pool, size);
+        self.num_device_free += 1;
+    }
+
+    pub fn reset_peaks(&mut self) {
+        for a in self.arrays_mut() {
+            a.reset_peak();
+        }
+        self.oversize_allocations.reset_peak();
+        self.oversize_segments.reset_peak();
+    }
+
+    fn arrays(&self) -> [(&'static str, &StatArray); 9] {
+        [
+            ("allocation", &self.allocation),
+            ("segment", &self.segment),
+            ("active", &self.active),
+            ("inactive_split", &self.inactive_split),
+            ("allocated_bytes", &self.allocated_bytes),
+            ("reserved_bytes", &self.reserved_bytes),
+            ("active_bytes", &self.active_bytes),
+            ("inactive_split_bytes", &self.inactive_split_bytes),
+            ("requested_bytes", &self.requested_bytes),
+        ]
+    }
+
+    fn arrays_mut(&mut self) -> [&mut StatArray; 9] {
+        [
+            &mut self.allocation,
+            &mut self.segment,
+            &mut self.active,
+            &mut self.inactive_split,
+            &mut self.allocated_bytes,
+            &mut self.reserved_bytes,
+            &mut self.active_bytes,
+            &mut self.inactive_split_bytes,
+            &mut self.requested_bytes,
+        ]
+    }
+
+    /// Every statistic under its PyTorch key, in a stable order. Values are signed, as PyTorch's
+    /// are: an unlimited `max_split_size` reads -1.
+    pub fn pairs(&self) -> Vec<(String, i64)> {
+        let mut out = Vec::with_capacity(120);
+        let push_stat = |out: &mut Vec<(String, i64)>, prefix: String, s: &Stat| {
+            out.push((format!("{prefix}.current"), s.current as i64));
+            out.push((format!("{prefix}.peak"), s.peak as i64));
+            out.push((format!("{prefix}.allocated"), s.allocated as i64));
+            out.push((format!("{prefix}.freed"), s.freed as i64));
+        };
+        for (name, array) in self.arrays() {
+            push_stat(&mut out, format!("{name}.all"), &array.all);
+            for pool in [PoolKind::Small, PoolKind::Large] {
+                push_stat(&mut out, format!("{name}.{}", pool.name()), &array.pools[pool as usize]);
+            }
+        }
+        push_stat(&mut out, "oversize_allocations".into(), &self.oversize_allocations);
+        push_stat(&mut out, "oversize_segments".into(), &self.oversize_segments);
+        for (k, v) in [
+            ("num_alloc_retries", self.num_alloc_retries),
+            ("num_ooms", self.num_ooms),
+            ("num_sync_all_streams", self.num_sync_all_streams),
+            ("num_device_alloc", self.num_device_alloc),
+            ("num_device_free", self.num_device_free),
+        ] {
+            out.push((k.to_string(), v as i64));
+        }
+        let max_split = if self.max_split_size == u64::MAX { -1 } else { self.max_split_size as i64 };
+        out.push(("max_split_size".to_string(), max_split));
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_peaks() {
+        let mut s = PoolStats::default();
+        s.on_segment_alloc(PoolKind::Small, 2 << 20);
+        s.on_alloc(PoolKind::Small, 512, 100);
+        s.on_alloc(PoolKind::Small, 1024, 1000);
+        s.on_free(PoolKind::Small, 512, 100);
+        let m: std::collections::HashMap<String, i64> = s.pairs().into_iter().collect();
+        assert_eq!(m["allocated_bytes.all.current"], 1024);
+        assert_eq!(m["allocated_bytes.all.peak"], 1536);
+        assert_eq!(m["allocated_bytes.small_pool.freed"], 512);
+        assert_eq!(m["allocated_bytes.large_pool.current"], 0);
+        assert_eq!(m["requested_bytes.all.current"], 1000);
+        assert_eq!(m["reserved_bytes.all.current"], 2 << 20);
+        assert_eq!(m["num_device_alloc"], 1);
+        s.reset_peaks();
+        assert_eq!(s.allocated_bytes.all.peak, 1024);
+    }
+}

@@ -1,0 +1,631 @@
+//! `VmmAllocator`: npumem's own pool (the "npumem" family), built on the driver's VMM API.
+//!
+//! Each pool (small ≤ 1 MiB, large above) owns one VA reservation several times the device's size
+//! (address space is cheap; contiguous VA for any request that fits physically is not). Blocks are
+//! placed in that range best fit (512-byte quantum, lowest address among equals), so freed blocks
+//! coalesce by address; physical memory is mapped under them on demand, one 2 MiB page at a time,
+//! and stays mapped while idle so that reuse costs no driver call. Physical pages are not tied to
+//! addresses: when a request needs pages and the device has no free frames, idle pages (mapped
+//! but holding no live block) are unmapped and their physical handles remapped under the new
+//! range — stitching scattered free memory into one contiguous block instead of failing. Requests
+//! of at least `bypass_threshold` bypass the pools and are mapped directly, preferring giant, then
+//! huge pages. Every reclamation step is followed by a new attempt before out-of-memory is
+//! reported, with the fragmentation diagnostics in the error.
+//!
+//! Invariants: a page slot holds a handle iff it is mapped; `live` of a slot counts the live
+//! blocks overlapping it, and a mapped slot with `live == 0` is in the pool's idle set (keyed by
+//! the clock when it became idle, so trimming takes the coldest first); cached handles are held
+//! but unmapped; `reserved_bytes` = (mapped + cached pages) × page size + bypass segments.
+
+use std::collections::{BTreeSet, HashMap};
+
+use super::config::{bad, boolean, number, tokenize};
+use super::{Allocator, Fragmentation, Grant, PoolKind, PoolStats, Request, Segment, SegmentUse};
+use crate::backend::{Backend, PhysHandle};
+use crate::error::{AclError, Result};
+use crate::units::{MIB, checked_align_up, format_size};
+use crate::vm::{PageKind, PageSize, VaSpace};
+
+/// Settings of the npumem pool.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VmmConfig {
+    /// Block sizes are multiples of this.
+    pub quantum: u64,
+    /// Requests of at least this many bytes are mapped directly, outside the pools.
+    pub bypass_threshold: u64,
+    /// Fraction of the device this pool may hold.
+    pub memory_fraction: f64,
+    /// Trim idle pages once held memory passes this fraction of the limit (0 = off).
+    pub garbage_collection_threshold: f64,
+    pub alloc_conf: String,
+}
+
+impl Default for VmmConfig {
+    fn default() -> Self {
+        VmmConfig {
+            quantum: 512,
+            bypass_threshold: 512 * MIB,
+            memory_fraction: 1.0,
+            garbage_collection_threshold: 0.0,
+            alloc_conf: String::new(),
+        }
+    }
+}
+
+impl VmmConfig {
+    /// Parses `key:value,...` (keys: per_process_memory_fraction, garbage_collection_threshold,
+    /// large_threshold_mb; `expandable_segments:True` is accepted, as the pool always is one).
+    pub fn parse(alloc_conf: &str) -> Result<Self> {
+        let mut c = VmmConfig { alloc_conf: alloc_conf.to_string(), ..Default::default() };
+        let tokens = tokenize(alloc_conf);
+        let items: Vec<&[String]> = tokens.split(|t| t == ",").filter(|p| !p.is_empty()).collect();
+        for item in items {
+            let [key, colon, value] = item else {
+                return Err(bad(format!("alloc_conf entries look like key:value, got {:?}", item.concat())));
+            };
+            if colon != ":" {
+                return Err(bad(format!("expected ':' in {:?}", item.concat())));
+            }
+            match key.as_str() {
+                "per_process_memory_fraction" => {
+                    let f = number(key, value)?;
+                    if f > 1.0 {
+                        return Err(bad(format!("per_process_memory_fraction must be in [0, 1], got {value}")));
+                    }
+                    c.memory_fraction = f;
+                }
+                "garbage_collection_threshold" => {
+                    let t = number(key, value)?;
+                    if !(t > 0.0 && t < 1.0) {
+                        return Err(bad(format!("garbage_collection_threshold must be in (0, 1), got {value}")));
+                    }
+                    c.garbage_collection_threshold = t;
+                }
+                "large_threshold_mb" => {
+                    let mb = number(key, value)?;
+                    if mb < 2.0 {
+                        return Err(bad(format!("large_threshold_mb must be at least 2, got {value}")));
+                    }
+                    c.bypass_threshold = (mb * MIB as f64) as u64;
+                }
+                "expandable_segments" => {
+                    if !boolean(key, value)? {
+                        return Err(bad("the npumem pool is always expandable; use the pytorch family for \
+                                        expandable_segments:False"
+                            .into()));
+                    }
+                }
+                other => {
+                    return Err(bad(format!(
+                        "unknown alloc_conf key {other:?} for the npumem allocator; known keys: \
+                         per_process_memory_fraction, garbage_collection_threshold, large_threshold_mb, \
+                         expandable_segments"
+                    )));
+                }
+            }
+        }
+        Ok(c)
+    }
+}
+
+/// The physical page of the pools.
+const PAGE: u64 = 2 * MIB;
+const NO_HANDLE: PhysHandle = 0;
+/// The large pool reserves this many times the device's capacity of VA, so that live blocks
+/// never leave it without a contiguous range for a request that fits in physical memory.
+const VA_FACTOR: u64 = 4;
+
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    handle: PhysHandle,
+    /// PTE size of the mapped handle (2 MiB, or normal pages when huge frames ran out).
+    page: PageSize,
+    live: u32,
+    idle_since: u64,
+}
+
+#[derive(Debug)]
+struct VmmPool {
+    base: u64,
+    space: VaSpace,
+    slots: Vec<Slot>,
+    idle: BTreeSet<(u64, u32)>,
+    mapped: u64,
+}
+
+impl VmmPool {
+    fn pages_of(&self, ptr: u64, size: u64) -> std::ops::Range<usize> {
+        let first = (ptr - self.base) / PAGE;
+        let last = (ptr + size - 1 - self.base) / PAGE;
+        first as usize..last as usize + 1
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Live {
+    size: u64,
+    requested: u64,
+    /// None for a request that bypassed the pools.
+    pool: Option<PoolKind>,
+}
+
+#[derive(Debug)]
+pub struct VmmAllocator {
+    config: VmmConfig,
+    capacity: u64,
+    pools: [Option<VmmPool>; 2],
+    /// Unmapped physical pages held for remapping, with the pool they count against.
+    cache: Vec<(PhysHandle, PageSize, PoolKind)>,
+    live: HashMap<u64, Live>,
+    bypass: HashMap<u64, Segment>,
+    stats: PoolStats,
+    clock: u64,
+}
+
+fn pool_kind(size: u64) -> PoolKind {
+    if size <= MIB { PoolKind::Small } else { PoolKind::Large }
+}
+
+impl VmmAllocator {
+    pub fn new(config: VmmConfig, capacity: u64) -> Self {
+        VmmAllocator {
+            config,
+            capacity,
+            pools: [None, None],
+            cache: Vec::new(),
+            live: HashMap::new(),
+            bypass: HashMap::new(),
+            stats: PoolStats { max_split_size: u64::MAX, ..Default::default() },
+            clock: 0,
+        }
+    }
+
+    pub fn limit(&self) -> u64 {
+        (self.capacity as f64 * self.config.memory_fraction) as u64
+    }
+
+    fn reserved(&self) -> u64 {
+        self.stats.reserved_bytes.all.current
+    }
+
+    fn ensure_pool(&mut self, backend: &mut dyn Backend, kind: PoolKind) -> Result<()> {
+        if self.pools[kind as usize].is_some() {
+            return Ok(());
+        }
+        let factor = match kind {
+            PoolKind::Small => 2,
+            PoolKind::Large => VA_FACTOR,
+        };
+        let len = checked_align_up(self.capacity * factor, PAGE).unwrap_or(PAGE);
+        let base = backend.reserve(len, PAGE, None)?;
+        let pages = (len / PAGE) as usize;
+        let slot = Slot { handle: NO_HANDLE, page: PageSize::Size2M, live: 0, idle_since: 0 };
+        self.pools[kind as usize] = Some(VmmPool {
+            base,
+            space: VaSpace::with_granule(base, base + len, self.config.quantum),
+            slots: vec![slot; pages],
+            idle: BTreeSet::new(),
+            mapped: 0,
+        });
+        Ok(())
+    }
+
+    fn pool(&self, kind: PoolKind) -> &VmmPool {
+        self.pools[kind as usize].as_ref().expect("pool exists")
+    }
+
+    fn pool_mut(&mut self, kind: PoolKind) -> &mut VmmPool {
+        self.pools[kind as usize].as_mut().expect("pool exists")
+    }
+
+    /// A physical page for `kind`'s pool: a cached one, else a new one (2 MiB frames first, then
+    /// normal pages), within the limit.
+    fn acquire(&mut self, backend: &mut dyn Backend, kind: PoolKind) -> Result<(PhysHandle, PageSize)> {
+        if let Some((h, page, owner)) = self.cache.pop() {
+            if owner != kind {
+                self.stats.reserved_bytes.sub(owner, PAGE);
+                self.stats.segment.sub(owner, 1);
+                self.stats.reserved_bytes.add(kind, PAGE);
+                self.stats.segment.add(kind, 1);
+            }
+            return Ok((h, page));
+        }
+        if self.reserved() + PAGE > self.limit() {
+            return Err(AclError::oom(format!(
+                "the npumem pool's limit of {} (memory fraction {}) is reached",
+                format_size(self.limit()),
+                self.config.memory_fraction
+            )));
+        }
+        let (h, page) = match backend.create_physical(PAGE, PageKind::Huge) {
+            Ok(h) => (h, PageSize::Size2M),
+            Err(e) if e.code.is_out_of_memory() => {
+                (backend.create_physical(PAGE, PageKind::Normal)?, backend.page_size(PageKind::Normal))
+            }
+            Err(e) => return Err(e),
+        };
+        self.stats.on_segment_alloc(kind, PAGE);
+        Ok((h, page))
+    }
+
+    /// Unmaps the coldest idle page of any pool, skipping `keep` (pages about to be used), and
+    /// caches its handle. Returns false when no idle page is left.
+    fn unmap_coldest(
+        &mut self,
+        backend: &mut dyn Backend,
+        keep: Option<(PoolKind, std::ops::Range<usize>)>,
+    ) -> Result<bool> {
+        let mut best: Option<(u64, u32, PoolKind)> = None;
+        for kind in [PoolKind::Small, PoolKind::Large] {
+            let Some(pool) = self.pools[kind as usize].as_ref() else { continue };
+            let skip = keep.as_ref().filter(|(k, _)| *k == kind).map(|(_, r)| r.clone());
+            let candidate = pool.idle.iter().find(|&&(_, i)| skip.as_ref().is_none_or(|r| !r.contains(&(i as usize))));
+            if let Some(&(t, i)) = candidate {
+                if best.is_none_or(|(bt, _, _)| t < bt) {
+                    best = Some((t, i, kind));
+                }
+            }
+        }
+        let Some((t, i, kind)) = best else { return Ok(false) };
+        let pool = self.pool_mut(kind);
+        pool.idle.remove(&(t, i));
+        let slot = &mut pool.slots[i as usize];
+        let (handle, page) = (slot.handle, slot.page);
+        slot.handle = NO_HANDLE;
+        pool.mapped -= 1;
+        let va = pool.base + i as u64 * PAGE;
+        backend.unmap(va)?;
+        self.cache.push((handle, page, kind));
+        Ok(true)
+    }
+
+    fn free_cached(&mut self, backend: &mut dyn Backend) -> Result<bool> {
+        let Some((h, _, owner)) = self.cache.pop() else { return Ok(false) };
+        backend.free_physical(h)?;
+        self.stats.on_segment_free(owner, PAGE);
+        Ok(true)
+    }
+
+    /// Maps every unmapped page under `[ptr, ptr + size)` of `kind`'s pool and counts the block
+    /// on each page. On failure nothing is left changed.
+    fn map_range(&mut self, backend: &mut dyn Backend, kind: PoolKind, ptr: u64, size: u64) -> Result<PageSize> {
+        let range = self.pool(kind).pages_of(ptr, size);
+        let needed: Vec<usize> = range.clone().filter(|&i| self.pool(kind).slots[i].handle == NO_HANDLE).collect();
+        let mut done: Vec<usize> = Vec::with_capacity(needed.len());
+        for &i in &needed {
+            let got = loop {
+                match self.acquire(backend, kind) {
+                    Ok(h) => break Ok(h),
+                    // Stitching: take an idle page from elsewhere and map its memory here.
+                    Err(e) if e.code.is_out_of_memory() => {
+                        if !self.unmap_coldest(backend, Some((kind, range.clone())))? {
+                            break Err(e);
+                        }
+                    }
+                    Err(e) => break Err(e),
+                }
+            };
+            let mapped = got.and_then(|(h, page)| {
+                let va = self.pool(kind).base + i as u64 * PAGE;
+                backend.map(va, h).map(|()| (h, page)).inspect_err(|_| self.cache.push((h, page, kind)))
+            });
+            match mapped {
+                Ok((h, page)) => {
+                    let pool = self.pool_mut(kind);
+                    pool.slots[i] = Slot { handle: h, page, live: 0, idle_since: 0 };
+                    pool.mapped += 1;
+                    done.push(i);
+                }
+                Err(e) => {
+                    for &j in &done {
+                        let pool = self.pool_mut(kind);
+                        let slot = pool.slots[j];
+                        pool.slots[j].handle = NO_HANDLE;
+                        pool.mapped -= 1;
+                        backend.unmap(pool.base + j as u64 * PAGE)?;
+                        self.cache.push((slot.handle, slot.page, kind));
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let pool = self.pool_mut(kind);
+        for i in range.clone() {
+            let slot = &mut pool.slots[i];
+            if slot.live == 0 {
+                pool.idle.remove(&(slot.idle_since, i as u32));
+            }
+            slot.live += 1;
+        }
+        Ok(pool.slots[range.start].page)
+    }
+
+    fn malloc_bypass(&mut self, backend: &mut dyn Backend, request: &Request, size: u64) -> Result<Grant> {
+        let plan: &[PageKind] = &[PageKind::Giant, PageKind::Huge, PageKind::Normal];
+        let segment = loop {
+            let within = self.reserved() + size <= self.limit();
+            let attempt = if within {
+                Segment::map(backend, size, plan)
+            } else {
+                Err(AclError::oom(format!("the npumem pool's limit of {} is reached", format_size(self.limit()))))
+            };
+            match attempt {
+                Ok(s) => break s,
+                Err(e) if e.code.is_out_of_memory() => {
+                    // Give idle and cached pages back to the device, then try again.
+                    if !(self.free_cached(backend)? || self.unmap_coldest(backend, None)?) {
+                        return Err(e);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        self.stats.on_segment_alloc(PoolKind::Large, segment.size);
+        self.stats.oversize_segments.add(1);
+        self.bypass.insert(segment.ptr, segment);
+        self.live.insert(segment.ptr, Live { size: segment.size, requested: request.size, pool: None });
+        self.stats.on_alloc(PoolKind::Large, segment.size, request.size);
+        self.stats.oversize_allocations.add(1);
+        Ok(Grant { ptr: segment.ptr, granted: segment.size, page: segment.page })
+    }
+
+    /// Unmaps the coldest idle pages and frees cached ones until at most `bytes` are held.
+    pub fn trim_to(&mut self, backend: &mut dyn Backend, bytes: u64) -> Result<u64> {
+        while self.reserved() > bytes {
+            if !self.free_cached(backend)? && !self.unmap_coldest(backend, None)? {
+                break;
+            }
+        }
+        Ok(self.reserved())
+    }
+
+    fn oom(&mut self, e: AclError, request: &Request) -> AclError {
+        self.stats.num_ooms += 1;
+        AclError::oom(format!("npumem pool out of memory for {}: {}", format_size(request.size), e.message))
+    }
+}
+
+impl Allocator for VmmAllocator {
+    fn name(&self) -> &'static str {
+        "npumem"
+    }
+
+    fn malloc(&mut self, backend: &mut dyn Backend, request: &Request) -> Result<Grant> {
+        self.clock += 1;
+        let size = checked_align_up(request.size, self.config.quantum)
+            .filter(|&s| s <= self.capacity)
+            .ok_or_else(|| AclError::oom(format!("{} is larger than the device", format_size(request.size))))?;
+        if size >= self.config.bypass_threshold {
+            return self.malloc_bypass(backend, request, size).map_err(|e| self.oom(e, request));
+        }
+        if self.config.garbage_collection_threshold > 0.0 {
+            let target = (self.config.garbage_collection_threshold * self.limit() as f64) as u64;
+            if self.reserved() > target {
+                self.trim_to(backend, target)?;
+            }
+        }
+        let kind = pool_kind(size);
+        self.ensure_pool(backend, kind)?;
+        let quantum = self.config.quantum;
+        let placed = self.pool_mut(kind).space.reserve(size, quantum);
+        let ptr = placed.map_err(|e| if e.code.is_out_of_memory() { self.oom(e, request) } else { e })?;
+        let page = match self.map_range(backend, kind, ptr, size) {
+            Ok(p) => p,
+            Err(e) => {
+                self.pool_mut(kind).space.release(ptr)?;
+                return Err(if e.code.is_out_of_memory() { self.oom(e, request) } else { e });
+            }
+        };
+        self.live.insert(ptr, Live { size, requested: request.size, pool: Some(kind) });
+        self.stats.on_alloc(kind, size, request.size);
+        Ok(Grant { ptr, granted: size, page })
+    }
+
+    fn free(&mut self, backend: &mut dyn Backend, ptr: u64) -> Result<()> {
+        let live =
+            self.live.remove(&ptr).ok_or_else(|| AclError::internal(format!("npumem pool does not own {ptr:#x}")))?;
+        let Some(kind) = live.pool else {
+            self.stats.on_free(PoolKind::Large, live.size, live.requested);
+            self.stats.oversize_allocations.sub(1);
+            let segment = self.bypass.remove(&ptr).expect("bypass segment of a live block");
+            self.stats.on_segment_free(PoolKind::Large, segment.size);
+            self.stats.oversize_segments.sub(1);
+            return segment.unmap(backend);
+        };
+        self.stats.on_free(kind, live.size, live.requested);
+        let clock = self.clock;
+        let pool = self.pool_mut(kind);
+        pool.space.release(ptr)?;
+        for i in pool.pages_of(ptr, live.size) {
+            let slot = &mut pool.slots[i];
+            slot.live -= 1;
+            if slot.live == 0 {
+                slot.idle_since = clock;
+                pool.idle.insert((clock, i as u32));
+            }
+        }
+        Ok(())
+    }
+
+    fn empty_cache(&mut self, backend: &mut dyn Backend) -> Result<()> {
+        self.trim_to(backend, 0).map(|_| ())
+    }
+
+    fn stats(&self) -> &PoolStats {
+        &self.stats
+    }
+
+    fn reset_peak_stats(&mut self) {
+        self.stats.reset_peaks();
+    }
+
+    fn fragmentation(&self) -> Fragmentation {
+        let mut f = Fragmentation {
+            requested: self.stats.requested_bytes.all.current,
+            allocated: self.stats.allocated_bytes.all.current,
+            reserved: self.reserved(),
+            ..Default::default()
+        };
+        for pool in self.pools.iter().flatten() {
+            let mut used =
+                SegmentUse { ptr: pool.base, size: pool.mapped * PAGE, allocated: 0, blocks: 0, free_blocks: 0 };
+            // Free memory that is mapped: the parts of free VA extents over mapped pages.
+            for (start, len) in pool.space.free_extents() {
+                let mut run = 0;
+                for i in pool.pages_of(start, len) {
+                    let page_start = pool.base + i as u64 * PAGE;
+                    let lo = start.max(page_start);
+                    let hi = (start + len).min(page_start + PAGE);
+                    if pool.slots[i].handle != NO_HANDLE {
+                        run += hi - lo;
+                    } else if run > 0 {
+                        f.add_free(run);
+                        used.free_blocks += 1;
+                        run = 0;
+                    }
+                }
+                if run > 0 {
+                    f.add_free(run);
+                    used.free_blocks += 1;
+                }
+            }
+            f.segments.push(used);
+        }
+        for (&ptr, live) in &self.live {
+            if let Some(kind) = live.pool {
+                let seg = f.segments.iter_mut().find(|s| s.ptr == self.pool(kind).base).expect("pool segment");
+                seg.allocated += live.size;
+                seg.blocks += 1;
+            } else {
+                f.segments.push(SegmentUse { ptr, size: live.size, allocated: live.size, blocks: 1, free_blocks: 0 });
+            }
+        }
+        for _ in &self.cache {
+            f.add_free(PAGE);
+        }
+        // Idle and cached pages can be remapped under any range: a request can get all of them.
+        let idle: u64 = self.pools.iter().flatten().map(|p| p.idle.len() as u64).sum();
+        let movable = (idle + self.cache.len() as u64) * PAGE;
+        f.largest_free_extent = f.largest_free_extent.max(movable.min(f.free));
+        f.segments.sort_unstable_by_key(|s| s.ptr);
+        f
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::acl::Policy;
+    use crate::backend::{SimBackend, SimConfig};
+    use crate::units::GIB;
+    use proptest::prelude::*;
+
+    fn setup(capacity: u64, conf: &str) -> (VmmAllocator, SimBackend) {
+        let sim = SimBackend::new(SimConfig { capacity, ..Default::default() }).unwrap();
+        (VmmAllocator::new(VmmConfig::parse(conf).unwrap(), capacity), sim)
+    }
+
+    fn req(size: u64) -> Request {
+        Request { size, booked: size, policy: Policy::HugeFirst }
+    }
+
+    #[test]
+    fn packs_small_blocks_and_reuses_pages_without_driver_calls() {
+        let (mut a, mut sim) = setup(64 * MIB, "");
+        let x = a.malloc(&mut sim, &req(1000)).unwrap();
+        let y = a.malloc(&mut sim, &req(1000)).unwrap();
+        assert_eq!(y.ptr, x.ptr + 1024);
+        assert_eq!(a.reserved(), PAGE);
+        a.free(&mut sim, x.ptr).unwrap();
+        a.free(&mut sim, y.ptr).unwrap();
+        let maps = sim.counters().maps;
+        let z = a.malloc(&mut sim, &req(4000)).unwrap();
+        assert_eq!(z.ptr, x.ptr);
+        assert_eq!(sim.counters().maps, maps);
+        a.free(&mut sim, z.ptr).unwrap();
+        a.empty_cache(&mut sim).unwrap();
+        assert_eq!(a.reserved(), 0);
+        assert_eq!(sim.mem_info(crate::acl::MemScope::All).0, 64 * MIB);
+    }
+
+    #[test]
+    fn stitches_idle_pages_into_a_large_block() {
+        // 64 MiB device. Fill it with 2 MiB blocks, free every other one: 32 MiB is free but in
+        // 2 MiB holes. A 30 MiB request still succeeds by remapping the idle pages.
+        let (mut a, mut sim) = setup(64 * MIB, "");
+        let blocks: Vec<Grant> = (0..30).map(|_| a.malloc(&mut sim, &req(2 * MIB)).unwrap()).collect();
+        for g in blocks.iter().step_by(2) {
+            a.free(&mut sim, g.ptr).unwrap();
+        }
+        let big = a.malloc(&mut sim, &req(30 * MIB)).unwrap();
+        assert_eq!(big.granted, 30 * MIB);
+        assert!(a.reserved() <= 64 * MIB);
+        // The bytes of the live blocks are untouched and the new block is writable end to end.
+        sim.write(big.ptr + 30 * MIB - 8, &[7; 8]).unwrap();
+        let f = a.fragmentation();
+        assert_eq!(f.allocated, 15 * 2 * MIB + 30 * MIB);
+        for g in blocks.iter().skip(1).step_by(2) {
+            a.free(&mut sim, g.ptr).unwrap();
+        }
+        a.free(&mut sim, big.ptr).unwrap();
+        a.empty_cache(&mut sim).unwrap();
+        assert_eq!(sim.frame_stats().unwrap().largest_free_block, 64 * MIB);
+    }
+
+    #[test]
+    fn bypass_uses_giant_pages_and_oom_reports() {
+        let mut sim = SimBackend::new(SimConfig { capacity: 4 * GIB, giant_frames: 1, ..Default::default() }).unwrap();
+        let mut a = VmmAllocator::new(VmmConfig::default(), 4 * GIB);
+        let g = a.malloc(&mut sim, &req(GIB)).unwrap();
+        assert_eq!(g.page, PageSize::Size1G);
+        let h = a.malloc(&mut sim, &req(600 * MIB)).unwrap();
+        assert_eq!(h.page, PageSize::Size2M);
+        let err = a.malloc(&mut sim, &req(3 * GIB)).unwrap_err();
+        assert!(err.message.contains("out of memory"), "{}", err.message);
+        a.free(&mut sim, g.ptr).unwrap();
+        a.free(&mut sim, h.ptr).unwrap();
+        assert_eq!(a.reserved(), 0);
+        assert!(VmmConfig::parse("large_threshold_mb:1").is_err());
+        assert!(VmmConfig::parse("bogus:1").is_err());
+        assert!(VmmConfig::parse("expandable_segments:True,per_process_memory_fraction:0.5").is_ok());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        #[test]
+        fn no_overlap_and_everything_returns(
+            ops in proptest::collection::vec((any::<bool>(), 1u64..(12 << 20), any::<usize>()), 1..150),
+        ) {
+            let (mut a, mut sim) = setup(96 * MIB, "");
+            let frames = sim.frame_stats().unwrap();
+            let mut live: Vec<Grant> = Vec::new();
+            for (alloc, size, pick) in ops {
+                if alloc || live.is_empty() {
+                    let size = if pick % 3 == 0 { size >> 10 } else { size };
+                    if let Ok(g) = a.malloc(&mut sim, &req(size.max(1))) {
+                        for o in &live {
+                            prop_assert!(g.ptr + g.granted <= o.ptr || o.ptr + o.granted <= g.ptr);
+                        }
+                        // Every byte of the block is mapped.
+                        sim.write(g.ptr, &[1]).unwrap();
+                        sim.write(g.ptr + g.granted - 1, &[1]).unwrap();
+                        live.push(g);
+                    } else {
+                        // Out of memory only when the live blocks really leave no room.
+                        let used: u64 = live.iter().map(|g| g.granted.div_ceil(PAGE) * PAGE).sum();
+                        prop_assert!(used + size.max(1) > 96 * MIB - 4 * PAGE, "spurious OOM");
+                    }
+                } else {
+                    let g = live.swap_remove(pick % live.len());
+                    a.free(&mut sim, g.ptr).unwrap();
+                }
+                let held = (a.pools.iter().flatten().map(|p| p.mapped).sum::<u64>() + a.cache.len() as u64) * PAGE;
+                prop_assert_eq!(a.reserved(), held + a.bypass.values().map(|s| s.size).sum::<u64>());
+            }
+            for g in live { a.free(&mut sim, g.ptr).unwrap(); }
+            a.empty_cache(&mut sim).unwrap();
+            prop_assert_eq!(a.reserved(), 0);
+            prop_assert_eq!(sim.frame_stats().unwrap(), frames);
+        }
+    }
+}

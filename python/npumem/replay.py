@@ -1,0 +1,199 @@
+"""Replaying allocation traces against a device, and the smallest capacity a trace fits in.
+
+A trace is a sequence of events. Each event is ``("alloc", id, size)`` or ``("free", id)`` (a
+3-tuple ``("free", id, size)`` is accepted too), or a mapping with ``action`` (``"alloc"`` /
+``"free"``, PyTorch's ``"free_requested"`` / ``"free_completed"`` are read as free), ``id`` or
+``addr``, and ``size``. Ids are any hashable values naming a live allocation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .device import Device
+from .enums import Policy
+from .errors import OutOfMemoryError, invalid_param
+
+Event = tuple[str, Any, int] | tuple[str, Any] | Mapping[str, Any]
+
+_FREE_ACTIONS = {"free", "free_requested", "free_completed"}
+# Actions of PyTorch device traces that do not change what the program holds.
+_IGNORED_ACTIONS = {"segment_alloc", "segment_free", "segment_map", "segment_unmap", "snapshot", "oom"}
+
+
+def normalize(events: Iterable[Event]) -> list[tuple[bool, Any, int]]:
+    """Events as (is_alloc, id, size) triples; raises InvalidParamError on malformed input.
+
+    In a PyTorch device trace, which records both ``free_requested`` and ``free_completed``, the
+    completed free is the one that returns memory; alone, either counts as the free."""
+    events = list(events)
+    completed_marks = any(isinstance(e, Mapping) and e.get("action") == "free_completed" for e in events)
+    out: list[tuple[bool, Any, int]] = []
+    sizes: dict[Any, int] = {}
+    for n, ev in enumerate(events):
+        if isinstance(ev, Mapping):
+            action = ev.get("action")
+            key = ev.get("id", ev.get("addr"))
+            size = ev.get("size", 0)
+        elif isinstance(ev, Sequence) and len(ev) in (2, 3):
+            action, key = ev[0], ev[1]
+            size = ev[2] if len(ev) == 3 else 0
+        else:
+            raise invalid_param(f"event {n} is {ev!r}; use ('alloc', id, size) or ('free', id)")
+        if action == "alloc":
+            if not isinstance(size, int) or size <= 0:
+                raise invalid_param(f"event {n}: alloc of {size!r} bytes; sizes must be positive ints")
+            if key in sizes:
+                raise invalid_param(f"event {n}: id {key!r} allocated twice without a free")
+            sizes[key] = size
+            out.append((True, key, size))
+        elif action in _FREE_ACTIONS:
+            if action == "free_requested" and completed_marks:
+                continue
+            if key not in sizes:
+                raise invalid_param(f"event {n}: free of unknown id {key!r}")
+            out.append((False, key, sizes.pop(key)))
+        elif action in _IGNORED_ACTIONS:
+            continue
+        else:
+            raise invalid_param(f"event {n}: unknown action {action!r}; use 'alloc' or 'free'")
+    return out
+
+
+def peak_live_bytes(events: Iterable[Event]) -> int:
+    """The largest sum of live requested bytes over the trace: no allocator can do with less."""
+    return _peak(normalize(events))
+
+
+def _peak(evs: list[tuple[bool, Any, int]]) -> int:
+    live = peak = 0
+    for is_alloc, _, size in evs:
+        live += size if is_alloc else -size
+        peak = max(peak, live)
+    return peak
+
+
+@dataclass
+class ReplayResult:
+    """What a replay cost. Byte figures are the allocator's own stats."""
+
+    allocator: str
+    events: int
+    allocs: int
+    ooms: int
+    completed: bool
+    peak_live: int
+    peak_allocated: int
+    peak_reserved: int
+    device_allocs: int
+    device_frees: int
+    maps: int
+    physical_allocs: int
+    cache_hit_rate: float
+    first_oom: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _device(device_or_config: Device | Mapping[str, Any] | None) -> Device:
+    if isinstance(device_or_config, Device):
+        return device_or_config
+    return Device(**dict(device_or_config or {}))
+
+
+def replay(
+    events: Iterable[Event],
+    device_or_config: Device | Mapping[str, Any] | None = None,
+    *,
+    policy: int = Policy.HUGE_FIRST,
+    stop_on_oom: bool = False,
+) -> ReplayResult:
+    """Replays ``events`` on a device (or a new ``Device(**config)``) and reports the cost.
+
+    An allocation that fails with out-of-memory is counted and skipped (its free is skipped too),
+    unless ``stop_on_oom``. Live allocations are freed at the end, so a passed device is left as
+    it was found, apart from its cache and statistics.
+    """
+    return _replay(normalize(events), _device(device_or_config), policy, stop_on_oom)
+
+
+def _replay(evs: list[tuple[bool, Any, int]], dev: Device, policy: int, stop_on_oom: bool) -> ReplayResult:
+    before = dev.stats()
+    stats_before = dev.memory_stats()
+    dev.reset_peak_memory_stats()
+    ptrs: dict[Any, int] = {}
+    live = peak_live = allocs = ooms = 0
+    first_oom = None
+    for is_alloc, key, size in evs:
+        if is_alloc:
+            allocs += 1
+            try:
+                ptrs[key] = dev.malloc(size, policy)
+            except OutOfMemoryError as e:
+                ooms += 1
+                first_oom = first_oom or e.message
+                if stop_on_oom:
+                    break
+                continue
+            live += size
+            peak_live = max(peak_live, live)
+        else:
+            ptr = ptrs.pop(key, None)
+            if ptr is not None:
+                dev.free(ptr)
+                live -= size
+    stats = dev.memory_stats()
+    after = dev.stats()
+    for ptr in ptrs.values():
+        dev.free(ptr)
+    device_allocs = stats["num_device_alloc"] - stats_before["num_device_alloc"]
+    served = allocs - ooms
+    return ReplayResult(
+        allocator=dev.allocator,
+        events=len(evs),
+        allocs=allocs,
+        ooms=ooms,
+        completed=ooms == 0,
+        peak_live=peak_live,
+        peak_allocated=stats["allocated_bytes.all.peak"],
+        peak_reserved=stats["reserved_bytes.all.peak"],
+        device_allocs=device_allocs,
+        device_frees=stats["num_device_free"] - stats_before["num_device_free"],
+        maps=after["maps"] - before["maps"],
+        physical_allocs=after["physical_allocs"] - before["physical_allocs"],
+        cache_hit_rate=1.0 - device_allocs / served if served else 0.0,
+        first_oom=first_oom,
+    )
+
+
+def min_capacity(
+    events: Iterable[Event],
+    config: Mapping[str, Any] | None = None,
+    *,
+    granularity: int = 2 << 20,
+    policy: int = Policy.HUGE_FIRST,
+) -> int:
+    """The smallest device capacity (a multiple of ``granularity``) on which ``events`` replay
+    without an out-of-memory error. ``config`` holds the other Device arguments (allocator,
+    alloc_conf, normal_page, ...). Binary search between the trace's peak live bytes and 8x that
+    (plus 64 granules): it assumes that a trace that fits on a device also fits on a larger one."""
+    evs = normalize(events)
+    cfg = {k: v for k, v in dict(config or {}).items() if k != "capacity"}
+    lo = max(1, _peak(evs) // granularity)
+    hi = 8 * lo + 64
+
+    def fits(units: int) -> bool:
+        return _replay(evs, Device(units * granularity, **cfg), policy, True).completed
+
+    if not fits(hi):
+        raise invalid_param(f"the trace does not fit even in {hi * granularity} bytes")
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo * granularity
