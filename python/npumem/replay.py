@@ -77,7 +77,9 @@ def _peak(evs: list[tuple[bool, Any, int]]) -> int:
 
 @dataclass
 class ReplayResult:
-    """What a replay cost. Byte figures are the allocator's own stats."""
+    """What a replay cost. Byte figures are the allocator's own stats; ``device_allocs`` counts
+    physical allocations from the device (segments, or pages for the npumem pool); the cache hit
+    rate is the share of mallocs served without any new device memory."""
 
     allocator: str
     events: int
@@ -150,6 +152,7 @@ def _replay(evs: list[tuple[bool, Any, int]], dev: Device, policy: int, stop_on_
     for ptr in ptrs.values():
         dev.free(ptr)
     device_allocs = stats["num_device_alloc"] - stats_before["num_device_alloc"]
+    misses = stats["num_cache_misses"] - stats_before["num_cache_misses"]
     served = allocs - ooms
     return ReplayResult(
         allocator=dev.allocator,
@@ -164,7 +167,7 @@ def _replay(evs: list[tuple[bool, Any, int]], dev: Device, policy: int, stop_on_
         device_frees=stats["num_device_free"] - stats_before["num_device_free"],
         maps=after["maps"] - before["maps"],
         physical_allocs=after["physical_allocs"] - before["physical_allocs"],
-        cache_hit_rate=1.0 - device_allocs / served if served else 0.0,
+        cache_hit_rate=1.0 - misses / served if served else 0.0,
         first_oom=first_oom,
     )
 

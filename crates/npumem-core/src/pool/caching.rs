@@ -416,7 +416,11 @@ impl Allocator for CachingAllocator {
         let pool = if size <= SMALL_SIZE { PoolKind::Small } else { PoolKind::Large };
         let idx = match self.find_free(pool, size) {
             Some(idx) => idx,
-            None => self.grow(backend, pool, size, request)?,
+            None => {
+                let idx = self.grow(backend, pool, size, request)?;
+                self.stats.num_cache_misses += 1;
+                idx
+            }
         };
         let b = *self.b(idx);
         let remaining = b.size - size;

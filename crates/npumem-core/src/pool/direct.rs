@@ -49,6 +49,7 @@ impl Allocator for DirectAllocator {
             }
         })?;
         let pool = pool_of(request.size);
+        self.stats.num_cache_misses += 1;
         self.stats.on_segment_alloc(pool, segment.size);
         self.stats.on_alloc(pool, segment.size, request.size);
         self.blocks.insert(segment.ptr, (segment, request.size));

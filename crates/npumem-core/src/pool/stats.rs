@@ -105,6 +105,9 @@ pub struct PoolStats {
     pub num_sync_all_streams: u64,
     pub num_device_alloc: u64,
     pub num_device_free: u64,
+    /// Mallocs that had to obtain memory from the device (a new segment or new pages); the rest
+    /// were served from the cache. Not a PyTorch key.
+    pub num_cache_misses: u64,
     pub max_split_size: u64,
 }
 
@@ -198,6 +201,7 @@ impl PoolStats {
             ("num_sync_all_streams", self.num_sync_all_streams),
             ("num_device_alloc", self.num_device_alloc),
             ("num_device_free", self.num_device_free),
+            ("num_cache_misses", self.num_cache_misses),
         ] {
             out.push((k.to_string(), v as i64));
         }

@@ -361,6 +361,7 @@ impl VmmAllocator {
             }
         };
         self.stats.on_segment_alloc(PoolKind::Large, segment.size);
+        self.stats.num_cache_misses += 1;
         self.stats.oversize_segments.add(1);
         self.bypass.insert(segment.ptr, segment);
         self.live.insert(segment.ptr, Live { size: segment.size, requested: request.size, pool: None });
@@ -409,6 +410,7 @@ impl Allocator for VmmAllocator {
         let quantum = self.config.quantum;
         let placed = self.pool_mut(kind).space.reserve(size, quantum);
         let ptr = placed.map_err(|e| if e.code.is_out_of_memory() { self.oom(e, request) } else { e })?;
+        let device_allocs = self.stats.num_device_alloc;
         let page = match self.map_range(backend, kind, ptr, size) {
             Ok(p) => p,
             Err(e) => {
@@ -416,6 +418,9 @@ impl Allocator for VmmAllocator {
                 return Err(if e.code.is_out_of_memory() { self.oom(e, request) } else { e });
             }
         };
+        if self.stats.num_device_alloc > device_allocs {
+            self.stats.num_cache_misses += 1;
+        }
         self.live.insert(ptr, Live { size, requested: request.size, pool: Some(kind) });
         self.stats.on_alloc(kind, size, request.size);
         Ok(Grant { ptr, granted: size, page })
