@@ -101,6 +101,29 @@ class Device(_native.Device):
         lines.append(f"fragmentation: {fr['summary']}")
         return "\n".join(lines)
 
+    def memory_snapshot(self) -> dict[str, Any]:
+        """The allocator's state in PyTorch's snapshot schema (``torch.cuda.memory._snapshot()``):
+        ``segments`` with their ``blocks``, ``device_traces`` (recorded after
+        :meth:`record_memory_history`) and ``allocator_settings``. Load a pickled copy
+        (:meth:`dump_snapshot`) into PyTorch's memory_viz to see it."""
+        return {
+            "segments": self._segments(),
+            "device_traces": [self._trace()],
+            "allocator_settings": {
+                "allocator": self.allocator,
+                "PYTORCH_NPU_ALLOC_CONF": self.alloc_conf,
+                "expandable_segments": self.allocator == "npumem",
+            },
+            "external_annotations": [],
+        }
+
+    def dump_snapshot(self, path: str) -> None:
+        """Pickles :meth:`memory_snapshot` to ``path``, as ``torch.cuda.memory._dump_snapshot``."""
+        import pickle
+
+        with open(path, "wb") as f:
+            pickle.dump(self.memory_snapshot(), f)
+
     def page_of(self, ptr: int) -> int:
         """The page size (bytes) backing the allocation at ``ptr``."""
         return self.translate(ptr)[1]

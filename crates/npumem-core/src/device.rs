@@ -18,8 +18,8 @@ use crate::error::{AclError, ErrorCode, Result};
 use crate::host::HostHeap;
 use crate::policy::{HUGE_FIRST_NORMAL_LIMIT, START_ALIGN, booked_size};
 use crate::pool::{
-    Allocator, CachingAllocator, CachingConfig, DirectAllocator, Family, Fragmentation, PoolStats, Request,
-    VmmAllocator, VmmConfig,
+    Action, Allocator, CachingAllocator, CachingConfig, DirectAllocator, Family, Fragmentation, History, PoolStats,
+    Request, SegmentSnapshot, TraceEntry, VmmAllocator, VmmConfig,
 };
 use crate::units::format_size;
 use crate::vm::{FrameStats, PageSize, PageTableStats, Translation, is_device_address};
@@ -132,6 +132,9 @@ pub struct Device {
     recently_freed: VecDeque<u64>,
     host: HostHeap,
     stats: DeviceStats,
+    /// The trace of allocator actions, while recording (`record_memory_history`).
+    history: Option<History>,
+    started: std::time::Instant,
 }
 
 impl Device {
@@ -152,7 +155,44 @@ impl Device {
             recently_freed: VecDeque::new(),
             host: HostHeap::default(),
             stats: DeviceStats::default(),
+            history: None,
+            started: std::time::Instant::now(),
         }
+    }
+
+    /// Starts (with room for `max_entries` trace entries, the oldest dropped first) or stops
+    /// recording the allocator's history, as `torch.cuda.memory._record_memory_history` does.
+    pub fn record_memory_history(&mut self, enabled: bool, max_entries: usize) {
+        self.allocator.set_recording(enabled);
+        self.allocator.take_events();
+        self.history = enabled.then(|| History::new(max_entries));
+    }
+
+    /// Moves the allocator's segment events into the history, then records `action`.
+    fn trace(&mut self, action: Action, addr: u64, size: u64) {
+        self.flush_events();
+        if let Some(history) = self.history.as_mut() {
+            let time_us = self.started.elapsed().as_micros() as u64;
+            history.push(TraceEntry { action, addr, size, time_us });
+        }
+    }
+
+    fn flush_events(&mut self) {
+        let Some(history) = self.history.as_mut() else { return };
+        let time_us = self.started.elapsed().as_micros() as u64;
+        for (action, addr, size) in self.allocator.take_events() {
+            history.push(TraceEntry { action, addr, size, time_us });
+        }
+    }
+
+    /// The recorded trace, oldest first (empty when not recording).
+    pub fn history(&self) -> Vec<TraceEntry> {
+        self.history.as_ref().map_or_else(Vec::new, |h| h.entries().copied().collect())
+    }
+
+    /// The allocator's segments and blocks, for `memory_snapshot`.
+    pub fn segments(&self) -> Vec<SegmentSnapshot> {
+        self.allocator.segments()
     }
 
     pub fn backend_name(&self) -> &'static str {
@@ -183,6 +223,8 @@ impl Device {
             Err(e) => {
                 if e.code.is_out_of_memory() {
                     self.stats.failed_mallocs += 1;
+                    let free = self.backend.mem_info(crate::acl::MemScope::All).0;
+                    self.trace(Action::Oom, free, size);
                 }
                 return Err(self.malloc_error(e, size, policy));
             }
@@ -196,6 +238,7 @@ impl Device {
         }
         let allocation = Allocation { ptr: grant.ptr, size, booked, granted: grant.granted, policy, page: grant.page };
         self.live.insert(grant.ptr, allocation);
+        self.trace(Action::Alloc, grant.ptr, grant.granted);
         let s = &mut self.stats;
         s.mallocs += 1;
         s.live_count += 1;
@@ -239,6 +282,10 @@ impl Device {
         };
         self.allocator.free(self.backend.as_mut(), ptr)?;
         self.live.remove(&ptr);
+        // No stream holds the block (streams arrive with the streams issue): the free completes
+        // as it is requested.
+        self.trace(Action::FreeRequested, ptr, allocation.granted);
+        self.trace(Action::FreeCompleted, ptr, allocation.granted);
         if self.recently_freed.len() == FREED_MEMORY {
             self.recently_freed.pop_front();
         }
@@ -469,7 +516,9 @@ impl Device {
 
     /// Returns cached memory to the backend (nothing to do for the direct allocator).
     pub fn empty_cache(&mut self) -> Result<()> {
-        self.allocator.empty_cache(self.backend.as_mut())
+        let result = self.allocator.empty_cache(self.backend.as_mut());
+        self.flush_events();
+        result
     }
 
     /// The allocator's statistics (PyTorch's `memory_stats` scheme).

@@ -5,6 +5,7 @@
 //! they copy, so other Python threads run meanwhile.
 
 use npumem_core::backend::SimConfig;
+use npumem_core::pool::PoolKind;
 use npumem_core::units::format_size;
 use npumem_core::vm::PageSize;
 use npumem_core::{AclError, AllocatorKind, Device, DeviceConfig, MemAttr, Policy};
@@ -379,6 +380,67 @@ impl PyDevice {
     #[getter]
     fn alloc_conf(&self) -> &str {
         &self.config.alloc_conf
+    }
+
+    /// Starts or stops recording the allocator's history (`max_entries` newest entries kept).
+    #[pyo3(signature = (enabled = true, max_entries = 1_000_000))]
+    fn record_memory_history(&self, enabled: bool, max_entries: usize) {
+        self.inner.lock().record_memory_history(enabled, max_entries);
+    }
+
+    /// Segments with their blocks, in PyTorch's snapshot schema.
+    fn _segments<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let segments = self.inner.lock().segments();
+        let out = PyList::empty(py);
+        for s in segments {
+            let d = PyDict::new(py);
+            let blocks = PyList::empty(py);
+            let (mut allocated, mut requested) = (0u64, 0u64);
+            for b in &s.blocks {
+                let bd = PyDict::new(py);
+                bd.set_item("address", b.address)?;
+                bd.set_item("size", b.size)?;
+                bd.set_item("requested_size", b.requested_size)?;
+                bd.set_item("state", if b.allocated { "active_allocated" } else { "inactive" })?;
+                bd.set_item("frames", PyList::empty(py))?;
+                blocks.append(bd)?;
+                if b.allocated {
+                    allocated += b.size;
+                    requested += b.requested_size;
+                }
+            }
+            d.set_item("device", 0)?;
+            d.set_item("address", s.address)?;
+            d.set_item("total_size", s.total_size)?;
+            d.set_item("allocated_size", allocated)?;
+            d.set_item("active_size", allocated)?;
+            d.set_item("requested_size", requested)?;
+            d.set_item("stream", 0)?;
+            d.set_item("segment_type", if s.pool == PoolKind::Small { "small" } else { "large" })?;
+            d.set_item("segment_pool_id", (0, 0))?;
+            d.set_item("is_expandable", s.is_expandable)?;
+            d.set_item("frames", PyList::empty(py))?;
+            d.set_item("blocks", blocks)?;
+            out.append(d)?;
+        }
+        Ok(out)
+    }
+
+    /// The recorded trace entries, in PyTorch's device-trace schema.
+    fn _trace<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let entries = self.inner.lock().history();
+        let out = PyList::empty(py);
+        for e in entries {
+            let d = PyDict::new(py);
+            d.set_item("action", e.action.name())?;
+            d.set_item("addr", e.addr)?;
+            d.set_item("size", e.size)?;
+            d.set_item("stream", 0)?;
+            d.set_item("time_us", e.time_us)?;
+            d.set_item("frames", PyList::empty(py))?;
+            out.append(d)?;
+        }
+        Ok(out)
     }
 
     /// Allocator statistics under PyTorch's keys (`allocated_bytes.all.current`, `num_ooms`, ...).

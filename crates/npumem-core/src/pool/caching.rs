@@ -15,7 +15,10 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::config::{MIN_BLOCK, SMALL_SIZE};
-use super::{Allocator, CachingConfig, Fragmentation, Grant, PoolKind, PoolStats, Request, Segment, SegmentUse};
+use super::{
+    Action, Allocator, BlockSnapshot, CachingConfig, EventLog, Fragmentation, Grant, PoolKind, PoolStats, Request,
+    Segment, SegmentSnapshot, SegmentUse,
+};
 use crate::acl::Policy;
 use crate::backend::Backend;
 use crate::error::{AclError, Result};
@@ -59,6 +62,7 @@ pub struct CachingAllocator {
     segments: BTreeMap<u64, SegmentInfo>,
     stats: PoolStats,
     clock: u64,
+    events: EventLog,
 }
 
 impl CachingAllocator {
@@ -75,6 +79,7 @@ impl CachingAllocator {
             segments: BTreeMap::new(),
             stats,
             clock: 0,
+            events: EventLog::default(),
         }
     }
 
@@ -210,6 +215,7 @@ impl CachingAllocator {
             gc_stamp: self.clock,
         });
         self.segments.insert(segment.ptr, SegmentInfo { segment, pool, head: idx });
+        self.events.push(Action::SegmentAlloc, segment.ptr, segment.size);
         Ok(idx)
     }
 
@@ -223,6 +229,7 @@ impl CachingAllocator {
         if info.segment.size >= self.config.max_split_size {
             self.stats.oversize_segments.sub(1);
         }
+        self.events.push(Action::SegmentFree, info.segment.ptr, info.segment.size);
         info.segment.unmap(backend)
     }
 
@@ -539,6 +546,41 @@ impl Allocator for CachingAllocator {
             f.segments.push(used);
         }
         f
+    }
+
+    fn segments(&self) -> Vec<SegmentSnapshot> {
+        self.segments
+            .values()
+            .map(|info| {
+                let mut blocks = Vec::new();
+                let mut idx = info.head;
+                while idx != NIL {
+                    let b = self.b(idx);
+                    blocks.push(BlockSnapshot {
+                        address: b.ptr,
+                        size: b.size,
+                        requested_size: b.requested,
+                        allocated: b.allocated,
+                    });
+                    idx = b.next;
+                }
+                SegmentSnapshot {
+                    address: info.segment.ptr,
+                    total_size: info.segment.size,
+                    pool: info.pool,
+                    is_expandable: false,
+                    blocks,
+                }
+            })
+            .collect()
+    }
+
+    fn set_recording(&mut self, on: bool) {
+        self.events.enabled = on;
+    }
+
+    fn take_events(&mut self) -> Vec<(Action, u64, u64)> {
+        self.events.take()
     }
 }
 

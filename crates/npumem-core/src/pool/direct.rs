@@ -9,7 +9,10 @@
 
 use std::collections::HashMap;
 
-use super::{Allocator, Fragmentation, Grant, PoolKind, PoolStats, Request, Segment, SegmentUse};
+use super::{
+    Action, Allocator, BlockSnapshot, EventLog, Fragmentation, Grant, PoolKind, PoolStats, Request, Segment,
+    SegmentSnapshot, SegmentUse,
+};
 use crate::backend::Backend;
 use crate::error::{AclError, Result};
 use crate::policy::{HUGE_FIRST_NORMAL_LIMIT, page_plan};
@@ -18,6 +21,7 @@ use crate::policy::{HUGE_FIRST_NORMAL_LIMIT, page_plan};
 pub struct DirectAllocator {
     blocks: HashMap<u64, (Segment, u64)>,
     stats: PoolStats,
+    events: EventLog,
 }
 
 impl Default for DirectAllocator {
@@ -28,7 +32,11 @@ impl Default for DirectAllocator {
 
 impl DirectAllocator {
     pub fn new() -> Self {
-        DirectAllocator { blocks: HashMap::new(), stats: PoolStats { max_split_size: u64::MAX, ..Default::default() } }
+        DirectAllocator {
+            blocks: HashMap::new(),
+            stats: PoolStats { max_split_size: u64::MAX, ..Default::default() },
+            events: EventLog::default(),
+        }
     }
 }
 
@@ -53,6 +61,7 @@ impl Allocator for DirectAllocator {
         self.stats.on_segment_alloc(pool, segment.size);
         self.stats.on_alloc(pool, segment.size, request.size);
         self.blocks.insert(segment.ptr, (segment, request.size));
+        self.events.push(Action::SegmentAlloc, segment.ptr, segment.size);
         Ok(Grant { ptr: segment.ptr, granted: segment.size, page: segment.page })
     }
 
@@ -64,6 +73,7 @@ impl Allocator for DirectAllocator {
         let pool = pool_of(requested);
         self.stats.on_free(pool, segment.size, requested);
         self.stats.on_segment_free(pool, segment.size);
+        self.events.push(Action::SegmentFree, segment.ptr, segment.size);
         segment.unmap(backend)
     }
 
@@ -95,5 +105,34 @@ impl Allocator for DirectAllocator {
         }
         f.segments.sort_unstable_by_key(|s| s.ptr);
         f
+    }
+
+    fn segments(&self) -> Vec<SegmentSnapshot> {
+        let mut out: Vec<SegmentSnapshot> = self
+            .blocks
+            .values()
+            .map(|(segment, requested)| SegmentSnapshot {
+                address: segment.ptr,
+                total_size: segment.size,
+                pool: pool_of(*requested),
+                is_expandable: false,
+                blocks: vec![BlockSnapshot {
+                    address: segment.ptr,
+                    size: segment.size,
+                    requested_size: *requested,
+                    allocated: true,
+                }],
+            })
+            .collect();
+        out.sort_unstable_by_key(|s| s.address);
+        out
+    }
+
+    fn set_recording(&mut self, on: bool) {
+        self.events.enabled = on;
+    }
+
+    fn take_events(&mut self) -> Vec<(Action, u64, u64)> {
+        self.events.take()
     }
 }

@@ -15,6 +15,7 @@ pub mod config;
 pub mod direct;
 pub mod fragmentation;
 pub mod segment;
+pub mod snapshot;
 pub mod stats;
 pub mod vmm;
 
@@ -23,6 +24,7 @@ pub use config::{CachingConfig, Family};
 pub use direct::DirectAllocator;
 pub use fragmentation::{Fragmentation, SegmentUse};
 pub use segment::Segment;
+pub use snapshot::{Action, BlockSnapshot, EventLog, History, SegmentSnapshot, TraceEntry};
 pub use stats::{PoolKind, PoolStats, Stat};
 pub use vmm::{VmmAllocator, VmmConfig};
 
@@ -68,4 +70,13 @@ pub trait Allocator: Send {
     fn reset_peak_stats(&mut self);
 
     fn fragmentation(&self) -> Fragmentation;
+
+    /// Segments and their blocks, in address order, for `memory_snapshot`.
+    fn segments(&self) -> Vec<SegmentSnapshot>;
+
+    /// Starts or stops logging segment events (alloc/free/map/unmap of device memory).
+    fn set_recording(&mut self, on: bool);
+
+    /// The segment events logged since the last call.
+    fn take_events(&mut self) -> Vec<(Action, u64, u64)>;
 }

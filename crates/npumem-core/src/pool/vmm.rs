@@ -20,7 +20,10 @@
 use std::collections::{BTreeSet, HashMap};
 
 use super::config::{bad, boolean, number, tokenize};
-use super::{Allocator, Fragmentation, Grant, PoolKind, PoolStats, Request, Segment, SegmentUse};
+use super::{
+    Action, Allocator, BlockSnapshot, EventLog, Fragmentation, Grant, PoolKind, PoolStats, Request, Segment,
+    SegmentSnapshot, SegmentUse,
+};
 use crate::backend::{Backend, PhysHandle};
 use crate::error::{AclError, Result};
 use crate::units::{MIB, checked_align_up, format_size};
@@ -160,6 +163,7 @@ pub struct VmmAllocator {
     bypass: HashMap<u64, Segment>,
     stats: PoolStats,
     clock: u64,
+    events: EventLog,
 }
 
 fn pool_kind(size: u64) -> PoolKind {
@@ -177,6 +181,7 @@ impl VmmAllocator {
             bypass: HashMap::new(),
             stats: PoolStats { max_split_size: u64::MAX, ..Default::default() },
             clock: 0,
+            events: EventLog::default(),
         }
     }
 
@@ -275,6 +280,7 @@ impl VmmAllocator {
         pool.mapped -= 1;
         let va = pool.base + i as u64 * PAGE;
         backend.unmap(va)?;
+        self.events.push(Action::SegmentUnmap, va, PAGE);
         self.cache.push((handle, page, kind));
         Ok(true)
     }
@@ -314,6 +320,8 @@ impl VmmAllocator {
                     let pool = self.pool_mut(kind);
                     pool.slots[i] = Slot { handle: h, page, live: 0, idle_since: 0 };
                     pool.mapped += 1;
+                    let va = pool.base + i as u64 * PAGE;
+                    self.events.push(Action::SegmentMap, va, PAGE);
                     done.push(i);
                 }
                 Err(e) => {
@@ -322,7 +330,9 @@ impl VmmAllocator {
                         let slot = pool.slots[j];
                         pool.slots[j].handle = NO_HANDLE;
                         pool.mapped -= 1;
-                        backend.unmap(pool.base + j as u64 * PAGE)?;
+                        let va = pool.base + j as u64 * PAGE;
+                        backend.unmap(va)?;
+                        self.events.push(Action::SegmentUnmap, va, PAGE);
                         self.cache.push((slot.handle, slot.page, kind));
                     }
                     return Err(e);
@@ -363,6 +373,7 @@ impl VmmAllocator {
         self.stats.on_segment_alloc(PoolKind::Large, segment.size);
         self.stats.num_cache_misses += 1;
         self.stats.oversize_segments.add(1);
+        self.events.push(Action::SegmentAlloc, segment.ptr, segment.size);
         self.bypass.insert(segment.ptr, segment);
         self.live.insert(segment.ptr, Live { size: segment.size, requested: request.size, pool: None });
         self.stats.on_alloc(PoolKind::Large, segment.size, request.size);
@@ -435,6 +446,7 @@ impl Allocator for VmmAllocator {
             let segment = self.bypass.remove(&ptr).expect("bypass segment of a live block");
             self.stats.on_segment_free(PoolKind::Large, segment.size);
             self.stats.oversize_segments.sub(1);
+            self.events.push(Action::SegmentFree, segment.ptr, segment.size);
             return segment.unmap(backend);
         };
         self.stats.on_free(kind, live.size, live.requested);
@@ -494,13 +506,16 @@ impl Allocator for VmmAllocator {
                     used.free_blocks += 1;
                 }
             }
-            f.segments.push(used);
+            if pool.mapped > 0 {
+                f.segments.push(used);
+            }
         }
         for (&ptr, live) in &self.live {
             if let Some(kind) = live.pool {
-                let seg = f.segments.iter_mut().find(|s| s.ptr == self.pool(kind).base).expect("pool segment");
-                seg.allocated += live.size;
-                seg.blocks += 1;
+                if let Some(seg) = f.segments.iter_mut().find(|s| s.ptr == self.pool(kind).base) {
+                    seg.allocated += live.size;
+                    seg.blocks += 1;
+                }
             } else {
                 f.segments.push(SegmentUse { ptr, size: live.size, allocated: live.size, blocks: 1, free_blocks: 0 });
             }
@@ -514,6 +529,73 @@ impl Allocator for VmmAllocator {
         f.largest_free_extent = f.largest_free_extent.max(movable.min(f.free));
         f.segments.sort_unstable_by_key(|s| s.ptr);
         f
+    }
+
+    /// One segment per run of mapped pages (as PyTorch reports expandable segments), plus one
+    /// per bypass allocation; free space inside a run shows as inactive blocks.
+    fn segments(&self) -> Vec<SegmentSnapshot> {
+        let mut out = Vec::new();
+        let mut lives: Vec<(u64, Live)> = self.live.iter().map(|(&p, &l)| (p, l)).collect();
+        lives.sort_unstable_by_key(|&(p, _)| p);
+        for (k, pool) in self.pools.iter().enumerate() {
+            let Some(pool) = pool else { continue };
+            let kind = if k == 0 { PoolKind::Small } else { PoolKind::Large };
+            let mut i = 0;
+            while i < pool.slots.len() {
+                if pool.slots[i].handle == NO_HANDLE {
+                    i += 1;
+                    continue;
+                }
+                let start = i;
+                while i < pool.slots.len() && pool.slots[i].handle != NO_HANDLE {
+                    i += 1;
+                }
+                let (lo, hi) = (pool.base + start as u64 * PAGE, pool.base + i as u64 * PAGE);
+                let mut blocks = Vec::new();
+                let mut at = lo;
+                for &(p, l) in lives.iter().filter(|(p, l)| l.pool == Some(kind) && *p >= lo && *p < hi) {
+                    if p > at {
+                        blocks.push(BlockSnapshot { address: at, size: p - at, requested_size: 0, allocated: false });
+                    }
+                    blocks.push(BlockSnapshot {
+                        address: p,
+                        size: l.size,
+                        requested_size: l.requested,
+                        allocated: true,
+                    });
+                    at = p + l.size;
+                }
+                if at < hi {
+                    blocks.push(BlockSnapshot { address: at, size: hi - at, requested_size: 0, allocated: false });
+                }
+                out.push(SegmentSnapshot { address: lo, total_size: hi - lo, pool: kind, is_expandable: true, blocks });
+            }
+        }
+        for (&ptr, segment) in &self.bypass {
+            let requested = self.live.get(&ptr).map_or(0, |l| l.requested);
+            out.push(SegmentSnapshot {
+                address: ptr,
+                total_size: segment.size,
+                pool: PoolKind::Large,
+                is_expandable: false,
+                blocks: vec![BlockSnapshot {
+                    address: ptr,
+                    size: segment.size,
+                    requested_size: requested,
+                    allocated: true,
+                }],
+            });
+        }
+        out.sort_unstable_by_key(|s| s.address);
+        out
+    }
+
+    fn set_recording(&mut self, on: bool) {
+        self.events.enabled = on;
+    }
+
+    fn take_events(&mut self) -> Vec<(Action, u64, u64)> {
+        self.events.take()
     }
 }
 
