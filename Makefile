@@ -8,7 +8,7 @@ STAMP := $(VENV)/.deps-stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run test build lint test-rust test-python bench clean
+.PHONY: run test build lint test-rust test-python bench bench-replay clean
 
 run: build
 	npumem demo
@@ -40,6 +40,9 @@ test-python: build
 
 bench: build
 	python benches/bench_malloc.py
+
+bench-replay: build
+	python benches/bench_replay.py
 
 clean:
 	rm -rf $(VENV) target python/npumem/*.so

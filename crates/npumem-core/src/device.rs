@@ -261,14 +261,15 @@ impl Device {
             Policy::Huge1gOnly => " HUGE1G_ONLY needs giant frames set aside (giant_frames) or use HUGE_FIRST.",
             _ => " Free memory you no longer need or use a larger device.",
         };
+        // The allocator's own state explains many failures: every OOM says what it holds.
+        let pool = format!("; {} allocator: {}", self.allocator.name(), self.allocator.fragmentation().summary());
         AclError::oom(format!(
-            "malloc({}, {}) failed: {} (device: {} free of {}; pool: {}).{hint}",
+            "malloc({}, {}) failed: {} (device: {} free of {}{pool}).{hint}",
             format_size(size),
             policy.name(),
             e.message,
             format_size(free),
             format_size(total),
-            self.allocator.fragmentation().summary()
         ))
     }
 

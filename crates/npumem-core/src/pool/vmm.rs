@@ -111,8 +111,20 @@ impl VmmConfig {
     }
 }
 
-/// The physical page of the pools.
-const PAGE: u64 = 2 * MIB;
+/// The physical page of the large pool: one 2 MiB frame (or 512 normal frames when no 2 MiB
+/// frame is free).
+const LARGE_PAGE: u64 = 2 * MIB;
+/// The physical page of the small pool: small enough that scattered small blocks pin little
+/// memory, large enough to keep map calls few.
+const SMALL_PAGE: u64 = 64 * 1024;
+
+/// The page size of `kind`'s pool.
+fn page_bytes(kind: PoolKind) -> u64 {
+    match kind {
+        PoolKind::Small => SMALL_PAGE,
+        PoolKind::Large => LARGE_PAGE,
+    }
+}
 const NO_HANDLE: PhysHandle = 0;
 /// The large pool reserves this many times the device's capacity of VA, so that live blocks
 /// never leave it without a contiguous range for a request that fits in physical memory.
@@ -127,8 +139,13 @@ struct Slot {
     idle_since: u64,
 }
 
+impl Slot {
+    const EMPTY: Slot = Slot { handle: NO_HANDLE, page: PageSize::Size4K, live: 0, idle_since: 0 };
+}
+
 #[derive(Debug)]
 struct VmmPool {
+    page: u64,
     base: u64,
     space: VaSpace,
     slots: Vec<Slot>,
@@ -138,9 +155,26 @@ struct VmmPool {
 
 impl VmmPool {
     fn pages_of(&self, ptr: u64, size: u64) -> std::ops::Range<usize> {
-        let first = (ptr - self.base) / PAGE;
-        let last = (ptr + size - 1 - self.base) / PAGE;
+        let first = (ptr - self.base) / self.page;
+        let last = (ptr + size - 1 - self.base) / self.page;
         first as usize..last as usize + 1
+    }
+
+    fn page_va(&self, i: usize) -> u64 {
+        self.base + i as u64 * self.page
+    }
+
+    /// The slot of page `i`, growing the table on first touch (VA is handed out from the bottom
+    /// up, so the table stays as long as the highest address used).
+    fn slot_mut(&mut self, i: usize) -> &mut Slot {
+        if i >= self.slots.len() {
+            self.slots.resize(i + 1, Slot::EMPTY);
+        }
+        &mut self.slots[i]
+    }
+
+    fn slot(&self, i: usize) -> Slot {
+        self.slots.get(i).copied().unwrap_or(Slot::EMPTY)
     }
 }
 
@@ -157,8 +191,8 @@ pub struct VmmAllocator {
     config: VmmConfig,
     capacity: u64,
     pools: [Option<VmmPool>; 2],
-    /// Unmapped physical pages held for remapping, with the pool they count against.
-    cache: Vec<(PhysHandle, PageSize, PoolKind)>,
+    /// Unmapped physical pages held for remapping, per pool (they have that pool's page size).
+    cache: [Vec<(PhysHandle, PageSize)>; 2],
     live: HashMap<u64, Live>,
     bypass: HashMap<u64, Segment>,
     stats: PoolStats,
@@ -176,7 +210,7 @@ impl VmmAllocator {
             config,
             capacity,
             pools: [None, None],
-            cache: Vec::new(),
+            cache: [Vec::new(), Vec::new()],
             live: HashMap::new(),
             bypass: HashMap::new(),
             stats: PoolStats { max_split_size: u64::MAX, ..Default::default() },
@@ -197,18 +231,18 @@ impl VmmAllocator {
         if self.pools[kind as usize].is_some() {
             return Ok(());
         }
+        let page = page_bytes(kind);
         let factor = match kind {
-            PoolKind::Small => 2,
+            PoolKind::Small => 1,
             PoolKind::Large => VA_FACTOR,
         };
-        let len = checked_align_up(self.capacity * factor, PAGE).unwrap_or(PAGE);
-        let base = backend.reserve(len, PAGE, None)?;
-        let pages = (len / PAGE) as usize;
-        let slot = Slot { handle: NO_HANDLE, page: PageSize::Size2M, live: 0, idle_since: 0 };
+        let len = checked_align_up(self.capacity * factor, LARGE_PAGE).unwrap_or(LARGE_PAGE);
+        let base = backend.reserve(len, LARGE_PAGE, None)?;
         self.pools[kind as usize] = Some(VmmPool {
+            page,
             base,
             space: VaSpace::with_granule(base, base + len, self.config.quantum),
-            slots: vec![slot; pages],
+            slots: Vec::new(),
             idle: BTreeSet::new(),
             mapped: 0,
         });
@@ -223,117 +257,124 @@ impl VmmAllocator {
         self.pools[kind as usize].as_mut().expect("pool exists")
     }
 
-    /// A physical page for `kind`'s pool: a cached one, else a new one (2 MiB frames first, then
-    /// normal pages), within the limit.
+    /// A physical page for `kind`'s pool: a cached one, else a new one (a 2 MiB frame for the
+    /// large pool when one is free, else normal frames), within the limit.
     fn acquire(&mut self, backend: &mut dyn Backend, kind: PoolKind) -> Result<(PhysHandle, PageSize)> {
-        if let Some((h, page, owner)) = self.cache.pop() {
-            if owner != kind {
-                self.stats.reserved_bytes.sub(owner, PAGE);
-                self.stats.segment.sub(owner, 1);
-                self.stats.reserved_bytes.add(kind, PAGE);
-                self.stats.segment.add(kind, 1);
-            }
-            return Ok((h, page));
+        if let Some(cached) = self.cache[kind as usize].pop() {
+            return Ok(cached);
         }
-        if self.reserved() + PAGE > self.limit() {
+        let page = page_bytes(kind);
+        if self.reserved() + page > self.limit() {
             return Err(AclError::oom(format!(
                 "the npumem pool's limit of {} (memory fraction {}) is reached",
                 format_size(self.limit()),
                 self.config.memory_fraction
             )));
         }
-        let (h, page) = match backend.create_physical(PAGE, PageKind::Huge) {
+        let huge = match kind {
+            PoolKind::Large => backend.create_physical(page, PageKind::Huge),
+            PoolKind::Small => Err(AclError::oom("small pages use normal frames")),
+        };
+        let (h, pte) = match huge {
             Ok(h) => (h, PageSize::Size2M),
             Err(e) if e.code.is_out_of_memory() => {
-                (backend.create_physical(PAGE, PageKind::Normal)?, backend.page_size(PageKind::Normal))
+                (backend.create_physical(page, PageKind::Normal)?, backend.page_size(PageKind::Normal))
             }
             Err(e) => return Err(e),
         };
-        self.stats.on_segment_alloc(kind, PAGE);
-        Ok((h, page))
+        self.stats.on_segment_alloc(kind, page);
+        Ok((h, pte))
     }
 
-    /// Unmaps the coldest idle page of any pool, skipping `keep` (pages about to be used), and
-    /// caches its handle. Returns false when no idle page is left.
+    /// Unmaps the coldest idle page of `kind`'s pool, skipping the pages in `keep` (about to be
+    /// used), and caches its handle. Returns false when no such page is left.
     fn unmap_coldest(
         &mut self,
         backend: &mut dyn Backend,
-        keep: Option<(PoolKind, std::ops::Range<usize>)>,
+        kind: PoolKind,
+        keep: std::ops::Range<usize>,
     ) -> Result<bool> {
-        let mut best: Option<(u64, u32, PoolKind)> = None;
-        for kind in [PoolKind::Small, PoolKind::Large] {
-            let Some(pool) = self.pools[kind as usize].as_ref() else { continue };
-            let skip = keep.as_ref().filter(|(k, _)| *k == kind).map(|(_, r)| r.clone());
-            let candidate = pool.idle.iter().find(|&&(_, i)| skip.as_ref().is_none_or(|r| !r.contains(&(i as usize))));
-            if let Some(&(t, i)) = candidate {
-                if best.is_none_or(|(bt, _, _)| t < bt) {
-                    best = Some((t, i, kind));
-                }
-            }
-        }
-        let Some((t, i, kind)) = best else { return Ok(false) };
-        let pool = self.pool_mut(kind);
+        let Some(pool) = self.pools[kind as usize].as_mut() else { return Ok(false) };
+        let Some(&(t, i)) = pool.idle.iter().find(|&&(_, i)| !keep.contains(&(i as usize))) else { return Ok(false) };
         pool.idle.remove(&(t, i));
-        let slot = &mut pool.slots[i as usize];
-        let (handle, page) = (slot.handle, slot.page);
+        let slot = pool.slot_mut(i as usize);
+        let (handle, pte) = (slot.handle, slot.page);
         slot.handle = NO_HANDLE;
         pool.mapped -= 1;
-        let va = pool.base + i as u64 * PAGE;
+        let (va, page) = (pool.page_va(i as usize), pool.page);
         backend.unmap(va)?;
-        self.events.push(Action::SegmentUnmap, va, PAGE);
-        self.cache.push((handle, page, kind));
+        self.events.push(Action::SegmentUnmap, va, page);
+        self.cache[kind as usize].push((handle, pte));
         Ok(true)
     }
 
-    fn free_cached(&mut self, backend: &mut dyn Backend) -> Result<bool> {
-        let Some((h, _, owner)) = self.cache.pop() else { return Ok(false) };
+    /// Returns one cached page of `kind`'s pool to the device.
+    fn free_cached(&mut self, backend: &mut dyn Backend, kind: PoolKind) -> Result<bool> {
+        let Some((h, _)) = self.cache[kind as usize].pop() else { return Ok(false) };
         backend.free_physical(h)?;
-        self.stats.on_segment_free(owner, PAGE);
+        self.stats.on_segment_free(kind, page_bytes(kind));
         Ok(true)
+    }
+
+    /// One step of giving memory back so that `kind`'s pool can grow: the other pool's cached
+    /// pages first, then its coldest idle page (freed outright, as it has another page size).
+    fn release_foreign(&mut self, backend: &mut dyn Backend, kind: PoolKind) -> Result<bool> {
+        let other = match kind {
+            PoolKind::Small => PoolKind::Large,
+            PoolKind::Large => PoolKind::Small,
+        };
+        if self.free_cached(backend, other)? {
+            return Ok(true);
+        }
+        if self.unmap_coldest(backend, other, 0..0)? {
+            return self.free_cached(backend, other);
+        }
+        Ok(false)
     }
 
     /// Maps every unmapped page under `[ptr, ptr + size)` of `kind`'s pool and counts the block
     /// on each page. On failure nothing is left changed.
     fn map_range(&mut self, backend: &mut dyn Backend, kind: PoolKind, ptr: u64, size: u64) -> Result<PageSize> {
         let range = self.pool(kind).pages_of(ptr, size);
-        let needed: Vec<usize> = range.clone().filter(|&i| self.pool(kind).slots[i].handle == NO_HANDLE).collect();
+        let needed: Vec<usize> = range.clone().filter(|&i| self.pool(kind).slot(i).handle == NO_HANDLE).collect();
         let mut done: Vec<usize> = Vec::with_capacity(needed.len());
         for &i in &needed {
             let got = loop {
                 match self.acquire(backend, kind) {
                     Ok(h) => break Ok(h),
-                    // Stitching: take an idle page from elsewhere and map its memory here.
+                    // Stitching: unmap an idle page of this pool and map its memory here; else
+                    // give the other pool's spare memory back to the device and try again.
                     Err(e) if e.code.is_out_of_memory() => {
-                        if !self.unmap_coldest(backend, Some((kind, range.clone())))? {
+                        if !self.unmap_coldest(backend, kind, range.clone())? && !self.release_foreign(backend, kind)? {
                             break Err(e);
                         }
                     }
                     Err(e) => break Err(e),
                 }
             };
-            let mapped = got.and_then(|(h, page)| {
-                let va = self.pool(kind).base + i as u64 * PAGE;
-                backend.map(va, h).map(|()| (h, page)).inspect_err(|_| self.cache.push((h, page, kind)))
+            let mapped = got.and_then(|(h, pte)| {
+                let va = self.pool(kind).page_va(i);
+                backend.map(va, h).map(|()| (h, pte)).inspect_err(|_| self.cache[kind as usize].push((h, pte)))
             });
             match mapped {
-                Ok((h, page)) => {
+                Ok((h, pte)) => {
                     let pool = self.pool_mut(kind);
-                    pool.slots[i] = Slot { handle: h, page, live: 0, idle_since: 0 };
+                    *pool.slot_mut(i) = Slot { handle: h, page: pte, live: 0, idle_since: 0 };
                     pool.mapped += 1;
-                    let va = pool.base + i as u64 * PAGE;
-                    self.events.push(Action::SegmentMap, va, PAGE);
+                    let (va, page) = (pool.page_va(i), pool.page);
+                    self.events.push(Action::SegmentMap, va, page);
                     done.push(i);
                 }
                 Err(e) => {
                     for &j in &done {
                         let pool = self.pool_mut(kind);
-                        let slot = pool.slots[j];
-                        pool.slots[j].handle = NO_HANDLE;
+                        let slot = pool.slot(j);
+                        pool.slot_mut(j).handle = NO_HANDLE;
                         pool.mapped -= 1;
-                        let va = pool.base + j as u64 * PAGE;
+                        let (va, page) = (pool.page_va(j), pool.page);
                         backend.unmap(va)?;
-                        self.events.push(Action::SegmentUnmap, va, PAGE);
-                        self.cache.push((slot.handle, slot.page, kind));
+                        self.events.push(Action::SegmentUnmap, va, page);
+                        self.cache[kind as usize].push((slot.handle, slot.page));
                     }
                     return Err(e);
                 }
@@ -341,13 +382,14 @@ impl VmmAllocator {
         }
         let pool = self.pool_mut(kind);
         for i in range.clone() {
-            let slot = &mut pool.slots[i];
-            if slot.live == 0 {
-                pool.idle.remove(&(slot.idle_since, i as u32));
-            }
+            let slot = pool.slot_mut(i);
+            let (live, since) = (slot.live, slot.idle_since);
             slot.live += 1;
+            if live == 0 {
+                pool.idle.remove(&(since, i as u32));
+            }
         }
-        Ok(pool.slots[range.start].page)
+        Ok(pool.slot(range.start).page)
     }
 
     fn malloc_bypass(&mut self, backend: &mut dyn Backend, request: &Request, size: u64) -> Result<Grant> {
@@ -362,8 +404,10 @@ impl VmmAllocator {
             match attempt {
                 Ok(s) => break s,
                 Err(e) if e.code.is_out_of_memory() => {
-                    // Give idle and cached pages back to the device, then try again.
-                    if !(self.free_cached(backend)? || self.unmap_coldest(backend, None)?) {
+                    // Give cached and idle pages back to the device, then try again.
+                    if !self.release_foreign(backend, PoolKind::Small)?
+                        && !self.release_foreign(backend, PoolKind::Large)?
+                    {
                         return Err(e);
                     }
                 }
@@ -384,7 +428,8 @@ impl VmmAllocator {
     /// Unmaps the coldest idle pages and frees cached ones until at most `bytes` are held.
     pub fn trim_to(&mut self, backend: &mut dyn Backend, bytes: u64) -> Result<u64> {
         while self.reserved() > bytes {
-            if !self.free_cached(backend)? && !self.unmap_coldest(backend, None)? {
+            // The coldest of the two pools' cached and idle pages goes first.
+            if !self.release_foreign(backend, PoolKind::Small)? && !self.release_foreign(backend, PoolKind::Large)? {
                 break;
             }
         }
@@ -454,7 +499,7 @@ impl Allocator for VmmAllocator {
         let pool = self.pool_mut(kind);
         pool.space.release(ptr)?;
         for i in pool.pages_of(ptr, live.size) {
-            let slot = &mut pool.slots[i];
+            let slot = pool.slot_mut(i);
             slot.live -= 1;
             if slot.live == 0 {
                 slot.idle_since = clock;
@@ -485,15 +530,15 @@ impl Allocator for VmmAllocator {
         };
         for pool in self.pools.iter().flatten() {
             let mut used =
-                SegmentUse { ptr: pool.base, size: pool.mapped * PAGE, allocated: 0, blocks: 0, free_blocks: 0 };
+                SegmentUse { ptr: pool.base, size: pool.mapped * pool.page, allocated: 0, blocks: 0, free_blocks: 0 };
             // Free memory that is mapped: the parts of free VA extents over mapped pages.
             for (start, len) in pool.space.free_extents() {
                 let mut run = 0;
                 for i in pool.pages_of(start, len) {
-                    let page_start = pool.base + i as u64 * PAGE;
+                    let page_start = pool.page_va(i);
                     let lo = start.max(page_start);
-                    let hi = (start + len).min(page_start + PAGE);
-                    if pool.slots[i].handle != NO_HANDLE {
+                    let hi = (start + len).min(page_start + pool.page);
+                    if pool.slot(i).handle != NO_HANDLE {
                         run += hi - lo;
                     } else if run > 0 {
                         f.add_free(run);
@@ -520,12 +565,15 @@ impl Allocator for VmmAllocator {
                 f.segments.push(SegmentUse { ptr, size: live.size, allocated: live.size, blocks: 1, free_blocks: 0 });
             }
         }
-        for _ in &self.cache {
-            f.add_free(PAGE);
+        for kind in [PoolKind::Small, PoolKind::Large] {
+            for _ in &self.cache[kind as usize] {
+                f.add_free(page_bytes(kind));
+            }
         }
-        // Idle and cached pages can be remapped under any range: a request can get all of them.
-        let idle: u64 = self.pools.iter().flatten().map(|p| p.idle.len() as u64).sum();
-        let movable = (idle + self.cache.len() as u64) * PAGE;
+        // Idle and cached pages can be remapped under any range of their pool: a request can get
+        // all of those of the large pool.
+        let movable = self.pools[PoolKind::Large as usize].as_ref().map_or(0, |p| p.idle.len() as u64 * p.page)
+            + self.cache[PoolKind::Large as usize].len() as u64 * LARGE_PAGE;
         f.largest_free_extent = f.largest_free_extent.max(movable.min(f.free));
         f.segments.sort_unstable_by_key(|s| s.ptr);
         f
@@ -550,7 +598,7 @@ impl Allocator for VmmAllocator {
                 while i < pool.slots.len() && pool.slots[i].handle != NO_HANDLE {
                     i += 1;
                 }
-                let (lo, hi) = (pool.base + start as u64 * PAGE, pool.base + i as u64 * PAGE);
+                let (lo, hi) = (pool.page_va(start), pool.page_va(i));
                 let mut blocks = Vec::new();
                 let mut at = lo;
                 for &(p, l) in lives.iter().filter(|(p, l)| l.pool == Some(kind) && *p >= lo && *p < hi) {
@@ -622,7 +670,7 @@ mod tests {
         let x = a.malloc(&mut sim, &req(1000)).unwrap();
         let y = a.malloc(&mut sim, &req(1000)).unwrap();
         assert_eq!(y.ptr, x.ptr + 1024);
-        assert_eq!(a.reserved(), PAGE);
+        assert_eq!(a.reserved(), SMALL_PAGE);
         a.free(&mut sim, x.ptr).unwrap();
         a.free(&mut sim, y.ptr).unwrap();
         let maps = sim.counters().maps;
@@ -699,14 +747,20 @@ mod tests {
                         live.push(g);
                     } else {
                         // Out of memory only when the live blocks really leave no room.
-                        let used: u64 = live.iter().map(|g| g.granted.div_ceil(PAGE) * PAGE).sum();
-                        prop_assert!(used + size.max(1) > 96 * MIB - 4 * PAGE, "spurious OOM");
+                        let used: u64 = live.iter().map(|g| g.granted.div_ceil(LARGE_PAGE) * LARGE_PAGE + LARGE_PAGE).sum();
+                        prop_assert!(used + size.max(1) > 96 * MIB - 4 * LARGE_PAGE, "spurious OOM");
                     }
                 } else {
                     let g = live.swap_remove(pick % live.len());
                     a.free(&mut sim, g.ptr).unwrap();
                 }
-                let held = (a.pools.iter().flatten().map(|p| p.mapped).sum::<u64>() + a.cache.len() as u64) * PAGE;
+                let held: u64 = [PoolKind::Small, PoolKind::Large]
+                    .iter()
+                    .map(|&k| {
+                        let mapped = a.pools[k as usize].as_ref().map_or(0, |p| p.mapped);
+                        (mapped + a.cache[k as usize].len() as u64) * page_bytes(k)
+                    })
+                    .sum();
                 prop_assert_eq!(a.reserved(), held + a.bypass.values().map(|s| s.size).sum::<u64>());
             }
             for g in live { a.free(&mut sim, g.ptr).unwrap(); }
