@@ -1,8 +1,9 @@
-"""Direct-allocator cost from Python, against named host peers in the same run.
+"""malloc + free cost from Python, against named host peers in the same run.
 
 Measures, per size and policy, the round trip malloc + free on the simulated device under the
 direct (no-cache) allocator, which pays the full driver path each time (reserve VA, allocate
-frames, write page-table entries, and the reverse); and, as peers, numpy.empty (NumPy's host
+frames, write page-table entries, and the reverse), and under the default npumem pool (cached
+pages: no driver call after the first round); and, as peers, numpy.empty (NumPy's host
 allocator) and npumem's own malloc_host/free_host (the system allocator behind aclrtMallocHost).
 Then the bandwidth of host->device writes and device->host reads against numpy's own memcpy.
 
@@ -37,10 +38,14 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer iterations")
     args = ap.parse_args()
     scale = 10 if args.quick else 1
-    dev = npumem.Device("16GiB")
-    print(f"npumem {npumem.__version__}: {dev}")
+    dev = npumem.Device("16GiB", allocator="direct")
+    pool = npumem.Device("16GiB")
+    print(f"npumem {npumem.__version__}: {dev} and {pool}")
     print()
-    print(f"{'size':>8} {'policy':<12} {'page':>6} {'npumem us':>10} {'np.empty us':>12} {'host us':>9} {'vs np':>7}")
+    print(
+        f"{'size':>8} {'policy':<12} {'page':>6} {'direct us':>10} {'pool us':>8} {'np.empty us':>12} "
+        f"{'host us':>9} {'direct/np':>9} {'pool/np':>8}"
+    )
     cases = [
         (4 << 10, Policy.HUGE_FIRST),
         (64 << 10, Policy.HUGE_FIRST),
@@ -54,11 +59,12 @@ def main() -> None:
         page = dev.translate(p := dev.malloc(size, policy))[1]
         dev.free(p)
         t_dev = per_op(lambda s=size, pol=policy: dev.free(dev.malloc(s, pol)), n)
+        t_pool = per_op(lambda s=size, pol=policy: pool.free(pool.malloc(s, pol)), n)
         t_np = per_op(lambda s=size: np.empty(s, np.uint8), n)
         t_host = per_op(lambda s=size: dev.free_host(dev.malloc_host(s)), n)
         print(
-            f"{fmt(size):>8} {policy.name:<12} {fmt(page):>6} "
-            f"{t_dev:10.2f} {t_np:12.2f} {t_host:9.2f} {t_dev / t_np:6.1f}x"
+            f"{fmt(size):>8} {policy.name:<12} {fmt(page):>6} {t_dev:10.2f} {t_pool:8.2f} {t_np:12.2f} "
+            f"{t_host:9.2f} {t_dev / t_np:8.1f}x {t_pool / t_np:7.1f}x"
         )
     print()
     size = 64 << 20
