@@ -1,9 +1,9 @@
 //! `CachingConfig`: the published rules of PyTorch's and torch_npu's caching allocators, and the
 //! `PYTORCH_NPU_ALLOC_CONF` grammar that tunes them (`key:value,key:[a:b,>:c]`).
 //!
-//! Invariants: a parsed config satisfies the same checks the real parsers make (max_split_size_mb
-//! > 20, 0 < garbage_collection_threshold < 1, power-of-two divisions, ...); unknown keys are
-//! errors that list the known ones.
+//! Invariants: a parsed config satisfies the same checks the real parsers make
+//! (`max_split_size_mb > 20`, `0 < garbage_collection_threshold < 1`, power-of-two divisions,
+//! ...); unknown keys are errors that list the known ones.
 
 use crate::error::{AclError, Result};
 use crate::units::{GIB, MIB};
