@@ -522,6 +522,18 @@ impl Device {
         result
     }
 
+    /// Returns the coldest cached memory to the device until at most `bytes` are reserved.
+    pub fn trim_to(&mut self, bytes: u64) -> Result<u64> {
+        let result = self.allocator.trim_to(self.backend.as_mut(), bytes);
+        self.flush_events();
+        result
+    }
+
+    /// Caps the allocator's reservations at `fraction` of the device.
+    pub fn set_memory_fraction(&mut self, fraction: f64) -> Result<()> {
+        self.allocator.set_memory_fraction(fraction)
+    }
+
     /// The allocator's statistics (PyTorch's `memory_stats` scheme).
     pub fn pool_stats(&self) -> &PoolStats {
         self.allocator.stats()

@@ -376,6 +376,18 @@ impl PyDevice {
         self.run(py, |d| d.empty_cache())
     }
 
+    /// Unmaps/frees the coldest cached memory until at most `bytes` are reserved; returns the
+    /// bytes still reserved (live blocks are never touched).
+    fn trim_to(&self, py: Python<'_>, bytes: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let bytes = size_arg(bytes, "bytes")?;
+        self.run(py, |d| d.trim_to(bytes))
+    }
+
+    /// Caps what the allocator may reserve at `fraction` (0..1) of the device.
+    fn set_per_process_memory_fraction(&self, py: Python<'_>, fraction: f64) -> PyResult<()> {
+        self.run(py, |d| d.set_memory_fraction(fraction))
+    }
+
     /// The allocator's settings string (PYTORCH_NPU_ALLOC_CONF grammar).
     #[getter]
     fn alloc_conf(&self) -> &str {

@@ -40,7 +40,8 @@ struct Block {
     next: u32,
     allocated: bool,
     pool: PoolKind,
-    /// The allocator clock when the block was last freed (its age is `clock - gc_stamp`).
+    /// The allocator clock (one tick per malloc and per free) when the block was last freed; its
+    /// age is `clock - gc_stamp`.
     gc_stamp: u64,
 }
 
@@ -90,15 +91,6 @@ impl CachingAllocator {
     /// The most this allocator may reserve.
     pub fn limit(&self) -> u64 {
         (self.capacity as f64 * self.config.memory_fraction) as u64
-    }
-
-    /// `set_per_process_memory_fraction`.
-    pub fn set_memory_fraction(&mut self, fraction: f64) -> Result<()> {
-        if !(0.0..=1.0).contains(&fraction) {
-            return Err(AclError::invalid_param(format!("memory fraction must be in [0, 1], got {fraction}")));
-        }
-        self.config.memory_fraction = fraction;
-        Ok(())
     }
 
     fn new_block(&mut self, block: Block) -> u32 {
@@ -469,6 +461,7 @@ impl Allocator for CachingAllocator {
             .get(&ptr)
             .filter(|&&i| self.b(i).allocated)
             .ok_or_else(|| AclError::internal(format!("{} allocator does not own {ptr:#x}", self.name())))?;
+        self.clock += 1;
         let b = *self.b(idx);
         self.stats.on_free(b.pool, b.size, b.requested);
         if b.size >= self.config.max_split_size {
@@ -511,6 +504,25 @@ impl Allocator for CachingAllocator {
 
     fn empty_cache(&mut self, backend: &mut dyn Backend) -> Result<()> {
         self.release_cached_blocks(backend)
+    }
+
+    fn trim_to(&mut self, backend: &mut dyn Backend, bytes: u64) -> Result<u64> {
+        let mut whole: Vec<(u64, u32)> =
+            self.whole_free_segments(None).into_iter().map(|i| (self.b(i).gc_stamp, i)).collect();
+        whole.sort_unstable();
+        for (_, idx) in whole {
+            if self.stats.reserved_bytes.all.current <= bytes {
+                break;
+            }
+            self.release_segment(backend, idx)?;
+        }
+        Ok(self.stats.reserved_bytes.all.current)
+    }
+
+    fn set_memory_fraction(&mut self, fraction: f64) -> Result<()> {
+        check_fraction(fraction)?;
+        self.config.memory_fraction = fraction;
+        Ok(())
     }
 
     fn stats(&self) -> &PoolStats {
@@ -581,6 +593,15 @@ impl Allocator for CachingAllocator {
 
     fn take_events(&mut self) -> Vec<(Action, u64, u64)> {
         self.events.take()
+    }
+}
+
+/// Checks a `set_per_process_memory_fraction` argument.
+pub fn check_fraction(fraction: f64) -> Result<()> {
+    if (0.0..=1.0).contains(&fraction) {
+        Ok(())
+    } else {
+        Err(AclError::invalid_param(format!("the memory fraction must be in [0, 1], got {fraction}")))
     }
 }
 
@@ -703,6 +724,26 @@ mod tests {
         assert!(a.malloc(&mut sim, &req(60 * MIB)).is_ok());
         let err = a.malloc(&mut sim, &req(10 * MIB)).unwrap_err();
         assert!(err.message.contains("limit"), "{}", err.message);
+        a.set_memory_fraction(1.0).unwrap();
+        assert!(a.malloc(&mut sim, &req(10 * MIB)).is_ok());
+        assert!(a.set_memory_fraction(1.5).is_err());
+    }
+
+    #[test]
+    fn trim_to_releases_oldest_whole_segments() {
+        let (mut a, mut sim) = setup(Family::PyTorch, "", 256 * MIB);
+        let x = a.malloc(&mut sim, &req(12 * MIB)).unwrap();
+        let y = a.malloc(&mut sim, &req(14 * MIB)).unwrap();
+        let z = a.malloc(&mut sim, &req(16 * MIB)).unwrap();
+        a.free(&mut sim, y.ptr).unwrap();
+        a.free(&mut sim, x.ptr).unwrap();
+        assert_eq!(a.stats.reserved_bytes.all.current, 42 * MIB);
+        // y was freed first, so it is the coldest and goes first.
+        assert_eq!(a.trim_to(&mut sim, 30 * MIB).unwrap(), 28 * MIB);
+        assert!(a.by_ptr.contains_key(&x.ptr) && !a.by_ptr.contains_key(&y.ptr));
+        assert_eq!(a.trim_to(&mut sim, 0).unwrap(), 16 * MIB, "live segments stay");
+        a.free(&mut sim, z.ptr).unwrap();
+        a.check_invariants();
     }
 
     proptest! {

@@ -81,6 +81,17 @@ impl Allocator for DirectAllocator {
         Ok(())
     }
 
+    fn trim_to(&mut self, _backend: &mut dyn Backend, _bytes: u64) -> Result<u64> {
+        Ok(self.stats.reserved_bytes.all.current)
+    }
+
+    fn set_memory_fraction(&mut self, _fraction: f64) -> Result<()> {
+        Err(AclError::new(
+            crate::ErrorCode::FeatureUnsupported,
+            "the direct allocator has no limit of its own; use a caching allocator (npumem, pytorch, torch_npu)",
+        ))
+    }
+
     fn stats(&self) -> &PoolStats {
         &self.stats
     }

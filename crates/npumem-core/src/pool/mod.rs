@@ -65,6 +65,14 @@ pub trait Allocator: Send {
     /// Returns cached, unused memory to the backend.
     fn empty_cache(&mut self, backend: &mut dyn Backend) -> Result<()>;
 
+    /// Returns the coldest cached memory to the backend until at most `bytes` are reserved (or
+    /// nothing cached is left); returns the bytes still reserved.
+    fn trim_to(&mut self, backend: &mut dyn Backend, bytes: u64) -> Result<u64>;
+
+    /// Caps what the allocator may reserve at `fraction` of the device
+    /// (`set_per_process_memory_fraction`).
+    fn set_memory_fraction(&mut self, fraction: f64) -> Result<()>;
+
     fn stats(&self) -> &PoolStats;
 
     fn reset_peak_stats(&mut self);

@@ -425,17 +425,6 @@ impl VmmAllocator {
         Ok(Grant { ptr: segment.ptr, granted: segment.size, page: segment.page })
     }
 
-    /// Unmaps the coldest idle pages and frees cached ones until at most `bytes` are held.
-    pub fn trim_to(&mut self, backend: &mut dyn Backend, bytes: u64) -> Result<u64> {
-        while self.reserved() > bytes {
-            // The coldest of the two pools' cached and idle pages goes first.
-            if !self.release_foreign(backend, PoolKind::Small)? && !self.release_foreign(backend, PoolKind::Large)? {
-                break;
-            }
-        }
-        Ok(self.reserved())
-    }
-
     fn oom(&mut self, e: AclError, request: &Request) -> AclError {
         self.stats.num_ooms += 1;
         AclError::oom(format!("npumem pool out of memory for {}: {}", format_size(request.size), e.message))
@@ -511,6 +500,23 @@ impl Allocator for VmmAllocator {
 
     fn empty_cache(&mut self, backend: &mut dyn Backend) -> Result<()> {
         self.trim_to(backend, 0).map(|_| ())
+    }
+
+    /// Frees cached pages, then unmaps and frees the coldest idle pages, until at most `bytes`
+    /// are held.
+    fn trim_to(&mut self, backend: &mut dyn Backend, bytes: u64) -> Result<u64> {
+        while self.reserved() > bytes {
+            if !self.release_foreign(backend, PoolKind::Small)? && !self.release_foreign(backend, PoolKind::Large)? {
+                break;
+            }
+        }
+        Ok(self.reserved())
+    }
+
+    fn set_memory_fraction(&mut self, fraction: f64) -> Result<()> {
+        super::caching::check_fraction(fraction)?;
+        self.config.memory_fraction = fraction;
+        Ok(())
     }
 
     fn stats(&self) -> &PoolStats {
