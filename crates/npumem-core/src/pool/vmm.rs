@@ -456,10 +456,14 @@ impl Allocator for VmmAllocator {
         let placed = self.pool_mut(kind).space.reserve(size, quantum);
         let ptr = placed.map_err(|e| if e.code.is_out_of_memory() { self.oom(e, request) } else { e })?;
         let device_allocs = self.stats.num_device_alloc;
+        let reserved_before = self.reserved();
         let page = match self.map_range(backend, kind, ptr, size) {
             Ok(p) => p,
             Err(e) => {
                 self.pool_mut(kind).space.release(ptr)?;
+                // Pages obtained for the failed request go back to the device: a failure must
+                // not grow the pool.
+                while self.reserved() > reserved_before && self.free_cached(backend, kind)? {}
                 return Err(if e.code.is_out_of_memory() { self.oom(e, request) } else { e });
             }
         };
