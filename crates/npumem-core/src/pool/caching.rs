@@ -529,17 +529,16 @@ impl Allocator for CachingAllocator {
         &self.stats
     }
 
-    fn reset_peak_stats(&mut self) {
-        self.stats.reset_peaks();
+    fn stats_mut(&mut self) -> &mut PoolStats {
+        &mut self.stats
+    }
+
+    fn events(&mut self) -> &mut EventLog {
+        &mut self.events
     }
 
     fn fragmentation(&self) -> Fragmentation {
-        let mut f = Fragmentation {
-            requested: self.stats.requested_bytes.all.current,
-            allocated: self.stats.allocated_bytes.all.current,
-            reserved: self.stats.reserved_bytes.all.current,
-            ..Default::default()
-        };
+        let mut f = Fragmentation::of(&self.stats);
         for info in self.segments.values() {
             let mut used =
                 SegmentUse { ptr: info.segment.ptr, size: info.segment.size, allocated: 0, blocks: 0, free_blocks: 0 };
@@ -585,14 +584,6 @@ impl Allocator for CachingAllocator {
                 }
             })
             .collect()
-    }
-
-    fn set_recording(&mut self, on: bool) {
-        self.events.enabled = on;
-    }
-
-    fn take_events(&mut self) -> Vec<(Action, u64, u64)> {
-        self.events.take()
     }
 }
 

@@ -96,16 +96,17 @@ impl Allocator for DirectAllocator {
         &self.stats
     }
 
-    fn reset_peak_stats(&mut self) {
-        self.stats.reset_peaks();
+    fn stats_mut(&mut self) -> &mut PoolStats {
+        &mut self.stats
+    }
+
+    fn events(&mut self) -> &mut EventLog {
+        &mut self.events
     }
 
     fn fragmentation(&self) -> Fragmentation {
-        let mut f = Fragmentation::default();
-        for (segment, requested) in self.blocks.values() {
-            f.requested += requested;
-            f.allocated += segment.size;
-            f.reserved += segment.size;
+        let mut f = Fragmentation::of(&self.stats);
+        for (segment, _) in self.blocks.values() {
             f.segments.push(SegmentUse {
                 ptr: segment.ptr,
                 size: segment.size,
@@ -137,13 +138,5 @@ impl Allocator for DirectAllocator {
             .collect();
         out.sort_unstable_by_key(|s| s.address);
         out
-    }
-
-    fn set_recording(&mut self, on: bool) {
-        self.events.enabled = on;
-    }
-
-    fn take_events(&mut self) -> Vec<(Action, u64, u64)> {
-        self.events.take()
     }
 }

@@ -4,6 +4,7 @@
 //! reserved-but-unallocated = reserved − allocated (cached free memory);
 //! external fragmentation = 1 − largest free extent / total free (0 when nothing is free).
 
+use super::PoolStats;
 use crate::units::format_size;
 
 /// One segment's occupancy.
@@ -31,6 +32,16 @@ pub struct Fragmentation {
 }
 
 impl Fragmentation {
+    /// Totals from an allocator's stats; free extents and segments are added by the caller.
+    pub fn of(stats: &PoolStats) -> Self {
+        Fragmentation {
+            requested: stats.requested_bytes.all.current,
+            allocated: stats.allocated_bytes.all.current,
+            reserved: stats.reserved_bytes.all.current,
+            ..Default::default()
+        }
+    }
+
     pub fn internal_waste(&self) -> u64 {
         self.allocated - self.requested
     }

@@ -75,16 +75,27 @@ pub trait Allocator: Send {
 
     fn stats(&self) -> &PoolStats;
 
-    fn reset_peak_stats(&mut self);
+    fn stats_mut(&mut self) -> &mut PoolStats;
+
+    /// The allocator's log of segment events.
+    fn events(&mut self) -> &mut EventLog;
 
     fn fragmentation(&self) -> Fragmentation;
 
     /// Segments and their blocks, in address order, for `memory_snapshot`.
     fn segments(&self) -> Vec<SegmentSnapshot>;
 
+    fn reset_peak_stats(&mut self) {
+        self.stats_mut().reset_peaks();
+    }
+
     /// Starts or stops logging segment events (alloc/free/map/unmap of device memory).
-    fn set_recording(&mut self, on: bool);
+    fn set_recording(&mut self, on: bool) {
+        self.events().enabled = on;
+    }
 
     /// The segment events logged since the last call.
-    fn take_events(&mut self) -> Vec<(Action, u64, u64)>;
+    fn take_events(&mut self) -> Vec<(Action, u64, u64)> {
+        self.events().take()
+    }
 }

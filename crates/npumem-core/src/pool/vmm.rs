@@ -527,17 +527,16 @@ impl Allocator for VmmAllocator {
         &self.stats
     }
 
-    fn reset_peak_stats(&mut self) {
-        self.stats.reset_peaks();
+    fn stats_mut(&mut self) -> &mut PoolStats {
+        &mut self.stats
+    }
+
+    fn events(&mut self) -> &mut EventLog {
+        &mut self.events
     }
 
     fn fragmentation(&self) -> Fragmentation {
-        let mut f = Fragmentation {
-            requested: self.stats.requested_bytes.all.current,
-            allocated: self.stats.allocated_bytes.all.current,
-            reserved: self.reserved(),
-            ..Default::default()
-        };
+        let mut f = Fragmentation::of(&self.stats);
         for pool in self.pools.iter().flatten() {
             let mut used =
                 SegmentUse { ptr: pool.base, size: pool.mapped * pool.page, allocated: 0, blocks: 0, free_blocks: 0 };
@@ -646,14 +645,6 @@ impl Allocator for VmmAllocator {
         }
         out.sort_unstable_by_key(|s| s.address);
         out
-    }
-
-    fn set_recording(&mut self, on: bool) {
-        self.events.enabled = on;
-    }
-
-    fn take_events(&mut self) -> Vec<(Action, u64, u64)> {
-        self.events.take()
     }
 }
 
