@@ -40,9 +40,11 @@ struct Block {
     next: u32,
     allocated: bool,
     pool: PoolKind,
-    /// The allocator clock (one tick per malloc and per free) when the block was last freed; its
-    /// age is `clock - gc_stamp`.
+    /// The allocator clock (one tick per malloc, as PyTorch counts free-block searches) when the
+    /// block became free; its age is `clock - gc_stamp`.
     gc_stamp: u64,
+    /// Order in which blocks became free (for `trim_to`, which releases the coldest first).
+    freed_seq: u64,
 }
 
 #[derive(Debug)]
@@ -63,6 +65,7 @@ pub struct CachingAllocator {
     segments: BTreeMap<u64, SegmentInfo>,
     stats: PoolStats,
     clock: u64,
+    free_seq: u64,
     events: EventLog,
 }
 
@@ -80,6 +83,7 @@ impl CachingAllocator {
             segments: BTreeMap::new(),
             stats,
             clock: 0,
+            free_seq: 0,
             events: EventLog::default(),
         }
     }
@@ -129,9 +133,12 @@ impl CachingAllocator {
 
     fn insert_free(&mut self, idx: u32) {
         let clock = self.clock;
+        self.free_seq += 1;
+        let seq = self.free_seq;
         let split = self.is_split(idx);
         let b = self.bm(idx);
         b.gc_stamp = clock;
+        b.freed_seq = seq;
         let (pool, size, ptr) = (b.pool, b.size, b.ptr);
         self.free[pool as usize].insert((size, ptr), idx);
         if split {
@@ -205,6 +212,7 @@ impl CachingAllocator {
             allocated: false,
             pool,
             gc_stamp: self.clock,
+            freed_seq: 0,
         });
         self.segments.insert(segment.ptr, SegmentInfo { segment, pool, head: idx });
         self.events.push(Action::SegmentAlloc, segment.ptr, segment.size);
@@ -274,8 +282,9 @@ impl CachingAllocator {
         Ok(released >= size)
     }
 
-    /// `garbage_collect_cached_blocks`: frees the oldest whole cached segments until reserved
-    /// memory is back under the threshold.
+    /// `garbage_collect_cached_blocks`: while less than the excess over the threshold has been
+    /// reclaimed, frees every whole cached large segment at least as old as the mean age (not
+    /// stopping at the target, so that GC does not run again at once), as PyTorch does.
     fn garbage_collect(&mut self, backend: &mut dyn Backend) -> Result<()> {
         let threshold = (self.config.garbage_collection_threshold * self.limit() as f64) as u64;
         let reserved = self.stats.reserved_bytes.all.current;
@@ -293,9 +302,6 @@ impl CachingAllocator {
             let mean = ages.iter().sum::<u64>() as f64 / ages.len() as f64;
             let mut freed_any = false;
             for (&idx, &age) in candidates.iter().zip(&ages) {
-                if reclaimed >= target {
-                    break;
-                }
                 if age as f64 >= mean {
                     reclaimed += self.b(idx).size;
                     self.release_segment(backend, idx)?;
@@ -434,6 +440,7 @@ impl Allocator for CachingAllocator {
                 allocated: false,
                 pool,
                 gc_stamp: self.clock,
+                freed_seq: 0,
             });
             if b.next != NIL {
                 self.bm(b.next).prev = rest;
@@ -461,7 +468,6 @@ impl Allocator for CachingAllocator {
             .get(&ptr)
             .filter(|&&i| self.b(i).allocated)
             .ok_or_else(|| AclError::internal(format!("{} allocator does not own {ptr:#x}", self.name())))?;
-        self.clock += 1;
         let b = *self.b(idx);
         self.stats.on_free(b.pool, b.size, b.requested);
         if b.size >= self.config.max_split_size {
@@ -508,7 +514,7 @@ impl Allocator for CachingAllocator {
 
     fn trim_to(&mut self, backend: &mut dyn Backend, bytes: u64) -> Result<u64> {
         let mut whole: Vec<(u64, u32)> =
-            self.whole_free_segments(None).into_iter().map(|i| (self.b(i).gc_stamp, i)).collect();
+            self.whole_free_segments(None).into_iter().map(|i| (self.b(i).freed_seq, i)).collect();
         whole.sort_unstable();
         for (_, idx) in whole {
             if self.stats.reserved_bytes.all.current <= bytes {

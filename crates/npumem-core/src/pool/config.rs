@@ -107,7 +107,13 @@ impl CachingConfig {
                     }
                     c.max_split_size = (mb * MIB as f64) as u64;
                 }
-                "max_non_split_rounding_mb" => c.max_non_split_rounding = (number(key, &value)? * MIB as f64) as u64,
+                "max_non_split_rounding_mb" => {
+                    let mb = number(key, &value)?;
+                    if mb < 20.0 {
+                        return Err(bad(format!("max_non_split_rounding_mb must be >= 20, got {value}")));
+                    }
+                    c.max_non_split_rounding = (mb * MIB as f64) as u64;
+                }
                 "garbage_collection_threshold" => {
                     let t = number(key, &value)?;
                     if !(t > 0.0 && t < 1.0) {
@@ -158,6 +164,13 @@ impl CachingConfig {
                 }
             }
             i += 1;
+        }
+        if family == Family::TorchNpu && c.max_split_size != u64::MAX && c.large_segment_size > c.max_split_size {
+            return Err(bad(format!(
+                "large_segment_size_mb ({}) must not exceed max_split_size_mb ({})",
+                c.large_segment_size / MIB,
+                c.max_split_size / MIB
+            )));
         }
         if c.expandable_segments {
             return Err(AclError::new(
@@ -282,12 +295,13 @@ pub(crate) fn boolean(key: &str, value: &str) -> Result<bool> {
     }
 }
 
+/// A division count: a power of two, or 0 to turn the rounding off for that interval.
 fn divisions(value: &str) -> Result<u64> {
     value
         .parse::<u64>()
         .ok()
-        .filter(|d| d.is_power_of_two())
-        .ok_or_else(|| bad(format!("roundup_power2_divisions must be a power of two, got {value:?}")))
+        .filter(|&d| d == 0 || d.is_power_of_two())
+        .ok_or_else(|| bad(format!("roundup_power2_divisions must be a power of two or 0, got {value:?}")))
 }
 
 #[cfg(test)]

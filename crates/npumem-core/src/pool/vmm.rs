@@ -3,8 +3,9 @@
 //! Each pool (small ≤ 1 MiB, large above) owns one VA reservation several times the device's size
 //! (address space is cheap; contiguous VA for any request that fits physically is not). Blocks are
 //! placed in that range best fit (512-byte quantum, lowest address among equals), so freed blocks
-//! coalesce by address; physical memory is mapped under them on demand, one 2 MiB page at a time,
-//! and stays mapped while idle so that reuse costs no driver call. Physical pages are not tied to
+//! coalesce by address; physical memory is mapped under them on demand, page by page (64 KiB
+//! pages in the small pool, 2 MiB in the large one), and stays mapped while idle so that reuse
+//! costs no driver call. Physical pages are not tied to
 //! addresses: when a request needs pages and the device has no free frames, idle pages (mapped
 //! but holding no live block) are unmapped and their physical handles remapped under the new
 //! range — stitching scattered free memory into one contiguous block instead of failing. Requests
@@ -126,8 +127,9 @@ fn page_bytes(kind: PoolKind) -> u64 {
     }
 }
 const NO_HANDLE: PhysHandle = 0;
-/// The large pool reserves this many times the device's capacity of VA, so that live blocks
-/// never leave it without a contiguous range for a request that fits in physical memory.
+/// Each pool reserves this many times the device's capacity of VA, so that live blocks scattered
+/// through it do not leave it without a contiguous range for a request that fits in physical
+/// memory (page tables grow lazily, so unused VA costs nothing).
 const VA_FACTOR: u64 = 4;
 
 #[derive(Clone, Copy, Debug)]
@@ -232,16 +234,12 @@ impl VmmAllocator {
             return Ok(());
         }
         let page = page_bytes(kind);
-        let factor = match kind {
-            PoolKind::Small => 1,
-            PoolKind::Large => VA_FACTOR,
-        };
-        let len = checked_align_up(self.capacity * factor, LARGE_PAGE).unwrap_or(LARGE_PAGE);
+        let len = checked_align_up(self.capacity * VA_FACTOR, LARGE_PAGE).unwrap_or(LARGE_PAGE);
         let base = backend.reserve(len, LARGE_PAGE, None)?;
         self.pools[kind as usize] = Some(VmmPool {
             page,
             base,
-            space: VaSpace::with_granule(base, base + len, self.config.quantum),
+            space: VaSpace::with_granule(base, base + len, self.config.quantum, "pool's address range"),
             slots: Vec::new(),
             idle: BTreeSet::new(),
             mapped: 0,
@@ -392,26 +390,31 @@ impl VmmAllocator {
         Ok(pool.slot(range.start).page)
     }
 
+    /// A request of at least `bypass_threshold` gets its own segment: giant pages first, then
+    /// huge, then normal ones, each only if its page-rounded size fits under the limit; when none
+    /// can be had, cached and idle pages go back to the device and the kinds are tried again.
     fn malloc_bypass(&mut self, backend: &mut dyn Backend, request: &Request, size: u64) -> Result<Grant> {
-        let plan: &[PageKind] = &[PageKind::Giant, PageKind::Huge, PageKind::Normal];
-        let segment = loop {
-            let within = self.reserved() + size <= self.limit();
-            let attempt = if within {
-                Segment::map(backend, size, plan)
-            } else {
-                Err(AclError::oom(format!("the npumem pool's limit of {} is reached", format_size(self.limit()))))
-            };
-            match attempt {
-                Ok(s) => break s,
-                Err(e) if e.code.is_out_of_memory() => {
-                    // Give cached and idle pages back to the device, then try again.
-                    if !self.release_foreign(backend, PoolKind::Small)?
-                        && !self.release_foreign(backend, PoolKind::Large)?
-                    {
-                        return Err(e);
-                    }
+        let segment = 'found: loop {
+            let mut last = None;
+            for kind in [PageKind::Giant, PageKind::Huge, PageKind::Normal] {
+                let rounded = checked_align_up(size, backend.page_size(kind).bytes()).unwrap_or(u64::MAX);
+                if self.reserved().saturating_add(rounded) > self.limit() {
+                    last = Some(AclError::oom(format!(
+                        "{} in {} pages would pass the npumem pool's limit of {}",
+                        format_size(rounded),
+                        backend.page_size(kind).label(),
+                        format_size(self.limit())
+                    )));
+                    continue;
                 }
-                Err(e) => return Err(e),
+                match Segment::map(backend, size, &[kind]) {
+                    Ok(s) => break 'found s,
+                    Err(e) if e.code.is_out_of_memory() => last = Some(e),
+                    Err(e) => return Err(e),
+                }
+            }
+            if !self.release_foreign(backend, PoolKind::Small)? && !self.release_foreign(backend, PoolKind::Large)? {
+                return Err(last.unwrap_or_else(|| AclError::internal("no page kind tried")));
             }
         };
         self.stats.on_segment_alloc(PoolKind::Large, segment.size);

@@ -21,6 +21,8 @@ pub const VA_GRANULE: u64 = 4 * KIB;
 /// The device virtual address window.
 #[derive(Debug)]
 pub struct VaSpace {
+    /// What the range is, for error messages.
+    name: &'static str,
     granule: u64,
     start: u64,
     end: u64,
@@ -42,13 +44,15 @@ impl Default for VaSpace {
 impl VaSpace {
     /// A window `[start, end)` handed out in 4 KiB granules; both ends must be granule-aligned.
     pub fn new(start: u64, end: u64) -> Self {
-        Self::with_granule(start, end, VA_GRANULE)
+        Self::with_granule(start, end, VA_GRANULE, "device virtual address window")
     }
 
-    /// A window handed out in units of `granule` (a power of two dividing both ends).
-    pub fn with_granule(start: u64, end: u64, granule: u64) -> Self {
+    /// A range handed out in units of `granule` (a power of two dividing both ends), called
+    /// `name` in error messages.
+    pub fn with_granule(start: u64, end: u64, granule: u64, name: &'static str) -> Self {
         assert!(granule.is_power_of_two() && start < end && start % granule == 0 && end % granule == 0);
         let mut va = VaSpace {
+            name,
             granule,
             start,
             end,
@@ -106,8 +110,9 @@ impl VaSpace {
         }
         let Some((start, len, aligned)) = found else {
             return Err(AclError::oom(format!(
-                "the device virtual address window has no free range of {} aligned to {} \
-                 (largest free extent {}); release reservations you no longer need",
+                "the {} has no free range of {} aligned to {} (largest free extent {}); free \
+                 what you no longer need",
+                self.name,
                 format_size(size),
                 format_size(align),
                 format_size(self.largest_free())
