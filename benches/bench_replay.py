@@ -2,10 +2,14 @@
 
 For each trace and each allocator (direct, pytorch, torch_npu, npumem) it reports: peak reserved
 and peak allocated on a roomy device, the smallest device capacity on which the trace completes
-without OOM (binary search, 2 MiB granularity) and its ratio to the trace's peak live bytes,
+without OOM (binary search, 2 MiB granularity; 1 MiB for traces under 1 GiB) and its ratio to
+the trace's peak live bytes,
 driver-level calls (physical allocations and maps) and the cache hit rate. The last columns give
 npumem's minimum capacity relative to the pytorch preset's. Wall time of each replay is printed
 too (Python-driven replay: it measures the whole stack, not the pool alone).
+
+Traces: synthetic transformer training (npumem.traces), a random churn, and the real traces
+recorded from PyTorch on the CPU in benches/traces/ (benches/record_torch_traces.py).
 
 Run: make bench-replay   (or: .venv/bin/python benches/bench_replay.py [--quick])
 """
@@ -15,9 +19,10 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from pathlib import Path
 
 from npumem.replay import min_capacity, peak_live_bytes, replay
-from npumem.traces import transformer_training
+from npumem.traces import load, transformer_training
 from npumem.units import fmt
 
 FAMILIES = ["direct", "pytorch", "torch_npu", "npumem"]
@@ -50,6 +55,9 @@ def traces(quick: bool) -> dict[str, list]:
         ),
         "random churn 4KiB-64MiB": churn(6000 if quick else 20000),
     }
+    # Real traces recorded from PyTorch on the CPU by benches/record_torch_traces.py.
+    for path in sorted((Path(__file__).parent / "traces").glob("*.json.gz")):
+        t[f"recorded {path.name.removesuffix('.json.gz')}"] = load(str(path))
     if quick:
         t.pop("transformer 12L h2048 b2-8 s128-1024")
     return t
@@ -67,8 +75,9 @@ def main() -> None:
             f"{'phys allocs':>11} {'maps':>7} {'hit rate':>8} {'replay s':>8}"
         )
         needs = {}
+        granularity = 2 << 20 if peak > 1 << 30 else 1 << 20
         for fam in FAMILIES:
-            needs[fam] = min_capacity(events, {"allocator": fam})
+            needs[fam] = min_capacity(events, {"allocator": fam}, granularity=granularity)
             t0 = time.perf_counter()
             r = replay(events, {"capacity": 4 * needs[fam], "allocator": fam})
             dt = time.perf_counter() - t0

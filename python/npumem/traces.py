@@ -100,3 +100,15 @@ def transformer_training(
     for i in adam + params:
         free(i)
     return events
+
+
+def load(path: str) -> list[tuple[str, int, int]]:
+    """Events from a compact trace file (``.json`` or ``.json.gz``) holding
+    ``{"events": [[action, id, size], ...]}``, as ``benches/record_torch_traces.py`` writes."""
+    import gzip
+    import json
+
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as f:
+        data = json.load(f)
+    return [(a, k, s) for a, k, s in data["events"]]
