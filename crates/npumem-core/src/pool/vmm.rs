@@ -269,16 +269,15 @@ impl VmmAllocator {
                 self.config.memory_fraction
             )));
         }
-        let huge = match kind {
-            PoolKind::Large => backend.create_physical(page, PageKind::Huge),
-            PoolKind::Small => Err(AclError::oom("small pages use normal frames")),
-        };
-        let (h, pte) = match huge {
-            Ok(h) => (h, PageSize::Size2M),
-            Err(e) if e.code.is_out_of_memory() => {
-                (backend.create_physical(page, PageKind::Normal)?, backend.page_size(PageKind::Normal))
-            }
-            Err(e) => return Err(e),
+        let normal_pte = backend.page_size(PageKind::Normal);
+        let (h, pte) = match kind {
+            PoolKind::Small => (backend.create_physical(page, PageKind::Normal)?, normal_pte),
+            PoolKind::Large => match backend.create_physical(page, PageKind::Huge) {
+                Ok(h) => (h, PageSize::Size2M),
+                // No free 2 MiB frame: the page is made of normal frames instead.
+                Err(e) if e.code.is_out_of_memory() => (backend.create_physical(page, PageKind::Normal)?, normal_pte),
+                Err(e) => return Err(e),
+            },
         };
         self.stats.on_segment_alloc(kind, page);
         Ok((h, pte))
@@ -314,20 +313,40 @@ impl VmmAllocator {
         Ok(true)
     }
 
-    /// One step of giving memory back so that `kind`'s pool can grow: the other pool's cached
-    /// pages first, then its coldest idle page (freed outright, as it has another page size).
+    /// Returns one page of `kind`'s pool to the device: a cached one, else its coldest idle one.
+    fn release_one(&mut self, backend: &mut dyn Backend, kind: PoolKind) -> Result<bool> {
+        if self.free_cached(backend, kind)? {
+            return Ok(true);
+        }
+        Ok(self.unmap_coldest(backend, kind, 0..0)? && self.free_cached(backend, kind)?)
+    }
+
+    /// One step of giving memory back so that `kind`'s pool can grow: a page of the other pool
+    /// (which has another page size, so it cannot be remapped here).
     fn release_foreign(&mut self, backend: &mut dyn Backend, kind: PoolKind) -> Result<bool> {
         let other = match kind {
             PoolKind::Small => PoolKind::Large,
             PoolKind::Large => PoolKind::Small,
         };
-        if self.free_cached(backend, other)? {
-            return Ok(true);
+        self.release_one(backend, other)
+    }
+
+    /// Returns one page to the device: a cached page if there is one, else the coldest idle page
+    /// of either pool.
+    fn release_coldest(&mut self, backend: &mut dyn Backend) -> Result<bool> {
+        for kind in [PoolKind::Large, PoolKind::Small] {
+            if self.free_cached(backend, kind)? {
+                return Ok(true);
+            }
         }
-        if self.unmap_coldest(backend, other, 0..0)? {
-            return self.free_cached(backend, other);
-        }
-        Ok(false)
+        let coldest = |k: PoolKind| self.pools[k as usize].as_ref().and_then(|p| p.idle.first()).map(|&(t, _)| t);
+        let kind = match (coldest(PoolKind::Small), coldest(PoolKind::Large)) {
+            (Some(s), Some(l)) if s < l => PoolKind::Small,
+            (Some(_), None) => PoolKind::Small,
+            (_, Some(_)) => PoolKind::Large,
+            (None, None) => return Ok(false),
+        };
+        self.release_one(backend, kind)
     }
 
     /// Maps every unmapped page under `[ptr, ptr + size)` of `kind`'s pool and counts the block
@@ -413,7 +432,7 @@ impl VmmAllocator {
                     Err(e) => return Err(e),
                 }
             }
-            if !self.release_foreign(backend, PoolKind::Small)? && !self.release_foreign(backend, PoolKind::Large)? {
+            if !self.release_coldest(backend)? {
                 return Err(last.unwrap_or_else(|| AclError::internal("no page kind tried")));
             }
         };
@@ -512,11 +531,7 @@ impl Allocator for VmmAllocator {
     /// Frees cached pages, then unmaps and frees the coldest idle pages, until at most `bytes`
     /// are held.
     fn trim_to(&mut self, backend: &mut dyn Backend, bytes: u64) -> Result<u64> {
-        while self.reserved() > bytes {
-            if !self.release_foreign(backend, PoolKind::Small)? && !self.release_foreign(backend, PoolKind::Large)? {
-                break;
-            }
-        }
+        while self.reserved() > bytes && self.release_coldest(backend)? {}
         Ok(self.reserved())
     }
 
