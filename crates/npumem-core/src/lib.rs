@@ -20,3 +20,4 @@ pub mod pool;
 
 pub use acl::{MemAttr, MemcpyKind, Policy};
 pub use device::{Allocation, AllocatorKind, Device, DeviceConfig, DeviceStats};
+pub mod stream;

@@ -1,0 +1,300 @@
+//! Streams, events and the simulated clock.
+//!
+//! Work queued on a stream runs in stream order on a simulated device clock: an operation starts
+//! when the stream's previous work is done (and any event the stream waits on has completed) but
+//! not before the host enqueued it, and takes the time the [`CostModel`] gives it. The host has
+//! its own clock, which moves by the host-side cost of each call and jumps forward when it
+//! synchronises. Data effects (the bytes an async copy or memset moves) are held until the host
+//! clock passes their completion time, so a host read before synchronisation sees what the real
+//! device would have let it see.
+//!
+//! Invariants: a stream's `tail_ns` never decreases; an operation ends no earlier than it starts
+//! and starts no earlier than its stream's previous operation ended; pending effects are applied
+//! in (completion time, enqueue order), each exactly once; an event's time is the completion
+//! time of all the work its stream had when it was recorded.
+
+pub mod cost;
+
+pub use cost::CostModel;
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::error::{AclError, ErrorCode, Result};
+
+pub type StreamId = u64;
+pub type EventId = u64;
+
+/// The default stream (`NULL` in AscendCL).
+pub const DEFAULT_STREAM: StreamId = 0;
+
+/// A data effect held until its operation completes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Effect {
+    Copy { dst: u64, src: u64, count: u64 },
+    Fill { dst: u64, value: u8, count: u64 },
+}
+
+/// One operation on the timeline, for reports and plots.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Span {
+    pub stream: StreamId,
+    pub label: String,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub bytes: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct StreamState {
+    tail_ns: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct EventState {
+    /// Completion time of the work recorded, once recorded.
+    time_ns: Option<u64>,
+}
+
+/// Most spans kept for the timeline (the oldest are dropped first).
+const TIMELINE_LIMIT: usize = 100_000;
+
+#[derive(Debug)]
+pub struct Scheduler {
+    pub cost: CostModel,
+    now_ns: u64,
+    streams: HashMap<StreamId, StreamState>,
+    next_stream: StreamId,
+    events: HashMap<EventId, EventState>,
+    next_event: EventId,
+    pending: BTreeMap<(u64, u64), Effect>,
+    seq: u64,
+    timeline: std::collections::VecDeque<Span>,
+}
+
+impl Scheduler {
+    pub fn new(cost: CostModel) -> Self {
+        let mut streams = HashMap::new();
+        streams.insert(DEFAULT_STREAM, StreamState::default());
+        Scheduler {
+            cost,
+            now_ns: 0,
+            streams,
+            next_stream: 1,
+            events: HashMap::new(),
+            next_event: 1,
+            pending: BTreeMap::new(),
+            seq: 0,
+            timeline: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// The host clock.
+    pub fn now_ns(&self) -> u64 {
+        self.now_ns
+    }
+
+    /// Moves the host clock forward by `ns` (host-side work).
+    pub fn advance(&mut self, ns: u64) {
+        self.now_ns += ns;
+    }
+
+    fn stream(&mut self, id: StreamId) -> Result<&mut StreamState> {
+        self.streams.get_mut(&id).ok_or_else(|| {
+            AclError::new(
+                ErrorCode::RtParamInvalid,
+                format!("stream {id} does not exist (destroyed, or never created); use create_stream()"),
+            )
+        })
+    }
+
+    fn event(&mut self, id: EventId) -> Result<&mut EventState> {
+        self.events.get_mut(&id).ok_or_else(|| {
+            AclError::new(ErrorCode::RtParamInvalid, format!("event {id} does not exist; use create_event()"))
+        })
+    }
+
+    pub fn create_stream(&mut self) -> StreamId {
+        let id = self.next_stream;
+        self.next_stream += 1;
+        self.streams.insert(id, StreamState { tail_ns: self.now_ns });
+        id
+    }
+
+    /// Destroys a stream; its queued work still completes (the caller should synchronise first).
+    pub fn destroy_stream(&mut self, id: StreamId) -> Result<()> {
+        if id == DEFAULT_STREAM {
+            return Err(AclError::invalid_param("the default stream cannot be destroyed"));
+        }
+        self.streams.remove(&id).map(|_| ()).ok_or_else(|| AclError::rt_param(format!("stream {id} does not exist")))
+    }
+
+    pub fn stream_ids(&self) -> Vec<StreamId> {
+        let mut ids: Vec<_> = self.streams.keys().copied().collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    pub fn create_event(&mut self) -> EventId {
+        let id = self.next_event;
+        self.next_event += 1;
+        self.events.insert(id, EventState::default());
+        id
+    }
+
+    pub fn destroy_event(&mut self, id: EventId) -> Result<()> {
+        self.events.remove(&id).map(|_| ()).ok_or_else(|| AclError::rt_param(format!("event {id} does not exist")))
+    }
+
+    pub fn event_ids(&self) -> Vec<EventId> {
+        let mut ids: Vec<_> = self.events.keys().copied().collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// Queues `duration_ns` of work on `stream` (after the host-side launch cost); returns
+    /// (start, end) on the device clock.
+    pub fn enqueue(
+        &mut self,
+        stream: StreamId,
+        duration_ns: u64,
+        label: &str,
+        bytes: u64,
+        effect: Option<Effect>,
+    ) -> Result<(u64, u64)> {
+        self.stream(stream)?;
+        self.now_ns += self.cost.launch_ns as u64;
+        let now = self.now_ns;
+        let s = self.stream(stream)?;
+        let start = s.tail_ns.max(now);
+        let end = start + duration_ns;
+        s.tail_ns = end;
+        if let Some(effect) = effect {
+            self.seq += 1;
+            self.pending.insert((end, self.seq), effect);
+        }
+        if self.timeline.len() == TIMELINE_LIMIT {
+            self.timeline.pop_front();
+        }
+        self.timeline.push_back(Span { stream, label: label.to_string(), start_ns: start, end_ns: end, bytes });
+        Ok((start, end))
+    }
+
+    /// `aclrtRecordEvent`: the event completes when the stream's work so far has.
+    pub fn record_event(&mut self, event: EventId, stream: StreamId) -> Result<()> {
+        let tail = self.stream(stream)?.tail_ns.max(self.now_ns);
+        self.event(event)?.time_ns = Some(tail);
+        Ok(())
+    }
+
+    /// `aclrtStreamWaitEvent`: later work on `stream` starts after the event completes.
+    pub fn stream_wait_event(&mut self, stream: StreamId, event: EventId) -> Result<()> {
+        let time = self.event(event)?.time_ns.unwrap_or(0);
+        let s = self.stream(stream)?;
+        s.tail_ns = s.tail_ns.max(time);
+        Ok(())
+    }
+
+    /// Whether the event has completed on the host clock (an unrecorded event counts as complete,
+    /// as in AscendCL).
+    pub fn query_event(&mut self, event: EventId) -> Result<bool> {
+        let now = self.now_ns;
+        Ok(self.event(event)?.time_ns.is_none_or(|t| t <= now))
+    }
+
+    /// The completion time of a recorded event.
+    pub fn event_time(&mut self, event: EventId) -> Result<u64> {
+        self.event(event)?.time_ns.ok_or_else(|| {
+            AclError::new(ErrorCode::RtParamInvalid, format!("event {event} was never recorded; call record_event first"))
+        })
+    }
+
+    /// Blocks the host until `stream`'s work is done.
+    pub fn synchronize_stream(&mut self, stream: StreamId) -> Result<()> {
+        let tail = self.stream(stream)?.tail_ns;
+        self.now_ns = self.now_ns.max(tail);
+        Ok(())
+    }
+
+    pub fn synchronize_event(&mut self, event: EventId) -> Result<()> {
+        if let Some(t) = self.event(event)?.time_ns {
+            self.now_ns = self.now_ns.max(t);
+        }
+        Ok(())
+    }
+
+    pub fn synchronize_device(&mut self) {
+        let last = self.streams.values().map(|s| s.tail_ns).max().unwrap_or(0);
+        self.now_ns = self.now_ns.max(last);
+    }
+
+    /// Whether `stream` still has work running on the host clock.
+    pub fn stream_busy(&self, stream: StreamId) -> bool {
+        self.streams.get(&stream).is_some_and(|s| s.tail_ns > self.now_ns)
+    }
+
+    /// The effects whose operations have completed by the host clock, in completion order.
+    pub fn take_due(&mut self) -> Vec<Effect> {
+        let rest = self.pending.split_off(&(self.now_ns + 1, 0));
+        let due = std::mem::replace(&mut self.pending, rest);
+        due.into_values().collect()
+    }
+
+    pub fn pending_effects(&self) -> usize {
+        self.pending.len()
+    }
+
+    pub fn timeline(&self) -> impl Iterator<Item = &Span> {
+        self.timeline.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sched() -> Scheduler {
+        let mut c = CostModel::ascend910b();
+        c.launch_ns = 1.0;
+        Scheduler::new(c)
+    }
+
+    #[test]
+    fn streams_run_in_order_and_overlap_each_other() {
+        let mut s = sched();
+        let (a, b) = (s.create_stream(), s.create_stream());
+        let (s1, e1) = s.enqueue(a, 100, "k1", 0, None).unwrap();
+        let (s2, e2) = s.enqueue(a, 50, "k2", 0, None).unwrap();
+        let (s3, _) = s.enqueue(b, 70, "k3", 0, None).unwrap();
+        assert_eq!((s1, e1), (1, 101));
+        assert_eq!((s2, e2), (101, 151), "stream order");
+        assert_eq!(s3, 3, "another stream overlaps");
+        let ev = s.create_event();
+        s.record_event(ev, a).unwrap();
+        assert!(!s.query_event(ev).unwrap());
+        s.stream_wait_event(b, ev).unwrap();
+        let (s4, _) = s.enqueue(b, 10, "k4", 0, None).unwrap();
+        assert_eq!(s4, 151, "waits for the event");
+        s.synchronize_event(ev).unwrap();
+        assert_eq!(s.now_ns(), 151);
+        assert!(s.query_event(ev).unwrap());
+        assert!(s.stream_busy(b));
+        s.synchronize_device();
+        assert_eq!(s.now_ns(), 161);
+        assert!(s.destroy_stream(DEFAULT_STREAM).is_err());
+        s.destroy_stream(a).unwrap();
+        assert!(s.enqueue(a, 1, "x", 0, None).is_err());
+        let fresh = s.create_event();
+        assert!(s.event_time(fresh).is_err());
+    }
+
+    #[test]
+    fn effects_wait_for_the_host_clock() {
+        let mut s = sched();
+        let st = s.create_stream();
+        s.enqueue(st, 1000, "copy", 8, Some(Effect::Fill { dst: 1, value: 7, count: 8 })).unwrap();
+        assert!(s.take_due().is_empty());
+        s.advance(2000);
+        assert_eq!(s.take_due(), vec![Effect::Fill { dst: 1, value: 7, count: 8 }]);
+        assert!(s.take_due().is_empty());
+    }
+}
