@@ -21,6 +21,7 @@ use crate::pool::{
     Action, Allocator, CachingAllocator, CachingConfig, DirectAllocator, Family, Fragmentation, History, PoolStats,
     Request, SegmentSnapshot, TraceEntry, VmmAllocator, VmmConfig,
 };
+use crate::stream::{CostModel, Effect, EventId, Scheduler, StreamId};
 use crate::units::format_size;
 use crate::vm::{FrameStats, PageSize, PageTableStats, Translation, is_device_address};
 
@@ -109,6 +110,8 @@ pub struct DeviceStats {
     pub huge_fallbacks: u64,
     /// Copies whose `kind` disagreed with the direction the addresses imply (advisory, as in CANN).
     pub kind_mismatches: u64,
+    /// Async effects dropped because their memory was freed before they completed.
+    pub lost_effects: u64,
     pub live_count: u64,
     pub live_requested: u64,
     pub live_granted: u64,
@@ -135,6 +138,7 @@ pub struct Device {
     /// The trace of allocator actions, while recording (`record_memory_history`).
     history: Option<History>,
     started: std::time::Instant,
+    sched: Scheduler,
 }
 
 impl Device {
@@ -157,6 +161,7 @@ impl Device {
             stats: DeviceStats::default(),
             history: None,
             started: std::time::Instant::now(),
+            sched: Scheduler::new(CostModel::ascend910b()),
         }
     }
 
@@ -389,9 +394,8 @@ impl Device {
         self.side(ptr, len, "address").map(|_| ())
     }
 
-    /// `aclrtMemcpy`: copies `count` bytes; the direction comes from the addresses, `kind` is
-    /// validated but advisory.
-    pub fn memcpy(&mut self, dst: u64, dst_max: u64, src: u64, count: u64, kind: u32) -> Result<()> {
+    /// Checks a copy the way `aclrtMemcpy` does and classifies both ends; `None` for a no-op.
+    fn check_copy(&mut self, dst: u64, dst_max: u64, src: u64, count: u64, kind: u32) -> Result<Option<(Side, Side)>> {
         let kind = MemcpyKind::from_raw(kind)?;
         if matches!(kind, MemcpyKind::InnerDeviceToDevice | MemcpyKind::InterDeviceToDevice) {
             return Err(AclError::invalid_param(format!(
@@ -400,7 +404,7 @@ impl Device {
             )));
         }
         if count == 0 {
-            return Ok(());
+            return Ok(None);
         }
         if count > dst_max {
             return Err(AclError::rt_param(format!(
@@ -414,9 +418,11 @@ impl Device {
                 self.stats.kind_mismatches += 1;
             }
         }
-        if dst == src {
-            return Ok(());
-        }
+        Ok((dst != src).then_some((dst_side, src_side)))
+    }
+
+    /// Moves `count` bytes between checked ranges.
+    fn move_bytes(&mut self, dst: u64, dst_side: Side, src: u64, src_side: Side, count: u64) -> Result<()> {
         match (src_side, dst_side) {
             (Side::Host, Side::Host) => self.host.copy(dst, src, count),
             (Side::Host, Side::Device) => {
@@ -431,18 +437,8 @@ impl Device {
         }
     }
 
-    /// `aclrtMemset`: sets `count` bytes at `ptr` (device or host) to the low byte of `value`.
-    pub fn memset(&mut self, ptr: u64, dst_max: u64, value: i32, count: u64) -> Result<()> {
-        if count == 0 {
-            return Ok(());
-        }
-        if count > dst_max {
-            return Err(AclError::rt_param(format!(
-                "count {count} is larger than dst_max {dst_max}; the memset would overflow the destination"
-            )));
-        }
-        let byte = value as u8;
-        match self.side(ptr, count, "destination")? {
+    fn fill_bytes(&mut self, ptr: u64, side: Side, byte: u8, count: u64) -> Result<()> {
+        match side {
             Side::Host => {
                 self.host.slice_mut(ptr, count)?.fill(byte);
                 Ok(())
@@ -451,32 +447,183 @@ impl Device {
         }
     }
 
-    /// Writes `data` at `ptr` (device or `malloc_host` memory).
-    pub fn write(&mut self, ptr: u64, data: &[u8]) -> Result<()> {
-        if data.is_empty() {
+    /// `aclrtMemcpy`: copies `count` bytes now, against the memory as it is on the host clock
+    /// (no implicit synchronisation); the direction comes from the addresses, `kind` is validated
+    /// but advisory.
+    pub fn memcpy(&mut self, dst: u64, dst_max: u64, src: u64, count: u64, kind: u32) -> Result<()> {
+        self.settle();
+        let Some((dst_side, src_side)) = self.check_copy(dst, dst_max, src, count, kind)? else {
+            return Ok(());
+        };
+        self.move_bytes(dst, dst_side, src, src_side, count)?;
+        let ns = self.sched.cost.copy_ns(count, src_side == Side::Device, dst_side == Side::Device, true);
+        self.sched.advance(ns);
+        Ok(())
+    }
+
+    /// `aclrtMemcpyAsync`: queues the copy on `stream`. Host memory here is pinned (`malloc_host`),
+    /// so the call returns at once and the bytes land when the copy completes on the device
+    /// clock; the ranges must stay valid until then. Returns (start, end) on the device clock.
+    pub fn memcpy_async(
+        &mut self,
+        dst: u64,
+        dst_max: u64,
+        src: u64,
+        count: u64,
+        kind: u32,
+        stream: StreamId,
+    ) -> Result<(u64, u64)> {
+        self.settle();
+        let Some((dst_side, src_side)) = self.check_copy(dst, dst_max, src, count, kind)? else {
+            return self.sched.enqueue(stream, 0, "memcpy", 0, None);
+        };
+        let ns = self.sched.cost.copy_ns(count, src_side == Side::Device, dst_side == Side::Device, true);
+        let label = match (src_side, dst_side) {
+            (Side::Host, Side::Device) => "copy H2D",
+            (Side::Device, Side::Host) => "copy D2H",
+            (Side::Device, Side::Device) => "copy D2D",
+            (Side::Host, Side::Host) => "copy H2H",
+        };
+        self.sched.enqueue(stream, ns, label, count, Some(Effect::Copy { dst, src, count }))
+    }
+
+    /// `aclrtMemset`: sets `count` bytes at `ptr` (device or host) to the low byte of `value`.
+    pub fn memset(&mut self, ptr: u64, dst_max: u64, value: i32, count: u64) -> Result<()> {
+        self.settle();
+        if count == 0 {
             return Ok(());
         }
-        match self.side(ptr, data.len() as u64, "destination")? {
-            Side::Host => {
-                self.host.slice_mut(ptr, data.len() as u64)?.copy_from_slice(data);
-                Ok(())
+        if count > dst_max {
+            return Err(AclError::rt_param(format!(
+                "count {count} is larger than dst_max {dst_max}; the memset would overflow the destination"
+            )));
+        }
+        let side = self.side(ptr, count, "destination")?;
+        self.fill_bytes(ptr, side, value as u8, count)?;
+        self.sched.advance(self.sched.cost.fill_ns(count));
+        Ok(())
+    }
+
+    /// `aclrtMemsetAsync`: queues a byte fill on `stream`.
+    pub fn memset_async(
+        &mut self,
+        ptr: u64,
+        dst_max: u64,
+        value: i32,
+        count: u64,
+        stream: StreamId,
+    ) -> Result<(u64, u64)> {
+        self.settle();
+        if count > dst_max {
+            return Err(AclError::rt_param(format!(
+                "count {count} is larger than dst_max {dst_max}; the memset would overflow the destination"
+            )));
+        }
+        if count > 0 {
+            self.side(ptr, count, "destination")?;
+        }
+        let ns = self.sched.cost.fill_ns(count);
+        let effect = (count > 0).then_some(Effect::Fill { dst: ptr, value: value as u8, count });
+        self.sched.enqueue(stream, ns, "memset", count, effect)
+    }
+
+    /// Queues a kernel that runs for `duration_ns` on `stream`, touching the allocations at
+    /// `reads` and `writes` (checked to be live; their bytes are left as they are).
+    pub fn launch(&mut self, stream: StreamId, duration_ns: u64, reads: &[u64], writes: &[u64]) -> Result<(u64, u64)> {
+        self.settle();
+        for &p in reads.iter().chain(writes) {
+            self.side(p, 1, "kernel argument")?;
+        }
+        self.sched.enqueue(stream, duration_ns, "kernel", 0, None)
+    }
+
+    /// Applies the data effects of async work that has completed on the host clock. An effect
+    /// whose memory was freed meanwhile is dropped and counted in `lost_effects`.
+    fn settle(&mut self) {
+        for effect in self.sched.take_due() {
+            let applied = match effect {
+                Effect::Copy { dst, src, count } => self
+                    .side(dst, count, "destination")
+                    .and_then(|d| self.side(src, count, "source").map(|s| (d, s)))
+                    .and_then(|(d, s)| self.move_bytes(dst, d, src, s, count)),
+                Effect::Fill { dst, value, count } => {
+                    self.side(dst, count, "destination").and_then(|side| self.fill_bytes(dst, side, value, count))
+                }
+            };
+            if applied.is_err() {
+                self.stats.lost_effects += 1;
             }
-            Side::Device => self.backend.write(ptr, data),
         }
     }
 
-    /// Reads `out.len()` bytes at `ptr` (device or `malloc_host` memory).
+    /// The scheduler: streams, events and the clocks.
+    pub fn scheduler(&mut self) -> &mut Scheduler {
+        &mut self.sched
+    }
+
+    /// Blocks the host until `stream`'s work is done, then applies its effects.
+    pub fn synchronize_stream(&mut self, stream: StreamId) -> Result<()> {
+        self.sched.synchronize_stream(stream)?;
+        self.settle();
+        Ok(())
+    }
+
+    pub fn synchronize_event(&mut self, event: EventId) -> Result<()> {
+        self.sched.synchronize_event(event)?;
+        self.settle();
+        Ok(())
+    }
+
+    pub fn synchronize_device(&mut self) {
+        self.sched.synchronize_device();
+        self.settle();
+    }
+
+    /// Whether the event has completed on the host clock.
+    pub fn query_event(&mut self, event: EventId) -> Result<bool> {
+        self.settle();
+        self.sched.query_event(event)
+    }
+
+    /// `aclrtEventElapsedTime`: milliseconds between two recorded events.
+    pub fn event_elapsed_time(&mut self, start: EventId, end: EventId) -> Result<f64> {
+        let (a, b) = (self.sched.event_time(start)?, self.sched.event_time(end)?);
+        Ok((b as f64 - a as f64) / 1e6)
+    }
+
+    /// Writes `data` at `ptr` (device or `malloc_host` memory): a synchronous copy from pageable
+    /// host memory, which costs the host its transfer time.
+    pub fn write(&mut self, ptr: u64, data: &[u8]) -> Result<()> {
+        self.settle();
+        if data.is_empty() {
+            return Ok(());
+        }
+        let count = data.len() as u64;
+        match self.side(ptr, count, "destination")? {
+            Side::Host => self.host.slice_mut(ptr, count)?.copy_from_slice(data),
+            Side::Device => {
+                self.backend.write(ptr, data)?;
+                self.sched.advance(self.sched.cost.copy_ns(count, false, true, false));
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads `out.len()` bytes at `ptr` (device or `malloc_host` memory) into pageable memory.
     pub fn read(&mut self, ptr: u64, out: &mut [u8]) -> Result<()> {
+        self.settle();
         if out.is_empty() {
             return Ok(());
         }
-        match self.side(ptr, out.len() as u64, "source")? {
-            Side::Host => {
-                out.copy_from_slice(self.host.slice(ptr, out.len() as u64)?);
-                Ok(())
+        let count = out.len() as u64;
+        match self.side(ptr, count, "source")? {
+            Side::Host => out.copy_from_slice(self.host.slice(ptr, count)?),
+            Side::Device => {
+                self.backend.read(ptr, out)?;
+                self.sched.advance(self.sched.cost.copy_ns(count, true, false, false));
             }
-            Side::Device => self.backend.read(ptr, out),
         }
+        Ok(())
     }
 
     /// `aclrtGetMemInfo`: (free, total) bytes of the memory `attr` names.

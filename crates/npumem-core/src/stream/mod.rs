@@ -204,7 +204,10 @@ impl Scheduler {
     /// The completion time of a recorded event.
     pub fn event_time(&mut self, event: EventId) -> Result<u64> {
         self.event(event)?.time_ns.ok_or_else(|| {
-            AclError::new(ErrorCode::RtParamInvalid, format!("event {event} was never recorded; call record_event first"))
+            AclError::new(
+                ErrorCode::RtParamInvalid,
+                format!("event {event} was never recorded; call record_event first"),
+            )
         })
     }
 
