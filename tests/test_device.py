@@ -424,6 +424,7 @@ def test_fresh_allocation_stats_are_exact(dev):
         "failed_mallocs": 0,
         "huge_fallbacks": 0,
         "kind_mismatches": 0,
+        "lost_effects": 0,
         "live_count": 1,
         "live_requested": 100,
         "live_granted": 4096,

@@ -81,7 +81,8 @@ impl PyDevice {
 #[pymethods]
 impl PyDevice {
     #[new]
-    #[pyo3(signature = (capacity = None, *, normal_page = None, giant_frames = None, backend = "sim", allocator = "npumem", alloc_conf = None))]
+    #[pyo3(signature = (capacity = None, *, normal_page = None, giant_frames = None, backend = "sim", allocator = "npumem", alloc_conf = None, preset = "ascend910b"))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         capacity: Option<&Bound<'_, PyAny>>,
@@ -90,6 +91,7 @@ impl PyDevice {
         backend: &str,
         allocator: &str,
         alloc_conf: Option<&str>,
+        preset: &str,
     ) -> PyResult<Self> {
         let capacity = capacity.map(|c| size_arg(c, "capacity")).transpose()?;
         let giant_frames = giant_frames.map(|g| uint_arg(g, "giant_frames")).transpose()?.unwrap_or(0);
@@ -118,7 +120,9 @@ impl PyDevice {
                 allocator: AllocatorKind::parse(allocator)?,
                 alloc_conf: alloc_conf.unwrap_or_default().to_string(),
             };
-            Ok(PyDevice { inner: Mutex::new(Device::new(config.clone())?), config })
+            let mut device = Device::new(config.clone())?;
+            device.scheduler().cost = npumem_core::stream::CostModel::preset(preset)?;
+            Ok(PyDevice { inner: Mutex::new(device), config })
         })
     }
 
@@ -349,6 +353,7 @@ impl PyDevice {
             ("failed_mallocs", s.failed_mallocs),
             ("huge_fallbacks", s.huge_fallbacks),
             ("kind_mismatches", s.kind_mismatches),
+            ("lost_effects", s.lost_effects),
             ("live_count", s.live_count),
             ("live_requested", s.live_requested),
             ("live_granted", s.live_granted),
@@ -374,6 +379,192 @@ impl PyDevice {
     /// Returns cached, unused memory to the device (unmaps whole free segments).
     fn empty_cache(&self, py: Python<'_>) -> PyResult<()> {
         self.run(py, |d| d.empty_cache())
+    }
+
+    // ----- streams, events and the simulated clock -----
+
+    /// A new stream (an int handle; 0 is the default stream).
+    fn create_stream(&self) -> u64 {
+        self.inner.lock().scheduler().create_stream()
+    }
+
+    fn destroy_stream(&self, py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
+        let stream = uint_arg(stream, "stream")?;
+        self.run(py, |d| d.scheduler().destroy_stream(stream))
+    }
+
+    /// Blocks (on the simulated clock) until the stream's queued work is done.
+    #[pyo3(signature = (stream = None))]
+    fn synchronize_stream(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let stream = stream.map(|s| uint_arg(s, "stream")).transpose()?.unwrap_or(0);
+        self.run(py, |d| d.synchronize_stream(stream))
+    }
+
+    fn synchronize_device(&self, py: Python<'_>) -> PyResult<()> {
+        self.run(py, |d| {
+            d.synchronize_device();
+            Ok(())
+        })
+    }
+
+    fn create_event(&self) -> u64 {
+        self.inner.lock().scheduler().create_event()
+    }
+
+    fn destroy_event(&self, py: Python<'_>, event: &Bound<'_, PyAny>) -> PyResult<()> {
+        let event = uint_arg(event, "event")?;
+        self.run(py, |d| d.scheduler().destroy_event(event))
+    }
+
+    /// `aclrtRecordEvent`: the event completes when the stream's work queued so far has.
+    #[pyo3(signature = (event, stream = None))]
+    fn record_event(
+        &self,
+        py: Python<'_>,
+        event: &Bound<'_, PyAny>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let event = uint_arg(event, "event")?;
+        let stream = stream.map(|s| uint_arg(s, "stream")).transpose()?.unwrap_or(0);
+        self.run(py, |d| d.scheduler().record_event(event, stream))
+    }
+
+    /// `aclrtStreamWaitEvent`: work queued on `stream` after this starts once `event` completes.
+    fn stream_wait_event(&self, py: Python<'_>, stream: &Bound<'_, PyAny>, event: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (stream, event) = (uint_arg(stream, "stream")?, uint_arg(event, "event")?);
+        self.run(py, |d| d.scheduler().stream_wait_event(stream, event))
+    }
+
+    fn synchronize_event(&self, py: Python<'_>, event: &Bound<'_, PyAny>) -> PyResult<()> {
+        let event = uint_arg(event, "event")?;
+        self.run(py, |d| d.synchronize_event(event))
+    }
+
+    /// `aclrtQueryEvent` as pyACL returns it: 0 (ACL_EVENT_STATUS_COMPLETE) or 1 (NOT_READY).
+    fn query_event(&self, py: Python<'_>, event: &Bound<'_, PyAny>) -> PyResult<u32> {
+        let event = uint_arg(event, "event")?;
+        self.run(py, |d| d.query_event(event).map(|done| if done { 0 } else { 1 }))
+    }
+
+    /// Milliseconds between two recorded events on the device clock.
+    fn event_elapsed_time(&self, py: Python<'_>, start: &Bound<'_, PyAny>, end: &Bound<'_, PyAny>) -> PyResult<f64> {
+        let (start, end) = (uint_arg(start, "start")?, uint_arg(end, "end")?);
+        self.run(py, |d| d.event_elapsed_time(start, end))
+    }
+
+    /// `aclrtMemcpyAsync`: queues a copy on `stream`; returns (start_us, end_us) on the device
+    /// clock. Host memory must come from `malloc_host` (pinned), as async copies need.
+    #[pyo3(signature = (dst, dst_max, src, count, kind = None, stream = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn memcpy_async(
+        &self,
+        py: Python<'_>,
+        dst: &Bound<'_, PyAny>,
+        dst_max: &Bound<'_, PyAny>,
+        src: &Bound<'_, PyAny>,
+        count: &Bound<'_, PyAny>,
+        kind: Option<&Bound<'_, PyAny>>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<(f64, f64)> {
+        let (dst, src) = (uint_arg(dst, "dst")?, uint_arg(src, "src")?);
+        let (dst_max, count) = (size_arg(dst_max, "dst_max")?, size_arg(count, "count")?);
+        let kind = kind.map(|k| enum_arg(k, "kind")).transpose()?.unwrap_or(4);
+        let stream = stream.map(|s| uint_arg(s, "stream")).transpose()?.unwrap_or(0);
+        let (a, b) = self.run(py, |d| d.memcpy_async(dst, dst_max, src, count, kind, stream))?;
+        Ok((a as f64 / 1e3, b as f64 / 1e3))
+    }
+
+    /// `aclrtMemsetAsync`: queues a byte fill on `stream`; returns (start_us, end_us).
+    #[pyo3(signature = (ptr, dst_max, value, count, stream = None))]
+    fn memset_async(
+        &self,
+        py: Python<'_>,
+        ptr: &Bound<'_, PyAny>,
+        dst_max: &Bound<'_, PyAny>,
+        value: &Bound<'_, PyAny>,
+        count: &Bound<'_, PyAny>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<(f64, f64)> {
+        let ptr = uint_arg(ptr, "ptr")?;
+        let value = i32_arg(value, "value")?;
+        let (dst_max, count) = (size_arg(dst_max, "dst_max")?, size_arg(count, "count")?);
+        let stream = stream.map(|s| uint_arg(s, "stream")).transpose()?.unwrap_or(0);
+        let (a, b) = self.run(py, |d| d.memset_async(ptr, dst_max, value, count, stream))?;
+        Ok((a as f64 / 1e3, b as f64 / 1e3))
+    }
+
+    /// Queues a kernel of `duration` microseconds on `stream` that reads and writes the given
+    /// allocations; returns (start_us, end_us).
+    #[pyo3(signature = (stream, duration, reads = Vec::new(), writes = Vec::new()))]
+    fn launch(
+        &self,
+        py: Python<'_>,
+        stream: &Bound<'_, PyAny>,
+        duration: f64,
+        reads: Vec<u64>,
+        writes: Vec<u64>,
+    ) -> PyResult<(f64, f64)> {
+        let stream = uint_arg(stream, "stream")?;
+        if !(duration.is_finite() && duration >= 0.0) {
+            return Err(to_py(py, AclError::invalid_param(format!("duration must be >= 0 µs, got {duration}"))));
+        }
+        let ns = (duration * 1e3).round() as u64;
+        let (a, b) = self.run(py, |d| d.launch(stream, ns, &reads, &writes))?;
+        Ok((a as f64 / 1e3, b as f64 / 1e3))
+    }
+
+    /// The host's simulated clock, in microseconds.
+    fn now_us(&self) -> f64 {
+        self.inner.lock().scheduler().now_ns() as f64 / 1e3
+    }
+
+    /// The queued operations as dicts (stream, label, start_us, end_us, bytes), oldest first.
+    fn timeline<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let spans: Vec<_> = self.inner.lock().scheduler().timeline().cloned().collect();
+        let out = PyList::empty(py);
+        for s in spans {
+            let d = PyDict::new(py);
+            d.set_item("stream", s.stream)?;
+            d.set_item("label", s.label)?;
+            d.set_item("start_us", s.start_ns as f64 / 1e3)?;
+            d.set_item("end_us", s.end_ns as f64 / 1e3)?;
+            d.set_item("bytes", s.bytes)?;
+            out.append(d)?;
+        }
+        Ok(out)
+    }
+
+    /// The cost model's fields (bandwidths in bytes/s, times in ns).
+    fn cost_model<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let c = self.inner.lock().scheduler().cost.clone();
+        let d = PyDict::new(py);
+        d.set_item("name", c.name)?;
+        for (k, v) in [
+            ("hbm_bandwidth", c.hbm_bandwidth),
+            ("pcie_pinned_bandwidth", c.pcie_pinned_bandwidth),
+            ("pcie_pageable_bandwidth", c.pcie_pageable_bandwidth),
+            ("p2p_bandwidth", c.p2p_bandwidth),
+            ("pcie_latency_ns", c.pcie_latency_ns),
+            ("launch_ns", c.launch_ns),
+            ("driver_alloc_ns", c.driver_alloc_ns),
+            ("map_ns", c.map_ns),
+        ] {
+            d.set_item(k, v)?;
+        }
+        Ok(d)
+    }
+
+    /// Overrides one cost-model field.
+    fn set_cost(&self, py: Python<'_>, field: &str, value: f64) -> PyResult<()> {
+        self.run(py, |d| d.scheduler().cost.set(field, value))
+    }
+
+    /// Switches to a preset cost model ("ascend910b", "ascend310p").
+    fn use_preset(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+        self.run(py, |d| {
+            d.scheduler().cost = npumem_core::stream::CostModel::preset(name)?;
+            Ok(())
+        })
     }
 
     /// Unmaps/frees the coldest cached memory until at most `bytes` are reserved; returns the

@@ -1,0 +1,131 @@
+"""Streams, events and async copies on the simulated clock."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import npumem
+from npumem import MemcpyKind
+from npumem.pipelines import double_buffered, render_timeline
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def dev():
+    return npumem.Device("512MiB")
+
+
+def test_async_copy_lands_only_when_it_completes(dev):
+    n = 16 * MiB
+    host = dev.malloc_host(n)
+    buf = dev.malloc(n)
+    dev.write(host, np.full(n, 9, np.uint8))
+    dev.memset(buf, n, 0, n)
+    s = dev.create_stream()
+    start, end = dev.memcpy_async(buf, n, host, n, MemcpyKind.HOST_TO_DEVICE, s)
+    cost = dev.cost_model()
+    expected = (cost["pcie_latency_ns"] + n / cost["pcie_pinned_bandwidth"] * 1e9) / 1e3
+    assert end - start == pytest.approx(expected, abs=1e-3)
+    assert dev.now_us() < end
+    assert dev.to_numpy(buf, 4).tolist() == [0, 0, 0, 0]  # the host looks before the copy is done
+    dev.synchronize_stream(s)
+    assert dev.now_us() >= end
+    assert dev.to_numpy(buf + n - 4, 4).tolist() == [9, 9, 9, 9]
+
+
+def test_device_to_host_async_copy_into_pinned_memory(dev):
+    n = MiB
+    buf, host = dev.malloc(n), dev.malloc_host(n)
+    dev.write(buf, np.arange(n, dtype=np.uint8))
+    s = dev.create_stream()
+    dev.memset_async(buf, n, 42, 16, s)
+    dev.memcpy_async(host, n, buf, n, MemcpyKind.DEVICE_TO_HOST, s)
+    assert dev.read(host, 16) == bytes(16)
+    dev.synchronize_stream(s)
+    assert dev.read(host, 17) == bytes([42] * 16) + bytes([16])
+
+
+def test_events_order_streams_and_report_status(dev):
+    a, b = dev.malloc(MiB), dev.malloc(MiB)
+    compute, copy = dev.create_stream(), dev.create_stream()
+    _, kernel_end = dev.launch(compute, 2000.0, reads=[a], writes=[a])
+    done = dev.create_event()
+    dev.record_event(done, compute)
+    assert dev.query_event(done) == 1  # ACL_EVENT_STATUS_NOT_READY
+    dev.stream_wait_event(copy, done)
+    start, _ = dev.memcpy_async(b, MiB, a, MiB, MemcpyKind.DEVICE_TO_DEVICE, copy)
+    assert start == pytest.approx(kernel_end)
+    dev.synchronize_event(done)
+    assert dev.query_event(done) == 0  # ACL_EVENT_STATUS_COMPLETE
+    assert dev.now_us() == pytest.approx(kernel_end)
+    begin = dev.create_event()
+    dev.record_event(begin, dev.create_stream())
+    assert dev.event_elapsed_time(done, begin) == pytest.approx((dev.now_us() - kernel_end) / 1e3)
+    unrecorded = dev.create_event()
+    assert dev.query_event(unrecorded) == 0
+    with pytest.raises(npumem.InvalidParamError, match="never recorded"):
+        dev.event_elapsed_time(unrecorded, done)
+
+
+def test_stream_and_event_errors(dev):
+    with pytest.raises(npumem.InvalidParamError, match="stream 99"):
+        dev.launch(99, 1.0)
+    with pytest.raises(npumem.InvalidParamError, match="event 99"):
+        dev.record_event(99)
+    with pytest.raises(npumem.InvalidParamError, match="default stream"):
+        dev.destroy_stream(0)
+    s = dev.create_stream()
+    dev.destroy_stream(s)
+    with pytest.raises(npumem.InvalidParamError):
+        dev.synchronize_stream(s)
+    with pytest.raises(npumem.InvalidParamError, match="duration"):
+        dev.launch(0, -1.0)
+    with pytest.raises(npumem.InvalidParamError):
+        dev.launch(0, 1.0, reads=[12345])
+    host = dev.malloc_host(64)
+    buf = dev.malloc(64)
+    with pytest.raises(npumem.InvalidParamError, match="dst_max"):
+        dev.memcpy_async(buf, 10, host, 64, MemcpyKind.HOST_TO_DEVICE, 0)
+    with pytest.raises(npumem.InvalidParamError):
+        dev.memset_async(buf + 64, 64, 0, 1)
+
+
+def test_free_under_pending_work_drops_the_effect(dev):
+    host, buf = dev.malloc_host(MiB), dev.malloc(MiB)
+    dev.memcpy_async(buf, MiB, host, MiB, MemcpyKind.HOST_TO_DEVICE, dev.create_stream())
+    dev.free(buf)  # aclrtFree does not wait for queued work
+    dev.synchronize_device()
+    assert dev.stats()["lost_effects"] == 1
+
+
+def test_cost_model_presets_and_overrides(dev):
+    assert dev.cost_model()["name"] == "ascend910b"
+    dev.use_preset("ascend310p")
+    assert dev.cost_model()["hbm_bandwidth"] == pytest.approx(204.8e9)
+    dev.set_cost("launch_ns", 0)
+    s = dev.create_stream()
+    assert dev.launch(s, 10.0) == pytest.approx((dev.now_us(), dev.now_us() + 10.0))
+    with pytest.raises(npumem.InvalidParamError):
+        dev.set_cost("hbm_bandwidth", 0)
+    with pytest.raises(npumem.InvalidParamError, match="unknown cost field"):
+        dev.set_cost("warp_speed", 1)
+    with pytest.raises(npumem.InvalidParamError, match="preset"):
+        npumem.Device("64MiB", preset="gpu9000")
+
+
+def test_double_buffered_pipeline_overlaps_as_predicted():
+    dev = npumem.Device("1GiB")
+    serial = double_buffered(dev, batches=6, batch_bytes=32 * MiB, kernel_us=800.0, overlap=False)
+    piped = double_buffered(dev, batches=6, batch_bytes=32 * MiB, kernel_us=800.0, overlap=True)
+    assert serial.total_us == pytest.approx(serial.predicted_us, rel=1e-3)
+    assert piped.total_us == pytest.approx(piped.predicted_us, rel=1e-3)
+    assert piped.total_us < 0.65 * serial.total_us
+    copy_spans = [s for s in piped.timeline if s["label"] == "copy H2D"]
+    kernels = [s for s in piped.timeline if s["label"] == "kernel"]
+    # Batch i+1's copy runs while batch i computes.
+    assert any(c["start_us"] < k["end_us"] and k["start_us"] < c["end_us"] for c in copy_spans for k in kernels)
+    chart = render_timeline(piped.timeline, 60)
+    assert "C" in chart and "K" in chart and chart.count("stream") == 2
+    assert dev.memory_allocated() == 0
