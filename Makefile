@@ -8,7 +8,7 @@ STAMP := $(VENV)/.deps-stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run test build lint test-rust test-python bench bench-replay clean
+.PHONY: run test build lint test-rust test-python bench bench-replay bench-streams clean
 
 run: build
 	npumem demo
@@ -43,6 +43,9 @@ bench: build
 
 bench-replay: build
 	python benches/bench_replay.py
+
+bench-streams: build
+	python benches/bench_streams.py
 
 clean:
 	rm -rf $(VENV) target python/npumem/*.so
