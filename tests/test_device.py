@@ -277,6 +277,7 @@ def check_allocation(d: Device, ptr: int, size: int, policy: Policy, *, padded: 
         "granted": align_up(b, page),
         "policy": int(policy),
         "page_size": page,
+        "stream": 0,
     }
     assert VA_WINDOW_START <= ptr and ptr + a["granted"] <= VA_WINDOW_END
     assert ptr % 64 == 0 and ptr % page == 0
@@ -425,6 +426,9 @@ def test_fresh_allocation_stats_are_exact(dev):
         "huge_fallbacks": 0,
         "kind_mismatches": 0,
         "lost_effects": 0,
+        "deferred_frees": 0,
+        "pending_frees": 0,
+        "sync_reclaims": 0,
         "live_count": 1,
         "live_requested": 100,
         "live_granted": 4096,
@@ -1073,6 +1077,7 @@ class DeviceMachine(RuleBasedStateMachine):
             "granted": granted,
             "policy": int(policy),
             "page_size": expected,
+            "stream": 0,
         }
         assert VA_WINDOW_START <= ptr < ptr + granted <= VA_WINDOW_END
         assert ptr % 64 == 0

@@ -10,7 +10,7 @@
 //! byte outside a live allocation's requested size or a live host block is ever read or written;
 //! every failed call leaves the device as it was.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use crate::acl::{MemAttr, MemcpyKind, Policy};
 use crate::backend::{Backend, BackendCounters, SimBackend, SimConfig};
@@ -21,7 +21,7 @@ use crate::pool::{
     Action, Allocator, CachingAllocator, CachingConfig, DirectAllocator, Family, Fragmentation, History, PoolStats,
     Request, SegmentSnapshot, TraceEntry, VmmAllocator, VmmConfig,
 };
-use crate::stream::{CostModel, Effect, EventId, Scheduler, StreamId};
+use crate::stream::{CostModel, DEFAULT_STREAM, Effect, EventId, Scheduler, StreamId};
 use crate::units::format_size;
 use crate::vm::{FrameStats, PageSize, PageTableStats, Translation, is_device_address};
 
@@ -97,6 +97,8 @@ pub struct Allocation {
     pub granted: u64,
     pub policy: Policy,
     pub page: PageSize,
+    /// The stream the block was allocated for (its work is ordered before the free).
+    pub stream: StreamId,
 }
 
 /// Counters of the runtime layer.
@@ -112,6 +114,13 @@ pub struct DeviceStats {
     pub kind_mismatches: u64,
     /// Async effects dropped because their memory was freed before they completed.
     pub lost_effects: u64,
+    /// Frees whose memory went back to the allocator only once the streams using it completed.
+    pub deferred_frees: u64,
+    /// Frees still waiting for their streams.
+    pub pending_frees: u64,
+    /// Mallocs that hit out-of-memory, synchronised the device to reclaim pending frees, and
+    /// retried (PyTorch's `num_sync_all_streams`).
+    pub sync_reclaims: u64,
     pub live_count: u64,
     pub live_requested: u64,
     pub live_granted: u64,
@@ -139,6 +148,11 @@ pub struct Device {
     history: Option<History>,
     started: std::time::Instant,
     sched: Scheduler,
+    /// Streams besides its own that used a live allocation (`record_stream`).
+    stream_uses: HashMap<u64, Vec<StreamId>>,
+    /// Freed blocks waiting for their streams: (ready time, sequence) → (ptr, granted bytes).
+    pending_frees: BTreeMap<(u64, u64), (u64, u64)>,
+    free_seq: u64,
 }
 
 impl Device {
@@ -162,6 +176,9 @@ impl Device {
             history: None,
             started: std::time::Instant::now(),
             sched: Scheduler::new(CostModel::ascend910b()),
+            stream_uses: HashMap::new(),
+            pending_frees: BTreeMap::new(),
+            free_seq: 0,
         }
     }
 
@@ -210,19 +227,43 @@ impl Device {
 
     /// `aclrtMalloc`: books `ALIGN_UP(size, 32) + 32` bytes (no pad under HUGE1G).
     pub fn malloc(&mut self, size: u64, policy: Policy) -> Result<u64> {
-        self.malloc_inner(size, policy, true)
+        self.malloc_on(size, policy, true, DEFAULT_STREAM)
     }
 
     /// `aclrtMallocAlign32`: books `ALIGN_UP(size, 32)` bytes.
     pub fn malloc_align32(&mut self, size: u64, policy: Policy) -> Result<u64> {
-        self.malloc_inner(size, policy, false)
+        self.malloc_on(size, policy, false, DEFAULT_STREAM)
     }
 
-    fn malloc_inner(&mut self, size: u64, policy: Policy, padded: bool) -> Result<u64> {
-        let granted = booked_size(size, policy, padded).and_then(|booked| {
+    /// A malloc for `stream`: the block's later free is ordered after the stream's work;
+    /// `padded` picks `aclrtMalloc`'s booking over `aclrtMallocAlign32`'s.
+    pub fn malloc_on(&mut self, size: u64, policy: Policy, padded: bool, stream: StreamId) -> Result<u64> {
+        self.sched.tail_ns(stream)?;
+        self.settle();
+        let mut granted = self.allocate(size, policy, padded);
+        if granted.as_ref().is_err_and(|e| e.code.is_out_of_memory()) && !self.pending_frees.is_empty() {
+            // Memory is held by frees waiting for their streams: wait for them and retry.
+            self.stats.sync_reclaims += 1;
+            self.synchronize_device();
+            granted = self.allocate(size, policy, padded);
+        }
+        self.finish_malloc(granted, size, policy, stream)
+    }
+
+    fn allocate(&mut self, size: u64, policy: Policy, padded: bool) -> Result<(u64, crate::pool::Grant)> {
+        booked_size(size, policy, padded).and_then(|booked| {
             let request = Request { size, booked, policy };
             self.allocator.malloc(self.backend.as_mut(), &request).map(|g| (booked, g))
-        });
+        })
+    }
+
+    fn finish_malloc(
+        &mut self,
+        granted: Result<(u64, crate::pool::Grant)>,
+        size: u64,
+        policy: Policy,
+        stream: StreamId,
+    ) -> Result<u64> {
         let (booked, grant) = match granted {
             Ok(g) => g,
             Err(e) => {
@@ -243,7 +284,8 @@ impl Device {
         {
             self.stats.huge_fallbacks += 1;
         }
-        let allocation = Allocation { ptr: grant.ptr, size, booked, granted: grant.granted, policy, page: grant.page };
+        let allocation =
+            Allocation { ptr: grant.ptr, size, booked, granted: grant.granted, policy, page: grant.page, stream };
         self.live.insert(grant.ptr, allocation);
         self.trace(Action::Alloc, grant.ptr, grant.granted);
         let s = &mut self.stats;
@@ -280,20 +322,45 @@ impl Device {
         ))
     }
 
-    /// `aclrtFree`.
+    /// `aclrtFree`: the pointer is dead at once; its memory goes back to the allocator when the
+    /// work queued on its stream (and on every stream recorded with `record_stream`) has
+    /// completed, so no queued operation can see it reused.
     pub fn free(&mut self, ptr: u64) -> Result<()> {
+        self.free_on(ptr, None)
+    }
+
+    /// A free ordered on `stream` when given (as `aclrtMemPoolFreeAsync`: the memory is reusable
+    /// once that stream reaches this point, e.g. after it waited on an event recorded behind
+    /// the last use), else after the block's own stream and recorded streams.
+    pub fn free_on(&mut self, ptr: u64, stream: Option<StreamId>) -> Result<()> {
         if ptr == 0 {
             return Err(AclError::invalid_param("free(NULL): pass a pointer returned by malloc"));
         }
         let Some(allocation) = self.live.get(&ptr).copied() else {
             return Err(self.bad_pointer(ptr));
         };
-        self.allocator.free(self.backend.as_mut(), ptr)?;
+        let ready = match stream {
+            Some(s) => self.sched.tail_ns(s)?,
+            None => {
+                let uses = self.stream_uses.get(&ptr).map_or(&[][..], Vec::as_slice);
+                let own = self.sched.tail_ns(allocation.stream).unwrap_or(0);
+                uses.iter().filter_map(|&s| self.sched.tail_ns(s).ok()).fold(own, u64::max)
+            }
+        };
+        if ready <= self.sched.now_ns() {
+            self.allocator.free(self.backend.as_mut(), ptr)?;
+        }
         self.live.remove(&ptr);
-        // No stream holds the block (streams arrive with the streams issue): the free completes
-        // as it is requested.
+        self.stream_uses.remove(&ptr);
         self.trace(Action::FreeRequested, ptr, allocation.granted);
-        self.trace(Action::FreeCompleted, ptr, allocation.granted);
+        if ready <= self.sched.now_ns() {
+            self.trace(Action::FreeCompleted, ptr, allocation.granted);
+        } else {
+            self.free_seq += 1;
+            self.pending_frees.insert((ready, self.free_seq), (ptr, allocation.granted));
+            self.stats.deferred_frees += 1;
+            self.stats.pending_frees += 1;
+        }
         if self.recently_freed.len() == FREED_MEMORY {
             self.recently_freed.pop_front();
         }
@@ -304,6 +371,33 @@ impl Device {
         s.live_requested -= allocation.size;
         s.live_granted -= allocation.granted;
         Ok(())
+    }
+
+    /// `record_stream`: `stream` also uses the allocation at `ptr`; its free waits for that
+    /// stream's work too.
+    pub fn record_stream(&mut self, ptr: u64, stream: StreamId) -> Result<()> {
+        self.sched.tail_ns(stream)?;
+        let Some(allocation) = self.live.get(&ptr) else {
+            return Err(AclError::rt_param(format!("{ptr:#x} is not a live allocation; record_stream needs one")));
+        };
+        let uses = self.stream_uses.entry(ptr).or_default();
+        if stream != allocation.stream && !uses.contains(&stream) {
+            uses.push(stream);
+        }
+        Ok(())
+    }
+
+    /// Returns to the allocator the freed blocks whose streams have completed, in order of
+    /// completion (a stream that is still busy holds back only its own frees).
+    fn reap(&mut self) {
+        let rest = self.pending_frees.split_off(&(self.sched.now_ns() + 1, 0));
+        let due = std::mem::replace(&mut self.pending_frees, rest);
+        for (ptr, granted) in due.into_values() {
+            self.stats.pending_frees -= 1;
+            if self.allocator.free(self.backend.as_mut(), ptr).is_ok() {
+                self.trace(Action::FreeCompleted, ptr, granted);
+            }
+        }
     }
 
     fn bad_pointer(&self, ptr: u64) -> AclError {
@@ -540,6 +634,11 @@ impl Device {
     /// Applies the data effects of async work that has completed on the host clock. An effect
     /// whose memory was freed meanwhile is dropped and counted in `lost_effects`.
     fn settle(&mut self) {
+        self.reap_effects();
+        self.reap();
+    }
+
+    fn reap_effects(&mut self) {
         for effect in self.sched.take_due() {
             let applied = match effect {
                 Effect::Copy { dst, src, count } => self
@@ -666,6 +765,7 @@ impl Device {
 
     /// Returns cached memory to the backend (nothing to do for the direct allocator).
     pub fn empty_cache(&mut self) -> Result<()> {
+        self.settle();
         let result = self.allocator.empty_cache(self.backend.as_mut());
         self.flush_events();
         result

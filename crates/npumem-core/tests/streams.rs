@@ -71,3 +71,63 @@ fn freeing_under_pending_work_loses_the_effect() {
     d.synchronize_device();
     assert_eq!(d.stats().lost_effects, 1);
 }
+
+#[test]
+fn frees_wait_for_their_streams_then_any_stream_reuses_the_block() {
+    let mut d = device();
+    let n = 4 * MIB;
+    let compute = d.scheduler().create_stream();
+    let x = d.malloc_on(n, Policy::HugeFirst, true, compute).unwrap();
+    let (_, end) = d.launch(compute, 1_000_000, &[x], &[x]).unwrap();
+    d.free(x).unwrap();
+    assert_eq!(d.stats().pending_frees, 1, "the kernel still uses the memory");
+    let y = d.malloc(n, Policy::HugeFirst).unwrap();
+    assert_ne!(y, x, "not reused while the kernel runs");
+    d.synchronize_stream(compute).unwrap();
+    assert!(d.scheduler().now_ns() >= end);
+    d.free(y).unwrap();
+    let z = d.malloc(n, Policy::HugeFirst).unwrap();
+    assert_eq!(d.stats().pending_frees, 0);
+    assert!(z == x || z == y, "completed blocks are reusable by any stream");
+    assert_eq!(d.stats().deferred_frees, 1);
+}
+
+#[test]
+fn record_stream_and_stream_ordered_free() {
+    let mut d = device();
+    let n = MIB;
+    let (a, b, f) = (d.scheduler().create_stream(), d.scheduler().create_stream(), d.scheduler().create_stream());
+    let x = d.malloc_on(n, Policy::HugeFirst, true, a).unwrap();
+    d.launch(b, 2_000_000, &[x], &[]).unwrap();
+    d.record_stream(x, b).unwrap();
+    d.free(x).unwrap();
+    d.synchronize_stream(a).unwrap();
+    assert_eq!(d.stats().pending_frees, 1, "stream b still reads it");
+    d.synchronize_stream(b).unwrap();
+    assert_eq!(d.stats().pending_frees, 0);
+    // Event-driven free: the free stream waits on an event recorded after the last use.
+    let y = d.malloc_on(n, Policy::HugeFirst, true, a).unwrap();
+    let (_, used_until) = d.launch(a, 1_000_000, &[y], &[y]).unwrap();
+    let e = d.scheduler().create_event();
+    d.scheduler().record_event(e, a).unwrap();
+    d.scheduler().stream_wait_event(f, e).unwrap();
+    d.free_on(y, Some(f)).unwrap();
+    assert!(d.scheduler().now_ns() < used_until, "the host did not block");
+    assert_eq!(d.stats().pending_frees, 1);
+    d.synchronize_stream(f).unwrap();
+    assert_eq!(d.stats().pending_frees, 0);
+    assert!(d.record_stream(y, b).is_err(), "no longer live");
+}
+
+#[test]
+fn oom_waits_for_pending_frees_and_retries() {
+    let mut d = device();
+    let s = d.scheduler().create_stream();
+    let x = d.malloc_on(200 * MIB, Policy::HugeFirst, true, s).unwrap();
+    d.launch(s, 5_000_000, &[x], &[x]).unwrap();
+    d.free(x).unwrap();
+    let y = d.malloc(200 * MIB, Policy::HugeFirst).unwrap();
+    assert_eq!(d.stats().sync_reclaims, 1);
+    assert!(d.scheduler().now_ns() >= 5_000_000);
+    d.free(y).unwrap();
+}

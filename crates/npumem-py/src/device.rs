@@ -59,6 +59,20 @@ fn contiguous_buffer(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<PyUntyp
 }
 
 impl PyDevice {
+    fn malloc_impl(
+        &self,
+        py: Python<'_>,
+        size: &Bound<'_, PyAny>,
+        policy: Option<&Bound<'_, PyAny>>,
+        stream: Option<&Bound<'_, PyAny>>,
+        padded: bool,
+    ) -> PyResult<u64> {
+        let size = size_arg(size, "size")?;
+        let policy = policy.map(|p| enum_arg(p, "policy")).transpose()?.unwrap_or(0);
+        let stream = stream.map(|s| uint_arg(s, "stream")).transpose()?.unwrap_or(0);
+        self.run(py, |d| d.malloc_on(size, Policy::from_raw(policy)?, padded, stream))
+    }
+
     /// Runs `f` on the locked device; with `detach`, outside the interpreter so other Python
     /// threads run meanwhile (for transfers of at least `DETACH_BYTES`).
     fn run_detached_if<T: Send>(
@@ -153,28 +167,43 @@ impl PyDevice {
         self.inner.lock().allocator_name()
     }
 
-    #[pyo3(signature = (size, policy = None))]
-    fn malloc(&self, py: Python<'_>, size: &Bound<'_, PyAny>, policy: Option<&Bound<'_, PyAny>>) -> PyResult<u64> {
-        let size = size_arg(size, "size")?;
-        let policy = policy.map(|p| enum_arg(p, "policy")).transpose()?.unwrap_or(0);
-        self.run(py, |d| d.malloc(size, Policy::from_raw(policy)?))
+    /// `aclrtMalloc` for `stream` (the default stream when None).
+    #[pyo3(signature = (size, policy = None, stream = None))]
+    fn malloc(
+        &self,
+        py: Python<'_>,
+        size: &Bound<'_, PyAny>,
+        policy: Option<&Bound<'_, PyAny>>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<u64> {
+        self.malloc_impl(py, size, policy, stream, true)
     }
 
-    #[pyo3(signature = (size, policy = None))]
+    /// `aclrtMallocAlign32` for `stream`.
+    #[pyo3(signature = (size, policy = None, stream = None))]
     fn malloc_align32(
         &self,
         py: Python<'_>,
         size: &Bound<'_, PyAny>,
         policy: Option<&Bound<'_, PyAny>>,
+        stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<u64> {
-        let size = size_arg(size, "size")?;
-        let policy = policy.map(|p| enum_arg(p, "policy")).transpose()?.unwrap_or(0);
-        self.run(py, |d| d.malloc_align32(size, Policy::from_raw(policy)?))
+        self.malloc_impl(py, size, policy, stream, false)
     }
 
-    fn free(&self, py: Python<'_>, ptr: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// `aclrtFree`; with `stream`, the memory is reusable once that stream reaches this point
+    /// (an event-driven free), else once the block's streams finish their queued work.
+    #[pyo3(signature = (ptr, stream = None))]
+    fn free(&self, py: Python<'_>, ptr: &Bound<'_, PyAny>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let ptr = uint_arg(ptr, "ptr")?;
-        self.run(py, |d| d.free(ptr))
+        let stream = stream.map(|s| uint_arg(s, "stream")).transpose()?;
+        self.run(py, |d| d.free_on(ptr, stream))
+    }
+
+    /// Marks the allocation at `ptr` as used by `stream` too: its free waits for that stream.
+    fn record_stream(&self, py: Python<'_>, ptr: &Bound<'_, PyAny>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (ptr, stream) = (uint_arg(ptr, "ptr")?, uint_arg(stream, "stream")?);
+        self.run(py, |d| d.record_stream(ptr, stream))
     }
 
     fn malloc_host(&self, py: Python<'_>, size: &Bound<'_, PyAny>) -> PyResult<u64> {
@@ -354,6 +383,9 @@ impl PyDevice {
             ("huge_fallbacks", s.huge_fallbacks),
             ("kind_mismatches", s.kind_mismatches),
             ("lost_effects", s.lost_effects),
+            ("deferred_frees", s.deferred_frees),
+            ("pending_frees", s.pending_frees),
+            ("sync_reclaims", s.sync_reclaims),
             ("live_count", s.live_count),
             ("live_requested", s.live_requested),
             ("live_granted", s.live_granted),
@@ -740,5 +772,6 @@ fn allocation_dict<'py>(py: Python<'py>, a: &npumem_core::Allocation) -> PyResul
     dict.set_item("granted", a.granted)?;
     dict.set_item("policy", a.policy as u32)?;
     dict.set_item("page_size", a.page.bytes())?;
+    dict.set_item("stream", a.stream)?;
     Ok(dict)
 }

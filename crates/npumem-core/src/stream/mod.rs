@@ -230,6 +230,16 @@ impl Scheduler {
         self.now_ns = self.now_ns.max(last);
     }
 
+    /// When the work queued on `stream` so far completes (never earlier than the host clock).
+    pub fn tail_ns(&self, stream: StreamId) -> Result<u64> {
+        self.streams.get(&stream).map(|s| s.tail_ns.max(self.now_ns)).ok_or_else(|| {
+            AclError::new(
+                ErrorCode::RtParamInvalid,
+                format!("stream {stream} does not exist (destroyed, or never created); use create_stream()"),
+            )
+        })
+    }
+
     /// Whether `stream` still has work running on the host clock.
     pub fn stream_busy(&self, stream: StreamId) -> bool {
         self.streams.get(&stream).is_some_and(|s| s.tail_ns > self.now_ns)
