@@ -1,8 +1,11 @@
-"""Double-buffered pipeline on the simulated clock: one stream vs copy + compute streams.
+"""Streams on the simulated clock.
 
-For kernel times from half to twice the copy time, prints the simulated time of the serial
-schedule and of the overlapped one, the cost model's prediction for each, and the speedup the
-overlap gives (bounded by (copy + compute) / max(copy, compute)).
+1. Double-buffered pipeline, one stream vs copy + compute streams: for kernel times from half to
+   twice the copy time, the simulated time of each schedule, the cost model's prediction, and the
+   speedup the overlap gives (bounded by (copy + compute) / max(copy, compute)).
+2. Freeing scratch memory: synchronise-then-free vs event-driven free vs stream-ordered free
+   (npumem.pipelines.scratch_loop): total time, device idle time (the bubble), host blocks, and
+   peak reserved memory.
 
 Run: make bench-streams   (or: .venv/bin/python benches/bench_streams.py)
 """
@@ -10,7 +13,7 @@ Run: make bench-streams   (or: .venv/bin/python benches/bench_streams.py)
 from __future__ import annotations
 
 import npumem
-from npumem.pipelines import double_buffered
+from npumem.pipelines import FREE_MODES, double_buffered, scratch_loop
 
 
 def main() -> None:
@@ -35,5 +38,18 @@ def main() -> None:
             )
 
 
+def frees() -> None:
+    print("\nscratch loop: 50 iterations of malloc 64 MiB on a compute stream, 300 us kernel, free")
+    print(f"  {'free':<8} {'total us':>9} {'busy us':>8} {'idle us':>8} {'host blocks':>11} {'peak reserved':>13}")
+    for mode in FREE_MODES:
+        dev = npumem.Device("8GiB")
+        r = scratch_loop(dev, iterations=50, scratch_bytes=64 << 20, kernel_us=300.0, mode=mode)
+        print(
+            f"  {mode:<8} {r.total_us:9.0f} {r.device_busy_us:8.0f} {r.idle_us:8.0f} {r.host_blocked:11} "
+            f"{r.peak_reserved >> 20:10} MiB"
+        )
+
+
 if __name__ == "__main__":
     main()
+    frees()

@@ -429,6 +429,7 @@ def test_fresh_allocation_stats_are_exact(dev):
         "deferred_frees": 0,
         "pending_frees": 0,
         "sync_reclaims": 0,
+        "same_stream_reuses": 0,
         "live_count": 1,
         "live_requested": 100,
         "live_granted": 4096,

@@ -7,7 +7,7 @@ import pytest
 
 import npumem
 from npumem import MemcpyKind
-from npumem.pipelines import double_buffered, render_timeline
+from npumem.pipelines import double_buffered, render_timeline, scratch_loop
 
 MiB = 1 << 20
 
@@ -129,3 +129,68 @@ def test_double_buffered_pipeline_overlaps_as_predicted():
     chart = render_timeline(piped.timeline, 60)
     assert "C" in chart and "K" in chart and chart.count("stream") == 2
     assert dev.memory_allocated() == 0
+
+
+def test_frees_wait_for_queued_work_and_the_same_stream_reuses_at_once(dev):
+    s, other = dev.create_stream(), dev.create_stream()
+    x = dev.malloc(8 * MiB, stream=s)
+    assert dev.allocation(x)["stream"] == s
+    dev.launch(s, 1000.0, reads=[x], writes=[x])
+    dev.free(x)
+    st = dev.stats()
+    assert (st["deferred_frees"], st["pending_frees"]) == (1, 1)
+    with pytest.raises(npumem.InvalidParamError, match="use after free"):
+        dev.read(x, 1)
+    y = dev.malloc(8 * MiB, stream=other)
+    assert y != x  # another stream must wait for the kernel
+    z = dev.malloc(8 * MiB, stream=s)
+    assert z == x and dev.stats()["same_stream_reuses"] == 1
+    dev.free(y)
+    dev.free(z)
+    dev.synchronize_device()
+    assert dev.stats()["pending_frees"] == 0
+    with pytest.raises(npumem.InvalidParamError, match="stream 77"):
+        dev.malloc(16, stream=77)
+
+
+def test_record_stream_holds_the_free_for_the_other_stream(dev):
+    a, b = dev.create_stream(), dev.create_stream()
+    x = dev.malloc(MiB, stream=a)
+    dev.launch(b, 3000.0, reads=[x])
+    dev.record_stream(x, b)
+    dev.free(x)
+    dev.synchronize_stream(a)
+    assert dev.stats()["pending_frees"] == 1
+    dev.synchronize_stream(b)
+    assert dev.stats()["pending_frees"] == 0
+    with pytest.raises(npumem.InvalidParamError, match="not a live allocation"):
+        dev.record_stream(x, b)
+
+
+def test_out_of_memory_waits_for_pending_frees():
+    dev = npumem.Device("256MiB")
+    s = dev.create_stream()
+    x = dev.malloc(200 * MiB, stream=s)
+    dev.launch(s, 5000.0, writes=[x])
+    dev.free(x)
+    y = dev.malloc(200 * MiB)
+    assert dev.stats()["sync_reclaims"] == 1 and dev.now_us() >= 5000.0
+    dev.free(y)
+
+
+@pytest.mark.parametrize(
+    ("mode", "bubble", "peak_blocks"), [("sync", True, 1), ("event", False, 20), ("stream", False, 1)]
+)
+def test_scratch_loop_bubble_and_memory(mode, bubble, peak_blocks):
+    dev = npumem.Device("1GiB")
+    r = scratch_loop(dev, iterations=20, scratch_bytes=32 * MiB, kernel_us=200.0, mode=mode)
+    launch_us = dev.cost_model()["launch_ns"] / 1e3
+    assert r.device_busy_us == pytest.approx(20 * 200.0)
+    if bubble:
+        assert r.idle_us == pytest.approx(20 * launch_us, rel=0.01)
+        assert r.host_blocked == 20
+    else:
+        assert r.idle_us == pytest.approx(launch_us, rel=0.01)
+    assert r.peak_reserved == peak_blocks * 32 * MiB
+    with pytest.raises(ValueError):
+        scratch_loop(dev, mode="psychic")

@@ -92,3 +92,67 @@ def render_timeline(spans: list[dict[str, Any]], width: int = 80) -> str:
     lines = [f"  stream {sid:>2} |{''.join(row)}|" for sid, row in sorted(rows.items())]
     lines.append(f"  {'':9} 0{'':>{width - 12}}{t1 - t0:9.0f} us")
     return "\n".join(lines)
+
+
+@dataclass
+class FreeResult:
+    iterations: int
+    mode: str
+    total_us: float
+    device_busy_us: float
+    host_blocked: int
+    peak_reserved: int
+
+    @property
+    def idle_us(self) -> float:
+        """Device time spent waiting for the host (the synchronisation bubble)."""
+        return self.total_us - self.device_busy_us
+
+
+FREE_MODES = ("sync", "event", "stream")
+
+
+def scratch_loop(
+    dev: Device, *, iterations: int = 20, scratch_bytes: int = 32 << 20, kernel_us: float = 200.0, mode: str
+) -> FreeResult:
+    """Each iteration allocates a scratch buffer on a compute stream, runs a kernel on it and
+    frees it, in one of three ways:
+
+    - ``"sync"``: synchronise the stream, then free. The host blocks until the kernel is done,
+      so the next launch comes late and the device idles (the bubble).
+    - ``"event"``: record an event after the kernel, make a free stream wait on it and free on
+      that stream. The host never blocks; the memory comes back when the free stream passes the
+      event, so with the host running ahead each iteration takes a new block.
+    - ``"stream"``: free at once; the block waits for its own stream, and the next malloc on
+      that stream reuses it immediately (stream order makes it safe): no bubble, one block."""
+    if mode not in FREE_MODES:
+        raise ValueError(f"mode must be one of {FREE_MODES}")
+    compute = dev.create_stream()
+    free_stream = dev.create_stream()
+    done = dev.create_event()
+    dev.synchronize_device()
+    dev.reset_peak_memory_stats()
+    t0 = dev.now_us()
+    first = len(dev.timeline())
+    blocked = 0
+    for _ in range(iterations):
+        x = dev.malloc(scratch_bytes, Policy.HUGE_FIRST, compute)
+        dev.launch(compute, kernel_us, reads=[x], writes=[x])
+        if mode == "event":
+            dev.record_event(done, compute)
+            dev.stream_wait_event(free_stream, done)
+            dev.free(x, stream=free_stream)
+        elif mode == "sync":
+            dev.synchronize_stream(compute)
+            blocked += 1
+            dev.free(x)
+        else:
+            dev.free(x)
+    dev.synchronize_device()
+    total = dev.now_us() - t0
+    busy = sum(s["end_us"] - s["start_us"] for s in dev.timeline()[first:] if s["stream"] == compute)
+    peak = dev.max_memory_reserved()
+    dev.destroy_event(done)
+    dev.destroy_stream(compute)
+    dev.destroy_stream(free_stream)
+    return FreeResult(iterations, mode, total, busy, blocked, peak)

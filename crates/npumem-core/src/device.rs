@@ -121,6 +121,8 @@ pub struct DeviceStats {
     /// Mallocs that hit out-of-memory, synchronised the device to reclaim pending frees, and
     /// retried (PyTorch's `num_sync_all_streams`).
     pub sync_reclaims: u64,
+    /// Mallocs served by a block freed on the same stream whose old work is still queued.
+    pub same_stream_reuses: u64,
     pub live_count: u64,
     pub live_requested: u64,
     pub live_granted: u64,
@@ -150,8 +152,11 @@ pub struct Device {
     sched: Scheduler,
     /// Streams besides its own that used a live allocation (`record_stream`).
     stream_uses: HashMap<u64, Vec<StreamId>>,
-    /// Freed blocks waiting for their streams: (ready time, sequence) → (ptr, granted bytes).
-    pending_frees: BTreeMap<(u64, u64), (u64, u64)>,
+    /// Freed blocks waiting for their streams: (ready time, sequence) → the allocation.
+    pending_frees: BTreeMap<(u64, u64), Allocation>,
+    /// Pending frees that their own stream may reuse at once (stream order already puts the
+    /// new user after the old one): stream → (granted, ptr) → key in `pending_frees`.
+    same_stream: HashMap<StreamId, BTreeMap<(u64, u64), (u64, u64)>>,
     free_seq: u64,
 }
 
@@ -178,6 +183,7 @@ impl Device {
             sched: Scheduler::new(CostModel::ascend910b()),
             stream_uses: HashMap::new(),
             pending_frees: BTreeMap::new(),
+            same_stream: HashMap::new(),
             free_seq: 0,
         }
     }
@@ -240,6 +246,9 @@ impl Device {
     pub fn malloc_on(&mut self, size: u64, policy: Policy, padded: bool, stream: StreamId) -> Result<u64> {
         self.sched.tail_ns(stream)?;
         self.settle();
+        if let Some(ptr) = self.reuse_on_stream(size, policy, padded, stream)? {
+            return Ok(ptr);
+        }
         let mut granted = self.allocate(size, policy, padded);
         if granted.as_ref().is_err_and(|e| e.code.is_out_of_memory()) && !self.pending_frees.is_empty() {
             // Memory is held by frees waiting for their streams: wait for them and retry.
@@ -248,6 +257,29 @@ impl Device {
             granted = self.allocate(size, policy, padded);
         }
         self.finish_malloc(granted, size, policy, stream)
+    }
+
+    /// Serves a malloc on `stream` from a block freed on that stream whose work is still queued:
+    /// stream order runs the new work after the old, as PyTorch's per-stream pools rely on. The
+    /// block must be of the same policy, hold the request, and be at most twice its size.
+    fn reuse_on_stream(&mut self, size: u64, policy: Policy, padded: bool, stream: StreamId) -> Result<Option<u64>> {
+        let booked = booked_size(size, policy, padded)?;
+        let Some(index) = self.same_stream.get_mut(&stream) else { return Ok(None) };
+        let candidate = index
+            .range((size, 0)..)
+            .take(8)
+            .find(|&(&(granted, _), key)| {
+                granted <= size.saturating_mul(2) && self.pending_frees[key].policy.base() == policy.base()
+            })
+            .map(|(&k, &key)| (k, key));
+        let Some((index_key, key)) = candidate else { return Ok(None) };
+        index.remove(&index_key);
+        let old = self.pending_frees.remove(&key).expect("indexed pending free");
+        self.stats.pending_frees -= 1;
+        self.stats.same_stream_reuses += 1;
+        let allocation = Allocation { size, booked, policy, ..old };
+        self.record_live(allocation);
+        Ok(Some(old.ptr))
     }
 
     fn allocate(&mut self, size: u64, policy: Policy, padded: bool) -> Result<(u64, crate::pool::Grant)> {
@@ -286,15 +318,19 @@ impl Device {
         }
         let allocation =
             Allocation { ptr: grant.ptr, size, booked, granted: grant.granted, policy, page: grant.page, stream };
-        self.live.insert(grant.ptr, allocation);
-        self.trace(Action::Alloc, grant.ptr, grant.granted);
+        self.record_live(allocation);
+        Ok(grant.ptr)
+    }
+
+    fn record_live(&mut self, allocation: Allocation) {
+        self.live.insert(allocation.ptr, allocation);
+        self.trace(Action::Alloc, allocation.ptr, allocation.granted);
         let s = &mut self.stats;
         s.mallocs += 1;
         s.live_count += 1;
-        s.live_requested += size;
-        s.live_granted += grant.granted;
+        s.live_requested += allocation.size;
+        s.live_granted += allocation.granted;
         s.peak_granted = s.peak_granted.max(s.live_granted);
-        Ok(grant.ptr)
     }
 
     fn malloc_error(&self, e: AclError, size: u64, policy: Policy) -> AclError {
@@ -339,10 +375,11 @@ impl Device {
         let Some(allocation) = self.live.get(&ptr).copied() else {
             return Err(self.bad_pointer(ptr));
         };
+        let uses = self.stream_uses.get(&ptr).map_or(&[][..], Vec::as_slice);
+        let own_stream_only = uses.is_empty() && stream.is_none_or(|s| s == allocation.stream);
         let ready = match stream {
             Some(s) => self.sched.tail_ns(s)?,
             None => {
-                let uses = self.stream_uses.get(&ptr).map_or(&[][..], Vec::as_slice);
                 let own = self.sched.tail_ns(allocation.stream).unwrap_or(0);
                 uses.iter().filter_map(|&s| self.sched.tail_ns(s).ok()).fold(own, u64::max)
             }
@@ -357,7 +394,11 @@ impl Device {
             self.trace(Action::FreeCompleted, ptr, allocation.granted);
         } else {
             self.free_seq += 1;
-            self.pending_frees.insert((ready, self.free_seq), (ptr, allocation.granted));
+            let key = (ready, self.free_seq);
+            self.pending_frees.insert(key, allocation);
+            if own_stream_only {
+                self.same_stream.entry(allocation.stream).or_default().insert((allocation.granted, ptr), key);
+            }
             self.stats.deferred_frees += 1;
             self.stats.pending_frees += 1;
         }
@@ -392,10 +433,13 @@ impl Device {
     fn reap(&mut self) {
         let rest = self.pending_frees.split_off(&(self.sched.now_ns() + 1, 0));
         let due = std::mem::replace(&mut self.pending_frees, rest);
-        for (ptr, granted) in due.into_values() {
+        for a in due.into_values() {
             self.stats.pending_frees -= 1;
-            if self.allocator.free(self.backend.as_mut(), ptr).is_ok() {
-                self.trace(Action::FreeCompleted, ptr, granted);
+            if let Some(index) = self.same_stream.get_mut(&a.stream) {
+                index.remove(&(a.granted, a.ptr));
+            }
+            if self.allocator.free(self.backend.as_mut(), a.ptr).is_ok() {
+                self.trace(Action::FreeCompleted, a.ptr, a.granted);
             }
         }
     }

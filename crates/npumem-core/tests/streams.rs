@@ -131,3 +131,24 @@ fn oom_waits_for_pending_frees_and_retries() {
     assert!(d.scheduler().now_ns() >= 5_000_000);
     d.free(y).unwrap();
 }
+
+#[test]
+fn the_same_stream_reuses_a_block_at_once() {
+    let mut d = device();
+    let n = 8 * MIB;
+    let s = d.scheduler().create_stream();
+    let x = d.malloc_on(n, Policy::HugeFirst, true, s).unwrap();
+    d.launch(s, 1_000_000, &[x], &[x]).unwrap();
+    d.free(x).unwrap();
+    let y = d.malloc_on(n - 100, Policy::HugeFirst, true, s).unwrap();
+    assert_eq!(y, x, "stream order makes the reuse safe");
+    assert_eq!((d.stats().same_stream_reuses, d.stats().pending_frees), (1, 0));
+    assert_eq!(d.allocation(y).unwrap().size, n - 100);
+    // Another policy, another stream, or a much smaller request does not take it.
+    d.free(y).unwrap();
+    let z = d.malloc_on(n, Policy::NormalOnly, true, s).unwrap();
+    let w = d.malloc_on(n / 4, Policy::HugeFirst, true, s).unwrap();
+    assert!(z != x && w != x);
+    d.synchronize_device();
+    assert_eq!(d.stats().pending_frees, 0);
+}

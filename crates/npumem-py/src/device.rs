@@ -386,6 +386,7 @@ impl PyDevice {
             ("deferred_frees", s.deferred_frees),
             ("pending_frees", s.pending_frees),
             ("sync_reclaims", s.sync_reclaims),
+            ("same_stream_reuses", s.same_stream_reuses),
             ("live_count", s.live_count),
             ("live_requested", s.live_requested),
             ("live_granted", s.live_granted),
