@@ -197,7 +197,8 @@ def streams(out: TextIO) -> None:
     out.write(render_timeline(piped.timeline, 80) + "\n\n")
     out.write("  Freeing scratch memory, 20 x (malloc 32 MiB on a stream, 200 us kernel, free):\n")
     rows = []
-    for mode, label in [("sync", "synchronise, then free"), ("event", "event-driven free"), ("stream", "stream-ordered")]:
+    modes = [("sync", "synchronise, then free"), ("event", "event-driven free"), ("stream", "stream-ordered")]
+    for mode, label in modes:
         r = scratch_loop(Device("2GiB"), iterations=20, scratch_bytes=32 << 20, kernel_us=200.0, mode=mode)
         rows.append([label, f"{r.total_us:.0f}", f"{r.idle_us:.0f}", r.host_blocked, fmt(r.peak_reserved)])
     _table(out, ["free", "total us", "device idle us", "host blocks", "peak reserved"], rows)
