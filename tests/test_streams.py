@@ -194,3 +194,18 @@ def test_scratch_loop_bubble_and_memory(mode, bubble, peak_blocks):
     assert r.peak_reserved == peak_blocks * 32 * MiB
     with pytest.raises(ValueError):
         scratch_loop(dev, mode="psychic")
+
+
+def test_pageable_async_copies_are_synchronous_and_stream_ordered(dev):
+    s = dev.create_stream()
+    buf = dev.malloc(4 * MiB)
+    _, kernel_end = dev.launch(s, 3000.0, writes=[buf])
+    data = np.arange(4 * MiB, dtype=np.uint8)
+    dev.write(buf, data, stream=s)  # pageable: returns only when done, after the kernel
+    assert dev.now_us() > kernel_end
+    spans = [x for x in dev.timeline() if x["label"] == "copy H2D (pageable)"]
+    assert spans and spans[-1]["start_us"] == pytest.approx(kernel_end)
+    assert np.array_equal(dev.to_numpy(buf, 4 * MiB, stream=s), data)
+    host = dev.malloc_host(16)
+    with pytest.raises(npumem.InvalidParamError, match="host memory"):
+        dev.write(host, b"x" * 16, stream=s)

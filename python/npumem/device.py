@@ -38,27 +38,32 @@ class Device(_native.Device):
     AscendCL ``code``.
     """
 
-    def write(self, ptr: int, buffer: Any) -> None:
-        """Writes the bytes of ``buffer`` (bytes-like, or a numpy array or scalar of any layout) at ``ptr``."""
+    def write(self, ptr: int, buffer: Any, stream: int | None = None) -> None:
+        """Writes the bytes of ``buffer`` (bytes-like, or a numpy array or scalar of any layout) at
+        ``ptr``; with ``stream``, queued on it and completed before returning (pageable memory)."""
         if isinstance(buffer, (np.ndarray, np.generic)):
             buffer = _bytes_of(buffer)
-        super().write(ptr, buffer)
+        super().write(ptr, buffer, stream)
 
-    def read_into(self, ptr: int, buffer: Any) -> None:
-        """Fills ``buffer`` (a writable bytes-like object or C-contiguous numpy array) from ``ptr``."""
+    def read_into(self, ptr: int, buffer: Any, stream: int | None = None) -> None:
+        """Fills ``buffer`` (a writable bytes-like object or C-contiguous numpy array) from ``ptr``;
+        with ``stream``, after the stream's queued work."""
         if isinstance(buffer, np.ndarray):
             if buffer.dtype.hasobject:
                 raise invalid_param("cannot read raw bytes into an array of Python objects; use a numeric dtype")
             if not buffer.flags.c_contiguous:
                 raise invalid_param("the array is not C-contiguous; read into numpy.empty_like(x) and copy")
             buffer = buffer.reshape(-1).view(np.uint8)
-        super().read_into(ptr, buffer)
+        super().read_into(ptr, buffer, stream)
 
-    def to_numpy(self, ptr: int, shape: int | tuple[int, ...], dtype: Any = np.uint8) -> np.ndarray:
-        """Copies the bytes at ``ptr`` into a new array of ``shape`` and ``dtype``."""
+    def to_numpy(
+        self, ptr: int, shape: int | tuple[int, ...], dtype: Any = np.uint8, stream: int | None = None
+    ) -> np.ndarray:
+        """Copies the bytes at ``ptr`` into a new array of ``shape`` and ``dtype`` (after
+        ``stream``'s queued work when given)."""
         out = np.empty(shape, dtype=dtype)
         if out.nbytes:
-            self.read_into(ptr, out)
+            self.read_into(ptr, out, stream)
         return out
 
     def from_numpy(self, array: np.ndarray, policy: int = Policy.HUGE_FIRST) -> int:

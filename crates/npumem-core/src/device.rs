@@ -136,6 +136,9 @@ enum Side {
     Host,
 }
 
+/// A pending free's key: (the time its streams complete, a sequence number).
+type PendingKey = (u64, u64);
+
 /// How many recently freed pointers are remembered to name double frees.
 const FREED_MEMORY: usize = 4096;
 
@@ -152,11 +155,11 @@ pub struct Device {
     sched: Scheduler,
     /// Streams besides its own that used a live allocation (`record_stream`).
     stream_uses: HashMap<u64, Vec<StreamId>>,
-    /// Freed blocks waiting for their streams: (ready time, sequence) → the allocation.
-    pending_frees: BTreeMap<(u64, u64), Allocation>,
+    /// Freed blocks waiting for their streams, by `PendingKey` (ready time, sequence).
+    pending_frees: BTreeMap<PendingKey, Allocation>,
     /// Pending frees that their own stream may reuse at once (stream order already puts the
     /// new user after the old one): stream → (granted, ptr) → key in `pending_frees`.
-    same_stream: HashMap<StreamId, BTreeMap<(u64, u64), (u64, u64)>>,
+    same_stream: HashMap<StreamId, BTreeMap<(u64, u64), PendingKey>>,
     free_seq: u64,
 }
 
@@ -750,6 +753,43 @@ impl Device {
             }
         }
         Ok(())
+    }
+
+    /// An async copy from pageable host memory (`data`) to device memory on `stream`: as in the
+    /// real runtime it is synchronous, returning once the copy, queued behind the stream's work,
+    /// has completed. Returns (start, end) on the device clock.
+    pub fn write_on(&mut self, ptr: u64, data: &[u8], stream: StreamId) -> Result<(u64, u64)> {
+        self.settle();
+        let count = data.len() as u64;
+        if count > 0 && self.side(ptr, count, "destination")? == Side::Host {
+            return Err(AclError::rt_param("write with a stream targets device memory; this is host memory"));
+        }
+        let ns = self.sched.cost.copy_ns(count, false, true, false);
+        let span = self.sched.enqueue(stream, ns, "copy H2D (pageable)", count, None)?;
+        self.sched.wait_until(span.1);
+        self.settle();
+        if count > 0 {
+            self.backend.write(ptr, data)?;
+        }
+        Ok(span)
+    }
+
+    /// An async copy from device memory to pageable host memory on `stream`: synchronous, like
+    /// `write_on`, and ordered after the stream's queued work.
+    pub fn read_on(&mut self, ptr: u64, out: &mut [u8], stream: StreamId) -> Result<(u64, u64)> {
+        self.settle();
+        let count = out.len() as u64;
+        if count > 0 && self.side(ptr, count, "source")? == Side::Host {
+            return Err(AclError::rt_param("read with a stream reads device memory; this is host memory"));
+        }
+        let ns = self.sched.cost.copy_ns(count, true, false, false);
+        let span = self.sched.enqueue(stream, ns, "copy D2H (pageable)", count, None)?;
+        self.sched.wait_until(span.1);
+        self.settle();
+        if count > 0 {
+            self.backend.read(ptr, out)?;
+        }
+        Ok(span)
     }
 
     /// Reads `out.len()` bytes at `ptr` (device or `malloc_host` memory) into pageable memory.

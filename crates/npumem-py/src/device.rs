@@ -246,9 +246,19 @@ impl PyDevice {
         self.run(py, |d| d.memset(ptr, dst_max, value, count))
     }
 
-    /// Writes the bytes of a C-contiguous buffer (bytes, bytearray, memoryview, numpy array) at `ptr`.
-    fn write(&self, py: Python<'_>, ptr: &Bound<'_, PyAny>, buffer: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// Writes the bytes of a C-contiguous buffer (bytes, bytearray, memoryview, numpy array) at
+    /// `ptr`. With `stream`, the copy is queued on that stream; the buffer is pageable host
+    /// memory, so the call returns once the copy has completed, as in the real runtime.
+    #[pyo3(signature = (ptr, buffer, stream = None))]
+    fn write(
+        &self,
+        py: Python<'_>,
+        ptr: &Bound<'_, PyAny>,
+        buffer: &Bound<'_, PyAny>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
         let ptr = uint_arg(ptr, "ptr")?;
+        let stream = stream.map(|s| uint_arg(s, "stream")).transpose()?;
         let buf = contiguous_buffer(buffer, false)?;
         let view = RawView { ptr: buf.buf_ptr().cast(), len: buf.len_bytes() };
         let large = view.len >= DETACH_BYTES;
@@ -257,7 +267,10 @@ impl PyDevice {
             // SAFETY: `buf` (alive until this function returns) keeps the exported memory valid
             // and unmoved; it is read as plain bytes.
             let data = unsafe { std::slice::from_raw_parts(v.ptr as *const u8, v.len) };
-            d.write(ptr, data)
+            match stream {
+                Some(s) => d.write_on(ptr, data, s).map(|_| ()),
+                None => d.write(ptr, data),
+            }
         });
         drop(buf);
         result
@@ -285,9 +298,18 @@ impl PyDevice {
         failure.map_or(Ok(bytes), Err)
     }
 
-    /// Fills a writable C-contiguous buffer (e.g. a numpy array) with the bytes at `ptr`.
-    fn read_into(&self, py: Python<'_>, ptr: &Bound<'_, PyAny>, buffer: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// Fills a writable C-contiguous buffer (e.g. a numpy array) with the bytes at `ptr`; with
+    /// `stream`, after the stream's queued work (synchronously, as for any pageable copy).
+    #[pyo3(signature = (ptr, buffer, stream = None))]
+    fn read_into(
+        &self,
+        py: Python<'_>,
+        ptr: &Bound<'_, PyAny>,
+        buffer: &Bound<'_, PyAny>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
         let ptr = uint_arg(ptr, "ptr")?;
+        let stream = stream.map(|s| uint_arg(s, "stream")).transpose()?;
         let buf = contiguous_buffer(buffer, true)?;
         let view = RawView { ptr: buf.buf_ptr().cast(), len: buf.len_bytes() };
         let large = view.len >= DETACH_BYTES;
@@ -296,7 +318,10 @@ impl PyDevice {
             // SAFETY: `buf` keeps the writable export alive and unmoved until this function
             // returns; npumem is the only Rust code writing through it.
             let out = unsafe { std::slice::from_raw_parts_mut(v.ptr, v.len) };
-            d.read(ptr, out)
+            match stream {
+                Some(s) => d.read_on(ptr, out, s).map(|_| ()),
+                None => d.read(ptr, out),
+            }
         });
         drop(buf);
         result

@@ -230,6 +230,11 @@ impl Scheduler {
         self.now_ns = self.now_ns.max(last);
     }
 
+    /// Blocks the host until `time_ns` on the device clock.
+    pub fn wait_until(&mut self, time_ns: u64) {
+        self.now_ns = self.now_ns.max(time_ns);
+    }
+
     /// When the work queued on `stream` so far completes (never earlier than the host clock).
     pub fn tail_ns(&self, stream: StreamId) -> Result<u64> {
         self.streams.get(&stream).map(|s| s.tail_ns.max(self.now_ns)).ok_or_else(|| {
