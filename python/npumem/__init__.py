@@ -13,6 +13,7 @@ from .errors import (
     InvalidParamError,
     MemoryFreeError,
     OutOfMemoryError,
+    SanitizerError,
     UnsupportedError,
 )
 
@@ -29,6 +30,7 @@ __all__ = [
     "MemoryFreeError",
     "OutOfMemoryError",
     "Policy",
+    "SanitizerError",
     "UnsupportedError",
     "__version__",
     "format_size",

@@ -58,6 +58,20 @@ class InternalError(AclError, RuntimeError):
     """A bug inside npumem; the device state was left unchanged where possible."""
 
 
+class SanitizerError(AclError, RuntimeError):
+    """A memory-sanitizer finding raised under ``Device(sanitizer="raise")``; ``.kind`` names it
+    (``race``, ``pending_write_read``, ...). The operation did not run."""
+
+    kind: str
+
+    def __init__(self, code: int, name: str, message: str, kind: str = "") -> None:
+        super().__init__(code, name, message)
+        self.kind = kind
+
+    def __reduce__(self):
+        return (type(self), (self.code, self.name, self.message, self.kind))
+
+
 _BY_CODE: dict[int, type[AclError]] = {
     ACL_ERROR_INVALID_PARAM: InvalidParamError,
     ACL_ERROR_RT_PARAM_INVALID: InvalidParamError,
@@ -75,6 +89,8 @@ def invalid_param(message: str) -> InvalidParamError:
     return InvalidParamError(ACL_ERROR_INVALID_PARAM, "ACL_ERROR_INVALID_PARAM", message)
 
 
-def _from_native(code: int, name: str, message: str) -> AclError:
+def _from_native(code: int, name: str, message: str, finding: str | None = None) -> AclError:
     """Called by the native module to build the exception for an error code."""
+    if finding is not None:
+        return SanitizerError(code, name, message, finding)
     return _BY_CODE.get(code, AclError)(code, name, message)

@@ -21,6 +21,7 @@ use crate::pool::{
     Action, Allocator, CachingAllocator, CachingConfig, DirectAllocator, Family, Fragmentation, History, PoolStats,
     Request, SegmentSnapshot, TraceEntry, VmmAllocator, VmmConfig,
 };
+use crate::sanitizer::{Finding, FindingKind, HOST, Sanitizer, SanitizerMode};
 use crate::stream::{CostModel, DEFAULT_STREAM, Effect, EventId, Scheduler, StreamId};
 use crate::units::format_size;
 use crate::vm::{FrameStats, PageSize, PageTableStats, Translation, is_device_address};
@@ -161,6 +162,7 @@ pub struct Device {
     /// new user after the old one): stream → (granted, ptr) → key in `pending_frees`.
     same_stream: HashMap<StreamId, BTreeMap<(u64, u64), PendingKey>>,
     free_seq: u64,
+    sanitizer: Sanitizer,
 }
 
 impl Device {
@@ -188,6 +190,7 @@ impl Device {
             pending_frees: BTreeMap::new(),
             same_stream: HashMap::new(),
             free_seq: 0,
+            sanitizer: Sanitizer::new(SanitizerMode::Collect),
         }
     }
 
@@ -376,7 +379,19 @@ impl Device {
             return Err(AclError::invalid_param("free(NULL): pass a pointer returned by malloc"));
         }
         let Some(allocation) = self.live.get(&ptr).copied() else {
-            return Err(self.bad_pointer(ptr));
+            let error = self.bad_pointer(ptr);
+            if self.recently_freed.contains(&ptr) {
+                let finding = Finding {
+                    kind: FindingKind::DoubleFree,
+                    message: error.message.clone(),
+                    addr: ptr,
+                    size: 0,
+                    allocation: Some(ptr),
+                    streams: vec![],
+                };
+                let _ = self.sanitizer.report(finding, false);
+            }
+            return Err(error);
         };
         let uses = self.stream_uses.get(&ptr).map_or(&[][..], Vec::as_slice);
         let own_stream_only = uses.is_empty() && stream.is_none_or(|s| s == allocation.stream);
@@ -392,6 +407,7 @@ impl Device {
         }
         self.live.remove(&ptr);
         self.stream_uses.remove(&ptr);
+        self.sanitizer.forget(ptr);
         self.trace(Action::FreeRequested, ptr, allocation.granted);
         if ready <= self.sched.now_ns() {
             self.trace(Action::FreeCompleted, ptr, allocation.granted);
@@ -489,46 +505,87 @@ impl Device {
     }
 
     /// Classifies `[addr, addr + len)` and checks that it lies wholly in one live allocation.
-    fn side(&self, addr: u64, len: u64, role: &str) -> Result<Side> {
+    fn side(&mut self, addr: u64, len: u64, role: &str) -> Result<Side> {
+        self.classify(addr, len, role).map_err(|(error, kind)| {
+            if let Some(kind) = kind {
+                let finding = Finding {
+                    kind,
+                    message: error.message.clone(),
+                    addr,
+                    size: len,
+                    allocation: None,
+                    streams: vec![],
+                };
+                let _ = self.sanitizer.report(finding, false);
+            }
+            error
+        })
+    }
+
+    /// Where `[addr, addr + len)` lives, or the error (and the sanitizer finding it makes).
+    fn classify(&self, addr: u64, len: u64, role: &str) -> std::result::Result<Side, (AclError, Option<FindingKind>)> {
         if addr == 0 {
-            return Err(AclError::invalid_param(format!("{role} is NULL")));
+            return Err((AclError::invalid_param(format!("{role} is NULL")), None));
         }
         if is_device_address(addr) {
             let a = self.live.range(..=addr).next_back().map(|(_, a)| a).filter(|a| addr < a.ptr + a.size);
             let Some(a) = a else {
-                let why = if self.containing(addr).is_some() {
-                    "lies in the padding past the requested size of an allocation"
+                let (why, kind) = if self.containing(addr).is_some() {
+                    ("lies in the padding past the requested size of an allocation", FindingKind::OutOfBounds)
                 } else {
-                    "is not inside a live device allocation (freed already? use after free)"
+                    (
+                        "is not inside a live device allocation (freed already? use after free)",
+                        FindingKind::UseAfterFree,
+                    )
                 };
-                return Err(AclError::rt_param(format!("{role} {addr:#x} {why}")));
+                return Err((AclError::rt_param(format!("{role} {addr:#x} {why}")), Some(kind)));
             };
             let end = a.ptr + a.size;
             if addr.checked_add(len).is_none_or(|e| e > end) {
-                return Err(AclError::rt_param(format!(
+                let error = AclError::rt_param(format!(
                     "{len} bytes at {role} {addr:#x} run {} bytes past the end of the allocation at {:#x} \
                      ({} bytes); copy less or allocate more",
                     addr.saturating_add(len) - end,
                     a.ptr,
                     a.size
-                )));
+                ));
+                return Err((error, Some(FindingKind::OutOfBounds)));
             }
             return Ok(Side::Device);
         }
         if self.host.contains(addr) {
-            self.host.check(addr, len).map_err(|e| AclError::rt_param(format!("{role}: {}", e.message)))?;
+            self.host
+                .check(addr, len)
+                .map_err(|e| (AclError::rt_param(format!("{role}: {}", e.message)), Some(FindingKind::OutOfBounds)))?;
             return Ok(Side::Host);
         }
-        Err(AclError::rt_param(format!(
-            "{role} {addr:#x} is neither a device address nor host memory from malloc_host; pass \
-             Python data with write()/read(), or copy it into a malloc_host buffer first"
-        )))
+        Err((
+            AclError::rt_param(format!(
+                "{role} {addr:#x} is neither a device address nor host memory from malloc_host; pass \
+                 Python data with write()/read(), or copy it into a malloc_host buffer first"
+            )),
+            None,
+        ))
+    }
+
+    /// The start of the (device or host) allocation holding `addr`, for the sanitizer.
+    fn base_of(&self, addr: u64) -> u64 {
+        self.containing(addr).map(|a| a.ptr).or_else(|| self.host.block_start(addr)).unwrap_or(addr)
+    }
+
+    /// Tells the sanitizer about an access by `stream` (epoch `epoch`) or by the host (`HOST`).
+    fn touch(&mut self, stream: StreamId, epoch: u64, addr: u64, len: u64, write: bool) -> Result<()> {
+        if !self.sanitizer.enabled() || len == 0 {
+            return Ok(());
+        }
+        let base = self.base_of(addr);
+        self.sanitizer.access(stream, epoch, base, addr, addr + len, write)
     }
 
     /// Checks that `[ptr, ptr + len)` may be read or written (device or `malloc_host` memory),
     /// without touching it: the check `read`/`write` make first, for callers that must size a
     /// buffer before they copy.
-    pub fn check_range(&self, ptr: u64, len: u64) -> Result<()> {
+    pub fn check_range(&mut self, ptr: u64, len: u64) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
@@ -555,8 +612,27 @@ impl Device {
         let dst_side = self.side(dst, count, "destination")?;
         let src_side = self.side(src, count, "source")?;
         if let Some(named) = kind.direction() {
-            if named != (src_side == Side::Device, dst_side == Side::Device) {
+            let actual = (src_side == Side::Device, dst_side == Side::Device);
+            if named != actual {
                 self.stats.kind_mismatches += 1;
+                let side = |device: bool| if device { "device" } else { "host" };
+                let message = format!(
+                    "{} copies {} to {}, but the addresses say {} to {} (the runtime ignores the kind)",
+                    kind.name(),
+                    side(named.0),
+                    side(named.1),
+                    side(actual.0),
+                    side(actual.1)
+                );
+                let finding = Finding {
+                    kind: FindingKind::KindMismatch,
+                    message,
+                    addr: dst,
+                    size: count,
+                    allocation: None,
+                    streams: vec![],
+                };
+                self.sanitizer.report(finding, false)?;
             }
         }
         Ok((dst != src).then_some((dst_side, src_side)))
@@ -596,6 +672,8 @@ impl Device {
         let Some((dst_side, src_side)) = self.check_copy(dst, dst_max, src, count, kind)? else {
             return Ok(());
         };
+        self.touch(HOST, 0, src, count, false)?;
+        self.touch(HOST, 0, dst, count, true)?;
         self.move_bytes(dst, dst_side, src, src_side, count)?;
         let ns = self.sched.cost.copy_ns(count, src_side == Side::Device, dst_side == Side::Device, true);
         self.sched.advance(ns);
@@ -615,9 +693,13 @@ impl Device {
         stream: StreamId,
     ) -> Result<(u64, u64)> {
         self.settle();
+        self.sched.tail_ns(stream)?;
         let Some((dst_side, src_side)) = self.check_copy(dst, dst_max, src, count, kind)? else {
             return self.sched.enqueue(stream, 0, "memcpy", 0, None);
         };
+        let epoch = self.sanitizer.on_enqueue(stream);
+        self.touch(stream, epoch, src, count, false)?;
+        self.touch(stream, epoch, dst, count, true)?;
         let ns = self.sched.cost.copy_ns(count, src_side == Side::Device, dst_side == Side::Device, true);
         let label = match (src_side, dst_side) {
             (Side::Host, Side::Device) => "copy H2D",
@@ -640,6 +722,7 @@ impl Device {
             )));
         }
         let side = self.side(ptr, count, "destination")?;
+        self.touch(HOST, 0, ptr, count, true)?;
         self.fill_bytes(ptr, side, value as u8, count)?;
         self.sched.advance(self.sched.cost.fill_ns(count));
         Ok(())
@@ -660,9 +743,12 @@ impl Device {
                 "count {count} is larger than dst_max {dst_max}; the memset would overflow the destination"
             )));
         }
+        self.sched.tail_ns(stream)?;
         if count > 0 {
             self.side(ptr, count, "destination")?;
         }
+        let epoch = self.sanitizer.on_enqueue(stream);
+        self.touch(stream, epoch, ptr, count, true)?;
         let ns = self.sched.cost.fill_ns(count);
         let effect = (count > 0).then_some(Effect::Fill { dst: ptr, value: value as u8, count });
         self.sched.enqueue(stream, ns, "memset", count, effect)
@@ -672,8 +758,15 @@ impl Device {
     /// `reads` and `writes` (checked to be live; their bytes are left as they are).
     pub fn launch(&mut self, stream: StreamId, duration_ns: u64, reads: &[u64], writes: &[u64]) -> Result<(u64, u64)> {
         self.settle();
+        self.sched.tail_ns(stream)?;
         for &p in reads.iter().chain(writes) {
             self.side(p, 1, "kernel argument")?;
+        }
+        // A kernel argument stands for the whole allocation it points into.
+        let epoch = self.sanitizer.on_enqueue(stream);
+        for (&p, write) in reads.iter().map(|p| (p, false)).chain(writes.iter().map(|p| (p, true))) {
+            let (base, len) = self.containing(p).map_or((p, 1), |a| (a.ptr, a.size));
+            self.touch(stream, epoch, base, len, write)?;
         }
         self.sched.enqueue(stream, duration_ns, "kernel", 0, None)
     }
@@ -710,19 +803,56 @@ impl Device {
     /// Blocks the host until `stream`'s work is done, then applies its effects.
     pub fn synchronize_stream(&mut self, stream: StreamId) -> Result<()> {
         self.sched.synchronize_stream(stream)?;
+        self.sanitizer.on_sync_stream(stream);
         self.settle();
         Ok(())
     }
 
     pub fn synchronize_event(&mut self, event: EventId) -> Result<()> {
         self.sched.synchronize_event(event)?;
+        self.sanitizer.on_sync_event(event);
         self.settle();
         Ok(())
     }
 
     pub fn synchronize_device(&mut self) {
         self.sched.synchronize_device();
+        self.sanitizer.on_sync_device();
         self.settle();
+    }
+
+    /// `aclrtRecordEvent`: the event completes when `stream`'s work queued so far has.
+    pub fn record_event(&mut self, event: EventId, stream: StreamId) -> Result<()> {
+        self.sched.record_event(event, stream)?;
+        self.sanitizer.on_record(event, stream);
+        Ok(())
+    }
+
+    /// `aclrtStreamWaitEvent`: `stream`'s later work starts after `event` completes.
+    pub fn stream_wait_event(&mut self, stream: StreamId, event: EventId) -> Result<()> {
+        self.sched.stream_wait_event(stream, event)?;
+        self.sanitizer.on_wait(stream, event);
+        Ok(())
+    }
+
+    /// The sanitizer's findings so far.
+    pub fn sanitizer_reports(&self) -> &[Finding] {
+        self.sanitizer.findings()
+    }
+
+    pub fn clear_sanitizer_reports(&mut self) {
+        self.sanitizer.clear();
+    }
+
+    pub fn set_sanitizer(&mut self, mode: SanitizerMode) {
+        self.sanitizer.mode = mode;
+    }
+
+    /// What is still held: live allocations, live host blocks, streams besides the default one
+    /// and events not destroyed.
+    pub fn leak_report(&self) -> (Vec<Allocation>, usize, Vec<StreamId>, Vec<EventId>) {
+        let streams = self.sched.stream_ids().into_iter().filter(|&s| s != DEFAULT_STREAM).collect();
+        (self.live.values().copied().collect(), self.host.live_count(), streams, self.sched.event_ids())
     }
 
     /// Whether the event has completed on the host clock.
@@ -745,7 +875,9 @@ impl Device {
             return Ok(());
         }
         let count = data.len() as u64;
-        match self.side(ptr, count, "destination")? {
+        let side = self.side(ptr, count, "destination")?;
+        self.touch(HOST, 0, ptr, count, true)?;
+        match side {
             Side::Host => self.host.slice_mut(ptr, count)?.copy_from_slice(data),
             Side::Device => {
                 self.backend.write(ptr, data)?;
@@ -764,9 +896,13 @@ impl Device {
         if count > 0 && self.side(ptr, count, "destination")? == Side::Host {
             return Err(AclError::rt_param("write with a stream targets device memory; this is host memory"));
         }
+        self.sched.tail_ns(stream)?;
+        let epoch = self.sanitizer.on_enqueue(stream);
+        self.touch(stream, epoch, ptr, count, true)?;
         let ns = self.sched.cost.copy_ns(count, false, true, false);
         let span = self.sched.enqueue(stream, ns, "copy H2D (pageable)", count, None)?;
         self.sched.wait_until(span.1);
+        self.sanitizer.on_sync_stream(stream);
         self.settle();
         if count > 0 {
             self.backend.write(ptr, data)?;
@@ -782,9 +918,13 @@ impl Device {
         if count > 0 && self.side(ptr, count, "source")? == Side::Host {
             return Err(AclError::rt_param("read with a stream reads device memory; this is host memory"));
         }
+        self.sched.tail_ns(stream)?;
+        let epoch = self.sanitizer.on_enqueue(stream);
+        self.touch(stream, epoch, ptr, count, false)?;
         let ns = self.sched.cost.copy_ns(count, true, false, false);
         let span = self.sched.enqueue(stream, ns, "copy D2H (pageable)", count, None)?;
         self.sched.wait_until(span.1);
+        self.sanitizer.on_sync_stream(stream);
         self.settle();
         if count > 0 {
             self.backend.read(ptr, out)?;
@@ -799,7 +939,9 @@ impl Device {
             return Ok(());
         }
         let count = out.len() as u64;
-        match self.side(ptr, count, "source")? {
+        let side = self.side(ptr, count, "source")?;
+        self.touch(HOST, 0, ptr, count, false)?;
+        match side {
             Side::Host => out.copy_from_slice(self.host.slice(ptr, count)?),
             Side::Device => {
                 self.backend.read(ptr, out)?;

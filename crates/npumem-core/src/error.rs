@@ -59,6 +59,8 @@ impl ErrorCode {
 pub struct AclError {
     pub code: ErrorCode,
     pub message: String,
+    /// For a memory-sanitizer finding raised as an error: the finding's kind.
+    pub finding: Option<&'static str>,
 }
 
 impl fmt::Display for AclError {
@@ -69,7 +71,7 @@ impl fmt::Display for AclError {
 
 impl AclError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        AclError { code, message: message.into() }
+        AclError { code, message: message.into(), finding: None }
     }
     pub fn invalid_param(message: impl Into<String>) -> Self {
         Self::new(ErrorCode::InvalidParam, message)

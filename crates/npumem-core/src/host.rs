@@ -78,6 +78,11 @@ impl HostHeap {
         self.block_of(addr).is_some()
     }
 
+    /// The start of the live block containing `addr`.
+    pub fn block_start(&self, addr: u64) -> Option<u64> {
+        self.block_of(addr).map(|(s, _)| s)
+    }
+
     fn block_of(&self, addr: u64) -> Option<(u64, u64)> {
         self.blocks.range(..=addr).next_back().filter(|&(&s, &(l, _))| addr < s + l).map(|(&s, &(l, _))| (s, l))
     }

@@ -20,4 +20,5 @@ pub mod pool;
 
 pub use acl::{MemAttr, MemcpyKind, Policy};
 pub use device::{Allocation, AllocatorKind, Device, DeviceConfig, DeviceStats};
+pub mod sanitizer;
 pub mod stream;

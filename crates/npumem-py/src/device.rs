@@ -6,6 +6,7 @@
 
 use npumem_core::backend::SimConfig;
 use npumem_core::pool::PoolKind;
+use npumem_core::sanitizer::{HOST, SanitizerMode};
 use npumem_core::units::format_size;
 use npumem_core::vm::PageSize;
 use npumem_core::{AclError, AllocatorKind, Device, DeviceConfig, MemAttr, Policy};
@@ -95,7 +96,7 @@ impl PyDevice {
 #[pymethods]
 impl PyDevice {
     #[new]
-    #[pyo3(signature = (capacity = None, *, normal_page = None, giant_frames = None, backend = "sim", allocator = "npumem", alloc_conf = None, preset = "ascend910b"))]
+    #[pyo3(signature = (capacity = None, *, normal_page = None, giant_frames = None, backend = "sim", allocator = "npumem", alloc_conf = None, preset = "ascend910b", sanitizer = "collect"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -106,6 +107,7 @@ impl PyDevice {
         allocator: &str,
         alloc_conf: Option<&str>,
         preset: &str,
+        sanitizer: &str,
     ) -> PyResult<Self> {
         let capacity = capacity.map(|c| size_arg(c, "capacity")).transpose()?;
         let giant_frames = giant_frames.map(|g| uint_arg(g, "giant_frames")).transpose()?.unwrap_or(0);
@@ -136,6 +138,7 @@ impl PyDevice {
             };
             let mut device = Device::new(config.clone())?;
             device.scheduler().cost = npumem_core::stream::CostModel::preset(preset)?;
+            device.set_sanitizer(SanitizerMode::parse(sanitizer)?);
             Ok(PyDevice { inner: Mutex::new(device), config })
         })
     }
@@ -439,6 +442,53 @@ impl PyDevice {
         self.run(py, |d| d.empty_cache())
     }
 
+    // ----- the memory sanitizer -----
+
+    /// The findings so far, as dicts: kind, message, addr, size, allocation, streams (-1 = host).
+    fn sanitizer_reports<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let findings = self.inner.lock().sanitizer_reports().to_vec();
+        let out = PyList::empty(py);
+        for f in findings {
+            let d = PyDict::new(py);
+            d.set_item("kind", f.kind.name())?;
+            d.set_item("message", f.message)?;
+            d.set_item("addr", f.addr)?;
+            d.set_item("size", f.size)?;
+            d.set_item("allocation", f.allocation)?;
+            let streams: Vec<i64> = f.streams.iter().map(|&s| if s == HOST { -1 } else { s as i64 }).collect();
+            d.set_item("streams", streams)?;
+            out.append(d)?;
+        }
+        Ok(out)
+    }
+
+    fn clear_sanitizer_reports(&self) {
+        self.inner.lock().clear_sanitizer_reports();
+    }
+
+    /// "raise", "collect" or "off".
+    fn set_sanitizer(&self, py: Python<'_>, mode: &str) -> PyResult<()> {
+        self.run(py, |d| {
+            d.set_sanitizer(SanitizerMode::parse(mode)?);
+            Ok(())
+        })
+    }
+
+    /// What is still held: allocations (dicts), host blocks, streams and events not destroyed.
+    fn leak_report<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let (allocations, host_blocks, streams, events) = self.inner.lock().leak_report();
+        let d = PyDict::new(py);
+        let list = PyList::empty(py);
+        for a in &allocations {
+            list.append(allocation_dict(py, a)?)?;
+        }
+        d.set_item("allocations", list)?;
+        d.set_item("host_blocks", host_blocks)?;
+        d.set_item("streams", streams)?;
+        d.set_item("events", events)?;
+        Ok(d)
+    }
+
     // ----- streams, events and the simulated clock -----
 
     /// A new stream (an int handle; 0 is the default stream).
@@ -484,13 +534,13 @@ impl PyDevice {
     ) -> PyResult<()> {
         let event = uint_arg(event, "event")?;
         let stream = stream.map(|s| uint_arg(s, "stream")).transpose()?.unwrap_or(0);
-        self.run(py, |d| d.scheduler().record_event(event, stream))
+        self.run(py, |d| d.record_event(event, stream))
     }
 
     /// `aclrtStreamWaitEvent`: work queued on `stream` after this starts once `event` completes.
     fn stream_wait_event(&self, py: Python<'_>, stream: &Bound<'_, PyAny>, event: &Bound<'_, PyAny>) -> PyResult<()> {
         let (stream, event) = (uint_arg(stream, "stream")?, uint_arg(event, "event")?);
-        self.run(py, |d| d.scheduler().stream_wait_event(stream, event))
+        self.run(py, |d| d.stream_wait_event(stream, event))
     }
 
     fn synchronize_event(&self, py: Python<'_>, event: &Bound<'_, PyAny>) -> PyResult<()> {

@@ -13,7 +13,8 @@ static FROM_NATIVE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 pub fn to_py(py: Python<'_>, err: AclError) -> PyErr {
     let factory = FROM_NATIVE
         .get_or_try_init(py, || py.import("npumem.errors").and_then(|m| m.getattr("_from_native")).map(Bound::unbind));
-    match factory.and_then(|f| f.call1(py, (err.code.value(), err.code.name(), err.message.clone()))) {
+    let args = (err.code.value(), err.code.name(), err.message.clone(), err.finding);
+    match factory.and_then(|f| f.call1(py, args)) {
         Ok(exc) => PyErr::from_value(exc.into_bound(py)),
         Err(import_failure) => import_failure,
     }
