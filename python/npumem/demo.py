@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from .device import Device
-from .enums import MemAttr, Policy
+from .enums import MemAttr, MemcpyKind, Policy
 from .errors import OutOfMemoryError
 from .pipelines import double_buffered, render_timeline, scratch_loop
 from .replay import min_capacity, peak_live_bytes, replay
@@ -202,6 +202,22 @@ def streams(out: TextIO) -> None:
         r = scratch_loop(Device("2GiB"), iterations=20, scratch_bytes=32 << 20, kernel_us=200.0, mode=mode)
         rows.append([label, f"{r.total_us:.0f}", f"{r.idle_us:.0f}", r.host_blocked, fmt(r.peak_reserved)])
     _table(out, ["free", "total us", "device idle us", "host blocks", "peak reserved"], rows)
+    out.write("\n")
+    racy(out)
+
+
+def racy(out: TextIO) -> None:
+    """The pipeline with its events left out, under the sanitizer (on by default, collecting)."""
+    dev = Device("512MiB")
+    n = 16 << 20
+    host, buf = dev.malloc_host(n), dev.malloc(n)
+    copy, compute = dev.create_stream(), dev.create_stream()
+    dev.memcpy_async(buf, n, host, n, MemcpyKind.HOST_TO_DEVICE, copy)
+    dev.launch(compute, 500.0, reads=[buf], writes=[buf])  # no stream_wait_event: races the copy
+    dev.read(buf, 16)  # the host looks before synchronising
+    out.write("  The same pipeline with its events left out, under the sanitizer (default: collect):\n")
+    for f in dev.sanitizer_reports():
+        out.write(f"  - {f['kind']}: {f['message']}\n")
     out.write("\n")
 
 

@@ -762,10 +762,15 @@ impl Device {
         for &p in reads.iter().chain(writes) {
             self.side(p, 1, "kernel argument")?;
         }
-        // A kernel argument stands for the whole allocation it points into.
+        // A kernel argument stands for the whole allocation it points into; an allocation both
+        // read and written counts once, as written.
         let epoch = self.sanitizer.on_enqueue(stream);
+        let mut touched: BTreeMap<(u64, u64), bool> = BTreeMap::new();
         for (&p, write) in reads.iter().map(|p| (p, false)).chain(writes.iter().map(|p| (p, true))) {
-            let (base, len) = self.containing(p).map_or((p, 1), |a| (a.ptr, a.size));
+            let range = self.containing(p).map_or((p, 1), |a| (a.ptr, a.size));
+            *touched.entry(range).or_default() |= write;
+        }
+        for ((base, len), write) in touched {
             self.touch(stream, epoch, base, len, write)?;
         }
         self.sched.enqueue(stream, duration_ns, "kernel", 0, None)
