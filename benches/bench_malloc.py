@@ -83,6 +83,18 @@ def main() -> None:
     assert np.array_equal(out, data)
     dev.free(ptr)
 
+    # The sanitizer is on by default: what does it cost a small host-visible access?
+    print()
+    print(f"{'64 B write+read':<22} {'us/op':>8} {'vs off':>8}")
+    small = np.arange(64, dtype=np.uint8)
+    times = {}
+    for mode in ("off", "collect"):
+        d = npumem.Device("1GiB", sanitizer=mode)
+        p = d.malloc(4096)
+        n = 200_000 // scale
+        times[mode] = per_op(lambda d=d, p=p: (d.write(p, small), d.read(p, 64)), n)
+        print(f"{'sanitizer=' + mode:<22} {times[mode]:8.3f} {times[mode] / times['off']:7.2f}x")
+
 
 if __name__ == "__main__":
     main()
