@@ -22,7 +22,7 @@ use crate::pool::{
     Request, SegmentSnapshot, TraceEntry, VmmAllocator, VmmConfig,
 };
 use crate::sanitizer::{Finding, FindingKind, HOST, Sanitizer, SanitizerMode};
-use crate::stream::{CostModel, DEFAULT_STREAM, Effect, EventId, Scheduler, StreamId};
+use crate::stream::{Clock, CostModel, DEFAULT_STREAM, Effect, EventId, Scheduler, StreamId};
 use crate::units::format_size;
 use crate::vm::{FrameStats, PageSize, PageTableStats, Translation, is_device_address};
 
@@ -573,13 +573,25 @@ impl Device {
         self.containing(addr).map(|a| a.ptr).or_else(|| self.host.block_start(addr)).unwrap_or(addr)
     }
 
-    /// Tells the sanitizer about an access by `stream` (epoch `epoch`) or by the host (`HOST`).
-    fn touch(&mut self, stream: StreamId, epoch: u64, addr: u64, len: u64, write: bool) -> Result<()> {
+    /// Tells the sanitizer about an access by the host.
+    fn touch_host(&mut self, addr: u64, len: u64, write: bool) -> Result<()> {
         if !self.sanitizer.enabled() || len == 0 {
             return Ok(());
         }
         let base = self.base_of(addr);
-        self.sanitizer.access(stream, epoch, base, addr, addr + len, write)
+        let epoch = self.sched.host_tick();
+        self.sanitizer.access(HOST, epoch, self.sched.host_clock(), base, addr, addr + len, write)
+    }
+
+    /// Tells the sanitizer about an access by the next operation on `stream`, whose clock is
+    /// `clock` (from `Scheduler::next_clock`).
+    fn touch_op(&mut self, stream: StreamId, clock: &Clock, addr: u64, len: u64, write: bool) -> Result<()> {
+        if !self.sanitizer.enabled() || len == 0 {
+            return Ok(());
+        }
+        let base = self.base_of(addr);
+        let epoch = clock.get(&stream).copied().unwrap_or(0);
+        self.sanitizer.access(stream, epoch, clock, base, addr, addr + len, write)
     }
 
     /// Checks that `[ptr, ptr + len)` may be read or written (device or `malloc_host` memory),
@@ -672,8 +684,8 @@ impl Device {
         let Some((dst_side, src_side)) = self.check_copy(dst, dst_max, src, count, kind)? else {
             return Ok(());
         };
-        self.touch(HOST, 0, src, count, false)?;
-        self.touch(HOST, 0, dst, count, true)?;
+        self.touch_host(src, count, false)?;
+        self.touch_host(dst, count, true)?;
         self.move_bytes(dst, dst_side, src, src_side, count)?;
         let ns = self.sched.cost.copy_ns(count, src_side == Side::Device, dst_side == Side::Device, true);
         self.sched.advance(ns);
@@ -697,9 +709,9 @@ impl Device {
         let Some((dst_side, src_side)) = self.check_copy(dst, dst_max, src, count, kind)? else {
             return self.sched.enqueue(stream, 0, "memcpy", 0, None);
         };
-        let epoch = self.sanitizer.on_enqueue(stream);
-        self.touch(stream, epoch, src, count, false)?;
-        self.touch(stream, epoch, dst, count, true)?;
+        let clock = self.sched.next_clock(stream);
+        self.touch_op(stream, &clock, src, count, false)?;
+        self.touch_op(stream, &clock, dst, count, true)?;
         let ns = self.sched.cost.copy_ns(count, src_side == Side::Device, dst_side == Side::Device, true);
         let label = match (src_side, dst_side) {
             (Side::Host, Side::Device) => "copy H2D",
@@ -722,7 +734,7 @@ impl Device {
             )));
         }
         let side = self.side(ptr, count, "destination")?;
-        self.touch(HOST, 0, ptr, count, true)?;
+        self.touch_host(ptr, count, true)?;
         self.fill_bytes(ptr, side, value as u8, count)?;
         self.sched.advance(self.sched.cost.fill_ns(count));
         Ok(())
@@ -747,8 +759,8 @@ impl Device {
         if count > 0 {
             self.side(ptr, count, "destination")?;
         }
-        let epoch = self.sanitizer.on_enqueue(stream);
-        self.touch(stream, epoch, ptr, count, true)?;
+        let clock = self.sched.next_clock(stream);
+        self.touch_op(stream, &clock, ptr, count, true)?;
         let ns = self.sched.cost.fill_ns(count);
         let effect = (count > 0).then_some(Effect::Fill { dst: ptr, value: value as u8, count });
         self.sched.enqueue(stream, ns, "memset", count, effect)
@@ -764,14 +776,14 @@ impl Device {
         }
         // A kernel argument stands for the whole allocation it points into; an allocation both
         // read and written counts once, as written.
-        let epoch = self.sanitizer.on_enqueue(stream);
+        let clock = self.sched.next_clock(stream);
         let mut touched: BTreeMap<(u64, u64), bool> = BTreeMap::new();
         for (&p, write) in reads.iter().map(|p| (p, false)).chain(writes.iter().map(|p| (p, true))) {
             let range = self.containing(p).map_or((p, 1), |a| (a.ptr, a.size));
             *touched.entry(range).or_default() |= write;
         }
         for ((base, len), write) in touched {
-            self.touch(stream, epoch, base, len, write)?;
+            self.touch_op(stream, &clock, base, len, write)?;
         }
         self.sched.enqueue(stream, duration_ns, "kernel", 0, None)
     }
@@ -808,36 +820,29 @@ impl Device {
     /// Blocks the host until `stream`'s work is done, then applies its effects.
     pub fn synchronize_stream(&mut self, stream: StreamId) -> Result<()> {
         self.sched.synchronize_stream(stream)?;
-        self.sanitizer.on_sync_stream(stream);
         self.settle();
         Ok(())
     }
 
     pub fn synchronize_event(&mut self, event: EventId) -> Result<()> {
         self.sched.synchronize_event(event)?;
-        self.sanitizer.on_sync_event(event);
         self.settle();
         Ok(())
     }
 
     pub fn synchronize_device(&mut self) {
         self.sched.synchronize_device();
-        self.sanitizer.on_sync_device();
         self.settle();
     }
 
     /// `aclrtRecordEvent`: the event completes when `stream`'s work queued so far has.
     pub fn record_event(&mut self, event: EventId, stream: StreamId) -> Result<()> {
-        self.sched.record_event(event, stream)?;
-        self.sanitizer.on_record(event, stream);
-        Ok(())
+        self.sched.record_event(event, stream)
     }
 
     /// `aclrtStreamWaitEvent`: `stream`'s later work starts after `event` completes.
     pub fn stream_wait_event(&mut self, stream: StreamId, event: EventId) -> Result<()> {
-        self.sched.stream_wait_event(stream, event)?;
-        self.sanitizer.on_wait(stream, event);
-        Ok(())
+        self.sched.stream_wait_event(stream, event)
     }
 
     /// The sanitizer's findings so far.
@@ -881,7 +886,7 @@ impl Device {
         }
         let count = data.len() as u64;
         let side = self.side(ptr, count, "destination")?;
-        self.touch(HOST, 0, ptr, count, true)?;
+        self.touch_host(ptr, count, true)?;
         match side {
             Side::Host => self.host.slice_mut(ptr, count)?.copy_from_slice(data),
             Side::Device => {
@@ -902,12 +907,11 @@ impl Device {
             return Err(AclError::rt_param("write with a stream targets device memory; this is host memory"));
         }
         self.sched.tail_ns(stream)?;
-        let epoch = self.sanitizer.on_enqueue(stream);
-        self.touch(stream, epoch, ptr, count, true)?;
+        let clock = self.sched.next_clock(stream);
+        self.touch_op(stream, &clock, ptr, count, true)?;
         let ns = self.sched.cost.copy_ns(count, false, true, false);
         let span = self.sched.enqueue(stream, ns, "copy H2D (pageable)", count, None)?;
-        self.sched.wait_until(span.1);
-        self.sanitizer.on_sync_stream(stream);
+        self.sched.wait_for(stream, span.1);
         self.settle();
         if count > 0 {
             self.backend.write(ptr, data)?;
@@ -924,12 +928,11 @@ impl Device {
             return Err(AclError::rt_param("read with a stream reads device memory; this is host memory"));
         }
         self.sched.tail_ns(stream)?;
-        let epoch = self.sanitizer.on_enqueue(stream);
-        self.touch(stream, epoch, ptr, count, false)?;
+        let clock = self.sched.next_clock(stream);
+        self.touch_op(stream, &clock, ptr, count, false)?;
         let ns = self.sched.cost.copy_ns(count, true, false, false);
         let span = self.sched.enqueue(stream, ns, "copy D2H (pageable)", count, None)?;
-        self.sched.wait_until(span.1);
-        self.sanitizer.on_sync_stream(stream);
+        self.sched.wait_for(stream, span.1);
         self.settle();
         if count > 0 {
             self.backend.read(ptr, out)?;
@@ -945,7 +948,7 @@ impl Device {
         }
         let count = out.len() as u64;
         let side = self.side(ptr, count, "source")?;
-        self.touch(HOST, 0, ptr, count, false)?;
+        self.touch_host(ptr, count, false)?;
         match side {
             Side::Host => out.copy_from_slice(self.host.slice(ptr, count)?),
             Side::Device => {

@@ -1,9 +1,8 @@
 //! `Sanitizer`: the device's memory sanitizer, cheap enough to leave on.
 //!
-//! It keeps a vector clock per stream, per recorded event and for the host, advanced by the
-//! operations that order work in AscendCL: enqueueing (a stream's op follows what the host has
-//! synchronised with), `record_event`, `stream_wait_event` and the `synchronize_*` calls. Each
-//! allocation remembers, per stream, its last read and last write (epoch and byte range). An
+//! Ordering comes from the scheduler's vector clocks (advanced by enqueueing, `record_event`,
+//! `stream_wait_event` and the `synchronize_*` calls). Each allocation remembers, per stream,
+//! its last read and last write (epoch and byte range). An
 //! access races with an earlier one by another stream (or the host) when their ranges overlap,
 //! one of them writes, and the earlier one's epoch is not covered by the accessor's clock: no
 //! event or synchronisation orders them. Host reads of memory with such a write still pending
@@ -11,16 +10,16 @@
 //! refuses (use after free, double free, out of bounds) and for copies whose kind contradicts
 //! their addresses (a warning: the runtime ignores the kind).
 //!
-//! Invariants: clocks only grow; a stream's own entry counts its enqueued operations; access
-//! records are dropped when their allocation is freed; with the mode off nothing is tracked.
+//! Invariants: access records are dropped when their allocation is freed; a refused operation
+//! leaves none; with the mode off nothing is tracked.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use crate::error::{AclError, ErrorCode, Result};
-use crate::stream::{EventId, StreamId};
+use crate::stream::{Clock, StreamId, covers};
 
-/// The host's pseudo stream id in reports.
-pub const HOST: StreamId = u64::MAX;
+/// The host's pseudo stream id in reports and clocks.
+pub use crate::stream::HOST_CLOCK as HOST;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SanitizerMode {
@@ -80,19 +79,6 @@ pub struct Finding {
     pub streams: Vec<StreamId>,
 }
 
-type Clock = BTreeMap<StreamId, u64>;
-
-fn join(into: &mut Clock, other: &Clock) {
-    for (&s, &t) in other {
-        let e = into.entry(s).or_insert(0);
-        *e = (*e).max(t);
-    }
-}
-
-fn covers(clock: &Clock, stream: StreamId, epoch: u64) -> bool {
-    clock.get(&stream).is_some_and(|&t| t >= epoch)
-}
-
 #[derive(Clone, Copy, Debug)]
 struct Access {
     epoch: u64,
@@ -110,24 +96,12 @@ struct Accesses {
 pub struct Sanitizer {
     pub mode: SanitizerMode,
     findings: Vec<Finding>,
-    streams: HashMap<StreamId, Clock>,
-    events: HashMap<EventId, Clock>,
-    host: Clock,
-    host_epoch: u64,
     access: HashMap<u64, Accesses>,
 }
 
 impl Sanitizer {
     pub fn new(mode: SanitizerMode) -> Self {
-        Sanitizer {
-            mode,
-            findings: Vec::new(),
-            streams: HashMap::new(),
-            events: HashMap::new(),
-            host: Clock::new(),
-            host_epoch: 0,
-            access: HashMap::new(),
-        }
+        Sanitizer { mode, findings: Vec::new(), access: HashMap::new() }
     }
 
     pub fn enabled(&self) -> bool {
@@ -157,66 +131,22 @@ impl Sanitizer {
         error.map_or(Ok(()), Err)
     }
 
-    /// A new operation on `stream`: it follows whatever the host had synchronised with.
-    /// Returns the operation's epoch.
-    pub fn on_enqueue(&mut self, stream: StreamId) -> u64 {
-        if !self.enabled() {
-            return 0;
-        }
-        let clock = self.streams.entry(stream).or_default();
-        join(clock, &self.host);
-        let t = clock.entry(stream).or_insert(0);
-        *t += 1;
-        *t
-    }
-
-    pub fn on_record(&mut self, event: EventId, stream: StreamId) {
-        if self.enabled() {
-            let clock = self.streams.get(&stream).cloned().unwrap_or_default();
-            self.events.insert(event, clock);
-        }
-    }
-
-    pub fn on_wait(&mut self, stream: StreamId, event: EventId) {
-        if let Some(clock) = self.events.get(&event).cloned() {
-            join(self.streams.entry(stream).or_default(), &clock);
-        }
-    }
-
-    pub fn on_sync_stream(&mut self, stream: StreamId) {
-        if let Some(clock) = self.streams.get(&stream).cloned() {
-            join(&mut self.host, &clock);
-        }
-    }
-
-    pub fn on_sync_event(&mut self, event: EventId) {
-        if let Some(clock) = self.events.get(&event).cloned() {
-            join(&mut self.host, &clock);
-        }
-    }
-
-    pub fn on_sync_device(&mut self) {
-        let clocks: Vec<Clock> = self.streams.values().cloned().collect();
-        for c in clocks {
-            join(&mut self.host, &c);
-        }
-    }
-
-    /// Checks an access by an operation of `stream` (or by the host, `HOST`) to
-    /// `[lo, hi)` of the allocation starting at `base`, then records it.
-    pub fn access(&mut self, stream: StreamId, epoch: u64, base: u64, lo: u64, hi: u64, write: bool) -> Result<()> {
+    /// Checks an access to `[lo, hi)` of the allocation starting at `base` by operation `epoch`
+    /// of `stream` (or by the host, `HOST`), whose vector clock is `clock`, then records it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn access(
+        &mut self,
+        stream: StreamId,
+        epoch: u64,
+        clock: &Clock,
+        base: u64,
+        lo: u64,
+        hi: u64,
+        write: bool,
+    ) -> Result<()> {
         if !self.enabled() || lo >= hi {
             return Ok(());
         }
-        static EMPTY: Clock = Clock::new();
-        let epoch = if stream == HOST {
-            self.host_epoch += 1;
-            self.host.insert(HOST, self.host_epoch);
-            self.host_epoch
-        } else {
-            epoch
-        };
-        let clock = if stream == HOST { &self.host } else { self.streams.get(&stream).unwrap_or(&EMPTY) };
         let entry = self.access.entry(base).or_default();
         let overlaps = |a: &Access| a.lo < hi && lo < a.hi;
         // A read conflicts with unordered writes; a write with unordered reads and writes.
@@ -274,39 +204,55 @@ impl Sanitizer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stream::{CostModel, Scheduler};
+
+    /// Runs an access of the next operation on `stream` (or of the host).
+    fn op(
+        san: &mut Sanitizer,
+        sched: &mut Scheduler,
+        stream: StreamId,
+        base: u64,
+        lo: u64,
+        hi: u64,
+        write: bool,
+    ) -> Result<()> {
+        if stream == HOST {
+            let e = sched.host_tick();
+            return san.access(HOST, e, sched.host_clock(), base, lo, hi, write);
+        }
+        let clock = sched.next_clock(stream);
+        let epoch = clock[&stream];
+        let result = san.access(stream, epoch, &clock, base, lo, hi, write);
+        sched.enqueue(stream, 10, "op", 0, None).unwrap();
+        result
+    }
 
     #[test]
     fn events_order_streams_and_races_are_found() {
+        let mut sched = Scheduler::new(CostModel::ascend910b());
         let mut s = Sanitizer::new(SanitizerMode::Collect);
-        let (a, b) = (1, 2);
-        let e = s.on_enqueue(a);
-        s.access(a, e, 100, 100, 200, true).unwrap();
-        // b reads without ordering: a race.
-        let e2 = s.on_enqueue(b);
-        s.access(b, e2, 100, 150, 160, false).unwrap();
+        let (a, b) = (sched.create_stream(), sched.create_stream());
+        op(&mut s, &mut sched, a, 100, 100, 200, true).unwrap();
+        op(&mut s, &mut sched, b, 100, 150, 160, false).unwrap();
         assert_eq!(s.findings().len(), 1);
         assert_eq!(s.findings()[0].kind, FindingKind::Race);
-        // Ordered by an event: no finding.
-        s.on_record(7, a);
-        s.on_wait(b, 7);
-        let e3 = s.on_enqueue(b);
-        s.access(b, e3, 100, 100, 200, true).unwrap();
+        let ev = sched.create_event();
+        sched.record_event(ev, a).unwrap();
+        sched.stream_wait_event(b, ev).unwrap();
+        op(&mut s, &mut sched, b, 100, 100, 200, true).unwrap();
         assert_eq!(s.findings().len(), 1, "b's write follows a's write through the event");
-        // The host reading a's range before synchronising: a pending write.
-        let e4 = s.on_enqueue(a);
-        s.access(a, e4, 500, 500, 510, true).unwrap();
-        s.access(HOST, 0, 500, 500, 510, false).unwrap();
+        op(&mut s, &mut sched, a, 500, 500, 510, true).unwrap();
+        op(&mut s, &mut sched, HOST, 500, 500, 510, false).unwrap();
         assert_eq!(s.findings()[1].kind, FindingKind::PendingWriteRead);
-        s.on_sync_stream(a);
-        s.access(HOST, 0, 500, 500, 510, false).unwrap();
+        sched.synchronize_stream(a).unwrap();
+        op(&mut s, &mut sched, HOST, 500, 500, 510, false).unwrap();
         assert_eq!(s.findings().len(), 2, "synchronised: no finding");
         let mut r = Sanitizer::new(SanitizerMode::Raise);
-        let e = r.on_enqueue(a);
-        r.access(a, e, 0, 0, 8, true).unwrap();
-        let err = r.access(HOST, 0, 0, 0, 8, true).unwrap_err();
+        op(&mut r, &mut sched, a, 0, 0, 8, true).unwrap();
+        let err = op(&mut r, &mut sched, HOST, 0, 0, 8, true).unwrap_err();
         assert_eq!(err.finding, Some("race"));
         let mut off = Sanitizer::new(SanitizerMode::Off);
-        off.access(HOST, 0, 0, 0, 8, true).unwrap();
+        op(&mut off, &mut sched, HOST, 0, 0, 8, true).unwrap();
         assert!(off.findings().is_empty());
     }
 }

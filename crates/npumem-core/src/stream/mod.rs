@@ -8,7 +8,11 @@
 //! clock passes their completion time, so a host read before synchronisation sees what the real
 //! device would have let it see.
 //!
-//! Invariants: a stream's `tail_ns` never decreases; an operation ends no earlier than it starts
+//! Happens-before is tracked apart from time, as vector clocks: each stream's operation follows
+//! what its stream did before, what the host had synchronised with when it enqueued it, and any
+//! event the stream waited on. The sanitizer and the pools' reuse rules read these clocks.
+//!
+//! Invariants: clocks only grow, and a stream's own entry counts its operations; a stream's `tail_ns` never decreases; an operation ends no earlier than it starts
 //! and starts no earlier than its stream's previous operation ended; pending effects are applied
 //! in (completion time, enqueue order), each exactly once; an event's time is the completion
 //! time of all the work its stream had when it was recorded.
@@ -23,6 +27,26 @@ use crate::error::{AclError, ErrorCode, Result};
 
 pub type StreamId = u64;
 pub type EventId = u64;
+
+/// A vector clock: for each stream (and `HOST_CLOCK` for the host), the last of its operations
+/// known to have happened before.
+pub type Clock = BTreeMap<StreamId, u64>;
+
+/// The host's entry in vector clocks.
+pub const HOST_CLOCK: StreamId = u64::MAX;
+
+/// Merges `other` into `into`.
+pub fn join(into: &mut Clock, other: &Clock) {
+    for (&s, &t) in other {
+        let e = into.entry(s).or_insert(0);
+        *e = (*e).max(t);
+    }
+}
+
+/// Whether `clock` knows operation `epoch` of `stream`.
+pub fn covers(clock: &Clock, stream: StreamId, epoch: u64) -> bool {
+    clock.get(&stream).is_some_and(|&t| t >= epoch)
+}
 
 /// The default stream (`NULL` in AscendCL).
 pub const DEFAULT_STREAM: StreamId = 0;
@@ -69,6 +93,9 @@ pub struct Scheduler {
     pending: BTreeMap<(u64, u64), Effect>,
     seq: u64,
     timeline: std::collections::VecDeque<Span>,
+    clocks: HashMap<StreamId, Clock>,
+    event_clocks: HashMap<EventId, Clock>,
+    host_clock: Clock,
 }
 
 impl Scheduler {
@@ -85,6 +112,9 @@ impl Scheduler {
             pending: BTreeMap::new(),
             seq: 0,
             timeline: std::collections::VecDeque::new(),
+            clocks: HashMap::new(),
+            event_clocks: HashMap::new(),
+            host_clock: Clock::new(),
         }
     }
 
@@ -125,7 +155,9 @@ impl Scheduler {
         if id == DEFAULT_STREAM {
             return Err(AclError::invalid_param("the default stream cannot be destroyed"));
         }
-        self.streams.remove(&id).map(|_| ()).ok_or_else(|| AclError::rt_param(format!("stream {id} does not exist")))
+        self.streams.remove(&id).ok_or_else(|| AclError::rt_param(format!("stream {id} does not exist")))?;
+        self.clocks.remove(&id);
+        Ok(())
     }
 
     pub fn stream_ids(&self) -> Vec<StreamId> {
@@ -142,7 +174,9 @@ impl Scheduler {
     }
 
     pub fn destroy_event(&mut self, id: EventId) -> Result<()> {
-        self.events.remove(&id).map(|_| ()).ok_or_else(|| AclError::rt_param(format!("event {id} does not exist")))
+        self.events.remove(&id).ok_or_else(|| AclError::rt_param(format!("event {id} does not exist")))?;
+        self.event_clocks.remove(&id);
+        Ok(())
     }
 
     pub fn event_ids(&self) -> Vec<EventId> {
@@ -168,6 +202,7 @@ impl Scheduler {
         let start = s.tail_ns.max(now);
         let end = start + duration_ns;
         s.tail_ns = end;
+        self.clocks.insert(stream, self.next_clock(stream));
         if let Some(effect) = effect {
             self.seq += 1;
             self.pending.insert((end, self.seq), effect);
@@ -183,6 +218,8 @@ impl Scheduler {
     pub fn record_event(&mut self, event: EventId, stream: StreamId) -> Result<()> {
         let tail = self.stream(stream)?.tail_ns.max(self.now_ns);
         self.event(event)?.time_ns = Some(tail);
+        let clock = self.clock(stream).clone();
+        self.event_clocks.insert(event, clock);
         Ok(())
     }
 
@@ -191,7 +228,46 @@ impl Scheduler {
         let time = self.event(event)?.time_ns.unwrap_or(0);
         let s = self.stream(stream)?;
         s.tail_ns = s.tail_ns.max(time);
+        if let Some(clock) = self.event_clocks.get(&event).cloned() {
+            join(self.clocks.entry(stream).or_default(), &clock);
+        }
         Ok(())
+    }
+
+    /// Makes `stream`'s later work follow the point `clock` of other streams, finishing no
+    /// earlier than `time_ns` (a dependency the pool inserts to reuse memory).
+    pub fn stream_wait_point(&mut self, stream: StreamId, time_ns: u64, clock: &Clock) -> Result<()> {
+        let s = self.stream(stream)?;
+        s.tail_ns = s.tail_ns.max(time_ns);
+        join(self.clocks.entry(stream).or_default(), clock);
+        Ok(())
+    }
+
+    /// The vector clock of `stream` (what its operations so far follow).
+    pub fn clock(&self, stream: StreamId) -> &Clock {
+        static EMPTY: Clock = Clock::new();
+        self.clocks.get(&stream).unwrap_or(&EMPTY)
+    }
+
+    /// The clock the next operation on `stream` will have: its own, joined with what the host
+    /// has synchronised with, one tick further.
+    pub fn next_clock(&self, stream: StreamId) -> Clock {
+        let mut clock = self.clock(stream).clone();
+        join(&mut clock, &self.host_clock);
+        *clock.entry(stream).or_insert(0) += 1;
+        clock
+    }
+
+    /// The host's clock.
+    pub fn host_clock(&self) -> &Clock {
+        &self.host_clock
+    }
+
+    /// Counts one host access and returns its epoch.
+    pub fn host_tick(&mut self) -> u64 {
+        let t = self.host_clock.entry(HOST_CLOCK).or_insert(0);
+        *t += 1;
+        *t
     }
 
     /// Whether the event has completed on the host clock (an unrecorded event counts as complete,
@@ -215,6 +291,8 @@ impl Scheduler {
     pub fn synchronize_stream(&mut self, stream: StreamId) -> Result<()> {
         let tail = self.stream(stream)?.tail_ns;
         self.now_ns = self.now_ns.max(tail);
+        let clock = self.clock(stream).clone();
+        join(&mut self.host_clock, &clock);
         Ok(())
     }
 
@@ -222,17 +300,27 @@ impl Scheduler {
         if let Some(t) = self.event(event)?.time_ns {
             self.now_ns = self.now_ns.max(t);
         }
+        if let Some(clock) = self.event_clocks.get(&event).cloned() {
+            join(&mut self.host_clock, &clock);
+        }
         Ok(())
     }
 
     pub fn synchronize_device(&mut self) {
         let last = self.streams.values().map(|s| s.tail_ns).max().unwrap_or(0);
         self.now_ns = self.now_ns.max(last);
+        let clocks: Vec<Clock> = self.clocks.values().cloned().collect();
+        for c in clocks {
+            join(&mut self.host_clock, &c);
+        }
     }
 
-    /// Blocks the host until `time_ns` on the device clock.
-    pub fn wait_until(&mut self, time_ns: u64) {
+    /// Blocks the host until `stream`'s operation ending at `time_ns` is done (the host then
+    /// knows that operation).
+    pub fn wait_for(&mut self, stream: StreamId, time_ns: u64) {
         self.now_ns = self.now_ns.max(time_ns);
+        let clock = self.clock(stream).clone();
+        join(&mut self.host_clock, &clock);
     }
 
     /// When the work queued on `stream` so far completes (never earlier than the host clock).
