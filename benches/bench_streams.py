@@ -40,12 +40,14 @@ def main() -> None:
 
 def frees() -> None:
     print("\nscratch loop: 50 iterations of malloc 64 MiB on a compute stream, 300 us kernel, free")
-    print(f"  {'free':<8} {'total us':>9} {'busy us':>8} {'idle us':>8} {'host blocks':>11} {'peak reserved':>13}")
-    for mode in FREE_MODES:
+    print(f"  {'free':<36} {'total us':>9} {'busy us':>8} {'idle us':>8} {'host blocks':>11} {'peak reserved':>13}")
+    runs = [(mode, mode, True) for mode in FREE_MODES] + [("event", "event, no follow-event-dependencies", False)]
+    for mode, label, follow in runs:
         dev = npumem.Device("8GiB")
+        dev.set_pool_attr(npumem.MemPoolAttr.REUSE_FOLLOW_EVENT_DEPENDENCIES, follow)
         r = scratch_loop(dev, iterations=50, scratch_bytes=64 << 20, kernel_us=300.0, mode=mode)
         print(
-            f"  {mode:<8} {r.total_us:9.0f} {r.device_busy_us:8.0f} {r.idle_us:8.0f} {r.host_blocked:11} "
+            f"  {label:<36} {r.total_us:9.0f} {r.device_busy_us:8.0f} {r.idle_us:8.0f} {r.host_blocked:11} "
             f"{r.peak_reserved >> 20:10} MiB"
         )
 

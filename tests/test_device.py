@@ -430,6 +430,8 @@ def test_fresh_allocation_stats_are_exact(dev):
         "pending_frees": 0,
         "sync_reclaims": 0,
         "same_stream_reuses": 0,
+        "event_dependency_reuses": 0,
+        "internal_dependency_reuses": 0,
         "live_count": 1,
         "live_requested": 100,
         "live_granted": 4096,

@@ -169,6 +169,7 @@ def test_record_stream_holds_the_free_for_the_other_stream(dev):
 
 def test_out_of_memory_waits_for_pending_frees():
     dev = npumem.Device("256MiB")
+    dev.set_pool_attr(npumem.MemPoolAttr.REUSE_ALLOW_INTERNAL_DEPENDENCIES, False)
     s = dev.create_stream()
     x = dev.malloc(200 * MiB, stream=s)
     dev.launch(s, 5000.0, writes=[x])
@@ -179,7 +180,7 @@ def test_out_of_memory_waits_for_pending_frees():
 
 
 @pytest.mark.parametrize(
-    ("mode", "bubble", "peak_blocks"), [("sync", True, 1), ("event", False, 20), ("stream", False, 1)]
+    ("mode", "bubble", "peak_blocks"), [("sync", True, 1), ("event", False, 1), ("stream", False, 1)]
 )
 def test_scratch_loop_bubble_and_memory(mode, bubble, peak_blocks):
     dev = npumem.Device("1GiB")
@@ -209,3 +210,36 @@ def test_pageable_async_copies_are_synchronous_and_stream_ordered(dev):
     host = dev.malloc_host(16)
     with pytest.raises(npumem.InvalidParamError, match="host memory"):
         dev.write(host, b"x" * 16, stream=s)
+
+
+def test_pool_attributes_and_reuse_policies():
+    dev = npumem.Device("256MiB")
+    A = npumem.MemPoolAttr
+    assert [dev.get_pool_attr(a) for a in (A(1), A(2), A(3), A(4))] == [True, True, True, None]
+    a, b = dev.create_stream(), dev.create_stream()
+    x = dev.malloc(200 * MiB, stream=a)
+    _, end = dev.launch(a, 5000.0, writes=[x])
+    dev.free(x)
+    y = dev.malloc(200 * MiB, stream=b)  # internal dependency: b waits for a's free
+    assert y == x and dev.stats()["internal_dependency_reuses"] == 1
+    assert dev.launch(b, 1.0, reads=[y])[0] >= end
+    assert dev.now_us() < end
+    assert dev.sanitizer_reports() == []  # the inserted dependency orders b after a
+    dev.free(y)
+    # Event dependencies: b follows a's free through an event.
+    z = dev.malloc(MiB, stream=a)
+    dev.launch(a, 100.0, writes=[z])
+    dev.free(z)
+    e = dev.create_event()
+    dev.record_event(e, a)
+    dev.stream_wait_event(b, e)
+    assert dev.malloc(MiB, stream=b) == z and dev.stats()["event_dependency_reuses"] == 1
+    dev.set_pool_attr(A.RELEASE_THRESHOLD, "16MiB")
+    assert dev.get_pool_attr(A.RELEASE_THRESHOLD) == 16 * MiB
+    dev.synchronize_device()
+    assert dev.get_pool_attr(A.RESERVED_MEM_CURRENT) <= 16 * MiB
+    assert dev.get_pool_attr(A.USED_MEM_HIGH) >= 200 * MiB
+    with pytest.raises(npumem.InvalidParamError, match="read-only"):
+        dev.set_pool_attr(A.USED_MEM_CURRENT, 1)
+    with pytest.raises(npumem.InvalidParamError):
+        dev.set_pool_attr(42, True)

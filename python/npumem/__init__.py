@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ._native import VA_WINDOW_END, VA_WINDOW_START, __version__, format_size, parse_size
 from .device import Device
-from .enums import MemAttr, MemcpyKind, Policy
+from .enums import MemAttr, MemcpyKind, MemPoolAttr, Policy
 from .errors import (
     AclError,
     InternalError,
@@ -26,6 +26,7 @@ __all__ = [
     "InvalidHandleError",
     "InvalidParamError",
     "MemAttr",
+    "MemPoolAttr",
     "MemcpyKind",
     "MemoryFreeError",
     "OutOfMemoryError",

@@ -52,3 +52,16 @@ class MemcpyKind(IntEnum):
     HOST_TO_BUF_TO_DEVICE = 5
     INNER_DEVICE_TO_DEVICE = 6
     INTER_DEVICE_TO_DEVICE = 7
+
+
+class MemPoolAttr(IntEnum):
+    """``aclrtMemPoolAttr``: the stream-ordered pool's attributes (SOMA)."""
+
+    REUSE_FOLLOW_EVENT_DEPENDENCIES = 1
+    REUSE_ALLOW_OPPORTUNISTIC = 2
+    REUSE_ALLOW_INTERNAL_DEPENDENCIES = 3
+    RELEASE_THRESHOLD = 4
+    RESERVED_MEM_CURRENT = 5
+    RESERVED_MEM_HIGH = 6
+    USED_MEM_CURRENT = 7
+    USED_MEM_HIGH = 8

@@ -121,8 +121,10 @@ def scratch_loop(
     - ``"sync"``: synchronise the stream, then free. The host blocks until the kernel is done,
       so the next launch comes late and the device idles (the bubble).
     - ``"event"``: record an event after the kernel, make a free stream wait on it and free on
-      that stream. The host never blocks; the memory comes back when the free stream passes the
-      event, so with the host running ahead each iteration takes a new block.
+      that stream. The host never blocks. The free's point follows the kernel, which the compute
+      stream follows too, so with ``REUSE_FOLLOW_EVENT_DEPENDENCIES`` (the default) the next
+      malloc on the compute stream reuses the block; without it, each iteration takes a new
+      block until the free stream passes its event.
     - ``"stream"``: free at once; the block waits for its own stream, and the next malloc on
       that stream reuses it immediately (stream order makes it safe): no bubble, one block."""
     if mode not in FREE_MODES:

@@ -145,6 +145,20 @@ impl MemcpyKind {
     }
 }
 
+acl_enum! {
+    /// `aclrtMemPoolAttr`: the stream-ordered pool's attributes (SOMA, `acl_rt_memory_soma.h`).
+    MemPoolAttr: "memory pool attribute" {
+        ReuseFollowEventDependencies = 1 => "ACL_RT_MEM_POOL_REUSE_FOLLOW_EVENT_DEPENDENCIES",
+        ReuseAllowOpportunistic = 2 => "ACL_RT_MEM_POOL_REUSE_ALLOW_OPPORTUNISTIC",
+        ReuseAllowInternalDependencies = 3 => "ACL_RT_MEM_POOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES",
+        ReleaseThreshold = 4 => "ACL_RT_MEM_POOL_ATTR_RELEASE_THRESHOLD",
+        ReservedMemCurrent = 5 => "ACL_RT_MEM_POOL_ATTR_RESERVED_MEM_CURRENT",
+        ReservedMemHigh = 6 => "ACL_RT_MEM_POOL_ATTR_RESERVED_MEM_HIGH",
+        UsedMemCurrent = 7 => "ACL_RT_MEM_POOL_ATTR_USED_MEM_CURRENT",
+        UsedMemHigh = 8 => "ACL_RT_MEM_POOL_ATTR_USED_MEM_HIGH",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -124,6 +124,11 @@ pub struct DeviceStats {
     pub sync_reclaims: u64,
     /// Mallocs served by a block freed on the same stream whose old work is still queued.
     pub same_stream_reuses: u64,
+    /// Mallocs served by a pending block of another stream that the malloc's stream follows
+    /// through events.
+    pub event_dependency_reuses: u64,
+    /// Mallocs that took a pending block by making their stream wait for its free.
+    pub internal_dependency_reuses: u64,
     pub live_count: u64,
     pub live_requested: u64,
     pub live_granted: u64,
@@ -139,6 +144,41 @@ enum Side {
 
 /// A pending free's key: (the time its streams complete, a sequence number).
 type PendingKey = (u64, u64);
+
+/// A freed block waiting for its streams, and the point (vector clock) its free sits at: work
+/// that follows that point may reuse it.
+#[derive(Clone, Debug)]
+struct PendingFree {
+    allocation: Allocation,
+    point: Clock,
+}
+
+/// The stream-ordered reuse rules (`aclrtMemPoolAttr` / cudaMallocAsync's pool attributes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReusePolicy {
+    /// A malloc on a stream that (through events) follows a free's point may reuse the block.
+    pub follow_event_dependencies: bool,
+    /// A freed block whose streams have completed is reusable by any stream, without the host
+    /// having synchronised with them.
+    pub allow_opportunistic: bool,
+    /// When memory runs out, a malloc may take a pending block by making its stream wait for
+    /// the free's point.
+    pub allow_internal_dependencies: bool,
+    /// Reserved bytes the allocator keeps when the host synchronises; above it, the coldest
+    /// cached memory is returned to the device (`u64::MAX`: keep everything).
+    pub release_threshold: u64,
+}
+
+impl Default for ReusePolicy {
+    fn default() -> Self {
+        ReusePolicy {
+            follow_event_dependencies: true,
+            allow_opportunistic: true,
+            allow_internal_dependencies: true,
+            release_threshold: u64::MAX,
+        }
+    }
+}
 
 /// How many recently freed pointers are remembered to name double frees.
 const FREED_MEMORY: usize = 4096;
@@ -157,12 +197,13 @@ pub struct Device {
     /// Streams besides its own that used a live allocation (`record_stream`).
     stream_uses: HashMap<u64, Vec<StreamId>>,
     /// Freed blocks waiting for their streams, by `PendingKey` (ready time, sequence).
-    pending_frees: BTreeMap<PendingKey, Allocation>,
+    pending_frees: BTreeMap<PendingKey, PendingFree>,
     /// Pending frees that their own stream may reuse at once (stream order already puts the
     /// new user after the old one): stream → (granted, ptr) → key in `pending_frees`.
     same_stream: HashMap<StreamId, BTreeMap<(u64, u64), PendingKey>>,
     free_seq: u64,
     sanitizer: Sanitizer,
+    reuse: ReusePolicy,
 }
 
 impl Device {
@@ -191,6 +232,7 @@ impl Device {
             same_stream: HashMap::new(),
             free_seq: 0,
             sanitizer: Sanitizer::new(SanitizerMode::Collect),
+            reuse: ReusePolicy::default(),
         }
     }
 
@@ -257,6 +299,11 @@ impl Device {
         }
         let mut granted = self.allocate(size, policy, padded);
         if granted.as_ref().is_err_and(|e| e.code.is_out_of_memory()) && !self.pending_frees.is_empty() {
+            if self.reuse.allow_internal_dependencies {
+                if let Some(ptr) = self.reuse_with_dependency(size, policy, padded, stream)? {
+                    return Ok(ptr);
+                }
+            }
             // Memory is held by frees waiting for their streams: wait for them and retry.
             self.stats.sync_reclaims += 1;
             self.synchronize_device();
@@ -265,27 +312,71 @@ impl Device {
         self.finish_malloc(granted, size, policy, stream)
     }
 
-    /// Serves a malloc on `stream` from a block freed on that stream whose work is still queued:
-    /// stream order runs the new work after the old, as PyTorch's per-stream pools rely on. The
-    /// block must be of the same policy, hold the request, and be at most twice its size.
+    /// Serves a malloc on `stream` from a pending free it may safely take without waiting: one
+    /// freed on the same stream (stream order runs the new work after the old, as PyTorch's
+    /// per-stream pools rely on), or — following event dependencies — one whose free point the
+    /// stream already follows through events. The block must be of the same policy, hold the
+    /// request and be at most twice its size.
     fn reuse_on_stream(&mut self, size: u64, policy: Policy, padded: bool, stream: StreamId) -> Result<Option<u64>> {
         let booked = booked_size(size, policy, padded)?;
-        let Some(index) = self.same_stream.get_mut(&stream) else { return Ok(None) };
-        let candidate = index
-            .range((size, 0)..)
-            .take(8)
-            .find(|&(&(granted, _), key)| {
-                granted <= size.saturating_mul(2) && self.pending_frees[key].policy.base() == policy.base()
-            })
-            .map(|(&k, &key)| (k, key));
-        let Some((index_key, key)) = candidate else { return Ok(None) };
-        index.remove(&index_key);
-        let old = self.pending_frees.remove(&key).expect("indexed pending free");
+        let fits = |p: &PendingFree| {
+            let a = &p.allocation;
+            a.granted >= size && a.granted <= size.saturating_mul(2) && a.policy.base() == policy.base()
+        };
+        let same = self.same_stream.get(&stream).and_then(|index| {
+            index.range((size, 0)..).take(8).map(|(_, &key)| key).find(|key| fits(&self.pending_frees[key]))
+        });
+        let key = match same {
+            Some(key) => {
+                self.stats.same_stream_reuses += 1;
+                key
+            }
+            None if self.reuse.follow_event_dependencies => {
+                let clock = self.sched.next_clock(stream);
+                let followed = self
+                    .pending_frees
+                    .iter()
+                    .take(64)
+                    .find(|(_, p)| fits(p) && p.point.iter().all(|(&s, &t)| crate::stream::covers(&clock, s, t)));
+                let Some((&key, _)) = followed else { return Ok(None) };
+                self.stats.event_dependency_reuses += 1;
+                key
+            }
+            None => return Ok(None),
+        };
+        Ok(Some(self.revive(key, size, booked, policy)))
+    }
+
+    /// On out-of-memory: takes the earliest pending block that fits and makes `stream` wait
+    /// for its free (an internal dependency).
+    fn reuse_with_dependency(
+        &mut self,
+        size: u64,
+        policy: Policy,
+        padded: bool,
+        stream: StreamId,
+    ) -> Result<Option<u64>> {
+        let booked = booked_size(size, policy, padded)?;
+        let found = self
+            .pending_frees
+            .iter()
+            .find(|(_, p)| p.allocation.granted >= size && p.allocation.policy.base() == policy.base())
+            .map(|(&key, p)| (key, p.point.clone()));
+        let Some((key, point)) = found else { return Ok(None) };
+        self.sched.stream_wait_point(stream, key.0, &point)?;
+        self.stats.internal_dependency_reuses += 1;
+        Ok(Some(self.revive(key, size, booked, policy)))
+    }
+
+    /// Turns the pending free at `key` back into a live allocation of `size` bytes.
+    fn revive(&mut self, key: PendingKey, size: u64, booked: u64, policy: Policy) -> u64 {
+        let old = self.pending_frees.remove(&key).expect("pending free").allocation;
+        if let Some(index) = self.same_stream.get_mut(&old.stream) {
+            index.remove(&(old.granted, old.ptr));
+        }
         self.stats.pending_frees -= 1;
-        self.stats.same_stream_reuses += 1;
-        let allocation = Allocation { size, booked, policy, ..old };
-        self.record_live(allocation);
-        Ok(Some(old.ptr))
+        self.record_live(Allocation { size, booked, policy, ..old });
+        old.ptr
     }
 
     fn allocate(&mut self, size: u64, policy: Policy, padded: bool) -> Result<(u64, crate::pool::Grant)> {
@@ -395,11 +486,18 @@ impl Device {
         };
         let uses = self.stream_uses.get(&ptr).map_or(&[][..], Vec::as_slice);
         let own_stream_only = uses.is_empty() && stream.is_none_or(|s| s == allocation.stream);
-        let ready = match stream {
-            Some(s) => self.sched.tail_ns(s)?,
+        // The free's point: after the given stream's work so far, or after the block's own
+        // stream's and every recorded stream's.
+        let (ready, point) = match stream {
+            Some(s) => (self.sched.tail_ns(s)?, self.sched.clock(s).clone()),
             None => {
-                let own = self.sched.tail_ns(allocation.stream).unwrap_or(0);
-                uses.iter().filter_map(|&s| self.sched.tail_ns(s).ok()).fold(own, u64::max)
+                let mut point = self.sched.clock(allocation.stream).clone();
+                let mut ready = self.sched.tail_ns(allocation.stream).unwrap_or(0);
+                for &s in uses {
+                    ready = ready.max(self.sched.tail_ns(s).unwrap_or(0));
+                    crate::stream::join(&mut point, self.sched.clock(s));
+                }
+                (ready, point)
             }
         };
         if ready <= self.sched.now_ns() {
@@ -414,7 +512,7 @@ impl Device {
         } else {
             self.free_seq += 1;
             let key = (ready, self.free_seq);
-            self.pending_frees.insert(key, allocation);
+            self.pending_frees.insert(key, PendingFree { allocation, point });
             if own_stream_only {
                 self.same_stream.entry(allocation.stream).or_default().insert((allocation.granted, ptr), key);
             }
@@ -448,11 +546,20 @@ impl Device {
     }
 
     /// Returns to the allocator the freed blocks whose streams have completed, in order of
-    /// completion (a stream that is still busy holds back only its own frees).
+    /// completion (a stream that is still busy holds back only its own frees). Without
+    /// opportunistic reuse a completed free also waits until the host has synchronised with it.
     fn reap(&mut self) {
-        let rest = self.pending_frees.split_off(&(self.sched.now_ns() + 1, 0));
-        let due = std::mem::replace(&mut self.pending_frees, rest);
-        for a in due.into_values() {
+        let now = self.sched.now_ns();
+        let opportunistic = self.reuse.allow_opportunistic;
+        let host = self.sched.host_clock();
+        let due: Vec<PendingKey> = self
+            .pending_frees
+            .range(..(now + 1, 0))
+            .filter(|(_, p)| opportunistic || p.point.iter().all(|(&s, &t)| crate::stream::covers(host, s, t)))
+            .map(|(&k, _)| k)
+            .collect();
+        for key in due {
+            let a = self.pending_frees.remove(&key).expect("pending free").allocation;
             self.stats.pending_frees -= 1;
             if let Some(index) = self.same_stream.get_mut(&a.stream) {
                 index.remove(&(a.granted, a.ptr));
@@ -460,6 +567,24 @@ impl Device {
             if self.allocator.free(self.backend.as_mut(), a.ptr).is_ok() {
                 self.trace(Action::FreeCompleted, a.ptr, a.granted);
             }
+        }
+    }
+
+    /// The stream-ordered reuse rules in force.
+    pub fn reuse_policy(&self) -> ReusePolicy {
+        self.reuse
+    }
+
+    pub fn set_reuse_policy(&mut self, policy: ReusePolicy) {
+        self.reuse = policy;
+    }
+
+    /// After the host synchronises: give back cached memory above the release threshold.
+    fn apply_release_threshold(&mut self) {
+        let threshold = self.reuse.release_threshold;
+        if threshold != u64::MAX && self.allocator.stats().reserved_bytes.all.current > threshold {
+            let _ = self.allocator.trim_to(self.backend.as_mut(), threshold);
+            self.flush_events();
         }
     }
 
@@ -821,18 +946,21 @@ impl Device {
     pub fn synchronize_stream(&mut self, stream: StreamId) -> Result<()> {
         self.sched.synchronize_stream(stream)?;
         self.settle();
+        self.apply_release_threshold();
         Ok(())
     }
 
     pub fn synchronize_event(&mut self, event: EventId) -> Result<()> {
         self.sched.synchronize_event(event)?;
         self.settle();
+        self.apply_release_threshold();
         Ok(())
     }
 
     pub fn synchronize_device(&mut self) {
         self.sched.synchronize_device();
         self.settle();
+        self.apply_release_threshold();
     }
 
     /// `aclrtRecordEvent`: the event completes when `stream`'s work queued so far has.

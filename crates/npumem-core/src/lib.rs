@@ -19,6 +19,6 @@ pub mod policy;
 pub mod pool;
 
 pub use acl::{MemAttr, MemcpyKind, Policy};
-pub use device::{Allocation, AllocatorKind, Device, DeviceConfig, DeviceStats};
+pub use device::{Allocation, AllocatorKind, Device, DeviceConfig, DeviceStats, ReusePolicy};
 pub mod sanitizer;
 pub mod stream;

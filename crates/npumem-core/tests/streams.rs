@@ -122,6 +122,7 @@ fn record_stream_and_stream_ordered_free() {
 #[test]
 fn oom_waits_for_pending_frees_and_retries() {
     let mut d = device();
+    d.set_reuse_policy(npumem_core::ReusePolicy { allow_internal_dependencies: false, ..Default::default() });
     let s = d.scheduler().create_stream();
     let x = d.malloc_on(200 * MIB, Policy::HugeFirst, true, s).unwrap();
     d.launch(s, 5_000_000, &[x], &[x]).unwrap();
@@ -151,4 +152,68 @@ fn the_same_stream_reuses_a_block_at_once() {
     assert!(z != x && w != x);
     d.synchronize_device();
     assert_eq!(d.stats().pending_frees, 0);
+}
+
+#[test]
+fn reuse_policies() {
+    // Follow event dependencies: b waited on an event recorded after a's free point.
+    let mut d = device();
+    let n = 4 * MIB;
+    let (a, b) = (d.scheduler().create_stream(), d.scheduler().create_stream());
+    let x = d.malloc_on(n, Policy::HugeFirst, true, a).unwrap();
+    d.launch(a, 1_000_000, &[x], &[x]).unwrap();
+    d.free(x).unwrap();
+    let e = d.scheduler().create_event();
+    d.record_event(e, a).unwrap();
+    d.stream_wait_event(b, e).unwrap();
+    let y = d.malloc_on(n, Policy::HugeFirst, true, b).unwrap();
+    assert_eq!(y, x);
+    assert_eq!(d.stats().event_dependency_reuses, 1);
+    d.free(y).unwrap();
+    d.synchronize_device();
+
+    // Without following event dependencies, b gets fresh memory.
+    let mut no_follow = npumem_core::ReusePolicy { follow_event_dependencies: false, ..Default::default() };
+    d.set_reuse_policy(no_follow);
+    let x = d.malloc_on(n, Policy::HugeFirst, true, a).unwrap();
+    d.launch(a, 1_000_000, &[x], &[x]).unwrap();
+    d.free(x).unwrap();
+    d.record_event(e, a).unwrap();
+    d.stream_wait_event(b, e).unwrap();
+    let y = d.malloc_on(n, Policy::HugeFirst, true, b).unwrap();
+    assert_ne!(y, x);
+    d.free(y).unwrap();
+    d.synchronize_device();
+
+    // Not opportunistic: a completed free waits until the host synchronises with it.
+    no_follow.allow_opportunistic = false;
+    d.set_reuse_policy(no_follow);
+    let x = d.malloc_on(n, Policy::HugeFirst, true, a).unwrap();
+    d.launch(a, 1_000, &[x], &[x]).unwrap();
+    d.free(x).unwrap();
+    d.scheduler().advance(10_000_000); // time passes, the kernel is long done
+    let y = d.malloc(n, Policy::HugeFirst).unwrap();
+    assert_eq!(d.stats().pending_frees, 1, "not reaped without a synchronisation");
+    d.synchronize_stream(a).unwrap();
+    assert_eq!(d.stats().pending_frees, 0);
+    d.free(y).unwrap();
+}
+
+#[test]
+fn internal_dependency_on_out_of_memory_and_release_threshold() {
+    let mut d = device();
+    let (a, b) = (d.scheduler().create_stream(), d.scheduler().create_stream());
+    let x = d.malloc_on(200 * MIB, Policy::HugeFirst, true, a).unwrap();
+    let (_, end) = d.launch(a, 5_000_000, &[x], &[x]).unwrap();
+    d.free(x).unwrap();
+    let y = d.malloc_on(200 * MIB, Policy::HugeFirst, true, b).unwrap();
+    assert_eq!(y, x, "b waits for a's free instead of failing");
+    assert_eq!((d.stats().internal_dependency_reuses, d.stats().sync_reclaims), (1, 0));
+    let (start, _) = d.launch(b, 10, &[y], &[]).unwrap();
+    assert!(start >= end, "the inserted dependency orders b after a");
+    assert!(d.scheduler().now_ns() < end, "the host did not block");
+    d.free(y).unwrap();
+    d.set_reuse_policy(npumem_core::ReusePolicy { release_threshold: 0, ..Default::default() });
+    d.synchronize_device();
+    assert_eq!(d.pool_stats().reserved_bytes.all.current, 0, "released down to the threshold");
 }

@@ -4,6 +4,7 @@
 //! duration. Bulk byte transfers of at least `DETACH_BYTES` detach from the interpreter while
 //! they copy, so other Python threads run meanwhile.
 
+use npumem_core::acl::MemPoolAttr;
 use npumem_core::backend::SimConfig;
 use npumem_core::pool::PoolKind;
 use npumem_core::sanitizer::{HOST, SanitizerMode};
@@ -415,6 +416,8 @@ impl PyDevice {
             ("pending_frees", s.pending_frees),
             ("sync_reclaims", s.sync_reclaims),
             ("same_stream_reuses", s.same_stream_reuses),
+            ("event_dependency_reuses", s.event_dependency_reuses),
+            ("internal_dependency_reuses", s.internal_dependency_reuses),
             ("live_count", s.live_count),
             ("live_requested", s.live_requested),
             ("live_granted", s.live_granted),
@@ -440,6 +443,65 @@ impl PyDevice {
     /// Returns cached, unused memory to the device (unmaps whole free segments).
     fn empty_cache(&self, py: Python<'_>) -> PyResult<()> {
         self.run(py, |d| d.empty_cache())
+    }
+
+    // ----- the stream-ordered pool's attributes (aclrtMemPoolSetAttr / GetAttr) -----
+
+    /// Sets a pool attribute (`MemPoolAttr` 1-4): the three reuse rules (bool) or the release
+    /// threshold (bytes; `None` keeps everything).
+    fn set_pool_attr(&self, py: Python<'_>, attr: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        let attr = MemPoolAttr::from_raw(enum_arg(attr, "attr")?).map_err(|e| to_py(py, e))?;
+        let threshold = if attr == MemPoolAttr::ReleaseThreshold {
+            if value.is_none() { Some(u64::MAX) } else { Some(size_arg(value, "release threshold")?) }
+        } else {
+            None
+        };
+        let flag = value.is_truthy()?;
+        self.run(py, |d| {
+            let mut p = d.reuse_policy();
+            match attr {
+                MemPoolAttr::ReuseFollowEventDependencies => p.follow_event_dependencies = flag,
+                MemPoolAttr::ReuseAllowOpportunistic => p.allow_opportunistic = flag,
+                MemPoolAttr::ReuseAllowInternalDependencies => p.allow_internal_dependencies = flag,
+                MemPoolAttr::ReleaseThreshold => p.release_threshold = threshold.unwrap_or(u64::MAX),
+                other => {
+                    return Err(AclError::invalid_param(format!(
+                        "{} is read-only; get it with get_pool_attr",
+                        other.name()
+                    )));
+                }
+            }
+            d.set_reuse_policy(p);
+            Ok(())
+        })
+    }
+
+    /// Reads a pool attribute (`MemPoolAttr` 1-8).
+    fn get_pool_attr<'py>(&self, py: Python<'py>, attr: &Bound<'_, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let attr = MemPoolAttr::from_raw(enum_arg(attr, "attr")?).map_err(|e| to_py(py, e))?;
+        let d = self.inner.lock();
+        let (p, stats) = (d.reuse_policy(), d.pool_stats().clone());
+        drop(d);
+        Ok(match attr {
+            MemPoolAttr::ReuseFollowEventDependencies => {
+                p.follow_event_dependencies.into_pyobject(py)?.to_owned().into_any()
+            }
+            MemPoolAttr::ReuseAllowOpportunistic => p.allow_opportunistic.into_pyobject(py)?.to_owned().into_any(),
+            MemPoolAttr::ReuseAllowInternalDependencies => {
+                p.allow_internal_dependencies.into_pyobject(py)?.to_owned().into_any()
+            }
+            MemPoolAttr::ReleaseThreshold => {
+                if p.release_threshold == u64::MAX {
+                    py.None().into_bound(py)
+                } else {
+                    p.release_threshold.into_pyobject(py)?.into_any()
+                }
+            }
+            MemPoolAttr::ReservedMemCurrent => stats.reserved_bytes.all.current.into_pyobject(py)?.into_any(),
+            MemPoolAttr::ReservedMemHigh => stats.reserved_bytes.all.peak.into_pyobject(py)?.into_any(),
+            MemPoolAttr::UsedMemCurrent => stats.allocated_bytes.all.current.into_pyobject(py)?.into_any(),
+            MemPoolAttr::UsedMemHigh => stats.allocated_bytes.all.peak.into_pyobject(py)?.into_any(),
+        })
     }
 
     // ----- the memory sanitizer -----
