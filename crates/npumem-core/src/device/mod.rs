@@ -1,0 +1,517 @@
+//! `Device`: AscendCL memory semantics over an allocator and a backend.
+//!
+//! One `malloc`: check the size and policy → book `ALIGN_UP(size, 32) (+ 32)` bytes → the
+//! allocator reserves VA, creates physical memory and maps it through the backend → the live table
+//! records the allocation. One `memcpy`: check `count <= dst_max` → classify each address as
+//! device (inside a live allocation) or host (inside a live `malloc_host` block) → check both
+//! ranges fit → move the bytes (device bytes through the page table).
+//!
+//! The runtime rules and the allocation table live here; byte access (copies, memsets,
+//! classification of addresses) is in `access.rs`; streams, events, stream-ordered frees and
+//! the sanitizer's hooks are in `ordered.rs`.
+//!
+//! Invariants: `live` holds exactly the allocations the allocator has granted and not freed; no
+//! byte outside a live allocation's requested size or a live host block is ever read or written;
+//! every failed call leaves the device as it was.
+
+mod access;
+mod ordered;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use crate::acl::{MemAttr, MemcpyKind, Policy};
+use crate::backend::{Backend, BackendCounters, SimBackend, SimConfig};
+use crate::error::{AclError, ErrorCode, Result};
+use crate::host::HostHeap;
+use crate::policy::{HUGE_FIRST_NORMAL_LIMIT, START_ALIGN, booked_size};
+use crate::pool::{
+    Action, Allocator, CachingAllocator, CachingConfig, DirectAllocator, Family, Fragmentation, History, PoolStats,
+    Request, SegmentSnapshot, TraceEntry, VmmAllocator, VmmConfig,
+};
+use crate::sanitizer::{Finding, FindingKind, HOST, Sanitizer, SanitizerMode};
+use crate::stream::{Clock, CostModel, DEFAULT_STREAM, Effect, EventId, Scheduler, StreamId};
+use crate::units::format_size;
+use crate::vm::{FrameStats, PageSize, PageTableStats, Translation, is_device_address};
+
+/// Which allocator family a device uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllocatorKind {
+    /// npumem's VMM pool (the default).
+    Npumem,
+    /// No cache: every malloc maps fresh frames, every free unmaps them.
+    Direct,
+    /// PyTorch's caching allocator rules.
+    PyTorch,
+    /// torch_npu's caching allocator rules.
+    TorchNpu,
+}
+
+impl AllocatorKind {
+    pub const NAMES: &'static str = "\"npumem\", \"direct\", \"pytorch\", \"torch_npu\"";
+
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "npumem" => Ok(AllocatorKind::Npumem),
+            "direct" => Ok(AllocatorKind::Direct),
+            "pytorch" => Ok(AllocatorKind::PyTorch),
+            "torch_npu" => Ok(AllocatorKind::TorchNpu),
+            other => Err(AclError::invalid_param(format!("unknown allocator {other:?}; available: {}", Self::NAMES))),
+        }
+    }
+
+    /// Builds the allocator, tuned by `alloc_conf` (PYTORCH_NPU_ALLOC_CONF grammar).
+    fn build(self, alloc_conf: &str, capacity: u64) -> Result<Box<dyn Allocator>> {
+        let family = match self {
+            AllocatorKind::Npumem => {
+                return Ok(Box::new(VmmAllocator::new(VmmConfig::parse(alloc_conf)?, capacity)));
+            }
+            AllocatorKind::Direct if alloc_conf.trim().is_empty() => return Ok(Box::new(DirectAllocator::new())),
+            AllocatorKind::Direct => {
+                return Err(AclError::invalid_param(
+                    "the direct allocator has no settings; pass alloc_conf only with a caching allocator",
+                ));
+            }
+            AllocatorKind::PyTorch => Family::PyTorch,
+            AllocatorKind::TorchNpu => Family::TorchNpu,
+        };
+        Ok(Box::new(CachingAllocator::new(CachingConfig::parse(family, alloc_conf)?, capacity)))
+    }
+}
+
+/// Everything needed to build a simulated device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceConfig {
+    pub sim: SimConfig,
+    pub allocator: AllocatorKind,
+    /// Settings of the allocator, in the PYTORCH_NPU_ALLOC_CONF grammar.
+    pub alloc_conf: String,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        DeviceConfig { sim: SimConfig::default(), allocator: AllocatorKind::Npumem, alloc_conf: String::new() }
+    }
+}
+
+/// One live device allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Allocation {
+    pub ptr: u64,
+    /// Bytes the caller asked for; the accessible range.
+    pub size: u64,
+    /// Bytes the runtime booked (aligned to 32, padded by 32 for `malloc`).
+    pub booked: u64,
+    /// Bytes the allocator set aside (page-rounded for the direct allocator).
+    pub granted: u64,
+    pub policy: Policy,
+    pub page: PageSize,
+    /// The stream the block was allocated for (its work is ordered before the free).
+    pub stream: StreamId,
+}
+
+/// Counters of the runtime layer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceStats {
+    pub mallocs: u64,
+    pub frees: u64,
+    /// Mallocs that failed for lack of memory (invalid requests are not counted).
+    pub failed_mallocs: u64,
+    /// HUGE_FIRST requests above 1 MiB that got normal pages because no 2 MiB frame was free.
+    pub huge_fallbacks: u64,
+    /// Copies whose `kind` disagreed with the direction the addresses imply (advisory, as in CANN).
+    pub kind_mismatches: u64,
+    /// Async effects dropped because their memory was freed before they completed.
+    pub lost_effects: u64,
+    /// Frees whose memory went back to the allocator only once the streams using it completed.
+    pub deferred_frees: u64,
+    /// Frees still waiting for their streams.
+    pub pending_frees: u64,
+    /// Mallocs that hit out-of-memory, synchronised the device to reclaim pending frees, and
+    /// retried (PyTorch's `num_sync_all_streams`).
+    pub sync_reclaims: u64,
+    /// Mallocs served by a block freed on the same stream whose old work is still queued.
+    pub same_stream_reuses: u64,
+    /// Mallocs served by a pending block of another stream that the malloc's stream follows
+    /// through events.
+    pub event_dependency_reuses: u64,
+    /// Mallocs that took a pending block by making their stream wait for its free.
+    pub internal_dependency_reuses: u64,
+    pub live_count: u64,
+    pub live_requested: u64,
+    pub live_granted: u64,
+    pub peak_granted: u64,
+}
+
+/// Where an address lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Side {
+    Device,
+    Host,
+}
+
+/// A pending free's key: (the time its streams complete, a sequence number).
+type PendingKey = (u64, u64);
+
+/// A freed block waiting for its streams, and the point (vector clock) its free sits at: work
+/// that follows that point may reuse it.
+#[derive(Clone, Debug)]
+struct PendingFree {
+    allocation: Allocation,
+    point: Clock,
+}
+
+/// The stream-ordered reuse rules (`aclrtMemPoolAttr` / cudaMallocAsync's pool attributes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReusePolicy {
+    /// A malloc on a stream that (through events) follows a free's point may reuse the block.
+    pub follow_event_dependencies: bool,
+    /// A freed block whose streams have completed is reusable by any stream, without the host
+    /// having synchronised with them.
+    pub allow_opportunistic: bool,
+    /// When memory runs out, a malloc may take a pending block by making its stream wait for
+    /// the free's point.
+    pub allow_internal_dependencies: bool,
+    /// Reserved bytes the allocator keeps when the host synchronises; above it, the coldest
+    /// cached memory is returned to the device (`u64::MAX`: keep everything).
+    pub release_threshold: u64,
+}
+
+impl Default for ReusePolicy {
+    fn default() -> Self {
+        ReusePolicy {
+            follow_event_dependencies: true,
+            allow_opportunistic: true,
+            allow_internal_dependencies: true,
+            release_threshold: u64::MAX,
+        }
+    }
+}
+
+/// How many recently freed pointers are remembered to name double frees.
+const FREED_MEMORY: usize = 4096;
+
+pub struct Device {
+    backend: Box<dyn Backend>,
+    allocator: Box<dyn Allocator>,
+    live: BTreeMap<u64, Allocation>,
+    recently_freed: VecDeque<u64>,
+    host: HostHeap,
+    stats: DeviceStats,
+    /// The trace of allocator actions, while recording (`record_memory_history`).
+    history: Option<History>,
+    started: std::time::Instant,
+    sched: Scheduler,
+    /// Streams besides its own that used a live allocation (`record_stream`).
+    stream_uses: HashMap<u64, Vec<StreamId>>,
+    /// Freed blocks waiting for their streams, by `PendingKey` (ready time, sequence).
+    pending_frees: BTreeMap<PendingKey, PendingFree>,
+    /// Pending frees that their own stream may reuse at once (stream order already puts the
+    /// new user after the old one): stream → (granted, ptr) → key in `pending_frees`.
+    same_stream: HashMap<StreamId, BTreeMap<(u64, u64), PendingKey>>,
+    free_seq: u64,
+    sanitizer: Sanitizer,
+    reuse: ReusePolicy,
+}
+
+impl Device {
+    /// A simulated device.
+    pub fn new(config: DeviceConfig) -> Result<Self> {
+        let backend = SimBackend::new(config.sim)?;
+        let (_, capacity) = backend.mem_info(crate::acl::MemScope::All);
+        let allocator = config.allocator.build(&config.alloc_conf, capacity)?;
+        Ok(Self::with_parts(Box::new(backend), allocator))
+    }
+
+    /// A device over any backend and allocator.
+    pub fn with_parts(backend: Box<dyn Backend>, allocator: Box<dyn Allocator>) -> Self {
+        Device {
+            backend,
+            allocator,
+            live: BTreeMap::new(),
+            recently_freed: VecDeque::new(),
+            host: HostHeap::default(),
+            stats: DeviceStats::default(),
+            history: None,
+            started: std::time::Instant::now(),
+            sched: Scheduler::new(CostModel::ascend910b()),
+            stream_uses: HashMap::new(),
+            pending_frees: BTreeMap::new(),
+            same_stream: HashMap::new(),
+            free_seq: 0,
+            sanitizer: Sanitizer::new(SanitizerMode::Collect),
+            reuse: ReusePolicy::default(),
+        }
+    }
+
+    /// Starts (with room for `max_entries` trace entries, the oldest dropped first) or stops
+    /// recording the allocator's history, as `torch.cuda.memory._record_memory_history` does.
+    pub fn record_memory_history(&mut self, enabled: bool, max_entries: usize) {
+        self.allocator.set_recording(enabled);
+        self.allocator.take_events();
+        self.history = enabled.then(|| History::new(max_entries));
+    }
+
+    /// Moves the allocator's segment events into the history, then records `action`.
+    fn trace(&mut self, action: Action, addr: u64, size: u64) {
+        self.flush_events();
+        if let Some(history) = self.history.as_mut() {
+            let time_us = self.started.elapsed().as_micros() as u64;
+            history.push(TraceEntry { action, addr, size, time_us });
+        }
+    }
+
+    fn flush_events(&mut self) {
+        let Some(history) = self.history.as_mut() else { return };
+        let time_us = self.started.elapsed().as_micros() as u64;
+        for (action, addr, size) in self.allocator.take_events() {
+            history.push(TraceEntry { action, addr, size, time_us });
+        }
+    }
+
+    /// The recorded trace, oldest first (empty when not recording).
+    pub fn history(&self) -> Vec<TraceEntry> {
+        self.history.as_ref().map_or_else(Vec::new, |h| h.entries().copied().collect())
+    }
+
+    /// The allocator's segments and blocks, for `memory_snapshot`.
+    pub fn segments(&self) -> Vec<SegmentSnapshot> {
+        self.allocator.segments()
+    }
+
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    pub fn allocator_name(&self) -> &'static str {
+        self.allocator.name()
+    }
+
+    /// `aclrtMalloc`: books `ALIGN_UP(size, 32) + 32` bytes (no pad under HUGE1G).
+    pub fn malloc(&mut self, size: u64, policy: Policy) -> Result<u64> {
+        self.malloc_on(size, policy, true, DEFAULT_STREAM)
+    }
+
+    /// `aclrtMallocAlign32`: books `ALIGN_UP(size, 32)` bytes.
+    pub fn malloc_align32(&mut self, size: u64, policy: Policy) -> Result<u64> {
+        self.malloc_on(size, policy, false, DEFAULT_STREAM)
+    }
+
+    /// A malloc for `stream`: the block's later free is ordered after the stream's work;
+    /// `padded` picks `aclrtMalloc`'s booking over `aclrtMallocAlign32`'s.
+    pub fn malloc_on(&mut self, size: u64, policy: Policy, padded: bool, stream: StreamId) -> Result<u64> {
+        self.sched.tail_ns(stream)?;
+        self.settle();
+        if let Some(ptr) = self.reuse_on_stream(size, policy, padded, stream)? {
+            return Ok(ptr);
+        }
+        let mut granted = self.allocate(size, policy, padded);
+        if granted.as_ref().is_err_and(|e| e.code.is_out_of_memory()) && !self.pending_frees.is_empty() {
+            if self.reuse.allow_internal_dependencies {
+                if let Some(ptr) = self.reuse_with_dependency(size, policy, padded, stream)? {
+                    return Ok(ptr);
+                }
+            }
+            // Memory is held by frees waiting for their streams: wait for them and retry.
+            self.stats.sync_reclaims += 1;
+            self.synchronize_device();
+            granted = self.allocate(size, policy, padded);
+        }
+        self.finish_malloc(granted, size, policy, stream)
+    }
+
+    fn allocate(&mut self, size: u64, policy: Policy, padded: bool) -> Result<(u64, crate::pool::Grant)> {
+        booked_size(size, policy, padded).and_then(|booked| {
+            let request = Request { size, booked, policy };
+            self.allocator.malloc(self.backend.as_mut(), &request).map(|g| (booked, g))
+        })
+    }
+
+    fn finish_malloc(
+        &mut self,
+        granted: Result<(u64, crate::pool::Grant)>,
+        size: u64,
+        policy: Policy,
+        stream: StreamId,
+    ) -> Result<u64> {
+        let (booked, grant) = match granted {
+            Ok(g) => g,
+            Err(e) => {
+                if e.code.is_out_of_memory() {
+                    self.stats.failed_mallocs += 1;
+                    let free = self.backend.mem_info(crate::acl::MemScope::All).0;
+                    self.trace(Action::Oom, free, size);
+                }
+                return Err(self.malloc_error(e, size, policy));
+            }
+        };
+        // Caching families size blocks by their own rules (torch_npu pads, PyTorch does not), so
+        // the grant covers the request, not necessarily aclrtMalloc's booking.
+        debug_assert!(grant.ptr % START_ALIGN == 0 && grant.granted >= size);
+        if policy.base() == Policy::HugeFirst
+            && size > HUGE_FIRST_NORMAL_LIMIT
+            && grant.page.bytes() < PageSize::Size2M.bytes()
+        {
+            self.stats.huge_fallbacks += 1;
+        }
+        let allocation =
+            Allocation { ptr: grant.ptr, size, booked, granted: grant.granted, policy, page: grant.page, stream };
+        self.record_live(allocation);
+        Ok(grant.ptr)
+    }
+
+    fn record_live(&mut self, allocation: Allocation) {
+        self.live.insert(allocation.ptr, allocation);
+        self.trace(Action::Alloc, allocation.ptr, allocation.granted);
+        let s = &mut self.stats;
+        s.mallocs += 1;
+        s.live_count += 1;
+        s.live_requested += allocation.size;
+        s.live_granted += allocation.granted;
+        s.peak_granted = s.peak_granted.max(s.live_granted);
+    }
+
+    fn malloc_error(&self, e: AclError, size: u64, policy: Policy) -> AclError {
+        if !e.code.is_out_of_memory() {
+            return e;
+        }
+        let (free, total) = self.backend.mem_info(crate::acl::MemScope::All);
+        let hint = match policy.base() {
+            Policy::HugeOnly => {
+                " HUGE_ONLY needs free 2 MiB frames: use HUGE_FIRST to accept normal pages, \
+                                 or free memory to let huge frames re-form."
+            }
+            Policy::Huge1gOnly => " HUGE1G_ONLY needs giant frames set aside (giant_frames) or use HUGE_FIRST.",
+            _ => " Free memory you no longer need or use a larger device.",
+        };
+        // The allocator's own state explains many failures: every OOM says what it holds.
+        let pool = format!("; {} allocator: {}", self.allocator.name(), self.allocator.fragmentation().summary());
+        AclError::oom(format!(
+            "malloc({}, {}) failed: {} (device: {} free of {}{pool}).{hint}",
+            format_size(size),
+            policy.name(),
+            e.message,
+            format_size(free),
+            format_size(total),
+        ))
+    }
+
+    /// `aclrtFree`: the pointer is dead at once; its memory goes back to the allocator when the
+    /// work queued on its stream (and on every stream recorded with `record_stream`) has
+    /// completed, so no queued operation can see it reused.
+    pub fn free(&mut self, ptr: u64) -> Result<()> {
+        self.free_on(ptr, None)
+    }
+
+    fn bad_pointer(&self, ptr: u64) -> AclError {
+        if let Some(a) = self.containing(ptr) {
+            return AclError::bad_free(format!(
+                "{ptr:#x} points {} bytes into the allocation at {:#x}; free the pointer malloc returned",
+                ptr - a.ptr,
+                a.ptr
+            ));
+        }
+        if self.recently_freed.contains(&ptr) {
+            return AclError::bad_free(format!("double free: {ptr:#x} was already freed"));
+        }
+        AclError::bad_free(format!("{ptr:#x} is not a live device allocation; it never came from malloc"))
+    }
+
+    fn containing(&self, addr: u64) -> Option<&Allocation> {
+        self.live.range(..=addr).next_back().map(|(_, a)| a).filter(|a| addr < a.ptr + a.granted)
+    }
+
+    /// The live allocation that starts at `ptr`.
+    pub fn allocation(&self, ptr: u64) -> Option<Allocation> {
+        self.live.get(&ptr).copied()
+    }
+
+    /// All live allocations in address order.
+    pub fn allocations(&self) -> impl Iterator<Item = &Allocation> {
+        self.live.values()
+    }
+
+    /// `aclrtMallocHost`: real host memory, 64-byte aligned.
+    pub fn malloc_host(&mut self, size: u64) -> Result<u64> {
+        self.host.alloc(size)
+    }
+
+    /// `aclrtFreeHost`.
+    pub fn free_host(&mut self, ptr: u64) -> Result<()> {
+        if ptr == 0 {
+            return Err(AclError::invalid_param("free_host(NULL): pass a pointer returned by malloc_host"));
+        }
+        self.host.free(ptr)
+    }
+
+    /// `aclrtGetMemInfo`: (free, total) bytes of the memory `attr` names.
+    pub fn mem_info(&self, attr: MemAttr) -> (u64, u64) {
+        self.backend.mem_info(attr.scope())
+    }
+
+    /// Where a device VA is mapped.
+    pub fn translate(&self, va: u64) -> Result<Translation> {
+        if !is_device_address(va) {
+            return Err(AclError::rt_param(format!("{va:#x} is not a device address")));
+        }
+        self.backend.translate(va)
+    }
+
+    pub fn frame_stats(&self) -> Result<FrameStats> {
+        self.backend.frame_stats().ok_or_else(|| self.unsupported("frame statistics"))
+    }
+
+    pub fn page_table_stats(&self) -> Result<PageTableStats> {
+        self.backend.page_table_stats().ok_or_else(|| self.unsupported("page-table statistics"))
+    }
+
+    fn unsupported(&self, what: &str) -> AclError {
+        AclError::new(ErrorCode::FeatureUnsupported, format!("the {} backend has no {what}", self.backend.name()))
+    }
+
+    pub fn backend_counters(&self) -> BackendCounters {
+        self.backend.counters()
+    }
+
+    pub fn stats(&self) -> DeviceStats {
+        self.stats
+    }
+
+    /// Live `malloc_host` bytes and blocks.
+    pub fn host_usage(&self) -> (u64, usize) {
+        (self.host.live_bytes(), self.host.live_count())
+    }
+
+    /// Returns cached memory to the backend (nothing to do for the direct allocator).
+    pub fn empty_cache(&mut self) -> Result<()> {
+        self.settle();
+        let result = self.allocator.empty_cache(self.backend.as_mut());
+        self.flush_events();
+        result
+    }
+
+    /// Returns the coldest cached memory to the device until at most `bytes` are reserved.
+    pub fn trim_to(&mut self, bytes: u64) -> Result<u64> {
+        let result = self.allocator.trim_to(self.backend.as_mut(), bytes);
+        self.flush_events();
+        result
+    }
+
+    /// Caps the allocator's reservations at `fraction` of the device.
+    pub fn set_memory_fraction(&mut self, fraction: f64) -> Result<()> {
+        self.allocator.set_memory_fraction(fraction)
+    }
+
+    /// The allocator's statistics (PyTorch's `memory_stats` scheme).
+    pub fn pool_stats(&self) -> &PoolStats {
+        self.allocator.stats()
+    }
+
+    pub fn reset_peak_stats(&mut self) {
+        self.allocator.reset_peak_stats();
+    }
+
+    /// Where the allocator's memory goes: waste, cached memory, free extents, per segment.
+    pub fn fragmentation(&self) -> Fragmentation {
+        self.allocator.fragmentation()
+    }
+}

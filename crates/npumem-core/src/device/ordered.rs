@@ -1,0 +1,381 @@
+//! Streams on the device: async copies, memsets and kernels on the simulated clock, events and
+//! synchronisation, stream-ordered frees with their reuse rules (same stream, event
+//! dependencies, opportunistic, internal dependencies, release threshold), and the sanitizer.
+//!
+//! Invariants: a freed block goes back to the allocator exactly once — reaped when its streams
+//! are done (and, without opportunistic reuse, the host has synchronised with them) or revived
+//! by a malloc that follows its free point; a data effect is applied once, after its operation
+//! completes on the host clock.
+
+use super::*;
+
+impl Device {
+    /// Serves a malloc on `stream` from a pending free it may safely take without waiting: one
+    /// freed on the same stream (stream order runs the new work after the old, as PyTorch's
+    /// per-stream pools rely on), or — following event dependencies — one whose free point the
+    /// stream already follows through events. The block must be of the same policy, hold the
+    /// request and be at most twice its size.
+    pub(super) fn reuse_on_stream(
+        &mut self,
+        size: u64,
+        policy: Policy,
+        padded: bool,
+        stream: StreamId,
+    ) -> Result<Option<u64>> {
+        let booked = booked_size(size, policy, padded)?;
+        let fits = |p: &PendingFree| {
+            let a = &p.allocation;
+            a.granted >= size && a.granted <= size.saturating_mul(2) && a.policy.base() == policy.base()
+        };
+        let same = self.same_stream.get(&stream).and_then(|index| {
+            index.range((size, 0)..).take(8).map(|(_, &key)| key).find(|key| fits(&self.pending_frees[key]))
+        });
+        let key = match same {
+            Some(key) => {
+                self.stats.same_stream_reuses += 1;
+                key
+            }
+            None if self.reuse.follow_event_dependencies => {
+                let clock = self.sched.next_clock(stream);
+                let followed = self
+                    .pending_frees
+                    .iter()
+                    .take(64)
+                    .find(|(_, p)| fits(p) && p.point.iter().all(|(&s, &t)| crate::stream::covers(&clock, s, t)));
+                let Some((&key, _)) = followed else { return Ok(None) };
+                self.stats.event_dependency_reuses += 1;
+                key
+            }
+            None => return Ok(None),
+        };
+        Ok(Some(self.revive(key, size, booked, policy)))
+    }
+
+    /// On out-of-memory: takes the earliest pending block that fits and makes `stream` wait
+    /// for its free (an internal dependency).
+    pub(super) fn reuse_with_dependency(
+        &mut self,
+        size: u64,
+        policy: Policy,
+        padded: bool,
+        stream: StreamId,
+    ) -> Result<Option<u64>> {
+        let booked = booked_size(size, policy, padded)?;
+        let found = self
+            .pending_frees
+            .iter()
+            .find(|(_, p)| p.allocation.granted >= size && p.allocation.policy.base() == policy.base())
+            .map(|(&key, p)| (key, p.point.clone()));
+        let Some((key, point)) = found else { return Ok(None) };
+        self.sched.stream_wait_point(stream, key.0, &point)?;
+        self.stats.internal_dependency_reuses += 1;
+        Ok(Some(self.revive(key, size, booked, policy)))
+    }
+
+    /// Turns the pending free at `key` back into a live allocation of `size` bytes.
+    pub(super) fn revive(&mut self, key: PendingKey, size: u64, booked: u64, policy: Policy) -> u64 {
+        let old = self.pending_frees.remove(&key).expect("pending free").allocation;
+        if let Some(index) = self.same_stream.get_mut(&old.stream) {
+            index.remove(&(old.granted, old.ptr));
+        }
+        self.stats.pending_frees -= 1;
+        self.record_live(Allocation { size, booked, policy, ..old });
+        old.ptr
+    }
+
+    /// A free ordered on `stream` when given (as `aclrtMemPoolFreeAsync`: the memory is reusable
+    /// once that stream reaches this point, e.g. after it waited on an event recorded behind
+    /// the last use), else after the block's own stream and recorded streams.
+    pub fn free_on(&mut self, ptr: u64, stream: Option<StreamId>) -> Result<()> {
+        if ptr == 0 {
+            return Err(AclError::invalid_param("free(NULL): pass a pointer returned by malloc"));
+        }
+        let Some(allocation) = self.live.get(&ptr).copied() else {
+            let error = self.bad_pointer(ptr);
+            if self.recently_freed.contains(&ptr) {
+                let finding = Finding {
+                    kind: FindingKind::DoubleFree,
+                    message: error.message.clone(),
+                    addr: ptr,
+                    size: 0,
+                    allocation: Some(ptr),
+                    streams: vec![],
+                };
+                let _ = self.sanitizer.report(finding, false);
+            }
+            return Err(error);
+        };
+        let uses = self.stream_uses.get(&ptr).map_or(&[][..], Vec::as_slice);
+        let own_stream_only = uses.is_empty() && stream.is_none_or(|s| s == allocation.stream);
+        // The free's point: after the given stream's work so far, or after the block's own
+        // stream's and every recorded stream's.
+        let (ready, point) = match stream {
+            Some(s) => (self.sched.tail_ns(s)?, self.sched.clock(s).clone()),
+            None => {
+                let mut point = self.sched.clock(allocation.stream).clone();
+                let mut ready = self.sched.tail_ns(allocation.stream).unwrap_or(0);
+                for &s in uses {
+                    ready = ready.max(self.sched.tail_ns(s).unwrap_or(0));
+                    crate::stream::join(&mut point, self.sched.clock(s));
+                }
+                (ready, point)
+            }
+        };
+        if ready <= self.sched.now_ns() {
+            self.allocator.free(self.backend.as_mut(), ptr)?;
+        }
+        self.live.remove(&ptr);
+        self.stream_uses.remove(&ptr);
+        self.sanitizer.forget(ptr);
+        self.trace(Action::FreeRequested, ptr, allocation.granted);
+        if ready <= self.sched.now_ns() {
+            self.trace(Action::FreeCompleted, ptr, allocation.granted);
+        } else {
+            self.free_seq += 1;
+            let key = (ready, self.free_seq);
+            self.pending_frees.insert(key, PendingFree { allocation, point });
+            if own_stream_only {
+                self.same_stream.entry(allocation.stream).or_default().insert((allocation.granted, ptr), key);
+            }
+            self.stats.deferred_frees += 1;
+            self.stats.pending_frees += 1;
+        }
+        if self.recently_freed.len() == FREED_MEMORY {
+            self.recently_freed.pop_front();
+        }
+        self.recently_freed.push_back(ptr);
+        let s = &mut self.stats;
+        s.frees += 1;
+        s.live_count -= 1;
+        s.live_requested -= allocation.size;
+        s.live_granted -= allocation.granted;
+        Ok(())
+    }
+
+    /// `record_stream`: `stream` also uses the allocation at `ptr`; its free waits for that
+    /// stream's work too.
+    pub fn record_stream(&mut self, ptr: u64, stream: StreamId) -> Result<()> {
+        self.sched.tail_ns(stream)?;
+        let Some(allocation) = self.live.get(&ptr) else {
+            return Err(AclError::rt_param(format!("{ptr:#x} is not a live allocation; record_stream needs one")));
+        };
+        let uses = self.stream_uses.entry(ptr).or_default();
+        if stream != allocation.stream && !uses.contains(&stream) {
+            uses.push(stream);
+        }
+        Ok(())
+    }
+
+    /// Returns to the allocator the freed blocks whose streams have completed, in order of
+    /// completion (a stream that is still busy holds back only its own frees). Without
+    /// opportunistic reuse a completed free also waits until the host has synchronised with it.
+    pub(super) fn reap(&mut self) {
+        let now = self.sched.now_ns();
+        let opportunistic = self.reuse.allow_opportunistic;
+        let host = self.sched.host_clock();
+        let due: Vec<PendingKey> = self
+            .pending_frees
+            .range(..(now + 1, 0))
+            .filter(|(_, p)| opportunistic || p.point.iter().all(|(&s, &t)| crate::stream::covers(host, s, t)))
+            .map(|(&k, _)| k)
+            .collect();
+        for key in due {
+            let a = self.pending_frees.remove(&key).expect("pending free").allocation;
+            self.stats.pending_frees -= 1;
+            if let Some(index) = self.same_stream.get_mut(&a.stream) {
+                index.remove(&(a.granted, a.ptr));
+            }
+            if self.allocator.free(self.backend.as_mut(), a.ptr).is_ok() {
+                self.trace(Action::FreeCompleted, a.ptr, a.granted);
+            }
+        }
+    }
+
+    /// The stream-ordered reuse rules in force.
+    pub fn reuse_policy(&self) -> ReusePolicy {
+        self.reuse
+    }
+
+    pub fn set_reuse_policy(&mut self, policy: ReusePolicy) {
+        self.reuse = policy;
+    }
+
+    /// After the host synchronises: give back cached memory above the release threshold.
+    pub(super) fn apply_release_threshold(&mut self) {
+        let threshold = self.reuse.release_threshold;
+        if threshold != u64::MAX && self.allocator.stats().reserved_bytes.all.current > threshold {
+            let _ = self.allocator.trim_to(self.backend.as_mut(), threshold);
+            self.flush_events();
+        }
+    }
+
+    /// `aclrtMemcpyAsync`: queues the copy on `stream`. Host memory here is pinned (`malloc_host`),
+    /// so the call returns at once and the bytes land when the copy completes on the device
+    /// clock; the ranges must stay valid until then. Returns (start, end) on the device clock.
+    pub fn memcpy_async(
+        &mut self,
+        dst: u64,
+        dst_max: u64,
+        src: u64,
+        count: u64,
+        kind: u32,
+        stream: StreamId,
+    ) -> Result<(u64, u64)> {
+        self.settle();
+        self.sched.tail_ns(stream)?;
+        let Some((dst_side, src_side)) = self.check_copy(dst, dst_max, src, count, kind)? else {
+            return self.sched.enqueue(stream, 0, "memcpy", 0, None);
+        };
+        let clock = self.sched.next_clock(stream);
+        self.touch_op(stream, &clock, src, count, false)?;
+        self.touch_op(stream, &clock, dst, count, true)?;
+        let ns = self.sched.cost.copy_ns(count, src_side == Side::Device, dst_side == Side::Device, true);
+        let label = match (src_side, dst_side) {
+            (Side::Host, Side::Device) => "copy H2D",
+            (Side::Device, Side::Host) => "copy D2H",
+            (Side::Device, Side::Device) => "copy D2D",
+            (Side::Host, Side::Host) => "copy H2H",
+        };
+        self.sched.enqueue(stream, ns, label, count, Some(Effect::Copy { dst, src, count }))
+    }
+
+    /// `aclrtMemsetAsync`: queues a byte fill on `stream`.
+    pub fn memset_async(
+        &mut self,
+        ptr: u64,
+        dst_max: u64,
+        value: i32,
+        count: u64,
+        stream: StreamId,
+    ) -> Result<(u64, u64)> {
+        self.settle();
+        if count > dst_max {
+            return Err(AclError::rt_param(format!(
+                "count {count} is larger than dst_max {dst_max}; the memset would overflow the destination"
+            )));
+        }
+        self.sched.tail_ns(stream)?;
+        if count > 0 {
+            self.side(ptr, count, "destination")?;
+        }
+        let clock = self.sched.next_clock(stream);
+        self.touch_op(stream, &clock, ptr, count, true)?;
+        let ns = self.sched.cost.fill_ns(count);
+        let effect = (count > 0).then_some(Effect::Fill { dst: ptr, value: value as u8, count });
+        self.sched.enqueue(stream, ns, "memset", count, effect)
+    }
+
+    /// Queues a kernel that runs for `duration_ns` on `stream`, touching the allocations at
+    /// `reads` and `writes` (checked to be live; their bytes are left as they are).
+    pub fn launch(&mut self, stream: StreamId, duration_ns: u64, reads: &[u64], writes: &[u64]) -> Result<(u64, u64)> {
+        self.settle();
+        self.sched.tail_ns(stream)?;
+        for &p in reads.iter().chain(writes) {
+            self.side(p, 1, "kernel argument")?;
+        }
+        // A kernel argument stands for the whole allocation it points into; an allocation both
+        // read and written counts once, as written.
+        let clock = self.sched.next_clock(stream);
+        let mut touched: BTreeMap<(u64, u64), bool> = BTreeMap::new();
+        for (&p, write) in reads.iter().map(|p| (p, false)).chain(writes.iter().map(|p| (p, true))) {
+            let range = self.containing(p).map_or((p, 1), |a| (a.ptr, a.size));
+            *touched.entry(range).or_default() |= write;
+        }
+        for ((base, len), write) in touched {
+            self.touch_op(stream, &clock, base, len, write)?;
+        }
+        self.sched.enqueue(stream, duration_ns, "kernel", 0, None)
+    }
+
+    /// Applies the data effects of async work that has completed on the host clock. An effect
+    /// whose memory was freed meanwhile is dropped and counted in `lost_effects`.
+    pub(super) fn settle(&mut self) {
+        self.reap_effects();
+        self.reap();
+    }
+
+    pub(super) fn reap_effects(&mut self) {
+        for effect in self.sched.take_due() {
+            let applied = match effect {
+                Effect::Copy { dst, src, count } => self
+                    .side(dst, count, "destination")
+                    .and_then(|d| self.side(src, count, "source").map(|s| (d, s)))
+                    .and_then(|(d, s)| self.move_bytes(dst, d, src, s, count)),
+                Effect::Fill { dst, value, count } => {
+                    self.side(dst, count, "destination").and_then(|side| self.fill_bytes(dst, side, value, count))
+                }
+            };
+            if applied.is_err() {
+                self.stats.lost_effects += 1;
+            }
+        }
+    }
+
+    /// The scheduler: streams, events and the clocks.
+    pub fn scheduler(&mut self) -> &mut Scheduler {
+        &mut self.sched
+    }
+
+    /// Blocks the host until `stream`'s work is done, then applies its effects.
+    pub fn synchronize_stream(&mut self, stream: StreamId) -> Result<()> {
+        self.sched.synchronize_stream(stream)?;
+        self.settle();
+        self.apply_release_threshold();
+        Ok(())
+    }
+
+    pub fn synchronize_event(&mut self, event: EventId) -> Result<()> {
+        self.sched.synchronize_event(event)?;
+        self.settle();
+        self.apply_release_threshold();
+        Ok(())
+    }
+
+    pub fn synchronize_device(&mut self) {
+        self.sched.synchronize_device();
+        self.settle();
+        self.apply_release_threshold();
+    }
+
+    /// `aclrtRecordEvent`: the event completes when `stream`'s work queued so far has.
+    pub fn record_event(&mut self, event: EventId, stream: StreamId) -> Result<()> {
+        self.sched.record_event(event, stream)
+    }
+
+    /// `aclrtStreamWaitEvent`: `stream`'s later work starts after `event` completes.
+    pub fn stream_wait_event(&mut self, stream: StreamId, event: EventId) -> Result<()> {
+        self.sched.stream_wait_event(stream, event)
+    }
+
+    /// The sanitizer's findings so far.
+    pub fn sanitizer_reports(&self) -> &[Finding] {
+        self.sanitizer.findings()
+    }
+
+    pub fn clear_sanitizer_reports(&mut self) {
+        self.sanitizer.clear();
+    }
+
+    pub fn set_sanitizer(&mut self, mode: SanitizerMode) {
+        self.sanitizer.mode = mode;
+    }
+
+    /// What is still held: live allocations, live host blocks, streams besides the default one
+    /// and events not destroyed.
+    pub fn leak_report(&self) -> (Vec<Allocation>, usize, Vec<StreamId>, Vec<EventId>) {
+        let streams = self.sched.stream_ids().into_iter().filter(|&s| s != DEFAULT_STREAM).collect();
+        (self.live.values().copied().collect(), self.host.live_count(), streams, self.sched.event_ids())
+    }
+
+    /// Whether the event has completed on the host clock.
+    pub fn query_event(&mut self, event: EventId) -> Result<bool> {
+        self.settle();
+        self.sched.query_event(event)
+    }
+
+    /// `aclrtEventElapsedTime`: milliseconds between two recorded events.
+    pub fn event_elapsed_time(&mut self, start: EventId, end: EventId) -> Result<f64> {
+        let (a, b) = (self.sched.event_time(start)?, self.sched.event_time(end)?);
+        Ok((b as f64 - a as f64) / 1e6)
+    }
+}
