@@ -243,3 +243,19 @@ def test_pool_attributes_and_reuse_policies():
         dev.set_pool_attr(A.USED_MEM_CURRENT, 1)
     with pytest.raises(npumem.InvalidParamError):
         dev.set_pool_attr(42, True)
+
+
+def test_driver_calls_cost_host_time():
+    dev = npumem.Device("256MiB", allocator="direct")
+    cost = dev.cost_model()
+    t0 = dev.now_us()
+    p = dev.malloc(8 * MiB)  # one physical allocation and one map
+    assert dev.now_us() - t0 == pytest.approx((cost["driver_alloc_ns"] + cost["map_ns"]) / 1e3)
+    t1 = dev.now_us()
+    dev.free(p)  # one unmap and one physical free
+    assert dev.now_us() - t1 == pytest.approx((cost["driver_alloc_ns"] + cost["map_ns"]) / 1e3)
+    pool = npumem.Device("256MiB")
+    pool.free(pool.malloc(8 * MiB))
+    t2 = pool.now_us()
+    pool.free(pool.malloc(8 * MiB))  # served from the cache: no driver call
+    assert pool.now_us() == t2

@@ -211,6 +211,8 @@ pub struct Device {
     free_seq: u64,
     sanitizer: Sanitizer,
     reuse: ReusePolicy,
+    /// Driver calls already charged to the host clock.
+    charged: BackendCounters,
 }
 
 impl Device {
@@ -240,6 +242,7 @@ impl Device {
             free_seq: 0,
             sanitizer: Sanitizer::new(SanitizerMode::Collect),
             reuse: ReusePolicy::default(),
+            charged: BackendCounters::default(),
         }
     }
 
@@ -316,7 +319,21 @@ impl Device {
             self.synchronize_device();
             granted = self.allocate(size, policy, padded);
         }
-        self.finish_malloc(granted, size, policy, stream)
+        let result = self.finish_malloc(granted, size, policy, stream);
+        self.charge_driver();
+        result
+    }
+
+    /// Charges the host clock for the driver calls made since the last charge: physical
+    /// allocations and frees, maps and unmaps (the cost a caching pool saves).
+    pub(super) fn charge_driver(&mut self) {
+        let now = self.backend.counters();
+        let before = std::mem::replace(&mut self.charged, now);
+        let allocs = (now.physical_allocs - before.physical_allocs) + (now.physical_frees - before.physical_frees);
+        let maps = (now.maps - before.maps) + (now.unmaps - before.unmaps);
+        let cost = &self.sched.cost;
+        let ns = allocs as f64 * cost.driver_alloc_ns + maps as f64 * cost.map_ns;
+        self.sched.advance(ns as u64);
     }
 
     fn allocate(&mut self, size: u64, policy: Policy, padded: bool) -> Result<(u64, crate::pool::Grant)> {
@@ -486,6 +503,7 @@ impl Device {
         self.settle();
         let result = self.allocator.empty_cache(self.backend.as_mut());
         self.flush_events();
+        self.charge_driver();
         result
     }
 
@@ -493,6 +511,7 @@ impl Device {
     pub fn trim_to(&mut self, bytes: u64) -> Result<u64> {
         let result = self.allocator.trim_to(self.backend.as_mut(), bytes);
         self.flush_events();
+        self.charge_driver();
         result
     }
 

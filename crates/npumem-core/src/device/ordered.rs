@@ -149,6 +149,7 @@ impl Device {
         s.live_count -= 1;
         s.live_requested -= allocation.size;
         s.live_granted -= allocation.granted;
+        self.charge_driver();
         Ok(())
     }
 
@@ -292,6 +293,7 @@ impl Device {
     pub(super) fn settle(&mut self) {
         self.reap_effects();
         self.reap();
+        self.charge_driver();
     }
 
     pub(super) fn reap_effects(&mut self) {
