@@ -22,7 +22,7 @@ def dev():
 
 
 def test_two_streams_racing_on_a_buffer(dev):
-    x = dev.malloc(MiB)
+    x = dev.malloc(MiB, tag="activations[3]")
     a, b = dev.create_stream(), dev.create_stream()
     dev.launch(a, 100.0, writes=[x])
     dev.launch(b, 100.0, reads=[x])
@@ -30,6 +30,7 @@ def test_two_streams_racing_on_a_buffer(dev):
     assert finding["kind"] == "race"
     assert finding["allocation"] == x and sorted(finding["streams"]) == sorted([a, b])
     assert "record an event" in finding["message"]
+    assert finding["tag"] == "activations[3]"
 
 
 def test_an_event_orders_the_streams(dev):
@@ -144,12 +145,12 @@ def test_queued_work_on_freed_memory_is_a_use_after_free(dev):
 
 
 def test_leak_report(dev):
-    x = dev.malloc(1000)
+    x = dev.malloc(1000, tag="forgotten")
     dev.malloc_host(10)
     s = dev.create_stream()
     e = dev.create_event()
     leaks = dev.leak_report()
-    assert [a["ptr"] for a in leaks["allocations"]] == [x]
+    assert [(a["ptr"], a["tag"]) for a in leaks["allocations"]] == [(x, "forgotten")]
     assert (leaks["host_blocks"], leaks["streams"], leaks["events"]) == (1, [s], [e])
     dev.free(x)
     dev.destroy_stream(s)

@@ -77,6 +77,8 @@ pub struct Finding {
     pub allocation: Option<u64>,
     /// The streams involved (`HOST` for the host).
     pub streams: Vec<StreamId>,
+    /// The allocation's site tag (given at malloc), when it has one.
+    pub tag: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -114,6 +116,15 @@ impl Sanitizer {
 
     pub fn clear(&mut self) {
         self.findings.clear();
+    }
+
+    /// Tags the findings from index `from` on that concern `allocation` and have no tag yet.
+    pub fn tag_since(&mut self, from: usize, allocation: u64, tag: &str) {
+        for f in self.findings.iter_mut().skip(from) {
+            if f.tag.is_none() && f.allocation == Some(allocation) {
+                f.tag = Some(tag.to_string());
+            }
+        }
     }
 
     /// Records a finding; in raise mode returns it as an error for hazards the operation would
@@ -190,8 +201,15 @@ impl Sanitizer {
                 ),
             )
         };
-        let finding =
-            Finding { kind, message, addr: lo, size: hi - lo, allocation: Some(base), streams: vec![other, stream] };
+        let finding = Finding {
+            kind,
+            message,
+            addr: lo,
+            size: hi - lo,
+            allocation: Some(base),
+            streams: vec![other, stream],
+            tag: None,
+        };
         self.report(finding, true)
     }
 

@@ -67,12 +67,19 @@ impl PyDevice {
         size: &Bound<'_, PyAny>,
         policy: Option<&Bound<'_, PyAny>>,
         stream: Option<&Bound<'_, PyAny>>,
+        tag: Option<&str>,
         padded: bool,
     ) -> PyResult<u64> {
         let size = size_arg(size, "size")?;
         let policy = policy.map(|p| enum_arg(p, "policy")).transpose()?.unwrap_or(0);
         let stream = stream.map(|s| uint_arg(s, "stream")).transpose()?.unwrap_or(0);
-        self.run(py, |d| d.malloc_on(size, Policy::from_raw(policy)?, padded, stream))
+        self.run(py, |d| {
+            let ptr = d.malloc_on(size, Policy::from_raw(policy)?, padded, stream)?;
+            if let Some(tag) = tag {
+                d.set_tag(ptr, tag)?;
+            }
+            Ok(ptr)
+        })
     }
 
     /// Runs `f` on the locked device; with `detach`, outside the interpreter so other Python
@@ -171,28 +178,31 @@ impl PyDevice {
         self.inner.lock().allocator_name()
     }
 
-    /// `aclrtMalloc` for `stream` (the default stream when None).
-    #[pyo3(signature = (size, policy = None, stream = None))]
+    /// `aclrtMalloc` for `stream` (the default stream when None); `tag` names the allocation
+    /// in sanitizer findings and leak reports.
+    #[pyo3(signature = (size, policy = None, stream = None, tag = None))]
     fn malloc(
         &self,
         py: Python<'_>,
         size: &Bound<'_, PyAny>,
         policy: Option<&Bound<'_, PyAny>>,
         stream: Option<&Bound<'_, PyAny>>,
+        tag: Option<&str>,
     ) -> PyResult<u64> {
-        self.malloc_impl(py, size, policy, stream, true)
+        self.malloc_impl(py, size, policy, stream, tag, true)
     }
 
     /// `aclrtMallocAlign32` for `stream`.
-    #[pyo3(signature = (size, policy = None, stream = None))]
+    #[pyo3(signature = (size, policy = None, stream = None, tag = None))]
     fn malloc_align32(
         &self,
         py: Python<'_>,
         size: &Bound<'_, PyAny>,
         policy: Option<&Bound<'_, PyAny>>,
         stream: Option<&Bound<'_, PyAny>>,
+        tag: Option<&str>,
     ) -> PyResult<u64> {
-        self.malloc_impl(py, size, policy, stream, false)
+        self.malloc_impl(py, size, policy, stream, tag, false)
     }
 
     /// `aclrtFree`; with `stream`, the memory is reusable once that stream reaches this point
@@ -519,6 +529,7 @@ impl PyDevice {
             d.set_item("allocation", f.allocation)?;
             let streams: Vec<i64> = f.streams.iter().map(|&s| if s == HOST { -1 } else { s as i64 }).collect();
             d.set_item("streams", streams)?;
+            d.set_item("tag", f.tag)?;
             out.append(d)?;
         }
         Ok(out)
@@ -538,11 +549,16 @@ impl PyDevice {
 
     /// What is still held: allocations (dicts), host blocks, streams and events not destroyed.
     fn leak_report<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let (allocations, host_blocks, streams, events) = self.inner.lock().leak_report();
+        let device = self.inner.lock();
+        let (allocations, host_blocks, streams, events) = device.leak_report();
+        let tags: Vec<Option<String>> = allocations.iter().map(|a| device.tag(a.ptr).map(str::to_string)).collect();
+        drop(device);
         let d = PyDict::new(py);
         let list = PyList::empty(py);
-        for a in &allocations {
-            list.append(allocation_dict(py, a)?)?;
+        for (a, tag) in allocations.iter().zip(tags) {
+            let entry = allocation_dict(py, a)?;
+            entry.set_item("tag", tag)?;
+            list.append(entry)?;
         }
         d.set_item("allocations", list)?;
         d.set_item("host_blocks", host_blocks)?;

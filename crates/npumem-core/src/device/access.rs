@@ -19,6 +19,7 @@ impl Device {
                     size: len,
                     allocation: None,
                     streams: vec![],
+                    tag: None,
                 };
                 let _ = self.sanitizer.report(finding, false);
             }
@@ -89,7 +90,10 @@ impl Device {
         }
         let base = self.base_of(addr);
         let epoch = self.sched.host_tick();
-        self.sanitizer.access(HOST, epoch, self.sched.host_clock(), base, addr, addr + len, write)
+        let before = self.sanitizer.findings().len();
+        let result = self.sanitizer.access(HOST, epoch, self.sched.host_clock(), base, addr, addr + len, write);
+        self.tag_findings(before, base);
+        result
     }
 
     /// Tells the sanitizer about an access by the next operation on `stream`, whose clock is
@@ -100,7 +104,19 @@ impl Device {
         }
         let base = self.base_of(addr);
         let epoch = clock.get(&stream).copied().unwrap_or(0);
-        self.sanitizer.access(stream, epoch, clock, base, addr, addr + len, write)
+        let before = self.sanitizer.findings().len();
+        let result = self.sanitizer.access(stream, epoch, clock, base, addr, addr + len, write);
+        self.tag_findings(before, base);
+        result
+    }
+
+    /// Puts the allocation's tag on the findings made since index `before`.
+    fn tag_findings(&mut self, before: usize, base: u64) {
+        if self.sanitizer.findings().len() > before {
+            if let Some(tag) = self.tags.get(&base) {
+                self.sanitizer.tag_since(before, base, tag);
+            }
+        }
     }
 
     /// Checks that `[ptr, ptr + len)` may be read or written (device or `malloc_host` memory),
@@ -159,6 +175,7 @@ impl Device {
                     size: count,
                     allocation: None,
                     streams: vec![],
+                    tag: None,
                 };
                 self.sanitizer.report(finding, false)?;
             }

@@ -213,6 +213,8 @@ pub struct Device {
     reuse: ReusePolicy,
     /// Driver calls already charged to the host clock.
     charged: BackendCounters,
+    /// Allocation-site tags of live allocations (for sanitizer and leak reports).
+    tags: HashMap<u64, String>,
 }
 
 impl Device {
@@ -243,6 +245,7 @@ impl Device {
             sanitizer: Sanitizer::new(SanitizerMode::Collect),
             reuse: ReusePolicy::default(),
             charged: BackendCounters::default(),
+            tags: HashMap::new(),
         }
     }
 
@@ -435,6 +438,23 @@ impl Device {
 
     fn containing(&self, addr: u64) -> Option<&Allocation> {
         self.live.range(..=addr).next_back().map(|(_, a)| a).filter(|a| addr < a.ptr + a.granted)
+    }
+
+    /// Tags the live allocation at `ptr` with where it came from (a call site, a tensor name);
+    /// sanitizer findings and leak reports carry it.
+    pub fn set_tag(&mut self, ptr: u64, tag: &str) -> Result<()> {
+        if !self.live.contains_key(&ptr) {
+            return Err(AclError::rt_param(format!(
+                "{ptr:#x} is not a live allocation; tag the pointer malloc returned"
+            )));
+        }
+        self.tags.insert(ptr, tag.to_string());
+        Ok(())
+    }
+
+    /// The tag of the live allocation at `ptr`.
+    pub fn tag(&self, ptr: u64) -> Option<&str> {
+        self.tags.get(&ptr).map(String::as_str)
     }
 
     /// The live allocation that starts at `ptr`.

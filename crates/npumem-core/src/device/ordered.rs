@@ -100,6 +100,7 @@ impl Device {
                     size: 0,
                     allocation: Some(ptr),
                     streams: vec![],
+                    tag: None,
                 };
                 let _ = self.sanitizer.report(finding, false);
             }
@@ -126,6 +127,7 @@ impl Device {
         }
         self.live.remove(&ptr);
         self.stream_uses.remove(&ptr);
+        self.tags.remove(&ptr);
         self.sanitizer.forget(ptr);
         self.trace(Action::FreeRequested, ptr, allocation.granted);
         if ready <= self.sched.now_ns() {
