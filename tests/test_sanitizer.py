@@ -8,12 +8,13 @@ import pytest
 
 import npumem
 from npumem import MemcpyKind
+from npumem.sanitizer import KINDS
 
 MiB = 1 << 20
 
 
 def kinds(dev):
-    return [f["kind"] for f in dev.sanitizer_reports()]
+    return [f.kind for f in dev.sanitizer_reports()]
 
 
 @pytest.fixture
@@ -27,10 +28,11 @@ def test_two_streams_racing_on_a_buffer(dev):
     dev.launch(a, 100.0, writes=[x])
     dev.launch(b, 100.0, reads=[x])
     [finding] = dev.sanitizer_reports()
-    assert finding["kind"] == "race"
-    assert finding["allocation"] == x and sorted(finding["streams"]) == sorted([a, b])
-    assert "record an event" in finding["message"]
-    assert finding["tag"] == "activations[3]"
+    assert finding.kind == "race"
+    assert finding.allocation == x and sorted(finding.streams) == sorted([a, b])
+    assert "record an event" in finding.message
+    assert finding.tag == "activations[3]"
+    assert str(finding).startswith("race [activations[3]]: ")
 
 
 def test_an_event_orders_the_streams(dev):
@@ -110,6 +112,7 @@ def test_off_mode_records_nothing():
     dev.launch(dev.create_stream(), 1.0, writes=[x])
     dev.read(x, 1)
     assert dev.sanitizer_reports() == []
+    assert set(kinds(dev)) <= set(KINDS)
     with pytest.raises(npumem.InvalidParamError, match="sanitizer mode"):
         npumem.Device("64MiB", sanitizer="loud")
     dev.set_sanitizer("collect")
@@ -131,7 +134,7 @@ def test_refused_operations_are_reported_too(dev):
     y = dev.malloc(64)
     dev.memcpy(y, 64, host, 64, MemcpyKind.DEVICE_TO_HOST)  # the kind is wrong but ignored
     assert kinds(dev) == ["out_of_bounds", "use_after_free", "double_free", "kind_mismatch"]
-    assert "ignores the kind" in dev.sanitizer_reports()[-1]["message"]
+    assert "ignores the kind" in dev.sanitizer_reports()[-1].message
 
 
 def test_queued_work_on_freed_memory_is_a_use_after_free(dev):

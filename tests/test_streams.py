@@ -259,3 +259,21 @@ def test_driver_calls_cost_host_time():
     t2 = pool.now_us()
     pool.free(pool.malloc(8 * MiB))  # served from the cache: no driver call
     assert pool.now_us() == t2
+
+
+def test_pending_frees_reap_in_completion_order_without_head_of_line_blocking(dev):
+    slow, fast = dev.create_stream(), dev.create_stream()
+    x = dev.malloc(MiB, stream=slow)
+    y = dev.malloc(MiB, stream=fast)
+    dev.launch(slow, 10_000.0, writes=[x])
+    _, fast_end = dev.launch(fast, 100.0, writes=[y])
+    dev.free(x)  # freed first, completes last
+    dev.free(y)
+    assert dev.stats()["pending_frees"] == 2
+    dev.synchronize_stream(fast)  # the host is now past y's work, not x's
+    assert dev.now_us() == pytest.approx(fast_end)
+    assert dev.stats()["pending_frees"] == 1  # y came back although x, freed before it, did not
+    z = dev.malloc(MiB, stream=dev.create_stream())
+    assert z == y  # a completed block is reusable by any stream, without a device sync
+    dev.synchronize_device()
+    assert dev.stats()["pending_frees"] == 0

@@ -217,7 +217,7 @@ def racy(out: TextIO) -> None:
     dev.read(buf, 16)  # the host looks before synchronising
     out.write("  The same pipeline with its events left out, under the sanitizer (default: collect):\n")
     for f in dev.sanitizer_reports():
-        out.write(f"  - {f['kind']}: {f['message']}\n")
+        out.write(f"  - {f}\n")
     out.write("\n")
 
 

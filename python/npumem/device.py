@@ -9,6 +9,7 @@ import numpy as np
 from . import _native
 from .enums import Policy
 from .errors import invalid_param
+from .sanitizer import Finding
 from .units import fmt
 
 
@@ -76,6 +77,10 @@ class Device(_native.Device):
             self.free(ptr)
             raise
         return ptr
+
+    def sanitizer_reports(self) -> list[Finding]:  # type: ignore[override]
+        """The sanitizer's findings so far, oldest first, as :class:`npumem.sanitizer.Finding`."""
+        return [Finding(**f) for f in super().sanitizer_reports()]
 
     def memory_summary(self) -> str:
         """A readable report of the allocator's state, in the spirit of ``torch.cuda.memory_summary``."""
