@@ -61,6 +61,23 @@ fn contiguous_buffer(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<PyUntyp
 }
 
 impl PyDevice {
+    /// Runs `f` with a raw view of a C-contiguous Python buffer (writable if asked), detached
+    /// from the interpreter for large transfers; the export is held until `f` returns.
+    fn with_buffer(
+        &self,
+        py: Python<'_>,
+        buffer: &Bound<'_, PyAny>,
+        writable: bool,
+        f: impl FnOnce(&mut Device, RawView) -> Result<(), AclError> + Send,
+    ) -> PyResult<()> {
+        let buf = contiguous_buffer(buffer, writable)?;
+        let view = RawView { ptr: buf.buf_ptr().cast(), len: buf.len_bytes() };
+        let large = view.len >= DETACH_BYTES;
+        let result = self.run_detached_if(py, large, move |d| f(d, view));
+        drop(buf);
+        result
+    }
+
     fn malloc_impl(
         &self,
         py: Python<'_>,
@@ -72,7 +89,7 @@ impl PyDevice {
     ) -> PyResult<u64> {
         let size = size_arg(size, "size")?;
         let policy = policy.map(|p| enum_arg(p, "policy")).transpose()?.unwrap_or(0);
-        let stream = stream.map(|s| uint_arg(s, "stream")).transpose()?.unwrap_or(0);
+        let stream = opt_stream(stream)?.unwrap_or(0);
         self.run(py, |d| {
             let ptr = d.malloc_on(size, Policy::from_raw(policy)?, padded, stream)?;
             if let Some(tag) = tag {
@@ -210,7 +227,7 @@ impl PyDevice {
     #[pyo3(signature = (ptr, stream = None))]
     fn free(&self, py: Python<'_>, ptr: &Bound<'_, PyAny>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let ptr = uint_arg(ptr, "ptr")?;
-        let stream = stream.map(|s| uint_arg(s, "stream")).transpose()?;
+        let stream = opt_stream(stream)?;
         self.run(py, |d| d.free_on(ptr, stream))
     }
 
@@ -271,23 +288,16 @@ impl PyDevice {
         buffer: &Bound<'_, PyAny>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let ptr = uint_arg(ptr, "ptr")?;
-        let stream = stream.map(|s| uint_arg(s, "stream")).transpose()?;
-        let buf = contiguous_buffer(buffer, false)?;
-        let view = RawView { ptr: buf.buf_ptr().cast(), len: buf.len_bytes() };
-        let large = view.len >= DETACH_BYTES;
-        let result = self.run_detached_if(py, large, move |d| {
-            let v = view;
-            // SAFETY: `buf` (alive until this function returns) keeps the exported memory valid
-            // and unmoved; it is read as plain bytes.
+        let (ptr, stream) = (uint_arg(ptr, "ptr")?, opt_stream(stream)?);
+        self.with_buffer(py, buffer, false, move |d, v| {
+            // SAFETY: `with_buffer` keeps the exported memory valid and unmoved while this runs;
+            // it is read as plain bytes.
             let data = unsafe { std::slice::from_raw_parts(v.ptr as *const u8, v.len) };
             match stream {
                 Some(s) => d.write_on(ptr, data, s).map(|_| ()),
                 None => d.write(ptr, data),
             }
-        });
-        drop(buf);
-        result
+        })
     }
 
     /// Reads `count` bytes at `ptr` into a new `bytes`.
@@ -322,23 +332,16 @@ impl PyDevice {
         buffer: &Bound<'_, PyAny>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let ptr = uint_arg(ptr, "ptr")?;
-        let stream = stream.map(|s| uint_arg(s, "stream")).transpose()?;
-        let buf = contiguous_buffer(buffer, true)?;
-        let view = RawView { ptr: buf.buf_ptr().cast(), len: buf.len_bytes() };
-        let large = view.len >= DETACH_BYTES;
-        let result = self.run_detached_if(py, large, move |d| {
-            let v = view;
-            // SAFETY: `buf` keeps the writable export alive and unmoved until this function
-            // returns; npumem is the only Rust code writing through it.
+        let (ptr, stream) = (uint_arg(ptr, "ptr")?, opt_stream(stream)?);
+        self.with_buffer(py, buffer, true, move |d, v| {
+            // SAFETY: `with_buffer` keeps the writable export alive and unmoved while this runs;
+            // npumem is the only Rust code writing through it.
             let out = unsafe { std::slice::from_raw_parts_mut(v.ptr, v.len) };
             match stream {
                 Some(s) => d.read_on(ptr, out, s).map(|_| ()),
                 None => d.read(ptr, out),
             }
-        });
-        drop(buf);
-        result
+        })
     }
 
     #[pyo3(signature = (attr = None))]
@@ -582,7 +585,7 @@ impl PyDevice {
     /// Blocks (on the simulated clock) until the stream's queued work is done.
     #[pyo3(signature = (stream = None))]
     fn synchronize_stream(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        let stream = stream.map(|s| uint_arg(s, "stream")).transpose()?.unwrap_or(0);
+        let stream = opt_stream(stream)?.unwrap_or(0);
         self.run(py, |d| d.synchronize_stream(stream))
     }
 
@@ -611,7 +614,7 @@ impl PyDevice {
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let event = uint_arg(event, "event")?;
-        let stream = stream.map(|s| uint_arg(s, "stream")).transpose()?.unwrap_or(0);
+        let stream = opt_stream(stream)?.unwrap_or(0);
         self.run(py, |d| d.record_event(event, stream))
     }
 
@@ -655,7 +658,7 @@ impl PyDevice {
         let (dst, src) = (uint_arg(dst, "dst")?, uint_arg(src, "src")?);
         let (dst_max, count) = (size_arg(dst_max, "dst_max")?, size_arg(count, "count")?);
         let kind = kind.map(|k| enum_arg(k, "kind")).transpose()?.unwrap_or(4);
-        let stream = stream.map(|s| uint_arg(s, "stream")).transpose()?.unwrap_or(0);
+        let stream = opt_stream(stream)?.unwrap_or(0);
         let (a, b) = self.run(py, |d| d.memcpy_async(dst, dst_max, src, count, kind, stream))?;
         Ok((a as f64 / 1e3, b as f64 / 1e3))
     }
@@ -674,7 +677,7 @@ impl PyDevice {
         let ptr = uint_arg(ptr, "ptr")?;
         let value = i32_arg(value, "value")?;
         let (dst_max, count) = (size_arg(dst_max, "dst_max")?, size_arg(count, "count")?);
-        let stream = stream.map(|s| uint_arg(s, "stream")).transpose()?.unwrap_or(0);
+        let stream = opt_stream(stream)?.unwrap_or(0);
         let (a, b) = self.run(py, |d| d.memset_async(ptr, dst_max, value, count, stream))?;
         Ok((a as f64 / 1e3, b as f64 / 1e3))
     }
@@ -916,6 +919,11 @@ impl PyDevice {
             self.inner.lock().allocator_name()
         )
     }
+}
+
+/// An optional stream handle.
+fn opt_stream(stream: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
+    stream.map(|s| uint_arg(s, "stream")).transpose()
 }
 
 fn allocation_dict<'py>(py: Python<'py>, a: &npumem_core::Allocation) -> PyResult<Bound<'py, PyDict>> {
