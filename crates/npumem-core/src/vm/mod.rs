@@ -1,6 +1,6 @@
 //! The device's virtual memory system: the VA window ([`VaSpace`]), physical frames
-//! ([`FrameAllocator`]), the radix page table ([`PageTable`]) and the byte store behind physical
-//! addresses ([`PhysMemory`]).
+//! ([`FrameAllocator`]), the radix page table ([`PageTable`]), the byte store behind physical
+//! addresses ([`PhysMemory`]) and the TLB model ([`Tlb`]).
 //!
 //! Invariants shared by the whole module: device virtual addresses lie in
 //! [`VA_WINDOW_START`]..[`VA_WINDOW_END`] and never alias host pointers; a page of size `P` is
@@ -9,11 +9,13 @@
 pub mod frames;
 pub mod page_table;
 pub mod phys;
+pub mod tlb;
 pub mod va;
 
 pub use frames::{FrameAllocator, FrameStats};
 pub use page_table::{PageTable, PageTableStats, Translation};
 pub use phys::PhysMemory;
+pub use tlb::{Tlb, TlbConfig, TlbStats};
 pub use va::VaSpace;
 
 use crate::units::{GIB, KIB, MIB};
