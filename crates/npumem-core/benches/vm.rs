@@ -1,6 +1,6 @@
 //! Criterion benches of the vm layer: the buddy frame allocator against a named peer
 //! (`buddy_system_allocator::FrameAllocator`, the buddy allocator of the rCore kernel family),
-//! and the page table's map/unmap/translate.
+//! the page table's map/unmap/translate, and the TLB model's simulated accesses per second.
 //!
 //! Run: `cargo bench -p npumem-core --bench vm` (results in docs/benchmarks.md).
 
@@ -88,5 +88,36 @@ fn page_table(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, frames, page_table);
+fn tlb(c: &mut Criterion) {
+    use criterion::Throughput;
+    use npumem_core::vm::{Tlb, TlbConfig, Translation};
+    const BASE: u64 = 0x1000_0000_0000;
+    const N: u64 = 1 << 20;
+    let mut pt = PageTable::new();
+    for i in 0..(64 * MIB / 4096) {
+        pt.map(BASE + i * 4096, i * 4096, PageSize::Size4K).unwrap();
+    }
+    let translate = |va: u64| -> Option<Translation> { pt.translate(va) };
+    let mut g = c.benchmark_group("tlb (zen4 preset, 4 KiB pages)");
+    g.throughput(Throughput::Elements(N));
+    let streaming: Vec<u64> = (0..N).map(|i| BASE + i * 64 % (64 * MIB)).collect();
+    g.bench_function("streaming, 64 B steps", |b| {
+        let mut tlb = Tlb::new(TlbConfig::preset("zen4").unwrap()).unwrap();
+        b.iter(|| tlb.run(black_box(&streaming), translate));
+    });
+    let mut x = 1u64;
+    let random: Vec<u64> = (0..N)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            BASE + (x >> 20) % (64 * MIB)
+        })
+        .collect();
+    g.bench_function("uniform random over 64 MiB", |b| {
+        let mut tlb = Tlb::new(TlbConfig::preset("zen4").unwrap()).unwrap();
+        b.iter(|| tlb.run(black_box(&random), translate));
+    });
+    g.finish();
+}
+
+criterion_group!(benches, frames, page_table, tlb);
 criterion_main!(benches);

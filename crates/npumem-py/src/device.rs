@@ -61,6 +61,11 @@ fn contiguous_buffer(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<PyUntyp
 }
 
 impl PyDevice {
+    /// The core device, locked.
+    pub(crate) fn lock_inner(&self) -> parking_lot::MutexGuard<'_, Device> {
+        self.inner.lock()
+    }
+
     /// Runs `f` with a raw view of a C-contiguous Python buffer (writable if asked), detached
     /// from the interpreter for large transfers; the export is held until `f` returns.
     fn with_buffer(

@@ -4,6 +4,7 @@
 mod convert;
 mod device;
 mod errors;
+mod tlb;
 
 use pyo3::prelude::*;
 
@@ -13,6 +14,9 @@ mod _native {
 
     #[pymodule_export]
     use crate::device::PyDevice;
+
+    #[pymodule_export]
+    use crate::tlb::PyTlb;
 
     /// Parses a size such as "32GiB", "64KiB" or 4096 into bytes.
     #[pyfunction]

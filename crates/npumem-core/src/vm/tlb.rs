@@ -343,6 +343,10 @@ pub struct Tlb {
     stats: TlbStats,
     now: u64,
     rng: u64,
+    /// The tag of the previous access and the L1 arrays that hold it: another access to the
+    /// same page is an L1 hit that changes no replacement state (it is already the most recent
+    /// in its set), so it only counts.
+    last: Option<(u64, u8)>,
 }
 
 impl Tlb {
@@ -358,7 +362,7 @@ impl Tlb {
             arrays: config.levels.iter().map(|l| vec![ArrayStats::default(); l.len()]).collect(),
             ..Default::default()
         };
-        Ok(Tlb { config, levels, walk_caches, stats, now: 0, rng: 0x9E37_79B9_7F4A_7C15 })
+        Ok(Tlb { config, levels, walk_caches, stats, now: 0, rng: 0x9E37_79B9_7F4A_7C15, last: None })
     }
 
     pub fn config(&self) -> &TlbConfig {
@@ -371,6 +375,7 @@ impl Tlb {
 
     /// Clears the counters (the contents stay: a warm TLB).
     pub fn reset_stats(&mut self) {
+        self.last = None;
         for l in &mut self.stats.arrays {
             l.iter_mut().for_each(|a| *a = ArrayStats::default());
         }
@@ -380,11 +385,25 @@ impl Tlb {
 
     /// Simulates one access of the translation `t` of `va`.
     pub fn access(&mut self, va: u64, t: Translation) {
-        self.now += 1;
         self.stats.accesses += 1;
         let page = t.page_size;
         let vpn = va / page.bytes();
         let tag = (vpn << 2) | page as u64;
+        if let Some((last, mask)) = self.last {
+            if last == tag {
+                for (ai, s) in self.stats.arrays[0].iter_mut().enumerate() {
+                    if mask & (1 << ai) != 0 {
+                        s.lookups += 1;
+                        s.hits += 1;
+                    }
+                }
+                return;
+            }
+        }
+        self.now += 1;
+        let l1_mask =
+            self.levels[0].iter().enumerate().filter(|(_, a)| a.holds(page)).fold(0u8, |m, (i, _)| m | 1 << i);
+        self.last = (l1_mask != 0).then_some((tag, l1_mask));
         for (li, level) in self.levels.iter_mut().enumerate() {
             let mut hit = false;
             for (ai, a) in level.iter_mut().enumerate() {

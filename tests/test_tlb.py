@@ -1,0 +1,83 @@
+"""The TLB model over a device's page table: closed-form answers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import npumem
+from npumem import Policy
+from npumem.tlb import Tlb, sequential, strided, uniform
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def dev():
+    return npumem.Device("2GiB", giant_frames=1, allocator="direct")
+
+
+def test_sequential_misses_once_per_page(dev):
+    small = dev.malloc(64 * MiB, Policy.NORMAL_ONLY)
+    huge = dev.malloc(64 * MiB, Policy.HUGE_ONLY)
+    for ptr, page in [(small, 4096), (huge, 2 * MiB)]:
+        tlb = Tlb.preset("zen4", dev)
+        s = tlb.run(sequential(ptr, 64 * MiB, 64))
+        assert s.accesses == 64 * MiB // 64
+        assert s.levels[0].misses == s.levels[1].misses == s.walks == 64 * MiB // page
+        assert s.levels[0].hits == s.accesses - s.walks
+        assert s.faults == 0
+    dev.free(small)
+    dev.free(huge)
+
+
+def test_within_reach_no_misses_after_warm_up(dev):
+    ptr = dev.malloc(4 * MiB, Policy.NORMAL_ONLY)  # 1024 pages: inside zen4's 3072-entry L2
+    tlb = Tlb.preset("zen4", dev)
+    pages = sequential(ptr, 4 * MiB, 4096)
+    tlb.run(pages)
+    tlb.reset_stats()
+    chase = np.random.default_rng(1).permutation(pages)
+    s = tlb.run(np.concatenate([chase, chase]))
+    assert s.walks == 0 and s.levels[1].misses == 0
+    assert s.levels[0].misses > 0  # the 72-entry L1 cannot hold them all
+    dev.free(ptr)
+
+
+def test_giant_pages_reach_and_walk_depth(dev):
+    g = dev.malloc(1 << 30, Policy.HUGE1G_ONLY)
+    tlb = Tlb.preset("skylake", dev, walk_step_cycles=100)
+    s = tlb.run(uniform(g, 1 << 30, 100_000, seed=3))
+    assert s.walks == 1 and s.walk_steps == 2  # one 1 GiB entry, a 2-step walk
+    assert s.cycles == 2 * 100
+    assert tlb.nominal_reach(1 << 30)[0] == 4 << 30
+    dev.free(g)
+
+
+def test_faults_overrides_and_errors(dev):
+    tlb = Tlb.preset(
+        "champsim_default",
+        dev,
+        **{"1.0.entries": 3072, "1.0.ways": 16, "1.0.replacement": "plru", "walk_step_cycles": 7},
+    )
+    cfg = tlb.config
+    assert cfg["levels"][1][0]["entries"] == 3072 and cfg["walk_step_cycles"] == 7
+    s = tlb.run([12345, npumem.VA_WINDOW_START])
+    assert s.faults == 2 and s.accesses == 0
+    assert "ascend_like" in Tlb.presets() and "GUESS" in Tlb.preset("ascend_like", dev).config["source"]
+    with pytest.raises(npumem.InvalidParamError, match="unknown TLB preset"):
+        Tlb.preset("pentium", dev)
+    with pytest.raises(npumem.InvalidParamError):
+        Tlb.preset("zen4", dev, **{"0.0.ways": 7})
+    with pytest.raises(npumem.InvalidParamError):
+        Tlb.preset("zen4", dev, bogus=1)
+
+
+def test_strided_over_pages_thrashes_a_small_set(dev):
+    ptr = dev.malloc(64 * MiB, Policy.NORMAL_ONLY)
+    tlb = Tlb.preset("skylake", dev)
+    # Stride of one page + 64 over 2048 pages: more pages than L1 and STLB hold, LRU misses all.
+    s = tlb.run(strided(ptr, 32 * MiB, 4096 + 64, 20_000))
+    assert s.levels[0].miss_rate > 0.99 and s.levels[0].mpka > 990
+    assert 0 < s.walk_cache_hit_rate < 1
+    dev.free(ptr)
