@@ -81,3 +81,65 @@ def test_strided_over_pages_thrashes_a_small_set(dev):
     assert s.levels[0].miss_rate > 0.99 and s.levels[0].mpka > 990
     assert 0 < s.walk_cache_hit_rate < 1
     dev.free(ptr)
+
+
+def test_patterns_are_in_bounds_and_shaped():
+    from npumem import patterns as pt
+
+    base, fp = 1 << 44, 64 * MiB
+    for arr in [
+        pt.sequential(base, fp),
+        pt.strided(base, fp, 4160, 1000),
+        pt.uniform(base, fp, 1000, seed=1),
+        pt.pointer_chase(base, fp, 5000, seed=2),
+        pt.gather(base, fp // 1024, 1024, 100, zipf=1.2),
+    ]:
+        assert arr.dtype == np.uint64 and arr.min() >= base and arr.max() < base + fp
+    chase = pt.pointer_chase(base, fp, fp // 4096)
+    assert len(np.unique(chase // 4096)) == fp // 4096  # every page once per cycle
+    m = n = k = 128
+    g = pt.gemm(base, base + m * k * 2, base + 2 * m * k * 2, m, n, k, elem=2, tile=(64, 64, 64))
+    # 2x2x2 tiles, each touching 64 rows x 2 lines of A, B and C.
+    assert len(g) == 8 * 3 * 64 * 2
+    assert len(pt.gemm(base, base, base, m, n, k, limit=100)) == 100
+    with pytest.raises(ValueError):
+        pt.gemm(base, base, base, m, n, k, order="mmk")
+    mix = pt.interleave(np.array([1, 2, 3], dtype=np.uint64), np.array([10, 20], dtype=np.uint64))
+    assert mix.tolist() == [1, 10, 2, 20, 3]
+    popular = pt.gather(base, 1000, 64, 10_000, zipf=2.0, seed=0)
+    assert np.mean(popular == base) > 0.3  # Zipf puts row 0 first
+
+
+def test_sweep_table_csv_and_plot(tmp_path):
+    from npumem import tlb as tl
+
+    rows = tl.sweep(
+        presets=("zen4",),
+        pages=("4KiB", "2MiB"),
+        patterns=("uniform",),
+        footprints=(4 * MiB, 64 * MiB),
+        accesses=20_000,
+    )
+    assert len(rows) == 4
+    by = {(r["page"], r["footprint"]): r for r in rows}
+    assert by[("2MiB", 64 * MiB)]["walks"] == 32  # one walk per huge page touched
+    assert by[("4KiB", 64 * MiB)]["L1_mpka"] > by[("2MiB", 64 * MiB)]["L1_mpka"]
+    assert by[("4KiB", 64 * MiB)]["page_table_entries"] == 64 * MiB // 4096 + 1  # the +32 B pad costs a page
+    assert all(r["accesses_per_s"] > 0 for r in rows)
+    path = tmp_path / "s.csv"
+    tl.write_csv(rows, str(path))
+    header = path.read_text().splitlines()[0].split(",")
+    assert {"preset", "page", "pattern", "footprint", "L1_mpka", "walks"} <= set(header)
+    tl.plot(rows, str(tmp_path / "s.png"))
+    assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="unknown"):
+        tl.sweep(patterns=("telepathy",))
+
+
+def test_cli_tlb_sweep(tmp_path, capsys):
+    from npumem.cli import main
+
+    csv_path, png = tmp_path / "t.csv", tmp_path / "t.png"
+    args = ["tlb", "sweep", "--presets", "zen4", "--pages", "4KiB", "--patterns", "sequential"]
+    assert main([*args, "--footprints", "4MiB", "--accesses", "1000", "--csv", str(csv_path), "--plot", str(png)]) == 0
+    assert "1 runs" in capsys.readouterr().out and csv_path.exists() and png.exists()

@@ -5,11 +5,17 @@ their sources; ``ascend_like`` is labelled a guess) over ``dev``'s page table, a
 ``tlb.run(addresses)`` feeds a numpy address array through it: each address is translated by the
 page table, so the page sizes the allocator mapped (4 KiB, 64 KiB, 2 MiB, 1 GiB) are what the
 TLB caches. The result carries per-level hits, misses and MPKA, page walks and translation
-cycles. ``sequential``, ``strided`` and ``uniform`` make address arrays over an allocation.
+cycles. Address arrays come from :mod:`npumem.patterns` (``sequential``, ``strided``,
+``uniform``, ``pointer_chase``, ``gemm``, ``gather``, ``interleave``); :func:`sweep` runs a grid
+of presets, page-size policies, patterns and footprints into a table.
 """
 
 from __future__ import annotations
 
+import csv
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +23,8 @@ import numpy as np
 
 from . import _native
 from .device import Device
+from .enums import Policy
+from .patterns import gather, gemm, pointer_chase, sequential, strided, uniform
 
 
 @dataclass(frozen=True)
@@ -118,23 +126,154 @@ class Tlb:
         """Clears the counters; the entries stay (a warm TLB)."""
         self._tlb.reset_stats()
 
+    def effective_reach(self) -> list[int]:
+        """Bytes the valid entries of each level map now."""
+        return self._tlb.effective_reach()
+
     def nominal_reach(self, page_size: int) -> list[int]:
         """Bytes each level maps when every entry holds a page of ``page_size``."""
         return self._tlb.nominal_reach(page_size)
 
 
-def sequential(base: int, footprint: int, step: int = 64) -> np.ndarray:
-    """Every ``step`` bytes over ``[base, base + footprint)``."""
-    return np.arange(base, base + footprint, step, dtype=np.uint64)
+#: Page size label -> the malloc policy that maps a footprint with pages of that size.
+PAGE_POLICIES: dict[str, Policy] = {
+    "4KiB": Policy.NORMAL_ONLY,
+    "2MiB": Policy.HUGE_ONLY,
+    "1GiB": Policy.HUGE1G_ONLY,
+}
 
 
-def strided(base: int, footprint: int, stride: int, count: int) -> np.ndarray:
-    """``count`` accesses ``stride`` bytes apart, wrapping inside the footprint."""
-    return (base + (np.arange(count, dtype=np.uint64) * np.uint64(stride)) % np.uint64(footprint)).astype(np.uint64)
+def _gemm_over(ptr: int, footprint: int, accesses: int, seed: int) -> np.ndarray:
+    # Three square fp16 matrices filling the footprint, 64x64x64 tiles in m-n-k order.
+    side = max(64, math.isqrt(footprint // 6) // 64 * 64)
+    size = side * side * 2
+    return gemm(ptr, ptr + size, ptr + 2 * size, side, side, side, elem=2, tile=(64, 64, 64), limit=accesses)
 
 
-def uniform(base: int, footprint: int, count: int, seed: int = 0, align: int = 64) -> np.ndarray:
-    """``count`` uniformly random ``align``-aligned addresses in the footprint (GUPS-like)."""
-    rng = np.random.default_rng(seed)
-    slots = rng.integers(0, footprint // align, count, dtype=np.uint64)
-    return np.uint64(base) + slots * np.uint64(align)
+#: Pattern name -> generator(ptr, footprint, accesses, seed) of addresses inside the footprint.
+PATTERNS: dict[str, Callable[[int, int, int, int], np.ndarray]] = {
+    "sequential": lambda p, f, n, s: np.resize(sequential(p, f), n),
+    "uniform": lambda p, f, n, s: uniform(p, f, n, seed=s),
+    "chase": lambda p, f, n, s: pointer_chase(p, f, n, seed=s),
+    "gemm": _gemm_over,
+    "gather": lambda p, f, n, s: gather(p, max(1, f // 1024), 1024, max(1, n // 16), zipf=1.2, seed=s),
+}
+
+
+def sweep(
+    presets: Sequence[str] = ("zen4",),
+    pages: Sequence[str] = ("4KiB", "2MiB"),
+    patterns: Sequence[str] = ("sequential", "uniform"),
+    footprints: Sequence[int] = (16 << 20, 256 << 20),
+    accesses: int = 1_000_000,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """Runs every combination and returns one row (a dict) per run: the TLB counters per level
+    (misses, MPKA), walks, walk-cache hit rate, translation cycles per access, nominal and
+    effective reach, the page-table entries and internal waste of the mapping, and the simulated
+    accesses per second of the run."""
+    unknown = [p for p in pages if p not in PAGE_POLICIES] + [p for p in patterns if p not in PATTERNS]
+    if unknown:
+        raise ValueError(
+            f"unknown page sizes or patterns {unknown}; pages: {list(PAGE_POLICIES)}, patterns: {list(PATTERNS)}"
+        )
+    rows = []
+    biggest = max(footprints)
+    for page in pages:
+        giants = -(-biggest // (1 << 30)) if page == "1GiB" else 0
+        dev = Device(biggest + giants * (1 << 30) + (64 << 20), giant_frames=giants, allocator="direct")
+        for footprint in footprints:
+            ptr = dev.malloc(footprint, PAGE_POLICIES[page])
+            alloc = dev.allocation(ptr)
+            entries = sum(dev.page_table_stats()["leaf_entries"].values())
+            for pattern in patterns:
+                addresses = PATTERNS[pattern](ptr, footprint, accesses, seed)
+                for preset in presets:
+                    tlb = Tlb.preset(preset, dev)
+                    t0 = time.perf_counter()
+                    st = tlb.run(addresses)
+                    elapsed = time.perf_counter() - t0
+                    row: dict[str, Any] = {
+                        "preset": preset,
+                        "page": page,
+                        "pattern": pattern,
+                        "footprint": footprint,
+                        "accesses": st.accesses,
+                        "walks": st.walks,
+                        "walk_cache_hit_rate": round(st.walk_cache_hit_rate, 4),
+                        "cycles_per_access": st.cycles / max(st.accesses, 1),
+                        "page_table_entries": entries,
+                        "internal_waste": alloc["granted"] - alloc["size"],
+                        "accesses_per_s": st.accesses / elapsed if elapsed > 0 else float("inf"),
+                    }
+                    for i, level in enumerate(st.levels, 1):
+                        row[f"L{i}_misses"] = level.misses
+                        row[f"L{i}_mpka"] = round(level.mpka, 3)
+                    for i, (nominal, effective) in enumerate(
+                        zip(tlb.nominal_reach(int(alloc["page_size"])), tlb.effective_reach(), strict=True), 1
+                    ):
+                        row[f"L{i}_nominal_reach"] = nominal
+                        row[f"L{i}_effective_reach"] = effective
+                    rows.append(row)
+            dev.free(ptr)
+    return rows
+
+
+def write_csv(rows: Iterable[dict[str, Any]], path: str) -> None:
+    """Writes sweep rows as a tidy CSV (one column per key, in first-seen order)."""
+    rows = list(rows)
+    keys: list[str] = []
+    for r in rows:
+        keys.extend(k for k in r if k not in keys)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def plot(rows: Iterable[dict[str, Any]], path: str) -> None:
+    """Page walks per thousand accesses against footprint, one line per page size, one panel per
+    (preset, pattern); saved as a PNG (needs matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = list(rows)
+    panels = sorted({(r["preset"], r["pattern"]) for r in rows})
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
+    for ax, (preset, pattern) in zip(axes[0], panels, strict=True):
+        for page in sorted({r["page"] for r in rows}, key=list(PAGE_POLICIES).index):
+            pts = sorted(
+                (r["footprint"], 1000.0 * r["walks"] / max(r["accesses"], 1))
+                for r in rows
+                if (r["preset"], r["pattern"], r["page"]) == (preset, pattern, page)
+            )
+            if pts:
+                ax.plot([p[0] / (1 << 20) for p in pts], [p[1] for p in pts], marker="o", label=f"{page} pages")
+        ax.set_xscale("log")
+        ax.set_yscale("symlog", linthresh=0.01)
+        ax.set_title(f"{preset}: {pattern}", fontsize=10)
+        ax.set_xlabel("footprint (MiB)")
+        ax.set_ylabel("page walks per 1000 accesses")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+__all__ = [
+    "PAGE_POLICIES",
+    "PATTERNS",
+    "ArrayStats",
+    "LevelStats",
+    "Tlb",
+    "TlbStats",
+    "plot",
+    "sequential",
+    "strided",
+    "sweep",
+    "uniform",
+    "write_csv",
+]

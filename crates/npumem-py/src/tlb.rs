@@ -129,6 +129,11 @@ impl PyTlb {
         Ok(d)
     }
 
+    /// Bytes the valid entries of each level map now.
+    fn effective_reach(&self) -> Vec<u64> {
+        self.tlb.lock().effective_reach()
+    }
+
     /// Nominal reach of each level if every entry held a page of `page_size` bytes.
     fn nominal_reach(&self, py: Python<'_>, page_size: u64) -> PyResult<Vec<u64>> {
         let page = PageSize::from_bytes(page_size).ok_or_else(|| {

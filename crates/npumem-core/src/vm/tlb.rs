@@ -79,7 +79,17 @@ fn array(
 }
 
 impl TlbConfig {
-    pub const PRESETS: &'static [&'static str] = &["skylake", "zen4", "zen5", "champsim_default", "ascend_like"];
+    pub const PRESETS: &'static [&'static str] = &[
+        "skylake",
+        "zen4",
+        "zen5",
+        "champsim_default",
+        "gem5_gpu",
+        "mgpusim_mi300a",
+        "mosaic_gpu",
+        "maxwell_gpu",
+        "ascend_like",
+    ];
 
     /// A preset geometry (see ../shared/reference/tlb-and-pages.md §6.1 for the sources).
     pub fn preset(name: &str) -> Result<Self> {
@@ -126,6 +136,43 @@ impl TlbConfig {
                 [2, 4, 8],
                 30,
                 "ChampSim default configuration (DTLB 16x4, STLB 128x12, PSCL 2/4/8)",
+            ),
+            "gem5_gpu" => c(
+                vec![
+                    vec![array("L1 (per CU)", 32, 32, &[], Lru, 0)],
+                    vec![array("L2", 4096, 32, &[], Lru, 69)],
+                    vec![array("L3", 8192, 32, &[], Lru, 150)],
+                ],
+                [0, 0, 0],
+                188,
+                "gem5 GPU (GCN3) defaults: L1 32 FA 1 cycle, L2 4096x32w 69 cycles, L3 8192x32w 150, walk 750 cycles over 4 steps",
+            ),
+            "mgpusim_mi300a" => c(
+                vec![vec![array("L1 (per CU)", 256, 64, &[], Lru, 0)], vec![array("L2", 4096, 64, &[], Lru, 20)]],
+                [0, 0, 0],
+                25,
+                "MGPUSim MI300A config: L1 4 sets x 64 ways, L2 64x64, walk 100 cycles (4 steps); L2 latency a guess",
+            ),
+            "mosaic_gpu" => c(
+                vec![
+                    vec![
+                        array("L1 base (per SM)", 64, 64, &[Size4K, Size64K], Lru, 0),
+                        array("L1 large", 16, 16, &[Size2M, Size1G], Lru, 0),
+                    ],
+                    vec![
+                        array("L2 base", 1024, 16, &[Size4K, Size64K], Lru, 10),
+                        array("L2 large", 256, 8, &[Size2M, Size1G], Lru, 10),
+                    ],
+                ],
+                [64, 64, 64],
+                100,
+                "Mosaic (MICRO'17) GPU model: 64+16 L1, 1024x16w base + 256x8w large L2, 64-entry PWC; walk step a guess",
+            ),
+            "maxwell_gpu" => c(
+                vec![vec![array("L1 (2M)", 16, 16, &[], Lru, 0)], vec![array("L2", 64, 64, &[], Lru, 20)]],
+                [0, 0, 0],
+                100,
+                "NVIDIA Maxwell per microbenchmarks: 16-entry L1, 65-entry L2 (64 here), 2 MiB pages; walk about 300 extra cycles (a guess)",
             ),
             "ascend_like" => c(
                 vec![vec![array("uTLB", 32, 32, &[], Plru, 0)], vec![array("TBU/TCU TLB", 2048, 8, &[], Lru, 20)]],
@@ -485,6 +532,21 @@ impl Tlb {
             };
             self.access(va, t);
         }
+    }
+
+    /// Bytes the valid entries of each level map right now (effective reach).
+    pub fn effective_reach(&self) -> Vec<u64> {
+        let sizes = PageSize::ALL;
+        self.levels
+            .iter()
+            .map(|l| {
+                l.iter()
+                    .flat_map(|a| a.entries.iter())
+                    .filter(|e| e.tag != EMPTY)
+                    .map(|e| sizes[(e.tag & 3) as usize].bytes())
+                    .sum()
+            })
+            .collect()
     }
 
     /// The largest footprint the entries of each level could map if every entry held a page of
