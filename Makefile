@@ -8,7 +8,7 @@ STAMP := $(VENV)/.deps-stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run test build lint test-rust test-python bench bench-replay bench-streams clean
+.PHONY: run test build lint test-rust test-python bench bench-replay bench-streams validate-tlb clean
 
 run: build
 	npumem demo
@@ -46,6 +46,9 @@ bench-replay: build
 
 bench-streams: build
 	python benches/bench_streams.py
+
+validate-tlb: build
+	python benches/validate_tlb.py
 
 clean:
 	rm -rf $(VENV) target python/npumem/*.so
