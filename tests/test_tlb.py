@@ -143,3 +143,21 @@ def test_cli_tlb_sweep(tmp_path, capsys):
     args = ["tlb", "sweep", "--presets", "zen4", "--pages", "4KiB", "--patterns", "sequential"]
     assert main([*args, "--footprints", "4MiB", "--accesses", "1000", "--csv", str(csv_path), "--plot", str(png)]) == 0
     assert "1 runs" in capsys.readouterr().out and csv_path.exists() and png.exists()
+
+
+def test_conv_and_fractal_patterns_and_huge_frame_rates():
+    from npumem import patterns as pt
+    from npumem import tlb as tl
+
+    base = 1 << 44
+    conv = pt.conv_nc1hwc0(base, 1, 2, 8, 8)
+    assert len(conv) == 2 * 6 * 6 * 9  # C1 planes x output pixels x 3x3 window
+    assert conv.max() < base + 2 * 8 * 8 * 32
+    frac = pt.gemm_fractal(base, base + (1 << 20), base + (2 << 20), 64, 64, 64)
+    assert len(frac) == 4 * 4 * (4 * 8 + 4 * 8 + 8)  # (m/16 x n/16) x (A and B k-fractals + C) x 8 lines
+    with pytest.raises(ValueError):
+        pt.conv_nc1hwc0(base, 1, 1, 2, 2)
+    calm = tl.huge_frame_rates(capacity=64 * MiB, steps=3000, target_used=0.5)[-1]
+    packed = tl.huge_frame_rates(capacity=64 * MiB, steps=3000, target_used=0.995)[-1]
+    assert calm["huge_failure_rate"] == 0.0 and calm["largest_free_block"] >= 16 * MiB
+    assert packed["huge_failure_rate"] > 0.5 and packed["largest_free_block"] < 2 * MiB

@@ -111,3 +111,71 @@ def interleave(*streams: np.ndarray, chunk: int = 1) -> np.ndarray:
     for i in range(max(len(p) for p in parts)):
         out.extend(p[i] for p in parts if i < len(p))
     return np.concatenate(out).astype(np.uint64)
+
+
+def conv_nc1hwc0(
+    base: int,
+    n: int,
+    c1: int,
+    h: int,
+    w: int,
+    *,
+    c0: int = 16,
+    elem: int = 2,
+    kernel: int = 3,
+    limit: int | None = None,
+) -> np.ndarray:
+    """A direct convolution's input reads over an activation tensor in Ascend's NC1HWC0 layout
+    (channels split into C1 groups of C0, the C0 values of a pixel contiguous): for each output
+    pixel (n, c1, y, x), the ``kernel`` x ``kernel`` window of C0-vectors around it, one address
+    per vector (``c0 * elem`` bytes, 32 by default: two per 64-byte line)."""
+    vec = c0 * elem
+    outs_h, outs_w = h - kernel + 1, w - kernel + 1
+    if outs_h <= 0 or outs_w <= 0:
+        raise ValueError("the image is smaller than the kernel")
+    dy, dx = np.meshgrid(np.arange(kernel), np.arange(kernel), indexing="ij")
+    window = (dy * w + dx).reshape(-1).astype(np.uint64)  # pixel offsets of the window
+    out: list[np.ndarray] = []
+    emitted = 0
+    for ni in range(n):
+        for ci in range(c1):
+            plane = np.uint64(base) + np.uint64(((ni * c1 + ci) * h * w) * vec)
+            ys, xs = np.meshgrid(np.arange(outs_h), np.arange(outs_w), indexing="ij")
+            anchors = (ys * w + xs).reshape(-1).astype(np.uint64)
+            pixels = anchors[:, None] + window[None, :]
+            part = (plane + pixels * np.uint64(vec)).reshape(-1)
+            out.append(part)
+            emitted += len(part)
+            if limit is not None and emitted >= limit:
+                return np.concatenate(out)[:limit]
+    return np.concatenate(out)
+
+
+def gemm_fractal(
+    a: int, b: int, c: int, m: int, n: int, k: int, *, elem: int = 2, frac: int = 16, limit: int | None = None
+) -> np.ndarray:
+    """GEMM over matrices stored in ``frac`` x ``frac`` fractals (FRACTAL_NZ-like: each fractal's
+    elements contiguous, fractals in column-major order of blocks), read fractal by fractal in
+    m-n-k order: one address per cache line of each A, B and C fractal."""
+    fbytes = frac * frac * elem
+    lines = np.arange(0, fbytes, LINE, dtype=np.uint64)
+    mb, nb, kb = m // frac, n // frac, k // frac
+    out: list[np.ndarray] = []
+    emitted = 0
+    for i in range(mb):
+        for j in range(nb):
+            ks = np.arange(kb, dtype=np.uint64)
+            a_f = np.uint64(a) + (ks * np.uint64(mb) + np.uint64(i)) * np.uint64(fbytes)
+            b_f = np.uint64(b) + (np.uint64(j) * np.uint64(kb) + ks) * np.uint64(fbytes)
+            part = np.concatenate(
+                [
+                    (a_f[:, None] + lines[None, :]).reshape(-1),
+                    (b_f[:, None] + lines[None, :]).reshape(-1),
+                    np.uint64(c) + np.uint64((j * mb + i) * fbytes) + lines,
+                ]
+            )
+            out.append(part)
+            emitted += len(part)
+            if limit is not None and emitted >= limit:
+                return np.concatenate(out)[:limit]
+    return np.concatenate(out)

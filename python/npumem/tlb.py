@@ -24,7 +24,8 @@ import numpy as np
 from . import _native
 from .device import Device
 from .enums import Policy
-from .patterns import gather, gemm, pointer_chase, sequential, strided, uniform
+from .errors import OutOfMemoryError
+from .patterns import conv_nc1hwc0, gather, gemm, gemm_fractal, pointer_chase, sequential, strided, uniform
 
 
 @dataclass(frozen=True)
@@ -150,12 +151,27 @@ def _gemm_over(ptr: int, footprint: int, accesses: int, seed: int) -> np.ndarray
     return gemm(ptr, ptr + size, ptr + 2 * size, side, side, side, elem=2, tile=(64, 64, 64), limit=accesses)
 
 
+def _conv_over(ptr: int, footprint: int, accesses: int, seed: int) -> np.ndarray:
+    # An NC1HWC0 fp16 activation (N=1, C0=16) filling the footprint: square images, C1 planes.
+    c1 = 8
+    side = max(3, math.isqrt(footprint // (c1 * 32)))
+    return conv_nc1hwc0(ptr, 1, c1, side, side, limit=accesses)
+
+
+def _gemm_fractal_over(ptr: int, footprint: int, accesses: int, seed: int) -> np.ndarray:
+    side = max(16, math.isqrt(footprint // 6) // 16 * 16)
+    size = side * side * 2
+    return gemm_fractal(ptr, ptr + size, ptr + 2 * size, side, side, side, limit=accesses)
+
+
 #: Pattern name -> generator(ptr, footprint, accesses, seed) of addresses inside the footprint.
 PATTERNS: dict[str, Callable[[int, int, int, int], np.ndarray]] = {
     "sequential": lambda p, f, n, s: np.resize(sequential(p, f), n),
     "uniform": lambda p, f, n, s: uniform(p, f, n, seed=s),
     "chase": lambda p, f, n, s: pointer_chase(p, f, n, seed=s),
     "gemm": _gemm_over,
+    "gemm_fractal": _gemm_fractal_over,
+    "conv": _conv_over,
     "gather": lambda p, f, n, s: gather(p, max(1, f // 1024), 1024, max(1, n // 16), zipf=1.2, seed=s),
 }
 
@@ -219,6 +235,56 @@ def sweep(
     return rows
 
 
+def huge_frame_rates(
+    capacity: int = 1 << 30, steps: int = 20_000, huge_every: int = 50, target_used: float = 0.85, seed: int = 0
+) -> list[dict[str, Any]]:
+    """Huge-frame availability under churn: a direct-allocator device takes random small
+    allocations (4 KiB - 1 MiB, normal pages) until ``target_used`` of it is in use, then frees
+    random ones and allocates again around that level; every ``huge_every`` steps it asks for a
+    2 MiB page with HUGE_ONLY (failure rate) and for 4 MiB with HUGE_FIRST (fallback rate to
+    normal pages). Returns one row per probe: step, used fraction, largest free block, and the
+    cumulative failure and fallback rates."""
+    import random
+
+    rng = random.Random(seed)
+    dev = Device(capacity, allocator="direct")
+    live: list[int] = []
+    probes = failures = fallbacks = 0
+    rows = []
+    for step in range(1, steps + 1):
+        free_now, total = dev.mem_info()
+        if live and 1 - free_now / total > target_used:
+            dev.free(live.pop(rng.randrange(len(live))))
+        else:
+            try:
+                live.append(dev.malloc(rng.choice([4, 8, 16, 32, 64, 128, 256, 512, 1024]) << 10, Policy.NORMAL_ONLY))
+            except OutOfMemoryError:
+                pass
+        if step % huge_every == 0:
+            probes += 1
+            try:
+                dev.free(dev.malloc(2 << 20, Policy.HUGE_ONLY))
+            except OutOfMemoryError:
+                failures += 1
+            before = dev.stats()["huge_fallbacks"]
+            try:
+                dev.free(dev.malloc(4 << 20, Policy.HUGE_FIRST))
+                fallbacks += dev.stats()["huge_fallbacks"] - before
+            except OutOfMemoryError:
+                pass
+            free, total = dev.mem_info()
+            rows.append(
+                {
+                    "step": step,
+                    "used": 1 - free / total,
+                    "largest_free_block": dev.frame_stats()["largest_free_block"],
+                    "huge_failure_rate": failures / probes,
+                    "huge_fallback_rate": fallbacks / probes,
+                }
+            )
+    return rows
+
+
 def write_csv(rows: Iterable[dict[str, Any]], path: str) -> None:
     """Writes sweep rows as a tidy CSV (one column per key, in first-seen order)."""
     rows = list(rows)
@@ -270,6 +336,7 @@ __all__ = [
     "LevelStats",
     "Tlb",
     "TlbStats",
+    "huge_frame_rates",
     "plot",
     "sequential",
     "strided",
