@@ -161,3 +161,20 @@ def test_conv_and_fractal_patterns_and_huge_frame_rates():
     packed = tl.huge_frame_rates(capacity=64 * MiB, steps=3000, target_used=0.995)[-1]
     assert calm["huge_failure_rate"] == 0.0 and calm["largest_free_block"] >= 16 * MiB
     assert packed["huge_failure_rate"] > 0.5 and packed["largest_free_block"] < 2 * MiB
+
+
+def test_coalescing_turns_physical_contiguity_into_reach():
+    fresh = npumem.Device("256MiB", allocator="direct")
+    ptr = fresh.malloc(16 * MiB, Policy.NORMAL_ONLY)  # a fresh buddy hands out contiguous frames
+    tlb = Tlb.preset("zen4", fresh, coalesce=8)
+    assert tlb.config["coalesce"] == 8
+    s = tlb.run(sequential(ptr, 16 * MiB))
+    assert s.walks == 16 * MiB // 4096 // 8  # eight pages per entry
+    # Fragment the frames first: pages land scattered, coalescing finds nothing to merge.
+    frag = npumem.Device("64MiB", allocator="direct")
+    keep = [frag.malloc(4096, Policy.NORMAL_ONLY) for _ in range(4000)]
+    for p in keep[::2]:
+        frag.free(p)
+    big = frag.malloc(4 * MiB, Policy.NORMAL_ONLY)
+    s2 = Tlb.preset("zen4", frag, coalesce=8).run(sequential(big, 4 * MiB))
+    assert s2.walks > 4 * MiB // 4096 // 8 * 2

@@ -74,6 +74,7 @@ impl PyTlb {
         d.set_item("levels", levels)?;
         d.set_item("walk_cache_entries", c.walk_cache_entries.to_vec())?;
         d.set_item("walk_step_cycles", c.walk_step_cycles)?;
+        d.set_item("coalesce", c.coalesce)?;
         Ok(d)
     }
 
@@ -147,6 +148,7 @@ fn apply_override(py: Python<'_>, config: &mut TlbConfig, key: &str, value: &Bou
     let bad = |msg: String| to_py(py, npumem_core::AclError::invalid_param(msg));
     match key {
         "walk_step_cycles" => config.walk_step_cycles = value.extract()?,
+        "coalesce" => config.coalesce = value.extract()?,
         "walk_cache_entries" => {
             let v: Vec<usize> = value.extract()?;
             config.walk_cache_entries = v.try_into().map_err(|_| bad("walk_cache_entries needs 3 ints".into()))?;
@@ -155,7 +157,7 @@ fn apply_override(py: Python<'_>, config: &mut TlbConfig, key: &str, value: &Bou
             let parts: Vec<&str> = key.split('.').collect();
             let [level, array, field] = parts[..] else {
                 return Err(bad(format!(
-                    "unknown TLB override {key:?}; use walk_step_cycles, walk_cache_entries or \"<level>.<array>.<field>\""
+                    "unknown TLB override {key:?}; use walk_step_cycles, walk_cache_entries, coalesce or \"<level>.<array>.<field>\""
                 )));
             };
             let (l, a): (usize, usize) = (

@@ -65,6 +65,10 @@ pub struct TlbConfig {
     pub walk_step_cycles: u64,
     /// A label: where the geometry comes from, or that it is a guess.
     pub source: String,
+    /// Pages one entry may cover when they are contiguous and aligned in both VA and PA
+    /// (CoLT / Arm contiguous bit / AMD PTE coalescing; a power of two, 1 = off). With it the
+    /// allocator's physical contiguity shows up as TLB reach.
+    pub coalesce: u32,
 }
 
 fn array(
@@ -101,6 +105,7 @@ impl TlbConfig {
             walk_cache_entries,
             walk_step_cycles,
             source: source.to_string(),
+            coalesce: 1,
         };
         Ok(match name {
             "skylake" => c(
@@ -190,6 +195,12 @@ impl TlbConfig {
     }
 
     fn validate(&self) -> Result<()> {
+        if !self.coalesce.is_power_of_two() || self.coalesce > 512 {
+            return Err(AclError::invalid_param(format!(
+                "coalesce must be a power of two up to 512, got {}",
+                self.coalesce
+            )));
+        }
         if self.levels.is_empty() || self.levels.iter().any(Vec::is_empty) {
             return Err(AclError::invalid_param("a TLB needs at least one level, each with at least one array"));
         }
@@ -430,12 +441,18 @@ impl Tlb {
         self.stats = TlbStats { arrays, ..Default::default() };
     }
 
-    /// Simulates one access of the translation `t` of `va`.
+    /// Simulates one access of the translation `t` of `va` (one page per entry).
     pub fn access(&mut self, va: u64, t: Translation) {
+        self.access_group(va, t, 1);
+    }
+
+    /// Simulates one access whose entry covers `group` contiguous pages (a power of two).
+    fn access_group(&mut self, va: u64, t: Translation, group: u32) {
         self.stats.accesses += 1;
         let page = t.page_size;
-        let vpn = va / page.bytes();
-        let tag = (vpn << 2) | page as u64;
+        // The entry's unit: `group` pages; the tag packs the unit number, log2(group) and the size.
+        let vpn = va / page.bytes() / group as u64;
+        let tag = (vpn << 6) | ((group.trailing_zeros() as u64) << 2) | page as u64;
         if let Some((last, mask)) = self.last {
             if last == tag {
                 for (ai, s) in self.stats.arrays[0].iter_mut().enumerate() {
@@ -513,16 +530,26 @@ impl Tlb {
     /// table); unmapped addresses count as faults. Consecutive accesses to one page reuse its
     /// translation.
     pub fn run(&mut self, addresses: &[u64], translate: impl Fn(u64) -> Option<Translation>) {
-        let mut last: Option<(u64, u64, Translation)> = None; // (page start, page end, translation)
+        // (page start, page end, translation, pages its entry covers)
+        let mut last: Option<(u64, u64, Translation, u32)> = None;
+        let mut groups: std::collections::HashMap<(u64, PageSize), u32> = std::collections::HashMap::new();
+        let k = self.config.coalesce;
         for &va in addresses {
-            let t = match last {
-                Some((lo, hi, t)) if va >= lo && va < hi => t,
+            let (t, group) = match last {
+                Some((lo, hi, t, g)) if va >= lo && va < hi => (t, g),
                 _ => match translate(va) {
                     Some(t) => {
                         let size = t.page_size.bytes();
                         let lo = va - va % size;
-                        last = Some((lo, lo + size, t));
-                        t
+                        let g = if k > 1 {
+                            *groups
+                                .entry((va / (size * k as u64), t.page_size))
+                                .or_insert_with(|| if coalescible(va, t, k, &translate) { k } else { 1 })
+                        } else {
+                            1
+                        };
+                        last = Some((lo, lo + size, t, g));
+                        (t, g)
                     }
                     None => {
                         self.stats.faults += 1;
@@ -530,7 +557,7 @@ impl Tlb {
                     }
                 },
             };
-            self.access(va, t);
+            self.access_group(va, t, group);
         }
     }
 
@@ -543,7 +570,7 @@ impl Tlb {
                 l.iter()
                     .flat_map(|a| a.entries.iter())
                     .filter(|e| e.tag != EMPTY)
-                    .map(|e| sizes[(e.tag & 3) as usize].bytes())
+                    .map(|e| sizes[(e.tag & 3) as usize].bytes() << ((e.tag >> 2) & 15))
                     .sum()
             })
             .collect()
@@ -557,6 +584,20 @@ impl Tlb {
             .map(|l| l.iter().filter(|a| a.holds(page)).map(|a| a.cfg.entries as u64 * page.bytes()).sum())
             .collect()
     }
+}
+
+/// Whether the `k` pages of `t`'s size around `va` (aligned to `k` pages) are all mapped with
+/// that size onto one physically contiguous, equally aligned run.
+fn coalescible(va: u64, t: Translation, k: u32, translate: &impl Fn(u64) -> Option<Translation>) -> bool {
+    let size = t.page_size.bytes();
+    let span = size * k as u64;
+    let base = va - va % span;
+    let Some(first) = translate(base) else { return false };
+    if first.page_size != t.page_size || first.pa % span != 0 {
+        return false;
+    }
+    (1..k as u64)
+        .all(|j| translate(base + j * size).is_some_and(|x| x.page_size == t.page_size && x.pa == first.pa + j * size))
 }
 
 #[cfg(test)]
@@ -574,6 +615,7 @@ mod tests {
             walk_cache_entries: [0, 0, 0],
             walk_step_cycles: 10,
             source: "test".into(),
+            coalesce: 1,
         })
         .unwrap()
     }
@@ -639,6 +681,28 @@ mod tests {
         assert!(TlbConfig::preset("nope").is_err());
         let mut bad = TlbConfig::preset("zen4").unwrap();
         bad.levels[0][0].ways = 7;
+        assert!(Tlb::new(bad).is_err());
+    }
+
+    #[test]
+    fn coalescing_multiplies_reach_only_for_contiguous_pages() {
+        let mut cfg = TlbConfig::preset("zen4").unwrap();
+        cfg.coalesce = 8;
+        let base = 0x1000_0000_0000u64;
+        let addrs: Vec<u64> = (0..64u64).map(|p| base + p * 4096).collect();
+        // Contiguous frames: 64 pages in 8 entries.
+        let mut tlb = Tlb::new(cfg.clone()).unwrap();
+        tlb.run(&addrs, |va| Some(Translation { pa: va - base, page_size: PageSize::Size4K, depth: 4 }));
+        assert_eq!(tlb.stats().walks, 8);
+        assert_eq!(tlb.effective_reach()[0], 64 * 4096);
+        // Scattered frames: every page its own entry.
+        let mut scattered = Tlb::new(cfg).unwrap();
+        scattered.run(&addrs, |va| {
+            Some(Translation { pa: ((va - base) / 4096 * 7919 % 64) * 4096, page_size: PageSize::Size4K, depth: 4 })
+        });
+        assert_eq!(scattered.stats().walks, 64);
+        let mut bad = TlbConfig::preset("zen4").unwrap();
+        bad.coalesce = 3;
         assert!(Tlb::new(bad).is_err());
     }
 
