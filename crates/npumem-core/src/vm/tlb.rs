@@ -534,7 +534,16 @@ impl Tlb {
         let mut last: Option<(u64, u64, Translation, u32)> = None;
         let mut groups: std::collections::HashMap<(u64, PageSize), u32> = std::collections::HashMap::new();
         let k = self.config.coalesce;
+        // Fast path: an access to the same page as the previous one is an L1 hit on the most
+        // recent entry; a streak of them is only counted, and added up when it ends.
+        let mut streak = 0u64;
+        let mut range = (1u64, 0u64);
         for &va in addresses {
+            if va >= range.0 && va < range.1 {
+                streak += 1;
+                continue;
+            }
+            self.flush_streak(&mut streak);
             let (t, group) = match last {
                 Some((lo, hi, t, g)) if va >= lo && va < hi => (t, g),
                 _ => match translate(va) {
@@ -558,7 +567,29 @@ impl Tlb {
                 },
             };
             self.access_group(va, t, group);
+            // Later accesses to this page may take the fast path when it is held in L1.
+            range = match (last, self.last) {
+                (Some((lo, hi, _, _)), Some(_)) => (lo, hi),
+                _ => (1, 0),
+            };
         }
+        self.flush_streak(&mut streak);
+    }
+
+    /// Counts `streak` fast-path L1 hits on the arrays holding the last entry.
+    fn flush_streak(&mut self, streak: &mut u64) {
+        if *streak == 0 {
+            return;
+        }
+        let mask = self.last.map_or(0, |(_, m)| m);
+        self.stats.accesses += *streak;
+        for (ai, s) in self.stats.arrays[0].iter_mut().enumerate() {
+            if mask & (1 << ai) != 0 {
+                s.lookups += *streak;
+                s.hits += *streak;
+            }
+        }
+        *streak = 0;
     }
 
     /// Bytes the valid entries of each level map right now (effective reach).
