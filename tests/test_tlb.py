@@ -132,6 +132,9 @@ def test_sweep_table_csv_and_plot(tmp_path):
     assert {"preset", "page", "pattern", "footprint", "L1_mpka", "walks"} <= set(header)
     tl.plot(rows, str(tmp_path / "s.png"))
     assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
+    tl.plot_tradeoff(rows, str(tmp_path / "w.png"))
+    assert (tmp_path / "w.png").read_bytes()[:4] == b"\x89PNG"
+    assert rows[0]["page_table_bytes"] >= 4096
     with pytest.raises(ValueError, match="unknown"):
         tl.sweep(patterns=("telepathy",))
 
@@ -143,6 +146,7 @@ def test_cli_tlb_sweep(tmp_path, capsys):
     args = ["tlb", "sweep", "--presets", "zen4", "--pages", "4KiB", "--patterns", "sequential"]
     assert main([*args, "--footprints", "4MiB", "--accesses", "1000", "--csv", str(csv_path), "--plot", str(png)]) == 0
     assert "1 runs" in capsys.readouterr().out and csv_path.exists() and png.exists()
+    assert (tmp_path / "t_tradeoff.png").exists()
 
 
 def test_conv_and_fractal_patterns_and_huge_frame_rates():

@@ -70,7 +70,9 @@ def _tlb_sweep(args: argparse.Namespace) -> int:
         )
     if args.plot:
         tlb.plot(rows, args.plot)
-        print(f"plot -> {args.plot}")
+        tradeoff = args.plot.removesuffix(".png") + "_tradeoff.png"
+        tlb.plot_tradeoff(rows, tradeoff)
+        print(f"plots -> {args.plot}, {tradeoff}")
     return 0
 
 

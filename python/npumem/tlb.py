@@ -201,7 +201,8 @@ def sweep(
         for footprint in footprints:
             ptr = dev.malloc(footprint, PAGE_POLICIES[page])
             alloc = dev.allocation(ptr)
-            entries = sum(dev.page_table_stats()["leaf_entries"].values())
+            table = dev.page_table_stats()
+            entries = sum(table["leaf_entries"].values())
             for pattern in patterns:
                 addresses = PATTERNS[pattern](ptr, footprint, accesses, seed)
                 for preset in presets:
@@ -219,6 +220,7 @@ def sweep(
                         "walk_cache_hit_rate": round(st.walk_cache_hit_rate, 4),
                         "cycles_per_access": st.cycles / max(st.accesses, 1),
                         "page_table_entries": entries,
+                        "page_table_bytes": table["table_bytes"],
                         "internal_waste": alloc["granted"] - alloc["size"],
                         "accesses_per_s": st.accesses / elapsed if elapsed > 0 else float("inf"),
                     }
@@ -319,9 +321,39 @@ def plot(rows: Iterable[dict[str, Any]], path: str) -> None:
                 ax.plot([p[0] / (1 << 20) for p in pts], [p[1] for p in pts], marker="o", label=f"{page} pages")
         ax.set_xscale("log")
         ax.set_yscale("symlog", linthresh=0.01)
+        ax.set_ylim(bottom=0)
         ax.set_title(f"{preset}: {pattern}", fontsize=10)
         ax.set_xlabel("footprint (MiB)")
         ax.set_ylabel("page walks per 1000 accesses")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_tradeoff(rows: Iterable[dict[str, Any]], path: str) -> None:
+    """The page-size tradeoff: translation cycles per access against the internal waste of the
+    mapping, one point per (page size, footprint), one panel per (preset, pattern); saved as a PNG
+    (needs matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = list(rows)
+    panels = sorted({(r["preset"], r["pattern"]) for r in rows})
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
+    for ax, (preset, pattern) in zip(axes[0], panels, strict=True):
+        for page in sorted({r["page"] for r in rows}, key=list(PAGE_POLICIES).index):
+            sel = [r for r in rows if (r["preset"], r["pattern"], r["page"]) == (preset, pattern, page)]
+            ax.scatter([max(r["internal_waste"], 1) for r in sel], [r["cycles_per_access"] for r in sel], label=page)
+        ax.set_xscale("log")
+        ax.set_yscale("symlog", linthresh=0.01)
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"{preset}: {pattern}", fontsize=10)
+        ax.set_xlabel("internal waste of the mapping (bytes)")
+        ax.set_ylabel("translation cycles per access")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -338,6 +370,7 @@ __all__ = [
     "TlbStats",
     "huge_frame_rates",
     "plot",
+    "plot_tradeoff",
     "sequential",
     "strided",
     "sweep",
