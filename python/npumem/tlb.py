@@ -299,43 +299,15 @@ def write_csv(rows: Iterable[dict[str, Any]], path: str) -> None:
         w.writerows(rows)
 
 
-def plot(rows: Iterable[dict[str, Any]], path: str) -> None:
-    """Page walks per thousand accesses against footprint, one line per page size, one panel per
-    (preset, pattern); saved as a PNG (needs matplotlib)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = list(rows)
-    panels = sorted({(r["preset"], r["pattern"]) for r in rows})
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
-    for ax, (preset, pattern) in zip(axes[0], panels, strict=True):
-        for page in sorted({r["page"] for r in rows}, key=list(PAGE_POLICIES).index):
-            pts = sorted(
-                (r["footprint"], 1000.0 * r["walks"] / max(r["accesses"], 1))
-                for r in rows
-                if (r["preset"], r["pattern"], r["page"]) == (preset, pattern, page)
-            )
-            if pts:
-                ax.plot([p[0] / (1 << 20) for p in pts], [p[1] for p in pts], marker="o", label=f"{page} pages")
-        ax.set_xscale("log")
-        ax.set_yscale("symlog", linthresh=0.01)
-        ax.set_ylim(bottom=0)
-        ax.set_title(f"{preset}: {pattern}", fontsize=10)
-        ax.set_xlabel("footprint (MiB)")
-        ax.set_ylabel("page walks per 1000 accesses")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def plot_tradeoff(rows: Iterable[dict[str, Any]], path: str) -> None:
-    """The page-size tradeoff: translation cycles per access against the internal waste of the
-    mapping, one point per (page size, footprint), one panel per (preset, pattern); saved as a PNG
-    (needs matplotlib)."""
+def _panels(
+    rows: Iterable[dict[str, Any]],
+    path: str,
+    draw: Callable[[Any, list[dict[str, Any]], str], None],
+    xlabel: str,
+    ylabel: str,
+) -> None:
+    """One panel per (preset, pattern), one series per page size drawn by ``draw(ax, rows,
+    label)``, log x and symlog y axes; saved as a PNG (needs matplotlib)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -347,18 +319,40 @@ def plot_tradeoff(rows: Iterable[dict[str, Any]], path: str) -> None:
     for ax, (preset, pattern) in zip(axes[0], panels, strict=True):
         for page in sorted({r["page"] for r in rows}, key=list(PAGE_POLICIES).index):
             sel = [r for r in rows if (r["preset"], r["pattern"], r["page"]) == (preset, pattern, page)]
-            ax.scatter([max(r["internal_waste"], 1) for r in sel], [r["cycles_per_access"] for r in sel], label=page)
+            if sel:
+                draw(ax, sel, page)
         ax.set_xscale("log")
         ax.set_yscale("symlog", linthresh=0.01)
         ax.set_ylim(bottom=0)
         ax.set_title(f"{preset}: {pattern}", fontsize=10)
-        ax.set_xlabel("internal waste of the mapping (bytes)")
-        ax.set_ylabel("translation cycles per access")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot(rows: Iterable[dict[str, Any]], path: str) -> None:
+    """Page walks per thousand accesses against footprint (the reach knee), one line per page
+    size, one panel per (preset, pattern); saved as a PNG (needs matplotlib)."""
+
+    def draw(ax: Any, sel: list[dict[str, Any]], page: str) -> None:
+        pts = sorted((r["footprint"], 1000.0 * r["walks"] / max(r["accesses"], 1)) for r in sel)
+        ax.plot([p[0] / (1 << 20) for p in pts], [p[1] for p in pts], marker="o", label=f"{page} pages")
+
+    _panels(rows, path, draw, "footprint (MiB)", "page walks per 1000 accesses")
+
+
+def plot_tradeoff(rows: Iterable[dict[str, Any]], path: str) -> None:
+    """The page-size tradeoff: translation cycles per access against the internal waste of the
+    mapping, one point per (page size, footprint), one panel per (preset, pattern)."""
+
+    def draw(ax: Any, sel: list[dict[str, Any]], page: str) -> None:
+        ax.scatter([max(r["internal_waste"], 1) for r in sel], [r["cycles_per_access"] for r in sel], label=page)
+
+    _panels(rows, path, draw, "internal waste of the mapping (bytes)", "translation cycles per access")
 
 
 __all__ = [
