@@ -32,6 +32,8 @@ settings.register_profile(
     max_examples=int(os.environ.get("NPUMEM_HYPOTHESIS_EXAMPLES", "40")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    # CI replays the same examples every run (reproducible); local runs keep exploring.
+    derandomize=os.environ.get("CI") == "true",
 )
 settings.load_profile("npumem")
 
