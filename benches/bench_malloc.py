@@ -83,6 +83,18 @@ def main() -> None:
     assert np.array_equal(out, data)
     dev.free(ptr)
 
+    # Batch APIs: one crossing of the binding for many blocks (issue #5's first piece).
+    print()
+    n = 100_000 // scale
+    sizes = np.full(n, 4096, np.uint64)
+    batch = npumem.Device("16GiB")
+    batch.free_many(batch.malloc_many(sizes))  # warm the pool
+    t_batch = per_op(lambda: batch.free_many(batch.malloc_many(sizes)), 3) / n
+    t_single = per_op(lambda: batch.free(batch.malloc(4096)), n)
+    print(f"{'4 KiB malloc+free':<22} {'us/pair':>8} {'Mpairs/s':>9}")
+    print(f"{'single calls':<22} {t_single:8.3f} {1 / t_single:9.2f}")
+    print(f"{'malloc_many/free_many':<22} {t_batch:8.3f} {1 / t_batch:9.2f}  ({t_single / t_batch:.1f}x)")
+
     # The sanitizer is on by default: what does it cost a small host-visible access?
     print()
     print(f"{'64 B write+read':<22} {'us/op':>8} {'vs off':>8}")

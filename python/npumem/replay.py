@@ -12,9 +12,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
 from .device import Device
 from .enums import Policy
-from .errors import OutOfMemoryError, invalid_param
+from .errors import invalid_param
 
 Event = tuple[str, Any, int] | tuple[str, Any] | Mapping[str, Any]
 
@@ -126,31 +128,17 @@ def _replay(evs: list[tuple[bool, Any, int]], dev: Device, policy: int, stop_on_
     before = dev.stats()
     stats_before = dev.memory_stats()
     dev.reset_peak_memory_stats()
-    ptrs: dict[Any, int] = {}
-    live = peak_live = allocs = ooms = 0
-    first_oom = None
-    for is_alloc, key, size in evs:
-        if is_alloc:
-            allocs += 1
-            try:
-                ptrs[key] = dev.malloc(size, policy)
-            except OutOfMemoryError as e:
-                ooms += 1
-                first_oom = first_oom or e.message
-                if stop_on_oom:
-                    break
-                continue
-            live += size
-            peak_live = max(peak_live, live)
-        else:
-            ptr = ptrs.pop(key, None)
-            if ptr is not None:
-                dev.free(ptr)
-                live -= size
+    # The trace runs in Rust in one call: ids become integers, events three arrays.
+    index: dict[Any, int] = {}
+    is_alloc = np.fromiter((a for a, _, _ in evs), dtype=np.uint8, count=len(evs))
+    ids = np.fromiter((index.setdefault(k, len(index)) for _, k, _ in evs), dtype=np.uint64, count=len(evs))
+    sizes = np.fromiter((s for _, _, s in evs), dtype=np.uint64, count=len(evs))
+    out = dev._replay(is_alloc, ids, sizes, policy, stop_on_oom)
+    allocs, ooms, peak_live, first_oom = out["allocs"], out["ooms"], out["peak_live"], out["first_oom"]
     stats = dev.memory_stats()
     after = dev.stats()
-    for ptr in ptrs.values():
-        dev.free(ptr)
+    if len(out["leftover"]):
+        dev.free_many(out["leftover"])
     device_allocs = stats["num_device_alloc"] - stats_before["num_device_alloc"]
     misses = stats["num_cache_misses"] - stats_before["num_cache_misses"]
     served = allocs - ooms

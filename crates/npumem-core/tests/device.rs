@@ -173,3 +173,26 @@ proptest! {
         prop_assert_eq!(d.page_table_stats().unwrap().mapped_bytes, 0);
     }
 }
+
+#[test]
+fn batches_are_all_or_nothing_and_replays_run_in_rust() {
+    let mut d = device(64 * MIB, 0);
+    let ptrs = d.malloc_many(&[4096, 8192, MIB], Policy::HugeFirst, 0).unwrap();
+    assert_eq!(ptrs.len(), 3);
+    let err = d.malloc_many(&[4096, 1 << 40], Policy::HugeFirst, 0).unwrap_err();
+    assert!(err.message.contains("size #1"), "{}", err.message);
+    assert_eq!(d.stats().live_count, 3, "the failed batch left nothing behind");
+    let err = d.free_many(&[ptrs[0], ptrs[0]]).unwrap_err();
+    assert!(err.message.contains("twice"), "{}", err.message);
+    assert!(d.free_many(&[ptrs[0], 12345]).is_err());
+    assert_eq!(d.stats().live_count, 3, "nothing was freed");
+    d.free_many(&ptrs).unwrap();
+    let events = [(true, 1, 1000), (true, 2, 60 * MIB), (true, 3, 2000), (false, 1, 0), (false, 2, 0)];
+    let out = d.replay_events(&events, Policy::HugeFirst, false).unwrap();
+    assert_eq!((out.allocs, out.ooms, out.peak_live), (3, 0, 60 * MIB + 3000));
+    assert_eq!(out.leftover.len(), 1);
+    d.free_many(&out.leftover).unwrap();
+    let out = d.replay_events(&[(true, 1, 100 * MIB), (true, 2, 10)], Policy::HugeFirst, true).unwrap();
+    assert_eq!((out.allocs, out.ooms), (1, 1));
+    assert!(out.first_oom.is_some());
+}

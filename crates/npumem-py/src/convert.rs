@@ -56,3 +56,10 @@ fn out_of_range(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<AclError> {
         Err(pyo3::exceptions::PyTypeError::new_err(format!("{what} must be an int, got {}", obj.get_type().name()?)))
     }
 }
+
+/// The elements of a 1-D numpy array, which must be C-contiguous.
+pub fn array_slice<'a, 'py, T: numpy::Element>(array: &'a numpy::PyReadonlyArray1<'py, T>) -> PyResult<&'a [T]> {
+    array
+        .as_slice()
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("pass a C-contiguous 1-D array ({e})")))
+}

@@ -11,12 +11,13 @@ use npumem_core::sanitizer::{HOST, SanitizerMode};
 use npumem_core::units::format_size;
 use npumem_core::vm::PageSize;
 use npumem_core::{AclError, AllocatorKind, Device, DeviceConfig, MemAttr, Policy};
+use numpy::{PyArray1, PyReadonlyArray1};
 use parking_lot::Mutex;
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
-use crate::convert::{enum_arg, i32_arg, size_arg, uint_arg};
+use crate::convert::{array_slice, enum_arg, i32_arg, size_arg, uint_arg};
 use crate::errors::{catch_panics, guard, to_py};
 
 /// Transfers at least this large release the GIL while they copy.
@@ -234,6 +235,59 @@ impl PyDevice {
         let ptr = uint_arg(ptr, "ptr")?;
         let stream = opt_stream(stream)?;
         self.run(py, |d| d.free_on(ptr, stream))
+    }
+
+    /// Allocates one block per size (a 1-D uint64 array) in one call, without the GIL; all or
+    /// nothing. Returns the pointers as a uint64 array.
+    #[pyo3(signature = (sizes, policy = None, stream = None))]
+    fn malloc_many<'py>(
+        &self,
+        py: Python<'py>,
+        sizes: PyReadonlyArray1<'py, u64>,
+        policy: Option<&Bound<'_, PyAny>>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Bound<'py, PyArray1<u64>>> {
+        let policy = policy.map(|p| enum_arg(p, "policy")).transpose()?.unwrap_or(0);
+        let stream = opt_stream(stream)?.unwrap_or(0);
+        let sizes = array_slice(&sizes)?;
+        let ptrs = self.run_detached_if(py, true, |d| d.malloc_many(sizes, Policy::from_raw(policy)?, stream))?;
+        Ok(PyArray1::from_vec(py, ptrs))
+    }
+
+    /// Frees every pointer of a 1-D uint64 array in one call, without the GIL; nothing is freed
+    /// if one of them is not a live allocation.
+    fn free_many(&self, py: Python<'_>, ptrs: PyReadonlyArray1<'_, u64>) -> PyResult<()> {
+        let ptrs = array_slice(&ptrs)?;
+        self.run_detached_if(py, true, |d| d.free_many(ptrs))
+    }
+
+    /// Replays a trace given as three equal-length arrays (is_alloc as uint8, id, size) in Rust;
+    /// returns allocs, ooms, peak_live, first_oom and the pointers still live (`leftover`).
+    #[pyo3(signature = (is_alloc, ids, sizes, policy = None, stop_on_oom = false))]
+    fn _replay<'py>(
+        &self,
+        py: Python<'py>,
+        is_alloc: PyReadonlyArray1<'py, u8>,
+        ids: PyReadonlyArray1<'py, u64>,
+        sizes: PyReadonlyArray1<'py, u64>,
+        policy: Option<&Bound<'_, PyAny>>,
+        stop_on_oom: bool,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let policy = policy.map(|p| enum_arg(p, "policy")).transpose()?.unwrap_or(0);
+        let (a, i, s) = (array_slice(&is_alloc)?, array_slice(&ids)?, array_slice(&sizes)?);
+        if a.len() != i.len() || a.len() != s.len() {
+            return Err(to_py(py, AclError::invalid_param("is_alloc, ids and sizes must have the same length")));
+        }
+        let events: Vec<(bool, u64, u64)> = (0..a.len()).map(|k| (a[k] != 0, i[k], s[k])).collect();
+        let out =
+            self.run_detached_if(py, true, |d| d.replay_events(&events, Policy::from_raw(policy)?, stop_on_oom))?;
+        let dict = PyDict::new(py);
+        dict.set_item("allocs", out.allocs)?;
+        dict.set_item("ooms", out.ooms)?;
+        dict.set_item("peak_live", out.peak_live)?;
+        dict.set_item("first_oom", out.first_oom)?;
+        dict.set_item("leftover", PyArray1::from_vec(py, out.leftover))?;
+        Ok(dict)
     }
 
     /// Marks the allocation at `ptr` as used by `stream` too: its free waits for that stream.

@@ -80,7 +80,7 @@ impl PyTlb {
 
     /// Runs the addresses (a 1-D uint64 array) through the TLB; returns the cumulative counters.
     fn run<'py>(&self, py: Python<'py>, addresses: PyReadonlyArray1<'py, u64>) -> PyResult<Bound<'py, PyDict>> {
-        let slice = addresses.as_slice().map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+        let slice = crate::convert::array_slice(&addresses)?;
         let device = self.device.get();
         let tlb = &self.tlb;
         py.detach(|| {

@@ -15,7 +15,10 @@
 //! every failed call leaves the device as it was.
 
 mod access;
+mod batch;
 mod ordered;
+
+pub use batch::ReplayOutcome;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 

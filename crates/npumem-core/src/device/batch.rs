@@ -1,0 +1,119 @@
+//! Batch operations: many mallocs or frees in one call, and whole alloc/free traces replayed in
+//! Rust, so a Python caller crosses the binding once per batch instead of once per block.
+//!
+//! Invariants: a batch is all or nothing — a failed `malloc_many` frees what it allocated, and
+//! `free_many` checks every pointer before freeing any; a replay returns the allocations it still
+//! holds (or frees them when it stops on an error).
+
+use super::*;
+
+/// What a replayed trace did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReplayOutcome {
+    pub allocs: u64,
+    pub ooms: u64,
+    /// The largest sum of live requested bytes reached.
+    pub peak_live: u64,
+    /// The message of the first out-of-memory error.
+    pub first_oom: Option<String>,
+    /// Allocations the trace had not freed when it ended, for the caller to inspect and free.
+    pub leftover: Vec<u64>,
+}
+
+impl Device {
+    /// Allocates one block per size on `stream`; on any failure, frees the blocks this call made
+    /// and returns the error (naming the failing index).
+    pub fn malloc_many(&mut self, sizes: &[u64], policy: Policy, stream: StreamId) -> Result<Vec<u64>> {
+        let mut ptrs = Vec::with_capacity(sizes.len());
+        for (i, &size) in sizes.iter().enumerate() {
+            match self.malloc_on(size, policy, true, stream) {
+                Ok(p) => ptrs.push(p),
+                Err(e) => {
+                    for p in ptrs {
+                        self.free(p)?;
+                    }
+                    return Err(AclError::new(e.code, format!("malloc_many: size #{i} ({size}): {}", e.message)));
+                }
+            }
+        }
+        Ok(ptrs)
+    }
+
+    /// Frees every pointer, after checking that all are live and distinct (nothing is freed when
+    /// one is not).
+    pub fn free_many(&mut self, ptrs: &[u64]) -> Result<()> {
+        let mut seen = std::collections::HashSet::with_capacity(ptrs.len());
+        for (i, &p) in ptrs.iter().enumerate() {
+            if !self.live.contains_key(&p) || !seen.insert(p) {
+                let why = if seen.contains(&p) && self.live.contains_key(&p) {
+                    "appears twice in the batch".to_string()
+                } else {
+                    self.bad_pointer(p).message
+                };
+                return Err(AclError::bad_free(format!("free_many: pointer #{i} ({p:#x}): {why}; nothing was freed")));
+            }
+        }
+        ptrs.iter().try_for_each(|&p| self.free(p))
+    }
+
+    /// Replays a trace of `(is_alloc, id, size)` events (a free names the id of an earlier
+    /// alloc; its size is ignored). Out-of-memory allocations are counted and skipped (their
+    /// frees too), or end the replay with `stop_on_oom`. Allocations still live at the end are
+    /// returned in `leftover`. Other errors stop the replay, and then everything it allocated is
+    /// freed.
+    pub fn replay_events(
+        &mut self,
+        events: &[(bool, u64, u64)],
+        policy: Policy,
+        stop_on_oom: bool,
+    ) -> Result<ReplayOutcome> {
+        let mut live: HashMap<u64, (u64, u64)> = HashMap::new();
+        let mut out = ReplayOutcome::default();
+        let mut live_bytes = 0u64;
+        let mut result = Ok(());
+        for (n, &(is_alloc, id, size)) in events.iter().enumerate() {
+            if is_alloc {
+                out.allocs += 1;
+                match self.malloc(size, policy) {
+                    Ok(p) => {
+                        if live.insert(id, (p, size)).is_some() {
+                            result = Err(AclError::invalid_param(format!("event {n}: id {id} allocated twice")));
+                            break;
+                        }
+                        live_bytes += size;
+                        out.peak_live = out.peak_live.max(live_bytes);
+                    }
+                    Err(e) if e.code.is_out_of_memory() => {
+                        out.ooms += 1;
+                        out.first_oom.get_or_insert(e.message);
+                        if stop_on_oom {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        result = Err(e);
+                        break;
+                    }
+                }
+            } else if let Some((p, size)) = live.remove(&id) {
+                live_bytes -= size;
+                if let Err(e) = self.free(p) {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        match result {
+            Ok(()) => {
+                out.leftover = live.into_values().map(|(p, _)| p).collect();
+                Ok(out)
+            }
+            Err(e) => {
+                for (p, _) in live.into_values() {
+                    self.free(p)?;
+                }
+                Err(e)
+            }
+        }
+    }
+}
