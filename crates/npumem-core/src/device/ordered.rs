@@ -35,7 +35,7 @@ impl Device {
                 self.stats.same_stream_reuses += 1;
                 key
             }
-            None if self.reuse.follow_event_dependencies => {
+            None if self.reuse.follow_event_dependencies && !self.pending_frees.is_empty() => {
                 let clock = self.sched.next_clock(stream);
                 let followed = self
                     .pending_frees
@@ -110,18 +110,24 @@ impl Device {
         let own_stream_only = uses.is_empty() && stream.is_none_or(|s| s == allocation.stream);
         // The free's point: after the given stream's work so far, or after the block's own
         // stream's and every recorded stream's.
-        let (ready, point) = match stream {
-            Some(s) => (self.sched.tail_ns(s)?, self.sched.clock(s).clone()),
+        let ready = match stream {
+            Some(s) => self.sched.tail_ns(s)?,
+            None => uses
+                .iter()
+                .filter_map(|&s| self.sched.tail_ns(s).ok())
+                .fold(self.sched.tail_ns(allocation.stream).unwrap_or(0), u64::max),
+        };
+        // The free's point (a vector clock) matters only to a deferred free.
+        let point = (ready > self.sched.now_ns()).then(|| match stream {
+            Some(s) => self.sched.clock(s).clone(),
             None => {
                 let mut point = self.sched.clock(allocation.stream).clone();
-                let mut ready = self.sched.tail_ns(allocation.stream).unwrap_or(0);
                 for &s in uses {
-                    ready = ready.max(self.sched.tail_ns(s).unwrap_or(0));
                     crate::stream::join(&mut point, self.sched.clock(s));
                 }
-                (ready, point)
+                point
             }
-        };
+        });
         if ready <= self.sched.now_ns() {
             self.allocator.free(self.backend.as_mut(), ptr)?;
         }
@@ -135,7 +141,7 @@ impl Device {
         } else {
             self.free_seq += 1;
             let key = (ready, self.free_seq);
-            self.pending_frees.insert(key, PendingFree { allocation, point });
+            self.pending_frees.insert(key, PendingFree { allocation, point: point.unwrap_or_default() });
             if own_stream_only {
                 self.same_stream.entry(allocation.stream).or_default().insert((allocation.granted, ptr), key);
             }
