@@ -9,7 +9,7 @@ from conftest import GiB, KiB, MiB, align_up, booked, raises_acl
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from npumem import Device, InvalidParamError, OutOfMemoryError, UnsupportedError
+from npumem import Device, InvalidParamError, OutOfMemoryError, Policy, UnsupportedError
 
 ALLOCATORS = ("npumem", "direct", "pytorch", "torch_npu")
 CACHING = ("pytorch", "torch_npu")
@@ -1377,3 +1377,25 @@ def test_random_malloc_free_write(allocator, ops, capacity):
     assert d.memory_reserved() == 0
     assert d.mem_info() == (capacity, capacity)
     assert d.frame_stats() == fresh_frames
+
+
+def test_npumem_pool_pages_follow_the_malloc_policy():
+    d = Device("4GiB", allocator="npumem", giant_frames=1)
+    cases = [
+        (4 * MiB, Policy.NORMAL_ONLY, d.normal_page),
+        (4 * MiB, Policy.HUGE_FIRST, 2 * MiB),
+        (1000, Policy.HUGE_ONLY, 2 * MiB),
+        (1000, Policy.HUGE_FIRST, d.normal_page),
+        (100 * MiB, Policy.HUGE1G_ONLY, GiB),
+    ]
+    ptrs = []
+    for size, policy, page in cases:
+        p = d.malloc(size, policy)
+        assert d.page_of(p) == d.allocation(p)["page_size"] == page, (size, policy)
+        ptrs.append(p)
+    with pytest.raises(OutOfMemoryError, match="giant_frames"):
+        d.malloc(100 * MiB, Policy.HUGE1G_ONLY)
+    for p in ptrs:
+        d.free(p)
+    d.empty_cache()
+    assert d.memory_reserved() == 0

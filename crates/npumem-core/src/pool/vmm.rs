@@ -25,6 +25,7 @@ use super::{
     Action, Allocator, BlockSnapshot, EventLog, Fragmentation, Grant, PoolKind, PoolStats, Request, Segment,
     SegmentSnapshot, SegmentUse,
 };
+use crate::acl::Policy;
 use crate::backend::{Backend, PhysHandle};
 use crate::error::{AclError, Result};
 use crate::units::{MIB, checked_align_up, format_size};
@@ -257,8 +258,19 @@ impl VmmAllocator {
 
     /// A physical page for `kind`'s pool: a cached one, else a new one (a 2 MiB frame for the
     /// large pool when one is free, else normal frames), within the limit.
-    fn acquire(&mut self, backend: &mut dyn Backend, kind: PoolKind) -> Result<(PhysHandle, PageSize)> {
-        if let Some(cached) = self.cache[kind as usize].pop() {
+    fn acquire(
+        &mut self,
+        backend: &mut dyn Backend,
+        kind: PoolKind,
+        huge_only: bool,
+    ) -> Result<(PhysHandle, PageSize)> {
+        let cache = &mut self.cache[kind as usize];
+        let cached = if huge_only {
+            cache.iter().rposition(|&(_, pte)| pte == PageSize::Size2M).map(|i| cache.swap_remove(i))
+        } else {
+            cache.pop()
+        };
+        if let Some(cached) = cached {
             return Ok(cached);
         }
         let page = page_bytes(kind);
@@ -274,8 +286,10 @@ impl VmmAllocator {
             PoolKind::Small => (backend.create_physical(page, PageKind::Normal)?, normal_pte),
             PoolKind::Large => match backend.create_physical(page, PageKind::Huge) {
                 Ok(h) => (h, PageSize::Size2M),
-                // No free 2 MiB frame: the page is made of normal frames instead.
-                Err(e) if e.code.is_out_of_memory() => (backend.create_physical(page, PageKind::Normal)?, normal_pte),
+                // No free 2 MiB frame: the page is made of normal frames instead (not for HUGE_ONLY).
+                Err(e) if e.code.is_out_of_memory() && !huge_only => {
+                    (backend.create_physical(page, PageKind::Normal)?, normal_pte)
+                }
                 Err(e) => return Err(e),
             },
         };
@@ -351,13 +365,20 @@ impl VmmAllocator {
 
     /// Maps every unmapped page under `[ptr, ptr + size)` of `kind`'s pool and counts the block
     /// on each page. On failure nothing is left changed.
-    fn map_range(&mut self, backend: &mut dyn Backend, kind: PoolKind, ptr: u64, size: u64) -> Result<PageSize> {
+    fn map_range(
+        &mut self,
+        backend: &mut dyn Backend,
+        kind: PoolKind,
+        ptr: u64,
+        size: u64,
+        huge_only: bool,
+    ) -> Result<PageSize> {
         let range = self.pool(kind).pages_of(ptr, size);
         let needed: Vec<usize> = range.clone().filter(|&i| self.pool(kind).slot(i).handle == NO_HANDLE).collect();
         let mut done: Vec<usize> = Vec::with_capacity(needed.len());
         for &i in &needed {
             let got = loop {
-                match self.acquire(backend, kind) {
+                match self.acquire(backend, kind, huge_only) {
                     Ok(h) => break Ok(h),
                     // Stitching: unmap an idle page of this pool and map its memory here; else
                     // give the other pool's spare memory back to the device and try again.
@@ -409,13 +430,20 @@ impl VmmAllocator {
         Ok(pool.slot(range.start).page)
     }
 
-    /// A request of at least `bypass_threshold` gets its own segment: giant pages first, then
-    /// huge, then normal ones, each only if its page-rounded size fits under the limit; when none
-    /// can be had, cached and idle pages go back to the device and the kinds are tried again.
-    fn malloc_bypass(&mut self, backend: &mut dyn Backend, request: &Request, size: u64) -> Result<Grant> {
+    /// A request that bypasses the pools gets its own segment, trying the page kinds of `plan` in
+    /// order (for HUGE_FIRST: giant, then huge, then normal), each only if its page-rounded size
+    /// fits under the limit; when none can be had, cached and idle pages go back to the device and
+    /// the kinds are tried again.
+    fn malloc_bypass(
+        &mut self,
+        backend: &mut dyn Backend,
+        request: &Request,
+        size: u64,
+        plan: &[PageKind],
+    ) -> Result<Grant> {
         let segment = 'found: loop {
             let mut last = None;
-            for kind in [PageKind::Giant, PageKind::Huge, PageKind::Normal] {
+            for &kind in plan {
                 let rounded = checked_align_up(size, backend.page_size(kind).bytes()).unwrap_or(u64::MAX);
                 if self.reserved().saturating_add(rounded) > self.limit() {
                     last = Some(AclError::oom(format!(
@@ -463,23 +491,33 @@ impl Allocator for VmmAllocator {
         let size = checked_align_up(request.size, self.config.quantum)
             .filter(|&s| s <= self.capacity)
             .ok_or_else(|| AclError::oom(format!("{} is larger than the device", format_size(request.size))))?;
-        if size >= self.config.bypass_threshold {
-            return self.malloc_bypass(backend, request, size).map_err(|e| self.oom(e, request));
+        // The policy picks the pages: NORMAL_ONLY uses the normal-page pool at any size,
+        // HUGE_ONLY the 2 MiB pool with no normal-frame fallback, HUGE1G_ONLY giant pages only;
+        // HUGE_FIRST goes by size. Requests from `bypass_threshold` up get their own segment.
+        let policy = request.policy.base();
+        let (kind, plan): (PoolKind, &[PageKind]) = match policy {
+            Policy::NormalOnly => (PoolKind::Small, &[PageKind::Normal]),
+            Policy::HugeOnly => (PoolKind::Large, &[PageKind::Huge]),
+            Policy::Huge1gOnly => (PoolKind::Large, &[PageKind::Giant]),
+            _ => (pool_kind(size), &[PageKind::Giant, PageKind::Huge, PageKind::Normal]),
+        };
+        if size >= self.config.bypass_threshold || policy == Policy::Huge1gOnly {
+            return self.malloc_bypass(backend, request, size, plan).map_err(|e| self.oom(e, request));
         }
+        let huge_only = policy == Policy::HugeOnly;
         if self.config.garbage_collection_threshold > 0.0 {
             let target = (self.config.garbage_collection_threshold * self.limit() as f64) as u64;
             if self.reserved() > target {
                 self.trim_to(backend, target)?;
             }
         }
-        let kind = pool_kind(size);
         self.ensure_pool(backend, kind)?;
         let quantum = self.config.quantum;
         let placed = self.pool_mut(kind).space.reserve(size, quantum);
         let ptr = placed.map_err(|e| if e.code.is_out_of_memory() { self.oom(e, request) } else { e })?;
         let device_allocs = self.stats.num_device_alloc;
         let reserved_before = self.reserved();
-        let page = match self.map_range(backend, kind, ptr, size) {
+        let page = match self.map_range(backend, kind, ptr, size, huge_only) {
             Ok(p) => p,
             Err(e) => {
                 self.pool_mut(kind).space.release(ptr)?;
@@ -742,6 +780,29 @@ mod tests {
         assert!(VmmConfig::parse("large_threshold_mb:1").is_err());
         assert!(VmmConfig::parse("bogus:1").is_err());
         assert!(VmmConfig::parse("expandable_segments:True,per_process_memory_fraction:0.5").is_ok());
+    }
+
+    #[test]
+    fn pages_follow_the_malloc_policy() {
+        let mut sim = SimBackend::new(SimConfig { capacity: 4 * GIB, giant_frames: 1, ..Default::default() }).unwrap();
+        let mut a = VmmAllocator::new(VmmConfig::default(), 4 * GIB);
+        let with = |size, policy| Request { size, booked: size, policy };
+        // NORMAL_ONLY: normal pages even for a request that HUGE_FIRST would put on 2 MiB pages.
+        let n = a.malloc(&mut sim, &with(4 * MIB, Policy::NormalOnly)).unwrap();
+        assert!(n.page < PageSize::Size2M, "{:?}", n.page);
+        // HUGE_ONLY: 2 MiB pages even for a tiny request.
+        let h = a.malloc(&mut sim, &with(1000, Policy::HugeOnly)).unwrap();
+        assert_eq!(h.page, PageSize::Size2M);
+        // HUGE1G_ONLY: a giant page while one is free, then a clear out-of-memory error.
+        let g = a.malloc(&mut sim, &with(100 * MIB, Policy::Huge1gOnly)).unwrap();
+        assert_eq!(g.page, PageSize::Size1G);
+        let err = a.malloc(&mut sim, &with(100 * MIB, Policy::Huge1gOnly)).unwrap_err();
+        assert!(err.code.is_out_of_memory(), "{}", err.message);
+        for ptr in [n.ptr, h.ptr, g.ptr] {
+            a.free(&mut sim, ptr).unwrap();
+        }
+        a.empty_cache(&mut sim).unwrap();
+        assert_eq!(a.reserved(), 0);
     }
 
     proptest! {
