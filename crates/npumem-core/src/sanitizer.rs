@@ -13,7 +13,7 @@
 //! Invariants: access records are dropped when their allocation is freed; a refused operation
 //! leaves none; with the mode off nothing is tracked.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 use crate::error::{AclError, ErrorCode, Result};
 use crate::stream::{Clock, StreamId, covers};
@@ -90,20 +90,20 @@ struct Access {
 
 #[derive(Debug, Default)]
 struct Accesses {
-    reads: HashMap<StreamId, Access>,
-    writes: HashMap<StreamId, Access>,
+    reads: FxHashMap<StreamId, Access>,
+    writes: FxHashMap<StreamId, Access>,
 }
 
 #[derive(Debug)]
 pub struct Sanitizer {
     pub mode: SanitizerMode,
     findings: Vec<Finding>,
-    access: HashMap<u64, Accesses>,
+    access: FxHashMap<u64, Accesses>,
 }
 
 impl Sanitizer {
     pub fn new(mode: SanitizerMode) -> Self {
-        Sanitizer { mode, findings: Vec::new(), access: HashMap::new() }
+        Sanitizer { mode, findings: Vec::new(), access: FxHashMap::default() }
     }
 
     pub fn enabled(&self) -> bool {

@@ -9,7 +9,8 @@
 //! frames return to the allocator only when it is freed and `mapped == 0`; every mapping lies in a
 //! reservation and no reservation with a live mapping is released.
 
-use std::collections::{BTreeMap, HashMap};
+use rustc_hash::FxHashMap;
+use std::collections::BTreeMap;
 
 use super::{Backend, BackendCounters, PhysHandle};
 use crate::acl::MemScope;
@@ -67,7 +68,7 @@ pub struct SimBackend {
     frames: FrameAllocator,
     page_table: PageTable,
     memory: PhysMemory,
-    allocs: HashMap<PhysHandle, PhysAlloc>,
+    allocs: FxHashMap<PhysHandle, PhysAlloc>,
     next_handle: PhysHandle,
     mappings: BTreeMap<u64, Mapping>,
     counters: BackendCounters,
@@ -98,7 +99,7 @@ impl SimBackend {
             memory: PhysMemory::new(config.capacity),
             frames,
             page_table: PageTable::new(),
-            allocs: HashMap::new(),
+            allocs: FxHashMap::default(),
             next_handle: 1,
             mappings: BTreeMap::new(),
             counters: BackendCounters::default(),

@@ -42,7 +42,7 @@ impl Device {
     /// Frees every pointer, after checking that all are live and distinct (nothing is freed when
     /// one is not).
     pub fn free_many(&mut self, ptrs: &[u64]) -> Result<()> {
-        let mut seen = std::collections::HashSet::with_capacity(ptrs.len());
+        let mut seen = rustc_hash::FxHashSet::with_capacity_and_hasher(ptrs.len(), Default::default());
         for (i, &p) in ptrs.iter().enumerate() {
             if !self.live.contains_key(&p) || !seen.insert(p) {
                 let why = if seen.contains(&p) && self.live.contains_key(&p) {
@@ -67,7 +67,7 @@ impl Device {
         policy: Policy,
         stop_on_oom: bool,
     ) -> Result<ReplayOutcome> {
-        let mut live: HashMap<u64, (u64, u64)> = HashMap::new();
+        let mut live: FxHashMap<u64, (u64, u64)> = FxHashMap::default();
         let mut out = ReplayOutcome::default();
         let mut live_bytes = 0u64;
         let mut result = Ok(());

@@ -20,7 +20,8 @@ mod ordered;
 
 pub use batch::ReplayOutcome;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use rustc_hash::FxHashMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use crate::acl::{MemAttr, MemcpyKind, Policy};
 use crate::backend::{Backend, BackendCounters, SimBackend, SimConfig};
@@ -205,19 +206,19 @@ pub struct Device {
     started: std::time::Instant,
     sched: Scheduler,
     /// Streams besides its own that used a live allocation (`record_stream`).
-    stream_uses: HashMap<u64, Vec<StreamId>>,
+    stream_uses: FxHashMap<u64, Vec<StreamId>>,
     /// Freed blocks waiting for their streams, by `PendingKey` (ready time, sequence).
     pending_frees: BTreeMap<PendingKey, PendingFree>,
     /// Pending frees that their own stream may reuse at once (stream order already puts the
     /// new user after the old one): stream → (granted, ptr) → key in `pending_frees`.
-    same_stream: HashMap<StreamId, BTreeMap<(u64, u64), PendingKey>>,
+    same_stream: FxHashMap<StreamId, BTreeMap<(u64, u64), PendingKey>>,
     free_seq: u64,
     sanitizer: Sanitizer,
     reuse: ReusePolicy,
     /// Driver calls already charged to the host clock.
     charged: BackendCounters,
     /// Allocation-site tags of live allocations (for sanitizer and leak reports).
-    tags: HashMap<u64, String>,
+    tags: FxHashMap<u64, String>,
 }
 
 impl Device {
@@ -241,14 +242,14 @@ impl Device {
             history: None,
             started: std::time::Instant::now(),
             sched: Scheduler::new(CostModel::ascend910b()),
-            stream_uses: HashMap::new(),
+            stream_uses: FxHashMap::default(),
             pending_frees: BTreeMap::new(),
-            same_stream: HashMap::new(),
+            same_stream: FxHashMap::default(),
             free_seq: 0,
             sanitizer: Sanitizer::new(SanitizerMode::Collect),
             reuse: ReusePolicy::default(),
             charged: BackendCounters::default(),
-            tags: HashMap::new(),
+            tags: FxHashMap::default(),
         }
     }
 

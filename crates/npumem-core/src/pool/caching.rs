@@ -12,7 +12,8 @@
 //! (size, ptr), and an allocated block in none; `by_ptr` indexes every block; the stats equal a
 //! recount of the blocks (checked by `check_invariants` in tests).
 
-use std::collections::{BTreeMap, HashMap};
+use rustc_hash::FxHashMap;
+use std::collections::BTreeMap;
 
 use super::config::{MIN_BLOCK, SMALL_SIZE};
 use super::{
@@ -60,7 +61,7 @@ pub struct CachingAllocator {
     capacity: u64,
     blocks: Vec<Block>,
     vacant: Vec<u32>,
-    by_ptr: HashMap<u64, u32>,
+    by_ptr: FxHashMap<u64, u32>,
     free: [BTreeMap<(u64, u64), u32>; 2],
     segments: BTreeMap<u64, SegmentInfo>,
     stats: PoolStats,
@@ -78,7 +79,7 @@ impl CachingAllocator {
             capacity,
             blocks: Vec::new(),
             vacant: Vec::new(),
-            by_ptr: HashMap::new(),
+            by_ptr: FxHashMap::default(),
             free: [BTreeMap::new(), BTreeMap::new()],
             segments: BTreeMap::new(),
             stats,

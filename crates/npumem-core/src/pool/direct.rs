@@ -7,7 +7,7 @@
 //! Invariant: `blocks` maps each live pointer to its segment and the bytes requested; each
 //! allocation is its own segment, so reserved = allocated in the stats.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 use super::{
     Action, Allocator, BlockSnapshot, EventLog, Fragmentation, Grant, PoolKind, PoolStats, Request, Segment,
@@ -19,7 +19,7 @@ use crate::policy::{HUGE_FIRST_NORMAL_LIMIT, page_plan};
 
 #[derive(Debug)]
 pub struct DirectAllocator {
-    blocks: HashMap<u64, (Segment, u64)>,
+    blocks: FxHashMap<u64, (Segment, u64)>,
     stats: PoolStats,
     events: EventLog,
 }
@@ -33,7 +33,7 @@ impl Default for DirectAllocator {
 impl DirectAllocator {
     pub fn new() -> Self {
         DirectAllocator {
-            blocks: HashMap::new(),
+            blocks: FxHashMap::default(),
             stats: PoolStats { max_split_size: u64::MAX, ..Default::default() },
             events: EventLog::default(),
         }

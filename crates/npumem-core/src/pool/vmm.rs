@@ -18,7 +18,8 @@
 //! the clock when it became idle, so trimming takes the coldest first); cached handles are held
 //! but unmapped; `reserved_bytes` = (mapped + cached pages) × page size + bypass segments.
 
-use std::collections::{BTreeSet, HashMap};
+use rustc_hash::FxHashMap;
+use std::collections::BTreeSet;
 
 use super::config::{bad, boolean, number, tokenize};
 use super::{
@@ -196,8 +197,8 @@ pub struct VmmAllocator {
     pools: [Option<VmmPool>; 2],
     /// Unmapped physical pages held for remapping, per pool (they have that pool's page size).
     cache: [Vec<(PhysHandle, PageSize)>; 2],
-    live: HashMap<u64, Live>,
-    bypass: HashMap<u64, Segment>,
+    live: FxHashMap<u64, Live>,
+    bypass: FxHashMap<u64, Segment>,
     stats: PoolStats,
     clock: u64,
     events: EventLog,
@@ -214,8 +215,8 @@ impl VmmAllocator {
             capacity,
             pools: [None, None],
             cache: [Vec::new(), Vec::new()],
-            live: HashMap::new(),
-            bypass: HashMap::new(),
+            live: FxHashMap::default(),
+            bypass: FxHashMap::default(),
             stats: PoolStats { max_split_size: u64::MAX, ..Default::default() },
             clock: 0,
             events: EventLog::default(),
