@@ -8,7 +8,7 @@ STAMP := $(VENV)/.deps-stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run test build lint test-rust test-python bench bench-replay bench-streams validate-tlb clean
+.PHONY: run test build lint test-rust test-python bench bench-replay bench-streams bench-plan validate-tlb clean
 
 run: build
 	npumem demo
@@ -46,6 +46,9 @@ bench-replay: build
 
 bench-streams: build
 	python benches/bench_streams.py
+
+bench-plan: build
+	python benches/bench_plan.py
 
 validate-tlb: build
 	python benches/validate_tlb.py

@@ -3,6 +3,9 @@
 from collections.abc import Buffer
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 __version__: str
 VA_WINDOW_START: int
 VA_WINDOW_END: int
@@ -118,3 +121,25 @@ class Tlb:
     def stats(self) -> dict[str, Any]: ...
     def nominal_reach(self, page_size: int) -> list[int]: ...
     def effective_reach(self) -> list[int]: ...
+
+def plan_offsets(
+    lower: npt.NDArray[np.uint64],
+    upper: npt.NDArray[np.uint64],
+    size: npt.NDArray[np.uint64],
+    strategy: str,
+    alignment: int,
+) -> dict[str, Any]: ...
+def plan_validate(
+    lower: npt.NDArray[np.uint64],
+    upper: npt.NDArray[np.uint64],
+    size: npt.NDArray[np.uint64],
+    offsets: npt.NDArray[np.uint64],
+    alignment: int,
+) -> int: ...
+def plan_lower_bound(
+    lower: npt.NDArray[np.uint64],
+    upper: npt.NDArray[np.uint64],
+    size: npt.NDArray[np.uint64],
+    alignment: int,
+) -> int: ...
+def plan_strategies() -> list[str]: ...

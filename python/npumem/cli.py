@@ -29,6 +29,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     sw.add_argument("--seed", type=int, default=0)
     sw.add_argument("--csv", default="tlb_sweep.csv", help="output table (default tlb_sweep.csv)")
     sw.add_argument("--plot", default="tlb_sweep.png", help="output PNG ('' for none)")
+    pl = sub.add_parser("plan", help="static memory planning of a MiniMalloc CSV (id,lower,upper,size)")
+    pl.add_argument("file", help="problem CSV: id,lower,upper,size (half-open lifetimes [lower, upper))")
+    pl.add_argument("--strategy", default="npumem", help="a strategy name, or 'all' to compare every one")
+    pl.add_argument("--capacity", default=None, help="arena size the plan must fit (e.g. 1048576 or 64MiB)")
+    pl.add_argument("--alignment", type=int, default=1, help="offset alignment in bytes (power of two, default 1)")
+    pl.add_argument("--out", default=None, help="write the plan as CSV (id,lower,upper,size,offset)")
+    pl.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
     if args.command == "demo":
         if args.plot:
@@ -38,7 +45,46 @@ def main(argv: Sequence[str] | None = None) -> int:
         demo.run(capacity=args.capacity, seed=args.seed, out=sys.stdout, plot_path=args.plot or None)
     elif args.command == "tlb":
         return _tlb_sweep(args)
+    elif args.command == "plan":
+        return _plan(args)
     return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    """Plans the file; exit status 1 when a capacity is given and the (best) plan exceeds it."""
+    import json
+
+    from . import plan
+    from .errors import AclError
+    from .units import parse_size
+
+    try:
+        problem = plan.Problem.from_csv(args.file, alignment=args.alignment)
+        capacity = None if args.capacity is None else parse_size(args.capacity)
+        names = plan.STRATEGIES if args.strategy == "all" else (args.strategy,)
+        plans = [problem.solve(s, capacity=capacity) for s in names]
+    except (AclError, OSError) as e:
+        print(f"npumem plan: {e}", file=sys.stderr)
+        return 2
+    best = min(plans, key=lambda p: (p.peak, p.strategy != plan.DEFAULT_STRATEGY))
+    if args.json:
+        print(json.dumps([p.report() for p in plans] if len(plans) > 1 else best.report(), indent=2))
+    else:
+        print(f"{args.file}: {len(problem)} buffers, lower bound {problem.lower_bound:,} B")
+        print(f"{'strategy':<24} {'peak':>14} {'vs bound':>9} {'reuse':>7} {'seconds':>8}  order")
+        for p in plans:
+            r = p.report()
+            print(
+                f"{p.strategy:<24} {p.peak:>14,} {100 * p.gap:>8.2f}% {100 * r['reuse_ratio']:>6.1f}% "
+                f"{p.solve_seconds:>8.3f}  {p.order}"
+            )
+        if capacity is not None:
+            verdict = "fits" if best.fits else f"does NOT fit (over by {best.peak - capacity:,} B)"
+            print(f"capacity {capacity:,} B: {best.strategy} {verdict}")
+    if args.out:
+        best.to_csv(args.out)
+        print(f"plan ({best.strategy}) -> {args.out}", file=sys.stderr if args.json else sys.stdout)
+    return 0 if best.fits else 1
 
 
 def _tlb_sweep(args: argparse.Namespace) -> int:

@@ -3,8 +3,8 @@
 //! Layers, each using only the ones before it: [`vm`] (VA window, frames, page table, byte store)
 //! → [`backend`] (the driver-level VMM API: reserve, physical allocations, map, byte access) →
 //! [`pool`] (allocators that turn `malloc` into backend calls) → [`device`] (AscendCL semantics:
-//! policies, padding, bounds-checked copies, host memory). [`error`], [`units`] and [`acl`] are
-//! leaves every layer may use.
+//! policies, padding, bounds-checked copies, host memory). [`plan`] (static memory planning)
+//! stands alone. [`error`], [`units`] and [`acl`] are leaves every layer may use.
 
 pub mod error;
 pub mod units;
@@ -15,6 +15,7 @@ pub mod acl;
 pub mod backend;
 pub mod device;
 pub mod host;
+pub mod plan;
 pub mod policy;
 pub mod pool;
 

@@ -4,6 +4,7 @@
 mod convert;
 mod device;
 mod errors;
+mod plan;
 mod tlb;
 
 use pyo3::prelude::*;
@@ -17,6 +18,9 @@ mod _native {
 
     #[pymodule_export]
     use crate::tlb::PyTlb;
+
+    #[pymodule_export]
+    use crate::plan::{plan_lower_bound, plan_offsets, plan_strategies, plan_validate};
 
     /// Parses a size such as "32GiB", "64KiB" or 4096 into bytes.
     #[pyfunction]

@@ -1,0 +1,237 @@
+"""Static memory planning: buffers with known lifetimes get fixed offsets in one arena.
+
+A :class:`Problem` is MiniMalloc's format: each buffer lives over the half-open step range
+``[lower, upper)`` and needs ``size`` bytes. :meth:`Problem.solve` assigns offsets with a named
+strategy (the published baselines, reproduced, and ``"npumem"``, the default) and returns a
+:class:`Plan` with its peak, the max-live lower bound and a CANN-style report. Every plan is
+validated in Rust (no two buffers live at the same step overlap in address).
+
+>>> p = Problem.from_buffers([(0, 2, 100), (1, 3, 50), (2, 4, 100)])
+>>> plan = p.solve()
+>>> plan.peak, plan.lower_bound
+(150, 150)
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import _native
+from .errors import invalid_param
+
+STRATEGIES: tuple[str, ...] = tuple(_native.plan_strategies())
+DEFAULT_STRATEGY = "npumem"
+
+
+def _u64(values: Iterable[int], what: str) -> np.ndarray:
+    try:
+        arr = np.asarray(list(values) if not isinstance(values, np.ndarray) else values)
+        if arr.size and (not np.issubdtype(arr.dtype, np.integer) or arr.min() < 0):
+            raise ValueError
+        return np.ascontiguousarray(arr, dtype=np.uint64)
+    except (ValueError, TypeError, OverflowError):
+        raise invalid_param(f"{what} must be non-negative integers") from None
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Buffers to place: ids, half-open lifetimes ``[lower, upper)``, sizes in bytes; offsets are
+    multiples of ``alignment``. ``offsets`` holds a placement read from a solution CSV, if any."""
+
+    ids: tuple[str, ...]
+    lower: np.ndarray
+    upper: np.ndarray
+    size: np.ndarray
+    alignment: int = 1
+    offsets: np.ndarray | None = field(default=None, compare=False)
+
+    @classmethod
+    def from_buffers(
+        cls, buffers: Sequence[tuple[int, int, int]], *, ids: Sequence[str] | None = None, alignment: int = 1
+    ) -> Problem:
+        """From ``(lower, upper, size)`` triples; ids default to "0", "1", ..."""
+        rows = list(buffers)
+        if any(len(r) != 3 for r in rows):
+            raise invalid_param("each buffer is a (lower, upper, size) triple")
+        names = tuple(str(i) for i in (ids if ids is not None else range(len(rows))))
+        if len(names) != len(rows):
+            raise invalid_param(f"{len(names)} ids for {len(rows)} buffers")
+        cols = list(zip(*rows, strict=True)) if rows else [(), (), ()]
+        return cls.of(names, *cols, alignment=alignment)
+
+    @classmethod
+    def of(
+        cls,
+        ids: Sequence[str],
+        lower: Iterable[int],
+        upper: Iterable[int],
+        size: Iterable[int],
+        *,
+        alignment: int = 1,
+        offsets: Iterable[int] | None = None,
+    ) -> Problem:
+        """From columns; checks them in Rust (non-empty lifetimes, sizes > 0, power-of-two alignment)."""
+        p = cls(
+            tuple(ids),
+            _u64(lower, "lower"),
+            _u64(upper, "upper"),
+            _u64(size, "size"),
+            int(alignment),
+            None if offsets is None else _u64(offsets, "offset"),
+        )
+        if not (len(p.ids) == len(p.lower) == len(p.upper) == len(p.size)):
+            raise invalid_param("ids, lower, upper and size must have the same length")
+        if alignment < 1:
+            raise invalid_param(f"alignment {alignment} is not a power of two; use 1 for none")
+        _native.plan_lower_bound(p.lower, p.upper, p.size, p.alignment)  # raises on bad buffers
+        return p
+
+    @classmethod
+    def from_csv(cls, path: str | os.PathLike[str], *, alignment: int = 1) -> Problem:
+        """Reads MiniMalloc's CSV (``id,lower,upper,size`` and optionally ``offset``)."""
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            need = {"id", "lower", "upper", "size"}
+            if reader.fieldnames is None or not need <= set(reader.fieldnames):
+                raise invalid_param(
+                    f"{os.fspath(path)}: expected a header with id,lower,upper,size (MiniMalloc CSV); got "
+                    f"{','.join(reader.fieldnames or [])!r}"
+                )
+            has_offset = "offset" in reader.fieldnames
+            ids, cols = [], ([], [], [], [])
+            for line, row in enumerate(reader, start=2):
+                try:
+                    vals = [int(row[k]) for k in ("lower", "upper", "size")]
+                    if has_offset:
+                        vals.append(int(row["offset"]))
+                except (TypeError, ValueError):
+                    raise invalid_param(f"{os.fspath(path)}:{line}: lower, upper, size must be integers") from None
+                ids.append(row["id"])
+                for c, v in zip(cols, vals, strict=False):
+                    c.append(v)
+        return cls.of(ids, cols[0], cols[1], cols[2], alignment=alignment, offsets=cols[3] if has_offset else None)
+
+    @classmethod
+    def from_trace(cls, events: Iterable[tuple[str, int, int]], *, alignment: int = 512) -> Problem:
+        """From an alloc/free trace (``("alloc"|"free", id, size)``, as :mod:`npumem.traces` and the
+        importers give): each event is a step; a block lives from its alloc to its free, or to the
+        end if never freed. What a graph compiler could plan offline for the same run."""
+        start: dict[int, tuple[int, int]] = {}
+        rows: list[tuple[int, int, int]] = []
+        ids: list[str] = []
+        step = -1
+        for step, (kind, ident, size) in enumerate(events):
+            if kind == "alloc":
+                if ident in start:
+                    raise invalid_param(f"event {step}: id {ident} allocated twice without a free")
+                start[ident] = (step, size)
+            elif kind == "free":
+                if ident not in start:
+                    raise invalid_param(f"event {step}: free of id {ident}, which is not live")
+                lo, sz = start.pop(ident)
+                rows.append((lo, step, sz))
+                ids.append(str(ident))
+            else:
+                raise invalid_param(f"event {step}: kind {kind!r} is neither 'alloc' nor 'free'")
+        for ident, (lo, sz) in start.items():
+            rows.append((lo, step + 1, sz))
+            ids.append(str(ident))
+        return cls.from_buffers(rows, ids=ids, alignment=alignment)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def lower_bound(self) -> int:
+        """The most aligned bytes live at one step: no plan can need less."""
+        return _native.plan_lower_bound(self.lower, self.upper, self.size, self.alignment)
+
+    @property
+    def naive_total(self) -> int:
+        """Bytes with no reuse at all (the sum of aligned sizes)."""
+        a = self.alignment
+        return int(sum((int(s) + a - 1) // a * a for s in self.size))
+
+    def validate(self, offsets: Iterable[int]) -> int:
+        """Checks a placement; returns its peak or raises naming two overlapping buffers."""
+        return _native.plan_validate(self.lower, self.upper, self.size, _u64(offsets, "offset"), self.alignment)
+
+    def solve(self, strategy: str = DEFAULT_STRATEGY, *, capacity: int | None = None) -> Plan:
+        """Assigns offsets with ``strategy`` (one of :data:`STRATEGIES`)."""
+        r = _native.plan_offsets(self.lower, self.upper, self.size, strategy, self.alignment)
+        return Plan(
+            problem=self,
+            offsets=r["offsets"],
+            peak=r["peak"],
+            lower_bound=r["lower_bound"],
+            strategy=r["strategy"],
+            order=r["order"],
+            solve_seconds=r["solve_seconds"],
+            capacity=capacity,
+        )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Offsets for every buffer of ``problem`` and how good they are."""
+
+    problem: Problem
+    offsets: np.ndarray
+    peak: int
+    lower_bound: int
+    strategy: str
+    order: str
+    solve_seconds: float
+    capacity: int | None = None
+
+    @property
+    def gap(self) -> float:
+        """How far the peak is above the lower bound (0.0 = provably optimal)."""
+        return self.peak / self.lower_bound - 1 if self.lower_bound else 0.0
+
+    @property
+    def fits(self) -> bool:
+        """Whether the peak is within ``capacity`` (always true without one)."""
+        return self.capacity is None or self.peak <= self.capacity
+
+    def report(self) -> dict[str, Any]:
+        """CANN-style profile: ``reuse_ratio`` is the share of the naive total saved by sharing,
+        ``reach_theory_rate`` is lower_bound / peak (1.0 = at the bound)."""
+        naive = self.problem.naive_total
+        return {
+            "strategy": self.strategy,
+            "order": self.order,
+            "buffers": len(self.problem),
+            "peak_memory": self.peak,
+            "lower_bound": self.lower_bound,
+            "naive_memory": naive,
+            "gap": self.gap,
+            "reuse_ratio": 1 - self.peak / naive if naive else 0.0,
+            "reach_theory_rate": self.lower_bound / self.peak if self.peak else 1.0,
+            "capacity": self.capacity,
+            "fits": self.fits,
+            "solve_seconds": self.solve_seconds,
+        }
+
+    def to_csv(self, path: str | os.PathLike[str]) -> None:
+        """Writes MiniMalloc's solution CSV: ``id,lower,upper,size,offset``."""
+        p = self.problem
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["id", "lower", "upper", "size", "offset"])
+            cols = (p.ids, p.lower.tolist(), p.upper.tolist(), p.size.tolist(), self.offsets.tolist())
+            w.writerows(zip(*cols, strict=True))
+
+
+def solve(problem: Problem, strategy: str = DEFAULT_STRATEGY, *, capacity: int | None = None) -> Plan:
+    """``problem.solve(strategy, capacity=capacity)``."""
+    return problem.solve(strategy, capacity=capacity)
+
+
+__all__ = ["DEFAULT_STRATEGY", "STRATEGIES", "Plan", "Problem", "solve"]

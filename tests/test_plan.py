@@ -1,0 +1,175 @@
+"""Static memory planning: every strategy gives valid plans; baselines match published figures."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from npumem import InvalidParamError, cli
+from npumem.plan import DEFAULT_STRATEGY, STRATEGIES, Problem, solve
+
+DSA = os.path.join(os.path.dirname(__file__), "..", "benches", "dsa")
+CHALLENGING = sorted(glob.glob(os.path.join(DSA, "minimalloc", "*.csv")))
+RESNET = os.path.join(DSA, "somas", "resnet50.csv")
+
+
+def check(problem: Problem, plan) -> None:
+    assert problem.validate(plan.offsets) == plan.peak
+    assert plan.peak >= problem.lower_bound
+    assert np.all(plan.offsets % problem.alignment == 0)
+
+
+def test_strategies_are_named_and_default_is_npumem():
+    assert STRATEGIES == (
+        "naive",
+        "tflite_greedy_by_size",
+        "tvm_greedy_by_size",
+        "tvm_greedy_by_conflicts",
+        "best_fit_in_order",
+        "npumem",
+    )
+    assert DEFAULT_STRATEGY == "npumem"
+
+
+def test_docstring_example():
+    p = Problem.from_buffers([(0, 2, 100), (1, 3, 50), (2, 4, 100)])
+    plan = p.solve()
+    assert (plan.peak, plan.lower_bound, plan.gap) == (150, 150, 0.0)
+    check(p, plan)
+
+
+@pytest.mark.parametrize("path", CHALLENGING, ids=lambda p: os.path.basename(p)[0])
+def test_challenging_instances_every_strategy_valid(path):
+    assert len(CHALLENGING) == 11
+    p = Problem.from_csv(path)
+    plans = {s: p.solve(s) for s in STRATEGIES}
+    for plan in plans.values():
+        check(p, plan)
+    assert plans["naive"].peak == p.naive_total
+    # The default never loses to the best-fit baselines it contains.
+    assert plans["npumem"].peak <= min(plans["tflite_greedy_by_size"].peak, plans["best_fit_in_order"].peak)
+    # Greedy orders land 12-41% above capacity on this suite (MiniMalloc's point; exact mode is next).
+    assert 0.12 <= plans["npumem"].gap <= 0.42
+
+
+def test_resnet50_matches_published_baselines():
+    # static-planning.md: TVM greedy_by_size +19.9%, greedy_by_conflicts +11.7% on SOMAS ResNet-50.
+    p = Problem.from_csv(RESNET)
+    assert len(p) == 1042
+    gaps = {s: p.solve(s).gap for s in STRATEGIES}
+    assert round(100 * gaps["tvm_greedy_by_size"], 1) == 19.9
+    assert round(100 * gaps["tvm_greedy_by_conflicts"], 1) == 11.7
+    assert gaps["npumem"] <= min(g for s, g in gaps.items() if s != "npumem")
+    assert gaps["npumem"] < 0.005
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 30), st.integers(1, 10), st.integers(1, 10_000)),
+        min_size=1,
+        max_size=60,
+    ),
+    st.sampled_from([1, 8, 64, 512]),
+)
+def test_random_problems_every_strategy_valid(rows, alignment):
+    p = Problem.from_buffers([(lo, lo + d, s) for lo, d, s in rows], alignment=alignment)
+    for s in STRATEGIES:
+        check(p, solve(p, s))
+
+
+def test_csv_round_trip_and_report(tmp_path):
+    p = Problem.from_csv(CHALLENGING[0])
+    plan = p.solve(capacity=1_048_576)
+    out = tmp_path / "plan.csv"
+    plan.to_csv(out)
+    back = Problem.from_csv(out)
+    assert back.ids == p.ids and back.offsets is not None
+    assert np.array_equal(back.offsets, plan.offsets)
+    assert back.validate(back.offsets) == plan.peak
+    r = plan.report()
+    assert r["buffers"] == 154 and r["lower_bound"] == 1_048_576 and r["fits"] is False
+    assert r["reach_theory_rate"] == pytest.approx(1_048_576 / plan.peak)
+    assert r["reuse_ratio"] == pytest.approx(1 - plan.peak / p.naive_total)
+
+
+def test_validate_names_overlapping_buffers():
+    p = Problem.from_buffers([(0, 2, 64), (1, 3, 64)], alignment=64)
+    assert p.validate([0, 64]) == 128
+    with pytest.raises(InvalidParamError, match="overlap in address"):
+        p.validate([0, 32 + 32 - 64])
+    with pytest.raises(InvalidParamError, match="multiple of the alignment"):
+        p.validate([0, 96])
+    with pytest.raises(InvalidParamError, match="one offset per buffer"):
+        p.validate([0])
+
+
+@pytest.mark.parametrize(
+    ("rows", "alignment", "match"),
+    [
+        ([(3, 3, 8)], 1, "is empty"),
+        ([(0, 1, 0)], 1, "size is 0"),
+        ([(0, 1, 8)], 3, "power of two"),
+        ([(0, 1, 8)], 0, "power of two"),
+        ([(0, 1, -8)], 1, "non-negative"),
+        ([(0, 1, 2**63), (0, 1, 2**63)], 1, "2\\^64"),
+    ],
+)
+def test_bad_problems_raise(rows, alignment, match):
+    with pytest.raises(InvalidParamError, match=match):
+        Problem.from_buffers(rows, alignment=alignment)
+
+
+def test_bad_csv_and_strategy_raise(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("id,lower\n0,1\n")
+    with pytest.raises(InvalidParamError, match="id,lower,upper,size"):
+        Problem.from_csv(bad)
+    bad.write_text("id,lower,upper,size\n0,1,x,4\n")
+    with pytest.raises(InvalidParamError, match=":2: lower, upper, size must be integers"):
+        Problem.from_csv(bad)
+    with pytest.raises(InvalidParamError, match="unknown planning strategy"):
+        Problem.from_buffers([(0, 1, 8)]).solve("magic")
+
+
+def test_cli_plan(tmp_path, capsys):
+    out = tmp_path / "a.csv"
+    assert cli.main(["plan", CHALLENGING[0], "--strategy", "all", "--capacity", "1048576", "--out", str(out)]) == 1
+    text = capsys.readouterr().out
+    assert "does NOT fit" in text and all(s in text for s in STRATEGIES)
+    assert Problem.from_csv(out).offsets is not None
+    assert cli.main(["plan", RESNET, "--capacity", "2GiB", "--json"]) == 0
+    assert '"reach_theory_rate"' in capsys.readouterr().out
+    assert cli.main(["plan", str(tmp_path / "missing.csv")]) == 2
+    assert "npumem plan:" in capsys.readouterr().err
+
+
+def test_from_trace_lifetimes_and_errors():
+    events = [("alloc", 7, 100), ("alloc", 8, 50), ("free", 7, 100), ("alloc", 9, 100), ("free", 8, 50)]
+    p = Problem.from_trace(events, alignment=1)
+    assert p.ids == ("7", "8", "9")
+    assert p.lower.tolist() == [0, 1, 3] and p.upper.tolist() == [2, 4, 5] and p.size.tolist() == [100, 50, 100]
+    assert p.lower_bound == 150 and p.solve().peak == 150
+    with pytest.raises(InvalidParamError, match="allocated twice"):
+        Problem.from_trace([("alloc", 1, 8), ("alloc", 1, 8)])
+    with pytest.raises(InvalidParamError, match="not live"):
+        Problem.from_trace([("free", 1, 8)])
+    with pytest.raises(InvalidParamError, match="neither"):
+        Problem.from_trace([("malloc", 1, 8)])
+
+
+def test_planning_the_demo_trace_reaches_the_bound():
+    from npumem.replay import min_capacity
+    from npumem.traces import transformer_training
+
+    trace = transformer_training(layers=4, hidden=1024, steps=2, batch=(2, 6), seq=(256, 768))
+    p = Problem.from_trace(trace)
+    plan = p.solve()
+    check(p, plan)
+    assert plan.gap < 0.001
+    # Offline planning never needs more than the best online pool.
+    assert plan.peak <= min_capacity(trace, {"allocator": "npumem"})
