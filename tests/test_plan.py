@@ -51,10 +51,11 @@ def test_challenging_instances_every_strategy_valid(path):
     for plan in plans.values():
         check(p, plan)
     assert plans["naive"].peak == p.naive_total
-    # The default never loses to the best-fit baselines it contains.
-    assert plans["npumem"].peak <= min(plans["tflite_greedy_by_size"].peak, plans["best_fit_in_order"].peak)
-    # Greedy orders land 12-41% above capacity on this suite (MiniMalloc's point; exact mode is next).
-    assert 0.12 <= plans["npumem"].gap <= 0.42
+    # The default never loses to a baseline, and beats the best one here (improvement phase).
+    best_baseline = min(plan.peak for s, plan in plans.items() if s != "npumem")
+    assert plans["npumem"].peak < best_baseline
+    # Greedy orders land 12-45% above capacity on this suite; the default 7-36% (exact mode is next).
+    assert 0.05 <= plans["npumem"].gap <= 0.36
 
 
 def test_resnet50_matches_published_baselines():

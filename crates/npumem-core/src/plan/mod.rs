@@ -8,6 +8,7 @@
 //! largest `offset + size` with sizes rounded up to the alignment; and `peak >= lower_bound()`.
 
 mod bound;
+mod improve;
 mod problem;
 mod strategy;
 

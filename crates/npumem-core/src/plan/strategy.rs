@@ -12,6 +12,12 @@ use crate::error::{AclError, Result};
 /// From this many buffers the portfolio runs its orders on threads.
 const PARALLEL_FROM: usize = 2_000;
 
+/// Re-placements the improvement phase may spend: about 4 * 10^8 placement comparisons in all,
+/// so a few-hundred-buffer problem gets thousands of tries; from `PARALLEL_FROM` buffers none.
+fn improve_iterations(n: usize) -> usize {
+    if n >= PARALLEL_FROM { 0 } else { (400_000_000 / (n * n).max(1)).min(4_000) }
+}
+
 /// How offsets are assigned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Strategy {
@@ -29,7 +35,7 @@ pub enum Strategy {
     /// Runtime's arena would place them.
     BestFitInOrder,
     /// npumem's default: best-fit placement under several orders (size, area, lifetime,
-    /// conflicts, first use), keeping the lowest peak.
+    /// conflicts, first use), keeping the lowest peak, then improvement around the peak.
     Npumem,
 }
 
@@ -88,7 +94,7 @@ impl Order {
 
 /// How a buffer's offset is chosen among the already placed buffers it overlaps in time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Placement {
+pub(super) enum Placement {
     /// The smallest gap that fits, else above the highest (TFLite).
     BestFit,
     /// Above the highest, no gap filling (TVM).
@@ -120,25 +126,32 @@ impl Problem {
             Strategy::BestFitInOrder => self.place(Order::FirstUse, Placement::BestFit),
             Strategy::Npumem => {
                 let orders = [Order::Size, Order::Area, Order::Lifetime, Order::ConflictsThenSize, Order::FirstUse];
+                let run = |o: Order| {
+                    let seq = self.order(o);
+                    let offsets = self.place_seq(&seq, Placement::BestFit);
+                    (seq, offsets, o.name())
+                };
                 // The orders are independent: on large problems, one thread each.
-                let tried: Vec<(Vec<u64>, &'static str)> = if self.buffers().len() >= PARALLEL_FROM {
+                let tried: Vec<(Vec<usize>, Vec<u64>, &'static str)> = if self.buffers().len() >= PARALLEL_FROM {
                     std::thread::scope(|scope| {
-                        let runs: Vec<_> =
-                            orders.map(|o| scope.spawn(move || self.place(o, Placement::BestFit))).into();
+                        let runs: Vec<_> = orders.map(|o| scope.spawn(move || run(o))).into();
                         runs.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
                     })
                 } else {
-                    orders.into_iter().map(|o| self.place(o, Placement::BestFit)).collect()
+                    orders.into_iter().map(run).collect()
                 };
                 // The first order wins ties, so the result does not depend on thread timing.
-                tried.into_iter().min_by_key(|(offsets, _)| self.peak_of(offsets)).unwrap_or_default()
+                let (seq, offsets, name) =
+                    tried.into_iter().min_by_key(|(_, offsets, _)| self.peak_of(offsets)).unwrap_or_default();
+                let iterations = improve_iterations(seq.len());
+                (self.improve(seq, offsets, iterations), name)
             }
         };
         let peak = self.peak_of(&offsets);
         Plan { offsets, peak, strategy, order, solve_seconds: started.elapsed().as_secs_f64() }
     }
 
-    fn peak_of(&self, offsets: &[u64]) -> u64 {
+    pub(super) fn peak_of(&self, offsets: &[u64]) -> u64 {
         self.buffers().iter().zip(offsets).map(|(b, o)| o + self.aligned(b.size)).max().unwrap_or(0)
     }
 
@@ -193,10 +206,14 @@ impl Problem {
         idx
     }
 
-    /// Places buffers one by one in `order`. The placed ones are kept sorted by offset, each
-    /// with its lifetime and end inline, so one sequential scan finds the gaps between those
-    /// that overlap the new buffer in time. O(n^2) comparisons, but cache-friendly.
     fn place(&self, order: Order, placement: Placement) -> (Vec<u64>, &'static str) {
+        (self.place_seq(&self.order(order), placement), order.name())
+    }
+
+    /// Places buffers one by one in the sequence `seq`. The placed ones are kept sorted by
+    /// offset, each with its lifetime and end inline, so one sequential scan finds the gaps
+    /// between those that overlap the new buffer in time. O(n^2) comparisons, cache-friendly.
+    pub(super) fn place_seq(&self, seq: &[usize], placement: Placement) -> Vec<u64> {
         struct Placed {
             offset: u64,
             end: u64,
@@ -206,7 +223,7 @@ impl Problem {
         let bs = self.buffers();
         let mut offsets = vec![0u64; bs.len()];
         let mut placed: Vec<Placed> = Vec::with_capacity(bs.len());
-        for i in self.order(order) {
+        for &i in seq {
             let b = bs[i];
             let mut top = 0u64;
             let mut best: Option<(u64, u64)> = None;
@@ -227,7 +244,7 @@ impl Problem {
             let pos = placed.partition_point(|p| p.offset <= offset);
             placed.insert(pos, Placed { offset, end: offset + b.size, lower: b.lower, upper: b.upper });
         }
-        (offsets, order.name())
+        offsets
     }
 }
 
