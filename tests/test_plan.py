@@ -174,3 +174,12 @@ def test_planning_the_demo_trace_reaches_the_bound():
     assert plan.gap < 0.001
     # Offline planning never needs more than the best online pool.
     assert plan.peak <= min_capacity(trace, {"allocator": "npumem"})
+
+
+def test_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "a.png"
+    assert cli.main(["plan", CHALLENGING[0], "--capacity", "1048576", "--plot", str(out)]) == 1
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    Problem.from_csv(RESNET).solve().plot(tmp_path / "r.png")
+    assert (tmp_path / "r.png").stat().st_size > 10_000

@@ -36,6 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pl.add_argument("--alignment", type=int, default=1, help="offset alignment in bytes (power of two, default 1)")
     pl.add_argument("--out", default=None, help="write the plan as CSV (id,lower,upper,size,offset)")
     pl.add_argument("--json", action="store_true", help="print the report as JSON")
+    pl.add_argument("--plot", default=None, help="write the best plan's placement (step x offset) as a PNG")
     args = parser.parse_args(argv)
     if args.command == "demo":
         if args.plot:
@@ -53,6 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _plan(args: argparse.Namespace) -> int:
     """Plans the file; exit status 1 when a capacity is given and the (best) plan exceeds it."""
     import json
+    import os
 
     from . import plan
     from .errors import AclError
@@ -81,6 +83,9 @@ def _plan(args: argparse.Namespace) -> int:
         if capacity is not None:
             verdict = "fits" if best.fits else f"does NOT fit (over by {best.peak - capacity:,} B)"
             print(f"capacity {capacity:,} B: {best.strategy} {verdict}")
+    if args.plot:
+        best.plot(args.plot, title=f"{os.path.basename(args.file)}: {best.strategy}")
+        print(f"placement -> {args.plot}", file=sys.stderr if args.json else sys.stdout)
     if args.out:
         best.to_csv(args.out)
         print(f"plan ({best.strategy}) -> {args.out}", file=sys.stderr if args.json else sys.stdout)

@@ -228,6 +228,40 @@ class Plan:
             cols = (p.ids, p.lower.tolist(), p.upper.tolist(), p.size.tolist(), self.offsets.tolist())
             w.writerows(zip(*cols, strict=True))
 
+    def plot(self, path: str | os.PathLike[str], *, title: str | None = None) -> None:
+        """The placement as a PNG: one rectangle per buffer (x = lifetime, y = offset .. offset +
+        size), with the lower bound and the capacity as lines (needs matplotlib)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.collections import PatchCollection
+        from matplotlib.patches import Rectangle
+
+        p = self.problem
+        unit, label = (1 << 20, "MiB") if self.peak >= 1 << 24 else (1, "bytes")
+        rects = [
+            Rectangle((lo, off / unit), hi - lo, sz / unit)
+            for lo, hi, sz, off in zip(
+                p.lower.tolist(), p.upper.tolist(), p.size.tolist(), self.offsets.tolist(), strict=True
+            )
+        ]
+        fig, ax = plt.subplots(figsize=(10, 5))
+        ax.add_collection(PatchCollection(rects, facecolor="tab:blue", edgecolor="white", linewidth=0.2, alpha=0.8))
+        ax.axhline(self.lower_bound / unit, color="tab:green", linestyle="--", label="lower bound (max live)")
+        if self.capacity is not None:
+            ax.axhline(self.capacity / unit, color="tab:red", label="capacity")
+        ax.axhline(self.peak / unit, color="black", linewidth=0.8, label=f"peak ({100 * self.gap:+.1f}%)")
+        ax.set_xlim(int(p.lower.min()) if len(p) else 0, int(p.upper.max()) if len(p) else 1)
+        ax.set_ylim(0, max(self.peak, self.capacity or 0, 1) / unit * 1.05)
+        ax.set_xlabel("step")
+        ax.set_ylabel(f"offset ({label})")
+        ax.set_title(title or f"{self.strategy}: {len(p)} buffers")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+
 
 def solve(problem: Problem, strategy: str = DEFAULT_STRATEGY, *, capacity: int | None = None) -> Plan:
     """``problem.solve(strategy, capacity=capacity)``."""
