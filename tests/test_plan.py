@@ -99,10 +99,10 @@ def test_csv_round_trip_and_report(tmp_path):
 
 
 def test_validate_names_overlapping_buffers():
-    p = Problem.from_buffers([(0, 2, 64), (1, 3, 64)], alignment=64)
+    p = Problem.from_buffers([(0, 2, 64), (1, 3, 64)], ids=["x", "y"], alignment=64)
     assert p.validate([0, 64]) == 128
-    with pytest.raises(InvalidParamError, match="overlap in address"):
-        p.validate([0, 32 + 32 - 64])
+    with pytest.raises(InvalidParamError, match=r"buffer 'y' \(offset 0\) and 'x' .*overlap in address"):
+        p.validate([0, 0])
     with pytest.raises(InvalidParamError, match="multiple of the alignment"):
         p.validate([0, 96])
     with pytest.raises(InvalidParamError, match="one offset per buffer"):
@@ -132,6 +132,9 @@ def test_bad_csv_and_strategy_raise(tmp_path):
         Problem.from_csv(bad)
     bad.write_text("id,lower,upper,size\n0,1,x,4\n")
     with pytest.raises(InvalidParamError, match=":2: lower, upper, size must be integers"):
+        Problem.from_csv(bad)
+    bad.write_text("id,lower,upper,size\nconv1,0,4,64\nrelu1,5,5,64\n")
+    with pytest.raises(InvalidParamError, match="buffer 'relu1': lifetime \\[5, 5\\) is empty"):
         Problem.from_csv(bad)
     with pytest.raises(InvalidParamError, match="unknown planning strategy"):
         Problem.from_buffers([(0, 1, 8)]).solve("magic")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from . import _native
-from .errors import invalid_param
+from .errors import AclError, invalid_param
 
 STRATEGIES: tuple[str, ...] = tuple(_native.plan_strategies())
 DEFAULT_STRATEGY = "npumem"
@@ -89,7 +90,14 @@ class Problem:
             raise invalid_param("ids, lower, upper and size must have the same length")
         if alignment < 1:
             raise invalid_param(f"alignment {alignment} is not a power of two; use 1 for none")
-        _native.plan_lower_bound(p.lower, p.upper, p.size, p.alignment)  # raises on bad buffers
+        try:
+            _native.plan_lower_bound(p.lower, p.upper, p.size, p.alignment)  # checks every buffer
+        except AclError as e:
+            # Name the buffer by its id, not its index.
+            m = re.match(r"buffer (\d+): (.*)", e.message, re.S)
+            if m is None:
+                raise
+            raise invalid_param(f"buffer {p.ids[int(m.group(1))]!r}: {m.group(2)}") from None
         return p
 
     @classmethod
@@ -160,7 +168,15 @@ class Problem:
 
     def validate(self, offsets: Iterable[int]) -> int:
         """Checks a placement; returns its peak or raises naming two overlapping buffers."""
-        return _native.plan_validate(self.lower, self.upper, self.size, _u64(offsets, "offset"), self.alignment)
+        try:
+            return _native.plan_validate(self.lower, self.upper, self.size, _u64(offsets, "offset"), self.alignment)
+        except AclError as e:
+            # Name the buffers by their ids, not their indices.
+            named = re.sub(r"\bbuffers? (\d+)\b", lambda m: f"buffer {self.ids[int(m.group(1))]!r}", e.message)
+            named = re.sub(r"\band (\d+) \(offset", lambda m: f"and {self.ids[int(m.group(1))]!r} (offset", named)
+            if named == e.message:
+                raise
+            raise invalid_param(named) from None
 
     def solve(self, strategy: str = DEFAULT_STRATEGY, *, capacity: int | None = None) -> Plan:
         """Assigns offsets with ``strategy`` (one of :data:`STRATEGIES`)."""
