@@ -109,7 +109,8 @@ pub struct Plan {
     /// needs.
     pub peak: u64,
     pub strategy: Strategy,
-    /// The order that gave this plan ("size", "area", ...), or "none" for naive.
+    /// The greedy order the plan started from ("size", "area", ...; npumem then improves on
+    /// it), or "none" for naive.
     pub order: &'static str,
     pub solve_seconds: f64,
 }
