@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
+from collections.abc import Callable
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -36,6 +38,24 @@ settings.register_profile(
     derandomize=os.environ.get("CI") == "true",
 )
 settings.load_profile("npumem")
+
+
+def run_in_threads(worker: Callable[[int], object], n: int) -> list[BaseException]:
+    """Runs ``worker(i)`` for ``i`` in ``range(n)`` on ``n`` threads at once; returns what they raised."""
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            worker(i)
+        except BaseException as e:  # handed back to the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
 
 
 def align_up(value: int, align: int) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import run_in_threads
 
 import npumem
 
@@ -43,28 +44,19 @@ def test_batches_are_all_or_nothing():
 
 def test_batch_on_a_stream_and_threads():
     import itertools
-    import threading
 
     dev = npumem.Device("1GiB")
     s = dev.create_stream()
     ptrs = dev.malloc_many(np.full(100, 8192, dtype=np.uint64), stream=s)
     assert {dev.allocation(int(p))["stream"] for p in ptrs} == {s}
     dev.free_many(ptrs)
-    errors = []
 
-    def worker():
-        try:
-            for _ in range(20):
-                got = dev.malloc_many(np.full(50, 4096, dtype=np.uint64))
-                ranges = sorted((int(p), int(p) + 4096) for p in got)
-                assert all(a[1] <= b[0] for a, b in itertools.pairwise(ranges))
-                dev.free_many(got)
-        except Exception as e:  # pragma: no cover - reported below
-            errors.append(e)
+    def worker(_: int):
+        for _ in range(20):
+            got = dev.malloc_many(np.full(50, 4096, dtype=np.uint64))
+            ranges = sorted((int(p), int(p) + 4096) for p in got)
+            assert all(a[1] <= b[0] for a, b in itertools.pairwise(ranges))
+            dev.free_many(got)
 
-    threads = [threading.Thread(target=worker) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_in_threads(worker, 4)
     assert errors == [] and dev.stats()["live_count"] == 0

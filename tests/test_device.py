@@ -8,7 +8,7 @@ import itertools
 import random
 
 import pytest
-from conftest import GiB, KiB, MiB, align_up, booked, fragment, raises_acl, snapshot, unchanged
+from conftest import GiB, KiB, MiB, align_up, booked, fragment, raises_acl, run_in_threads, snapshot, unchanged
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -886,37 +886,29 @@ def test_concurrent_malloc_and_free():
     d = Device("64MiB", allocator="direct")
     fs0 = d.frame_stats()
     seen: list[tuple[int, int]] = []
-    errors: list[BaseException] = []
     lock = threading.Lock()
 
     def worker(seed: int):
         rng = random.Random(seed)
         mine = []
-        try:
-            for _ in range(150):
-                if mine and rng.random() < 0.4:
-                    p, tag = mine.pop(rng.randrange(len(mine)))
-                    assert d.read(p, 8) == tag
-                    d.free(p)
-                else:
-                    size = rng.choice([64, 4000, 70 * KiB, MiB + 1])
-                    p = d.malloc(size, rng.choice(NON_GIANT_POLICIES))
-                    tag = rng.randbytes(8)
-                    d.write(p, tag)
-                    mine.append((p, tag))
-                    with lock:
-                        seen.append((p, d.allocation(p)["granted"]))
-            for p, tag in mine:
+        for _ in range(150):
+            if mine and rng.random() < 0.4:
+                p, tag = mine.pop(rng.randrange(len(mine)))
                 assert d.read(p, 8) == tag
                 d.free(p)
-        except BaseException as e:
-            errors.append(e)
+            else:
+                size = rng.choice([64, 4000, 70 * KiB, MiB + 1])
+                p = d.malloc(size, rng.choice(NON_GIANT_POLICIES))
+                tag = rng.randbytes(8)
+                d.write(p, tag)
+                mine.append((p, tag))
+                with lock:
+                    seen.append((p, d.allocation(p)["granted"]))
+        for p, tag in mine:
+            assert d.read(p, 8) == tag
+            d.free(p)
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_in_threads(worker, 4)
     assert errors == []
     assert d.allocations() == []
     assert d.frame_stats() == fs0
@@ -1036,6 +1028,15 @@ class DeviceMachine(RuleBasedStateMachine):
             return None
         return data.draw(st.sampled_from(sorted(self.model)))
 
+    def _pick_range(self, data) -> tuple[int, int, int] | None:
+        """A live pointer, an offset into it and a length of at most 64 KiB that stays inside."""
+        ptr = self._pick(data)
+        if ptr is None:
+            return None
+        size = self.model[ptr]["size"]
+        off = data.draw(st.integers(0, size - 1))
+        return ptr, off, data.draw(st.integers(1, min(size - off, 64 * KiB)))
+
     @rule(
         size=st.one_of(
             st.integers(1, 8 * KiB),
@@ -1131,24 +1132,20 @@ class DeviceMachine(RuleBasedStateMachine):
 
     @rule(data=st.data(), seed=st.integers(0, 2**32))
     def write(self, data, seed):
-        ptr = self._pick(data)
-        if ptr is None:
+        picked = self._pick_range(data)
+        if picked is None:
             return
-        size = self.model[ptr]["size"]
-        off = data.draw(st.integers(0, size - 1))
-        n = data.draw(st.integers(1, min(size - off, 64 * KiB)))
+        ptr, off, n = picked
         payload = random.Random(seed).randbytes(n)
         self.d.write(ptr + off, payload)
         self.data[ptr][off : off + n] = payload
 
     @rule(data=st.data())
     def read(self, data):
-        ptr = self._pick(data)
-        if ptr is None:
+        picked = self._pick_range(data)
+        if picked is None:
             return
-        size = self.model[ptr]["size"]
-        off = data.draw(st.integers(0, size - 1))
-        n = data.draw(st.integers(1, min(size - off, 64 * KiB)))
+        ptr, off, n = picked
         assert self.d.read(ptr + off, n) == bytes(self.data[ptr][off : off + n])
 
     @rule(data=st.data())

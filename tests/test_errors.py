@@ -14,7 +14,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import CODE_NAMES, GiB, MiB, fragment, raises_acl, snapshot, unchanged
+from conftest import CODE_NAMES, GiB, MiB, fragment, raises_acl, run_in_threads, snapshot, unchanged
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -534,21 +534,7 @@ def test_from_numpy_frees_on_a_failed_write():
 
 
 def test_errors_are_raised_across_threads(dev):
-    import threading
-
-    errors: list[BaseException] = []
-
-    def worker():
-        try:
-            dev.malloc(0)
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=worker) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_in_threads(lambda _: dev.malloc(0), 8)
     assert len(errors) == 8
     assert all(type(e) is InvalidParamError and e.code == 100000 for e in errors)
 

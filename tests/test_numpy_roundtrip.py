@@ -4,12 +4,11 @@ boundaries whose physical frames are not contiguous, plus device/host copies and
 from __future__ import annotations
 
 import ctypes
-import threading
 
 import hypothesis.extra.numpy as hnp
 import numpy as np
 import pytest
-from conftest import GiB, KiB, MiB, raises_acl
+from conftest import GiB, KiB, MiB, raises_acl, run_in_threads
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -388,25 +387,17 @@ def test_numpy_view_of_host_memory_sees_device_writes(dev):
 
 def test_concurrent_round_trips():
     d = Device("128MiB", allocator="direct")
-    errors: list[BaseException] = []
 
     def worker(seed: int):
-        try:
-            for i in range(4):
-                a = sample((MiB // 4 + seed * 1000 + i,), np.float32, seed=seed * 10 + i)
-                p = d.from_numpy(a)
-                for _ in range(2):
-                    b = d.to_numpy(p, a.shape, a.dtype)
-                    assert same_bytes(a, b)
-                d.free(p)
-        except BaseException as e:
-            errors.append(e)
+        for i in range(4):
+            a = sample((MiB // 4 + seed * 1000 + i,), np.float32, seed=seed * 10 + i)
+            p = d.from_numpy(a)
+            for _ in range(2):
+                b = d.to_numpy(p, a.shape, a.dtype)
+                assert same_bytes(a, b)
+            d.free(p)
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_in_threads(worker, 6)
     assert errors == []
     assert d.allocations() == []
     assert d.mem_info() == (128 * MiB, 128 * MiB)

@@ -36,10 +36,9 @@ mod tests {
 
     #[test]
     fn max_live_with_alignment_and_half_open_lifetimes() {
-        let b = |lower, upper, size| Buffer { lower, upper, size };
-        let p = Problem::new(vec![b(0, 2, 10), b(2, 4, 30), b(1, 3, 5)], 1).unwrap();
+        let p = Problem::new(vec![Buffer::new(0, 2, 10), Buffer::new(2, 4, 30), Buffer::new(1, 3, 5)], 1).unwrap();
         assert_eq!(p.lower_bound(), 35);
-        let p = Problem::new(vec![b(0, 2, 10), b(2, 4, 30), b(1, 3, 5)], 16).unwrap();
+        let p = Problem::new(vec![Buffer::new(0, 2, 10), Buffer::new(2, 4, 30), Buffer::new(1, 3, 5)], 16).unwrap();
         assert_eq!(p.lower_bound(), 48);
     }
 }

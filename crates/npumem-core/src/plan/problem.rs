@@ -17,6 +17,10 @@ pub struct Buffer {
 }
 
 impl Buffer {
+    pub const fn new(lower: u64, upper: u64, size: u64) -> Self {
+        Buffer { lower, upper, size }
+    }
+
     /// Whether the two lifetimes share a step.
     pub fn overlaps_in_time(&self, other: &Buffer) -> bool {
         self.lower < other.upper && other.lower < self.upper
@@ -139,21 +143,17 @@ fn overlap(i: usize, j: usize, oi: u64, oj: u64) -> AclError {
 mod tests {
     use super::*;
 
-    fn b(lower: u64, upper: u64, size: u64) -> Buffer {
-        Buffer { lower, upper, size }
-    }
-
     #[test]
     fn rejects_bad_input() {
-        assert!(Problem::new(vec![b(1, 1, 8)], 1).is_err());
-        assert!(Problem::new(vec![b(0, 1, 0)], 1).is_err());
-        assert!(Problem::new(vec![b(0, 1, 8)], 3).is_err());
-        assert!(Problem::new(vec![b(0, 1, u64::MAX), b(0, 1, 2)], 1).is_err());
+        assert!(Problem::new(vec![Buffer::new(1, 1, 8)], 1).is_err());
+        assert!(Problem::new(vec![Buffer::new(0, 1, 0)], 1).is_err());
+        assert!(Problem::new(vec![Buffer::new(0, 1, 8)], 3).is_err());
+        assert!(Problem::new(vec![Buffer::new(0, 1, u64::MAX), Buffer::new(0, 1, 2)], 1).is_err());
     }
 
     #[test]
     fn validate_finds_overlaps_and_accepts_disjoint_lifetimes() {
-        let p = Problem::new(vec![b(0, 2, 8), b(1, 3, 8), b(2, 4, 8)], 8).unwrap();
+        let p = Problem::new(vec![Buffer::new(0, 2, 8), Buffer::new(1, 3, 8), Buffer::new(2, 4, 8)], 8).unwrap();
         assert_eq!(p.validate(&[0, 8, 0]).unwrap(), 16);
         assert!(p.validate(&[0, 4, 16]).is_err());
         assert!(p.validate(&[0, 8, 8]).is_err());

@@ -255,10 +255,6 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn b(lower: u64, upper: u64, size: u64) -> Buffer {
-        Buffer { lower, upper, size }
-    }
-
     #[test]
     fn names_round_trip_and_unknown_names_fail() {
         for s in Strategy::ALL {
@@ -271,7 +267,7 @@ mod tests {
     #[test]
     fn a_chain_reuses_memory_and_naive_does_not() {
         // a -> b -> c: each buffer dies when the next is born, so one slot of 100 is enough.
-        let p = Problem::new(vec![b(0, 1, 100), b(1, 2, 100), b(2, 3, 100)], 1).unwrap();
+        let p = Problem::new(vec![Buffer::new(0, 1, 100), Buffer::new(1, 2, 100), Buffer::new(2, 3, 100)], 1).unwrap();
         assert_eq!(p.plan(Strategy::Naive).peak, 300);
         for s in &Strategy::ALL[1..] {
             assert_eq!(p.plan(*s).peak, 100, "{s:?}");
@@ -282,7 +278,11 @@ mod tests {
     fn best_fit_fills_a_gap_that_top_placement_skips() {
         // Two long buffers with a short-lived one between them in address; a later small buffer
         // fits in the hole the short one leaves.
-        let p = Problem::new(vec![b(0, 10, 64), b(0, 2, 32), b(0, 10, 64), b(5, 10, 32)], 1).unwrap();
+        let p = Problem::new(
+            vec![Buffer::new(0, 10, 64), Buffer::new(0, 2, 32), Buffer::new(0, 10, 64), Buffer::new(5, 10, 32)],
+            1,
+        )
+        .unwrap();
         let best = p.plan(Strategy::BestFitInOrder);
         assert_eq!(best.peak, 160);
         assert_eq!(p.validate(&best.offsets).unwrap(), 160);
@@ -296,7 +296,7 @@ mod tests {
             raw in proptest::collection::vec((0u64..40, 1u64..15, 1u64..5000), 1..80),
             align_pow in 0u32..7,
         ) {
-            let buffers = raw.into_iter().map(|(l, d, s)| b(l, l + d, s)).collect();
+            let buffers = raw.into_iter().map(|(l, d, s)| Buffer::new(l, l + d, s)).collect();
             let p = Problem::new(buffers, 1 << align_pow).unwrap();
             let bound = p.lower_bound();
             let mut peaks = Vec::new();
