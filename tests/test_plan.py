@@ -16,6 +16,7 @@ from npumem.plan import DEFAULT_STRATEGY, STRATEGIES, Problem, solve
 DSA = os.path.join(os.path.dirname(__file__), "..", "benches", "dsa")
 CHALLENGING = sorted(glob.glob(os.path.join(DSA, "minimalloc", "*.csv")))
 RESNET = os.path.join(DSA, "somas", "resnet50.csv")
+CAPACITY = 1_048_576
 
 
 def check(problem: Problem, plan) -> None:
@@ -47,15 +48,47 @@ def test_docstring_example():
 def test_challenging_instances_every_strategy_valid(path):
     assert len(CHALLENGING) == 11
     p = Problem.from_csv(path)
-    plans = {s: p.solve(s) for s in STRATEGIES}
+    plans = {s: p.solve(s, time_limit=0) for s in STRATEGIES}
     for plan in plans.values():
         check(p, plan)
+        assert plan.exact == "not run"
     assert plans["naive"].peak == p.naive_total
-    # The default never loses to a baseline, and beats the best one here (improvement phase).
+    # The greedy part of the default never loses to a baseline, and beats the best one here
+    # (improvement phase); greedy orders land 12-45% above capacity on this suite, it 7-36%.
     best_baseline = min(plan.peak for s, plan in plans.items() if s != "npumem")
     assert plans["npumem"].peak < best_baseline
-    # Greedy orders land 12-45% above capacity on this suite; the default 7-36% (exact mode is next).
     assert 0.05 <= plans["npumem"].gap <= 0.36
+    # The exact search places every instance within MiniMalloc's capacity (well under a second
+    # here; the limit is generous for slow CI machines).
+    exact = p.solve(capacity=CAPACITY, time_limit=30)
+    check(p, exact)
+    assert exact.peak <= CAPACITY and exact.fits
+    assert exact.exact == "reached capacity"
+
+
+@pytest.mark.parametrize("name", ["A", "C"])
+def test_exact_search_proves_optimality_without_a_capacity(name):
+    # A's bound equals the capacity; C's bound (1,039,360) is below it and is reached too.
+    p = Problem.from_csv(next(c for c in CHALLENGING if os.path.basename(c)[0] == name))
+    plan = p.solve(time_limit=30)
+    check(p, plan)
+    assert plan.optimal and plan.exact == "optimal"
+    assert plan.peak == plan.bound == p.lower_bound
+    r = plan.report()
+    assert r["optimal"] is True and r["proven_bound"] == p.lower_bound and r["reach_theory_rate"] == 1.0
+
+
+def test_exact_search_outcomes_and_bad_limits():
+    p = Problem.from_buffers([(0, 2, 8), (1, 3, 8)])
+    assert p.solve().exact == "not run"  # the greedy plan is at the bound
+    below = p.solve(capacity=15)
+    assert (below.exact, below.bound, below.fits) == ("infeasible", 16, False)
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(InvalidParamError, match="time_limit"):
+            p.solve(time_limit=bad)
+    for bad in (-5, 1.5, True):
+        with pytest.raises(InvalidParamError, match="capacity"):
+            p.solve(capacity=bad)
 
 
 def test_resnet50_matches_published_baselines():
@@ -80,12 +113,15 @@ def test_resnet50_matches_published_baselines():
 def test_random_problems_every_strategy_valid(rows, alignment):
     p = Problem.from_buffers([(lo, lo + d, s) for lo, d, s in rows], alignment=alignment)
     for s in STRATEGIES:
-        check(p, solve(p, s))
+        plan = solve(p, s, time_limit=0.2)
+        check(p, plan)
+        assert plan.lower_bound <= plan.bound <= plan.peak
+        assert plan.optimal == (plan.peak == plan.bound)
 
 
 def test_csv_round_trip_and_report(tmp_path):
     p = Problem.from_csv(CHALLENGING[0])
-    plan = p.solve(capacity=1_048_576)
+    plan = p.solve(capacity=CAPACITY, time_limit=0)
     out = tmp_path / "plan.csv"
     plan.to_csv(out)
     back = Problem.from_csv(out)
@@ -142,10 +178,15 @@ def test_bad_csv_and_strategy_raise(tmp_path):
 
 def test_cli_plan(tmp_path, capsys):
     out = tmp_path / "a.csv"
-    assert cli.main(["plan", CHALLENGING[0], "--strategy", "all", "--capacity", "1048576", "--out", str(out)]) == 1
+    args = ["plan", CHALLENGING[0], "--strategy", "all", "--capacity", "1048576", "--out", str(out)]
+    assert cli.main([*args, "--time-limit", "0"]) == 1
     text = capsys.readouterr().out
     assert "does NOT fit" in text and all(s in text for s in STRATEGIES)
     assert Problem.from_csv(out).offsets is not None
+    assert cli.main([*args, "--time-limit", "30"]) == 0
+    text = capsys.readouterr().out
+    assert "exact: reached capacity" in text and "npumem fits" in text
+    assert Problem.from_csv(out).validate(Problem.from_csv(out).offsets) <= CAPACITY
     assert cli.main(["plan", RESNET, "--capacity", "2GiB", "--json"]) == 0
     assert '"reach_theory_rate"' in capsys.readouterr().out
     assert cli.main(["plan", str(tmp_path / "missing.csv")]) == 2
@@ -182,7 +223,7 @@ def test_planning_the_demo_trace_reaches_the_bound():
 def test_plot_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "a.png"
-    assert cli.main(["plan", CHALLENGING[0], "--capacity", "1048576", "--plot", str(out)]) == 1
+    assert cli.main(["plan", CHALLENGING[0], "--capacity", "1048576", "--plot", str(out), "--time-limit", "30"]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     Problem.from_csv(RESNET).solve().plot(tmp_path / "r.png")
     assert (tmp_path / "r.png").stat().st_size > 10_000

@@ -128,6 +128,8 @@ def plan_offsets(
     size: npt.NDArray[np.uint64],
     strategy: str,
     alignment: int,
+    capacity: int | None = None,
+    time_limit: float = 0.0,
 ) -> dict[str, Any]: ...
 def plan_validate(
     lower: npt.NDArray[np.uint64],

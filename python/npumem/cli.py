@@ -33,6 +33,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     pl.add_argument("file", help="problem CSV: id,lower,upper,size (half-open lifetimes [lower, upper))")
     pl.add_argument("--strategy", default="npumem", help="a strategy name, or 'all' to compare every one")
     pl.add_argument("--capacity", default=None, help="arena size the plan must fit (e.g. 1048576 or 64MiB)")
+    pl.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        help="seconds for the exact search of the npumem strategy (default 1; 0 = greedy only)",
+    )
     pl.add_argument("--alignment", type=int, default=1, help="offset alignment in bytes (power of two, default 1)")
     pl.add_argument("--out", default=None, help="write the plan as CSV (id,lower,upper,size,offset)")
     pl.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -64,7 +70,8 @@ def _plan(args: argparse.Namespace) -> int:
         problem = plan.Problem.from_csv(args.file, alignment=args.alignment)
         capacity = None if args.capacity is None else parse_size(args.capacity)
         names = plan.STRATEGIES if args.strategy == "all" else (args.strategy,)
-        plans = [problem.solve(s, capacity=capacity) for s in names]
+        limit = plan.DEFAULT_TIME_LIMIT if args.time_limit is None else args.time_limit
+        plans = [problem.solve(s, capacity=capacity, time_limit=limit) for s in names]
     except (AclError, OSError) as e:
         print(f"npumem plan: {e}", file=sys.stderr)
         return 2
@@ -73,13 +80,16 @@ def _plan(args: argparse.Namespace) -> int:
         print(json.dumps([p.report() for p in plans] if len(plans) > 1 else best.report(), indent=2))
     else:
         print(f"{args.file}: {len(problem)} buffers, lower bound {problem.lower_bound:,} B")
-        print(f"{'strategy':<24} {'peak':>14} {'vs bound':>9} {'reuse':>7} {'seconds':>8}  order")
+        print(f"{'strategy':<24} {'peak':>14} {'vs bound':>9} {'reuse':>7} {'seconds':>8}  order / exact search")
         for p in plans:
             r = p.report()
+            how = p.order if p.exact == "not run" else f"{p.order}; exact: {p.exact}"
             print(
                 f"{p.strategy:<24} {p.peak:>14,} {100 * p.gap:>8.2f}% {100 * r['reuse_ratio']:>6.1f}% "
-                f"{p.solve_seconds:>8.3f}  {p.order}"
+                f"{p.solve_seconds:>8.3f}  {how}"
             )
+        if best.bound > problem.lower_bound:
+            print(f"proven: no plan below {best.bound:,} B (exact search)")
         if capacity is not None:
             verdict = "fits" if best.fits else f"does NOT fit (over by {best.peak - capacity:,} B)"
             print(f"capacity {capacity:,} B: {best.strategy} {verdict}")

@@ -28,6 +28,9 @@ from .errors import AclError, invalid_param
 
 STRATEGIES: tuple[str, ...] = tuple(_native.plan_strategies())
 DEFAULT_STRATEGY = "npumem"
+#: Seconds the exact search may take by default (it only runs when the greedy plan misses the
+#: bound or the capacity, and stops as soon as it proves optimality).
+DEFAULT_TIME_LIMIT = 1.0
 
 
 def _u64(values: Iterable[int], what: str) -> np.ndarray:
@@ -178,9 +181,25 @@ class Problem:
                 raise
             raise invalid_param(named) from None
 
-    def solve(self, strategy: str = DEFAULT_STRATEGY, *, capacity: int | None = None) -> Plan:
-        """Assigns offsets with ``strategy`` (one of :data:`STRATEGIES`)."""
-        r = _native.plan_offsets(self.lower, self.upper, self.size, strategy, self.alignment)
+    def solve(
+        self,
+        strategy: str = DEFAULT_STRATEGY,
+        *,
+        capacity: int | None = None,
+        time_limit: float = DEFAULT_TIME_LIMIT,
+    ) -> Plan:
+        """Assigns offsets with ``strategy`` (one of :data:`STRATEGIES`).
+
+        For the default ``"npumem"`` strategy, when the greedy portfolio's plan is above the
+        lower bound (or above ``capacity``), an exact branch-and-bound search runs for up to
+        ``time_limit`` seconds: with a capacity it stops at the first plan that fits (or proves
+        none does), without one it searches for the optimum and stops once it is proven.
+        ``time_limit=0`` disables it. ``Plan.exact`` says how it ended."""
+        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0):
+            raise invalid_param(f"capacity {capacity!r} must be a non-negative int of bytes (or None)")
+        r = _native.plan_offsets(
+            self.lower, self.upper, self.size, strategy, self.alignment, capacity, float(time_limit)
+        )
         return Plan(
             problem=self,
             offsets=r["offsets"],
@@ -190,6 +209,9 @@ class Problem:
             order=r["order"],
             solve_seconds=r["solve_seconds"],
             capacity=capacity,
+            bound=r["bound"],
+            optimal=r["optimal"],
+            exact=r["exact"],
         )
 
 
@@ -205,6 +227,14 @@ class Plan:
     order: str
     solve_seconds: float
     capacity: int | None = None
+    #: The best proven lower bound on the peak: ``lower_bound`` (max live), raised when the
+    #: exact search proves a capacity infeasible.
+    bound: int = 0
+    #: Whether ``peak`` is proven optimal.
+    optimal: bool = False
+    #: How the exact search ended: "not run", "optimal", "reached capacity", "infeasible",
+    #: "timed out" or "too large" (over 10,000 buffers or 4 million overlapping pairs).
+    exact: str = "not run"
 
     @property
     def gap(self) -> float:
@@ -230,6 +260,9 @@ class Plan:
             "gap": self.gap,
             "reuse_ratio": 1 - self.peak / naive if naive else 0.0,
             "reach_theory_rate": self.lower_bound / self.peak if self.peak else 1.0,
+            "proven_bound": self.bound,
+            "optimal": self.optimal,
+            "exact": self.exact,
             "capacity": self.capacity,
             "fits": self.fits,
             "solve_seconds": self.solve_seconds,
@@ -279,9 +312,15 @@ class Plan:
         plt.close(fig)
 
 
-def solve(problem: Problem, strategy: str = DEFAULT_STRATEGY, *, capacity: int | None = None) -> Plan:
-    """``problem.solve(strategy, capacity=capacity)``."""
-    return problem.solve(strategy, capacity=capacity)
+def solve(
+    problem: Problem,
+    strategy: str = DEFAULT_STRATEGY,
+    *,
+    capacity: int | None = None,
+    time_limit: float = DEFAULT_TIME_LIMIT,
+) -> Plan:
+    """``problem.solve(strategy, capacity=capacity, time_limit=time_limit)``."""
+    return problem.solve(strategy, capacity=capacity, time_limit=time_limit)
 
 
-__all__ = ["DEFAULT_STRATEGY", "STRATEGIES", "Plan", "Problem", "solve"]
+__all__ = ["DEFAULT_STRATEGY", "DEFAULT_TIME_LIMIT", "STRATEGIES", "Plan", "Problem", "solve"]

@@ -3,7 +3,7 @@
 //! interpreter.
 
 use npumem_core::AclError;
-use npumem_core::plan::{Buffer, Problem, Strategy};
+use npumem_core::plan::{Buffer, PlanOptions, Problem, Strategy};
 use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -28,9 +28,12 @@ fn problem(
     Problem::new(buffers, alignment)
 }
 
-/// Plans offsets with `strategy`; returns a dict with offsets (uint64 array), peak, lower_bound,
-/// strategy, order and solve_seconds.
+/// Plans offsets with `strategy` (npumem: then the exact search for up to `time_limit` seconds,
+/// stopping at `capacity` when given); returns a dict with offsets (uint64 array), peak,
+/// lower_bound (max live), bound (proven), optimal, exact, strategy, order and solve_seconds.
 #[pyfunction]
+#[pyo3(signature = (lower, upper, size, strategy, alignment, capacity=None, time_limit=0.0))]
+#[allow(clippy::too_many_arguments)]
 pub fn plan_offsets<'py>(
     py: Python<'py>,
     lower: PyReadonlyArray1<'py, u64>,
@@ -38,14 +41,26 @@ pub fn plan_offsets<'py>(
     size: PyReadonlyArray1<'py, u64>,
     strategy: &str,
     alignment: u64,
+    capacity: Option<u64>,
+    time_limit: f64,
 ) -> PyResult<Bound<'py, PyDict>> {
     let strategy = Strategy::parse(strategy).map_err(|e| to_py(py, e))?;
+    if !(time_limit.is_finite() && time_limit >= 0.0) {
+        let msg =
+            format!("time_limit {time_limit} must be a finite number of seconds >= 0 (0 disables the exact search)");
+        return Err(to_py(py, AclError::invalid_param(msg)));
+    }
     let problem = problem(&lower, &upper, &size, alignment).map_err(|e| to_py(py, e))?;
-    let (plan, bound) =
-        py.detach(|| catch_panics(|| Ok((problem.plan(strategy), problem.lower_bound())))).map_err(|e| to_py(py, e))?;
+    let options = PlanOptions { capacity, time_limit };
+    let (plan, bound) = py
+        .detach(|| catch_panics(|| Ok((problem.plan_with(strategy, options), problem.lower_bound()))))
+        .map_err(|e| to_py(py, e))?;
     let d = PyDict::new(py);
     d.set_item("peak", plan.peak)?;
     d.set_item("lower_bound", bound)?;
+    d.set_item("bound", plan.bound)?;
+    d.set_item("optimal", plan.optimal)?;
+    d.set_item("exact", plan.exact.name())?;
     d.set_item("strategy", plan.strategy.name())?;
     d.set_item("order", plan.order)?;
     d.set_item("solve_seconds", plan.solve_seconds)?;

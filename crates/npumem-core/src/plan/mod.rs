@@ -8,9 +8,10 @@
 //! largest `offset + size` with sizes rounded up to the alignment; and `peak >= lower_bound()`.
 
 mod bound;
+mod exact;
 mod improve;
 mod problem;
 mod strategy;
 
 pub use problem::{Buffer, Problem};
-pub use strategy::{Plan, Strategy};
+pub use strategy::{ExactOutcome, Plan, PlanOptions, Strategy};

@@ -4,8 +4,9 @@
 //! Invariant: every strategy returns a placement that [`Problem::validate`] accepts; its `peak`
 //! is the validated peak.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use super::exact::{Fit, Model};
 use super::{Buffer, Problem};
 use crate::error::{AclError, Result};
 
@@ -113,11 +114,133 @@ pub struct Plan {
     /// it), or "none" for naive.
     pub order: &'static str,
     pub solve_seconds: f64,
+    /// The best proven lower bound on any placement's peak: the max-live bound, raised by the
+    /// exact search when it proves a capacity infeasible.
+    pub bound: u64,
+    /// Whether `peak` is proven optimal (`peak == bound`).
+    pub optimal: bool,
+    /// What the exact search did.
+    pub exact: ExactOutcome,
+}
+
+/// Options of [`Problem::plan_with`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PlanOptions {
+    /// Stop as soon as a placement within this many bytes is found (MiniMalloc's decision
+    /// problem); without it the exact search minimises the peak.
+    pub capacity: Option<u64>,
+    /// Seconds the exact search may run after the greedy portfolio (npumem strategy only);
+    /// 0 disables it.
+    pub time_limit: f64,
+}
+
+/// The exact search's result for a plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExactOutcome {
+    /// Not needed (the greedy plan already met the bound or the capacity), disabled, or not a
+    /// strategy that has one.
+    NotRun,
+    /// The problem is larger than the exact model takes.
+    TooLarge,
+    /// The peak is proven optimal.
+    Optimal,
+    /// A placement within the requested capacity was found.
+    ReachedCapacity,
+    /// Proven, by the lower bound or by the search: nothing fits within the requested capacity.
+    Infeasible,
+    /// The time limit ended the search before it proved optimality (the plan is the best found).
+    TimedOut,
+}
+
+impl ExactOutcome {
+    pub fn name(self) -> &'static str {
+        match self {
+            ExactOutcome::NotRun => "not run",
+            ExactOutcome::TooLarge => "too large",
+            ExactOutcome::Optimal => "optimal",
+            ExactOutcome::ReachedCapacity => "reached capacity",
+            ExactOutcome::Infeasible => "infeasible",
+            ExactOutcome::TimedOut => "timed out",
+        }
+    }
 }
 
 impl Problem {
-    /// Assigns offsets with `strategy`.
+    /// Assigns offsets with `strategy` (no exact search).
     pub fn plan(&self, strategy: Strategy) -> Plan {
+        self.plan_with(strategy, PlanOptions::default())
+    }
+
+    /// Assigns offsets with `strategy`; for npumem, then runs the exact search within
+    /// `options.time_limit` when the greedy plan is above the bound (or above the capacity).
+    pub fn plan_with(&self, strategy: Strategy, options: PlanOptions) -> Plan {
+        let started = Instant::now();
+        let mut plan = self.greedy(strategy);
+        plan.bound = self.lower_bound();
+        plan.optimal = plan.peak == plan.bound;
+        let fits = options.capacity.is_some_and(|c| plan.peak <= c);
+        if options.capacity.is_some_and(|c| c < plan.bound) {
+            plan.exact = ExactOutcome::Infeasible; // the bound is the proof
+        } else if strategy == Strategy::Npumem && options.time_limit > 0.0 && !plan.optimal && !fits {
+            let deadline = started + Duration::from_secs_f64(options.time_limit.min(1e9));
+            self.search_exact(&mut plan, options.capacity, deadline);
+        }
+        plan.solve_seconds = started.elapsed().as_secs_f64();
+        plan
+    }
+
+    /// Improves `plan` with the exact search: the decision problem at the capacity, or a
+    /// search for the optimum from the bound upwards (the bound first, then bisection; each try
+    /// gets half the time left).
+    fn search_exact(&self, plan: &mut Plan, capacity: Option<u64>, deadline: Instant) {
+        let Some(model) = Model::build(self) else {
+            plan.exact = ExactOutcome::TooLarge;
+            return;
+        };
+        let align = self.alignment();
+        let take = |plan: &mut Plan, offsets: Vec<u64>| {
+            plan.peak = self.peak_of(&offsets);
+            plan.offsets = offsets;
+        };
+        if let Some(c) = capacity {
+            plan.exact = match model.fit(c, deadline) {
+                Fit::Found(o) => {
+                    take(plan, o);
+                    ExactOutcome::ReachedCapacity
+                }
+                Fit::Infeasible => {
+                    plan.bound = plan.bound.max(c / align * align + align);
+                    ExactOutcome::Infeasible
+                }
+                Fit::Unknown => ExactOutcome::TimedOut,
+            };
+            plan.optimal = plan.peak == plan.bound;
+            return;
+        }
+        // Invariants: `plan.bound` is proven; `plan.peak` is achieved; capacities from `lo`
+        // up are still to try (those below it timed out or are infeasible).
+        let mut lo = plan.bound;
+        while lo < plan.peak {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            let mid = if lo == plan.bound { lo } else { (lo + (plan.peak - lo) / 2) / align * align };
+            match model.fit(mid, now + (deadline - now) / 2) {
+                Fit::Found(o) => take(plan, o),
+                Fit::Infeasible => {
+                    plan.bound = plan.bound.max(mid + align);
+                    lo = mid + align;
+                }
+                Fit::Unknown => lo = mid + align,
+            }
+        }
+        plan.optimal = plan.peak == plan.bound;
+        plan.exact = if plan.optimal { ExactOutcome::Optimal } else { ExactOutcome::TimedOut };
+    }
+
+    /// The greedy (and improved) placement of `strategy`.
+    fn greedy(&self, strategy: Strategy) -> Plan {
         let started = Instant::now();
         let (offsets, order) = match strategy {
             Strategy::Naive => (self.naive(), "none"),
@@ -149,7 +272,16 @@ impl Problem {
             }
         };
         let peak = self.peak_of(&offsets);
-        Plan { offsets, peak, strategy, order, solve_seconds: started.elapsed().as_secs_f64() }
+        Plan {
+            offsets,
+            peak,
+            strategy,
+            order,
+            solve_seconds: started.elapsed().as_secs_f64(),
+            bound: 0,
+            optimal: false,
+            exact: ExactOutcome::NotRun,
+        }
     }
 
     pub(super) fn peak_of(&self, offsets: &[u64]) -> u64 {
