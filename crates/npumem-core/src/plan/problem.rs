@@ -72,9 +72,11 @@ impl Problem {
         self.alignment
     }
 
-    /// `size` rounded up to the alignment (cannot overflow: checked in `new`).
+    /// `size` rounded up to the alignment (a power of two: a mask, not a division; cannot
+    /// overflow for sizes and offsets of a plan: checked in `new`).
+    #[inline]
     pub(crate) fn aligned(&self, size: u64) -> u64 {
-        size.next_multiple_of(self.alignment)
+        (size + self.alignment - 1) & !(self.alignment - 1)
     }
 
     /// Checks that `offsets` are a valid placement: aligned, and no two buffers that are live at

@@ -13,6 +13,9 @@ use crate::error::{AclError, Result};
 /// From this many buffers the portfolio runs its orders on threads.
 const PARALLEL_FROM: usize = 2_000;
 
+/// From this many buffers the portfolio keeps two orders.
+const LARGE: usize = 20_000;
+
 /// Re-placements the improvement phase may spend: about 4 * 10^8 placement comparisons in all,
 /// so a few-hundred-buffer problem gets thousands of tries; from `PARALLEL_FROM` buffers none.
 fn improve_iterations(n: usize) -> usize {
@@ -249,7 +252,12 @@ impl Problem {
             Strategy::TvmGreedyByConflicts => self.place(Order::ConflictsThenSize, Placement::Top),
             Strategy::BestFitInOrder => self.place(Order::FirstUse, Placement::BestFit),
             Strategy::Npumem => {
-                let orders = [Order::Size, Order::Area, Order::Lifetime, Order::ConflictsThenSize, Order::FirstUse];
+                // From LARGE buffers the two orders that win on large graphs (size for SOMAS
+                // pangu, conflicts for iopddl S_1/Y_1; area and first use never did), one
+                // thread each, to stay within about a second.
+                let all = [Order::Size, Order::Area, Order::Lifetime, Order::ConflictsThenSize, Order::FirstUse];
+                let orders: &[Order] =
+                    if self.buffers().len() >= LARGE { &[Order::Size, Order::ConflictsThenSize] } else { &all };
                 let run = |o: Order| {
                     let seq = self.order(o);
                     let offsets = self.place_seq(&seq, Placement::BestFit);
@@ -258,11 +266,11 @@ impl Problem {
                 // The orders are independent: on large problems, one thread each.
                 let tried: Vec<(Vec<usize>, Vec<u64>, &'static str)> = if self.buffers().len() >= PARALLEL_FROM {
                     std::thread::scope(|scope| {
-                        let runs: Vec<_> = orders.map(|o| scope.spawn(move || run(o))).into();
+                        let runs: Vec<_> = orders.iter().map(|&o| scope.spawn(move || run(o))).collect();
                         runs.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
                     })
                 } else {
-                    orders.into_iter().map(run).collect()
+                    orders.iter().map(|&o| run(o)).collect()
                 };
                 // The first order wins ties, so the result does not depend on thread timing.
                 let (seq, offsets, name) =
@@ -344,40 +352,111 @@ impl Problem {
     }
 
     /// Places buffers one by one in the sequence `seq`. The placed ones are kept sorted by
-    /// offset, each with its lifetime and end inline, so one sequential scan finds the gaps
-    /// between those that overlap the new buffer in time. O(n^2) comparisons, cache-friendly.
+    /// offset in columns (lifetimes as `u32` ranks of the distinct steps, offsets, ends), cut
+    /// into chunks of at most [`CHUNK`] so an insertion moves one chunk: per chunk a vectorised
+    /// pass marks those that overlap the new buffer in time, then one scan over the marked ones
+    /// finds the gaps. O(n^2) comparisons, most of them SIMD.
     pub(super) fn place_seq(&self, seq: &[usize], placement: Placement) -> Vec<u64> {
-        struct Placed {
-            offset: u64,
-            end: u64,
-            lower: u64,
-            upper: u64,
-        }
         let bs = self.buffers();
+        let (lower, upper) = self.time_ranks();
         let mut offsets = vec![0u64; bs.len()];
-        let mut placed: Vec<Placed> = Vec::with_capacity(bs.len());
+        let mut chunks: Vec<Columns> = vec![Columns::default()];
+        let mut mask: Vec<u8> = Vec::with_capacity(CHUNK);
         for &i in seq {
-            let b = bs[i];
+            let (bl, bu, size) = (lower[i], upper[i], bs[i].size);
             let mut top = 0u64;
             let mut best: Option<(u64, u64)> = None;
-            for p in &placed {
-                if p.lower >= b.upper || b.lower >= p.upper {
-                    continue;
-                }
-                if placement == Placement::BestFit {
-                    let at = self.aligned(top);
-                    if p.offset >= at && p.offset - at >= b.size && best.is_none_or(|(gap, _)| p.offset - at < gap) {
-                        best = Some((p.offset - at, at));
+            // A gap of exactly the aligned size cannot be beaten: stop scanning there.
+            let perfect = self.aligned(size);
+            'scan: for ch in &chunks {
+                mask.clear();
+                mask.extend(ch.lo.iter().zip(&ch.hi).map(|(&l, &h)| ((l < bu) & (bl < h)) as u8));
+                // Returns true at a perfect fit.
+                let mut visit = |k: usize| {
+                    if placement == Placement::BestFit {
+                        let at = self.aligned(top);
+                        let o = ch.off[k];
+                        if o >= at && o - at >= size && best.is_none_or(|(gap, _)| o - at < gap) {
+                            best = Some((o - at, at));
+                            if o - at == perfect {
+                                return true;
+                            }
+                        }
+                    }
+                    top = top.max(ch.end[k]);
+                    false
+                };
+                // Eight marks at a time: most words are all zero.
+                let words = mask.chunks_exact(8);
+                let rest = words.remainder().len();
+                for (w, word) in words.enumerate() {
+                    let mut bits = u64::from_le_bytes(word.try_into().unwrap_or_default());
+                    while bits != 0 {
+                        if visit(w * 8 + bits.trailing_zeros() as usize / 8) {
+                            break 'scan;
+                        }
+                        bits &= bits - 1; // each mark is bit 0 of its byte
                     }
                 }
-                top = top.max(p.end);
+                let tail = mask.len() - rest;
+                for (k, &m) in mask.iter().enumerate().skip(tail) {
+                    if m != 0 && visit(k) {
+                        break 'scan;
+                    }
+                }
             }
             let offset = best.map_or_else(|| self.aligned(top), |(_, at)| at);
             offsets[i] = offset;
-            let pos = placed.partition_point(|p| p.offset <= offset);
-            placed.insert(pos, Placed { offset, end: offset + b.size, lower: b.lower, upper: b.upper });
+            // The last chunk that starts at or below `offset` (or the first one).
+            let c = chunks.partition_point(|ch| ch.off.first().is_some_and(|&o| o <= offset)).saturating_sub(1);
+            chunks[c].insert(bl, bu, offset, offset + size);
+            if chunks[c].off.len() >= CHUNK {
+                let tail = chunks[c].split_off(CHUNK / 2);
+                chunks.insert(c + 1, tail);
+            }
         }
         offsets
+    }
+
+    /// Each buffer's lower and upper step as ranks among all distinct steps: order (and so
+    /// overlap) is preserved, and a `u32` column packs twice as many lanes as `u64`.
+    fn time_ranks(&self) -> (Vec<u32>, Vec<u32>) {
+        let bs = self.buffers();
+        let mut steps: Vec<u64> = bs.iter().flat_map(|b| [b.lower, b.upper]).collect();
+        steps.sort_unstable();
+        steps.dedup();
+        let rank = |t: u64| steps.partition_point(|&s| s < t) as u32;
+        (bs.iter().map(|b| rank(b.lower)).collect(), bs.iter().map(|b| rank(b.upper)).collect())
+    }
+}
+
+/// Placed buffers in offset order, one column per field (see [`Problem::place_seq`]).
+const CHUNK: usize = 1024;
+
+#[derive(Default)]
+struct Columns {
+    lo: Vec<u32>,
+    hi: Vec<u32>,
+    off: Vec<u64>,
+    end: Vec<u64>,
+}
+
+impl Columns {
+    fn insert(&mut self, lo: u32, hi: u32, off: u64, end: u64) {
+        let pos = self.off.partition_point(|&o| o <= off);
+        self.lo.insert(pos, lo);
+        self.hi.insert(pos, hi);
+        self.off.insert(pos, off);
+        self.end.insert(pos, end);
+    }
+
+    fn split_off(&mut self, at: usize) -> Columns {
+        Columns {
+            lo: self.lo.split_off(at),
+            hi: self.hi.split_off(at),
+            off: self.off.split_off(at),
+            end: self.end.split_off(at),
+        }
     }
 }
 
