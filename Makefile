@@ -49,6 +49,7 @@ bench-streams: build
 
 bench-plan: build
 	python benches/bench_plan.py
+	python benches/bench_graphs.py
 
 validate-tlb: build
 	python benches/validate_tlb.py

@@ -145,3 +145,21 @@ def plan_lower_bound(
     alignment: int,
 ) -> int: ...
 def plan_strategies() -> list[str]: ...
+def plan_graph(
+    sizes: npt.NDArray[np.uint64],
+    roles: list[str],
+    alias_of: list[int],
+    in_ptr: npt.NDArray[np.uint64],
+    in_idx: npt.NDArray[np.uint64],
+    out_ptr: npt.NDArray[np.uint64],
+    out_idx: npt.NDArray[np.uint64],
+    workspace: npt.NDArray[np.uint64],
+    alignment: int,
+    strategy: str,
+    time_limit: float,
+    mem_limit: int | None,
+    offload_weights: bool,
+    offload_activations: bool,
+    recompute: bool,
+) -> dict[str, Any]: ...
+def cost_preset(name: str) -> dict[str, Any]: ...

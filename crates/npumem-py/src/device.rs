@@ -8,6 +8,7 @@ use npumem_core::acl::MemPoolAttr;
 use npumem_core::backend::SimConfig;
 use npumem_core::pool::PoolKind;
 use npumem_core::sanitizer::{HOST, SanitizerMode};
+use npumem_core::stream::CostModel;
 use npumem_core::units::format_size;
 use npumem_core::vm::PageSize;
 use npumem_core::{AclError, AllocatorKind, Device, DeviceConfig, MemAttr, Policy};
@@ -168,7 +169,7 @@ impl PyDevice {
                 alloc_conf: alloc_conf.unwrap_or_default().to_string(),
             };
             let mut device = Device::new(config.clone())?;
-            device.scheduler().cost = npumem_core::stream::CostModel::preset(preset)?;
+            device.scheduler().cost = CostModel::preset(preset)?;
             device.set_sanitizer(SanitizerMode::parse(sanitizer)?);
             Ok(PyDevice { inner: Mutex::new(device), config })
         })
@@ -785,21 +786,7 @@ impl PyDevice {
     /// The cost model's fields (bandwidths in bytes/s, times in ns).
     fn cost_model<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let c = self.inner.lock().scheduler().cost.clone();
-        let d = PyDict::new(py);
-        d.set_item("name", c.name)?;
-        for (k, v) in [
-            ("hbm_bandwidth", c.hbm_bandwidth),
-            ("pcie_pinned_bandwidth", c.pcie_pinned_bandwidth),
-            ("pcie_pageable_bandwidth", c.pcie_pageable_bandwidth),
-            ("p2p_bandwidth", c.p2p_bandwidth),
-            ("pcie_latency_ns", c.pcie_latency_ns),
-            ("launch_ns", c.launch_ns),
-            ("driver_alloc_ns", c.driver_alloc_ns),
-            ("map_ns", c.map_ns),
-        ] {
-            d.set_item(k, v)?;
-        }
-        Ok(d)
+        cost_dict(py, &c)
     }
 
     /// Overrides one cost-model field.
@@ -810,7 +797,7 @@ impl PyDevice {
     /// Switches to a preset cost model ("ascend910b", "ascend310p").
     fn use_preset(&self, py: Python<'_>, name: &str) -> PyResult<()> {
         self.run(py, |d| {
-            d.scheduler().cost = npumem_core::stream::CostModel::preset(name)?;
+            d.scheduler().cost = CostModel::preset(name)?;
             Ok(())
         })
     }
@@ -995,4 +982,30 @@ fn allocation_dict<'py>(py: Python<'py>, a: &npumem_core::Allocation) -> PyResul
     dict.set_item("page_size", a.page.bytes())?;
     dict.set_item("stream", a.stream)?;
     Ok(dict)
+}
+
+/// A cost model as a dict (bandwidths in bytes/s, times in ns).
+fn cost_dict<'py>(py: Python<'py>, c: &CostModel) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("name", &c.name)?;
+    for (k, v) in [
+        ("hbm_bandwidth", c.hbm_bandwidth),
+        ("pcie_pinned_bandwidth", c.pcie_pinned_bandwidth),
+        ("pcie_pageable_bandwidth", c.pcie_pageable_bandwidth),
+        ("p2p_bandwidth", c.p2p_bandwidth),
+        ("pcie_latency_ns", c.pcie_latency_ns),
+        ("launch_ns", c.launch_ns),
+        ("driver_alloc_ns", c.driver_alloc_ns),
+        ("map_ns", c.map_ns),
+    ] {
+        d.set_item(k, v)?;
+    }
+    Ok(d)
+}
+
+/// The fields of a preset cost model ("ascend910b", "ascend310p") without a device.
+#[pyfunction]
+pub fn cost_preset<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyDict>> {
+    let c = CostModel::preset(name).map_err(|e| to_py(py, e))?;
+    cost_dict(py, &c)
 }

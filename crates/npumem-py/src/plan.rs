@@ -3,10 +3,12 @@
 //! interpreter.
 
 use npumem_core::AclError;
-use npumem_core::plan::{Buffer, PlanOptions, Problem, Strategy};
+use npumem_core::plan::{
+    Allow, Buffer, Graph, GraphBuffer, GraphOptions, Op, PlanOptions, Problem, Role, Strategy, Tensor,
+};
 use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyList};
 
 use crate::errors::{catch_panics, guard, to_py};
 
@@ -102,4 +104,124 @@ pub fn plan_lower_bound(
 #[pyfunction]
 pub fn plan_strategies() -> Vec<&'static str> {
     Strategy::ALL.iter().map(|s| s.name()).collect()
+}
+
+fn slice<'a>(a: &'a PyReadonlyArray1<'_, u64>, what: &str) -> Result<&'a [u64], AclError> {
+    a.as_slice().map_err(|_| AclError::invalid_param(format!("{what} must be a contiguous uint64 array")))
+}
+
+/// Splits a CSR pair (`ptr` of length ops + 1, `idx`) into per-op lists.
+fn csr(ptr: &[u64], idx: &[u64], ops: usize, what: &str) -> Result<Vec<Vec<usize>>, AclError> {
+    let bad = || AclError::invalid_param(format!("{what}: malformed op lists (ptr must rise from 0 to len(idx))"));
+    if ptr.len() != ops + 1 || ptr.first() != Some(&0) || ptr.last() != Some(&(idx.len() as u64)) {
+        return Err(bad());
+    }
+    ptr.windows(2)
+        .map(|w| {
+            let (a, b) = (w[0] as usize, w[1] as usize);
+            if a > b { Err(bad()) } else { Ok(idx[a..b].iter().map(|&i| i as usize).collect()) }
+        })
+        .collect()
+}
+
+/// Plans a graph given as arrays (tensors: size, role code 0-3, alias_of or -1; ops: CSR input
+/// and output lists and workspace bytes). Returns the liveness, the moves under `mem_limit`, and
+/// the arena's plan as a dict.
+#[pyfunction]
+#[pyo3(signature = (sizes, roles, alias_of, in_ptr, in_idx, out_ptr, out_idx, workspace, alignment, strategy, time_limit, mem_limit, offload_weights, offload_activations, recompute))]
+#[allow(clippy::too_many_arguments)]
+pub fn plan_graph<'py>(
+    py: Python<'py>,
+    sizes: PyReadonlyArray1<'py, u64>,
+    roles: Vec<String>,
+    alias_of: Vec<i64>,
+    in_ptr: PyReadonlyArray1<'py, u64>,
+    in_idx: PyReadonlyArray1<'py, u64>,
+    out_ptr: PyReadonlyArray1<'py, u64>,
+    out_idx: PyReadonlyArray1<'py, u64>,
+    workspace: PyReadonlyArray1<'py, u64>,
+    alignment: u64,
+    strategy: &str,
+    time_limit: f64,
+    mem_limit: Option<u64>,
+    offload_weights: bool,
+    offload_activations: bool,
+    recompute: bool,
+) -> PyResult<Bound<'py, PyDict>> {
+    let built = (|| -> Result<(Graph, GraphOptions), AclError> {
+        let sizes = slice(&sizes, "sizes")?;
+        let workspace = slice(&workspace, "workspace")?;
+        if roles.len() != sizes.len() || alias_of.len() != sizes.len() {
+            return Err(AclError::invalid_param("sizes, roles and alias_of must have one entry per tensor"));
+        }
+        let ops = workspace.len();
+        let inputs = csr(slice(&in_ptr, "in_ptr")?, slice(&in_idx, "in_idx")?, ops, "inputs")?;
+        let outputs = csr(slice(&out_ptr, "out_ptr")?, slice(&out_idx, "out_idx")?, ops, "outputs")?;
+        let mut tensors = Vec::with_capacity(sizes.len());
+        for ((&size, role), &alias) in sizes.iter().zip(&roles).zip(&alias_of) {
+            let alias_of = if alias < 0 { None } else { Some(alias as usize) };
+            tensors.push(Tensor { size, role: Role::parse(role)?, alias_of });
+        }
+        let ops = inputs
+            .into_iter()
+            .zip(outputs)
+            .zip(workspace)
+            .map(|((inputs, outputs), &workspace)| Op { inputs, outputs, workspace })
+            .collect();
+        if !(time_limit.is_finite() && time_limit >= 0.0) {
+            return Err(AclError::invalid_param(format!(
+                "time_limit {time_limit} must be a finite number of seconds >= 0"
+            )));
+        }
+        if alignment == 0 || !alignment.is_power_of_two() {
+            return Err(AclError::invalid_param(format!("alignment {alignment} is not a power of two")));
+        }
+        let allow = Allow { weights: offload_weights, activations: offload_activations, recompute };
+        let options = GraphOptions { alignment, strategy: Strategy::parse(strategy)?, time_limit, mem_limit, allow };
+        Ok((Graph::new(tensors, ops)?, options))
+    })();
+    let (graph, options) = built.map_err(|e| to_py(py, e))?;
+    let gp = py.detach(|| catch_panics(|| graph.plan(options))).map_err(|e| to_py(py, e))?;
+    let d = PyDict::new(py);
+    let live = &gp.liveness;
+    let col = |f: &dyn Fn(&GraphBuffer) -> u64| -> Vec<u64> { live.buffers.iter().map(f).collect() };
+    d.set_item("buffer_of", PyArray1::from_vec(py, live.buffer_of.iter().map(|&b| b as u64).collect()))?;
+    d.set_item("buffer_lower", PyArray1::from_vec(py, col(&|b| b.buffer.lower)))?;
+    d.set_item("buffer_upper", PyArray1::from_vec(py, col(&|b| b.buffer.upper)))?;
+    d.set_item("buffer_size", PyArray1::from_vec(py, col(&|b| b.buffer.size)))?;
+    d.set_item("buffer_owner", PyArray1::from_vec(py, col(&|b| b.owner as u64)))?;
+    let roles: Vec<&str> = live.buffers.iter().map(|b| b.role.map_or("workspace", |r| r.name())).collect();
+    d.set_item("buffer_role", roles)?;
+    let arena = &gp.reduced.arena;
+    d.set_item("arena_lower", PyArray1::from_vec(py, arena.iter().map(|b| b.lower).collect()))?;
+    d.set_item("arena_upper", PyArray1::from_vec(py, arena.iter().map(|b| b.upper).collect()))?;
+    d.set_item("arena_size", PyArray1::from_vec(py, arena.iter().map(|b| b.size).collect()))?;
+    d.set_item("arena_owner", PyArray1::from_vec(py, gp.reduced.owner.iter().map(|&o| o as u64).collect()))?;
+    d.set_item("offsets", PyArray1::from_vec(py, gp.plan.offsets.clone()))?;
+    d.set_item("peak", gp.plan.peak)?;
+    d.set_item("lower_bound", gp.arena_bound)?;
+    d.set_item("bound", gp.plan.bound)?;
+    d.set_item("optimal", gp.plan.optimal)?;
+    d.set_item("exact", gp.plan.exact.name())?;
+    d.set_item("order", gp.plan.order)?;
+    d.set_item("strategy", gp.plan.strategy.name())?;
+    d.set_item("solve_seconds", gp.plan.solve_seconds)?;
+    d.set_item("weights", gp.weights)?;
+    d.set_item("inputs", gp.inputs)?;
+    d.set_item("outputs", gp.outputs)?;
+    d.set_item("fits", gp.fits)?;
+    d.set_item("steps", live.steps)?;
+    let moves = PyList::empty(py);
+    for m in &gp.reduced.moves {
+        let md = PyDict::new(py);
+        md.set_item("kind", m.kind.name())?;
+        md.set_item("buffer", m.buffer)?;
+        md.set_item("bytes", m.bytes)?;
+        md.set_item("transfers", m.transfers)?;
+        md.set_item("gap", m.gap)?;
+        md.set_item("op", m.op)?;
+        moves.append(md)?;
+    }
+    d.set_item("moves", moves)?;
+    Ok(d)
 }

@@ -9,9 +9,15 @@
 
 mod bound;
 mod exact;
+mod graph;
+mod graph_plan;
 mod improve;
+mod limit;
 mod problem;
 mod strategy;
 
+pub use graph::{Graph, GraphBuffer, Liveness, Op, Role, Tensor};
+pub use graph_plan::{GraphOptions, GraphPlan};
+pub use limit::{Allow, Move, MoveKind, Reduced, reduce};
 pub use problem::{Buffer, Problem};
 pub use strategy::{ExactOutcome, Plan, PlanOptions, Strategy};

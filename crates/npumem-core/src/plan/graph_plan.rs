@@ -1,0 +1,138 @@
+//! Planning a whole graph: liveness, then (under a memory limit) offload and recompute moves,
+//! then offsets for the activation arena with any strategy.
+//!
+//! Invariants: every arena buffer gets an offset that `Problem::validate` accepts; `resident`
+//! counts weights that stay on the device, graph inputs and outputs (aligned); with a limit,
+//! `fits` is `resident + plan.peak <= limit`.
+
+use super::graph::{Graph, Liveness, Role};
+use super::limit::{Allow, Reduced, reduce};
+use super::{Plan, PlanOptions, Problem, Strategy};
+use crate::error::Result;
+
+/// Options of [`Graph::plan`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GraphOptions {
+    pub alignment: u64,
+    pub strategy: Strategy,
+    /// Seconds for the exact search (npumem strategy).
+    pub time_limit: f64,
+    /// Device bytes for weights + graph I/O + arena; moves are chosen when over it.
+    pub mem_limit: Option<u64>,
+    pub allow: Allow,
+}
+
+/// A planned graph.
+#[derive(Clone, Debug)]
+pub struct GraphPlan {
+    pub liveness: Liveness,
+    /// The arena's buffers (after moves), their owners and the moves.
+    pub reduced: Reduced,
+    /// Offsets of `reduced.arena`.
+    pub plan: Plan,
+    /// The arena's max-live bound.
+    pub arena_bound: u64,
+    /// Resident bytes by role after the moves (aligned): weights, inputs, outputs.
+    pub weights: u64,
+    pub inputs: u64,
+    pub outputs: u64,
+    /// Whether `resident + arena` is within the limit (true without one).
+    pub fits: bool,
+}
+
+/// Rounds of "plan, then tighten the target by the fragmentation" under a limit.
+const ROUNDS: usize = 8;
+
+impl Graph {
+    pub fn plan(&self, options: GraphOptions) -> Result<GraphPlan> {
+        let live = self.liveness();
+        let align = options.alignment;
+        let limit = options.mem_limit.unwrap_or(u64::MAX);
+        let mut target = limit;
+        let mut round = 0;
+        loop {
+            let reduced = reduce(self, &live, align, target, options.allow);
+            let problem = Problem::new(reduced.arena.clone(), align)?;
+            let capacity = options.mem_limit.map(|m| m.saturating_sub(reduced.resident));
+            let plan = problem.plan_with(options.strategy, PlanOptions { capacity, time_limit: options.time_limit });
+            let total = reduced.resident.saturating_add(plan.peak);
+            round += 1;
+            if total <= limit || round == ROUNDS || target == 0 {
+                let arena_bound = problem.lower_bound();
+                return Ok(self.finish(live, reduced, plan, arena_bound, align, total <= limit));
+            }
+            // Fragmentation: ask the moves for what the placement lost over the bound.
+            target = target.saturating_sub(total - limit);
+        }
+    }
+
+    fn finish(
+        &self,
+        live: Liveness,
+        reduced: Reduced,
+        plan: Plan,
+        arena_bound: u64,
+        align: u64,
+        fits: bool,
+    ) -> GraphPlan {
+        let (mut weights, mut inputs, mut outputs) = (0, 0, 0);
+        for (b, gb) in live.buffers.iter().enumerate() {
+            if gb.planned() || reduced.moves.iter().any(|m| m.buffer == b) {
+                continue;
+            }
+            let size = gb.buffer.size.next_multiple_of(align);
+            match gb.role {
+                Some(Role::Weight) => weights += size,
+                Some(Role::Input) => inputs += size,
+                Some(Role::Output) => outputs += size,
+                _ => {}
+            }
+        }
+        GraphPlan { liveness: live, reduced, plan, arena_bound, weights, inputs, outputs, fits }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::graph::{Op, Tensor};
+    use super::*;
+
+    #[test]
+    fn a_chain_plans_at_the_bound_and_a_limit_triggers_moves() {
+        // x -> 6 layers (weights w_i) -> y; plus a skip from layer 0's output to the last layer.
+        let mut tensors = vec![Tensor { size: 4096, role: Role::Input, alias_of: None }];
+        let mut ops = Vec::new();
+        let mut prev = 0;
+        for i in 0..6 {
+            tensors.push(Tensor { size: 512, role: Role::Weight, alias_of: None });
+            let w = tensors.len() - 1;
+            let role = if i == 5 { Role::Output } else { Role::Activation };
+            tensors.push(Tensor { size: 4096, role, alias_of: None });
+            let out = tensors.len() - 1;
+            let mut inputs = vec![prev, w];
+            if i == 5 {
+                inputs.push(2); // the skip: layer 0's output
+            }
+            ops.push(Op { inputs, outputs: vec![out], workspace: 1024 });
+            prev = out;
+        }
+        let g = Graph::new(tensors, ops).unwrap();
+        let none = Allow { weights: false, activations: false, recompute: false };
+        let opts =
+            GraphOptions { alignment: 512, strategy: Strategy::Npumem, time_limit: 0.0, mem_limit: None, allow: none };
+        let free = g.plan(opts).unwrap();
+        assert!(free.fits && free.reduced.moves.is_empty());
+        assert_eq!(free.plan.peak, free.arena_bound);
+        assert_eq!((free.weights, free.inputs, free.outputs), (6 * 512, 4096, 4096));
+        let total = free.weights + free.inputs + free.outputs + free.plan.peak;
+        let all = Allow { weights: true, activations: true, recompute: true };
+        let tight = g.plan(GraphOptions { mem_limit: Some(total - 2048), allow: all, ..opts }).unwrap();
+        assert!(tight.fits, "{:?}", tight.reduced.moves);
+        assert!(!tight.reduced.moves.is_empty());
+        let p = Problem::new(tight.reduced.arena.clone(), 512).unwrap();
+        assert_eq!(p.validate(&tight.plan.offsets).unwrap(), tight.plan.peak);
+        assert!(tight.weights + tight.inputs + tight.outputs + tight.plan.peak <= total - 2048);
+        let stuck = g.plan(GraphOptions { mem_limit: Some(4096), allow: all, ..opts }).unwrap();
+        assert!(!stuck.fits);
+    }
+}

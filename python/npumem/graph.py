@@ -1,0 +1,484 @@
+"""Compute graphs to plan offline: ops in execution order over named tensors, with weights, graph
+inputs and outputs, views and in-place results (aliases) and per-op workspaces.
+
+    >>> from npumem.graph import Graph
+    >>> g = Graph(alignment=512)
+    >>> x = g.input("x", 4096)
+    >>> w = g.weight("w", 1024)
+    >>> h = g.op("matmul", [x, w], [("h", 8192)], workspace=2048)
+    >>> r = g.op("relu_", [h], [g.alias("r", h)])          # in place: r shares h's memory
+    >>> y = g.op("sum", [r], [("y", 64)])
+    >>> g.mark_output(y)
+    >>> plan = g.plan()
+    >>> plan.report()["activation_memory"], plan.report()["weight_memory"]
+    (10240, 1024)
+
+Liveness (in Rust, ``npumem-core`` ``plan::graph``): op ``k`` runs at step ``k``; an activation
+lives from its producer to its last reader (inclusive); weights and inputs from step 0, outputs to
+the last step; a workspace for its op's step. Aliases share one buffer (the hull of their
+lifetimes, the largest size). Weights, inputs and outputs are resident; activations and
+workspaces are planned into one arena with any strategy of :mod:`npumem.plan`.
+
+With ``mem_limit``, when weights + I/O + arena exceed it, the planner moves things out: weights
+offloaded to host and prefetched before each use, activations offloaded across their longest
+idle gap, or recomputed by re-running their producer — greedily, fewest bytes moved per byte
+saved — and reports the transfer volume and time on the device cost model (``preset``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import _native
+from .errors import AclError, invalid_param
+from .plan import DEFAULT_STRATEGY, DEFAULT_TIME_LIMIT, Plan, Problem
+
+ROLES = ("activation", "weight", "input", "output")
+
+
+@dataclass
+class _Tensor:
+    name: str
+    size: int
+    role: str
+    alias_of: str | None = None
+
+
+@dataclass
+class _Op:
+    name: str
+    inputs: list[str]
+    outputs: list[str]
+    workspace: int
+    duration_us: float | None
+
+
+class Graph:
+    """Ops in execution order over named tensors. Build it with :meth:`input`, :meth:`weight`,
+    :meth:`tensor`, :meth:`alias`, :meth:`op` and :meth:`mark_output`, then :meth:`plan` it."""
+
+    def __init__(self, alignment: int = 512) -> None:
+        if not isinstance(alignment, int) or alignment < 1 or alignment & (alignment - 1):
+            raise invalid_param(f"alignment {alignment!r} must be a power of two (e.g. 512, as CANN's graph engine)")
+        self.alignment = alignment
+        self._tensors: dict[str, _Tensor] = {}
+        self._ops: list[_Op] = []
+
+    # -- building -----------------------------------------------------------------------------
+
+    def _add(self, name: str, size: int, role: str, alias_of: str | None = None) -> str:
+        if not isinstance(name, str) or not name:
+            raise invalid_param(f"tensor name {name!r} must be a non-empty string")
+        if name in self._tensors:
+            raise invalid_param(f"tensor {name!r} is already defined; names must be unique")
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size <= 0:
+            raise invalid_param(f"tensor {name!r}: size {size!r} must be a positive int of bytes")
+        self._tensors[name] = _Tensor(name, int(size), role, alias_of)
+        return name
+
+    def input(self, name: str, size: int) -> str:
+        """A graph input (provided by the caller, resident)."""
+        return self._add(name, size, "input")
+
+    def weight(self, name: str, size: int) -> str:
+        """A constant parameter (resident unless offloaded under a ``mem_limit``)."""
+        return self._add(name, size, "weight")
+
+    def tensor(self, name: str, size: int) -> str:
+        """An activation that some op will produce."""
+        return self._add(name, size, "activation")
+
+    def alias(self, name: str, base: str, size: int | None = None) -> str:
+        """A tensor sharing ``base``'s memory: a view, an in-place result, an output that reuses
+        an input. ``size`` defaults to the base's."""
+        b = self._get(base, f"alias {name!r}")
+        return self._add(name, b.size if size is None else size, "activation", alias_of=base)
+
+    def op(
+        self,
+        name: str,
+        inputs: Iterable[str] = (),
+        outputs: Iterable[str | tuple[str, int]] = (),
+        *,
+        workspace: int = 0,
+        duration_us: float | None = None,
+    ) -> str:
+        """Appends an op (ops run in the order they are added). ``outputs`` are tensor names or
+        ``(name, size)`` pairs declaring new activations. Returns the first output's name (or the
+        op's name when it has none). ``duration_us`` is the op's run time, used to price a
+        recompute (default: its operand bytes at HBM bandwidth)."""
+        ins = [self._get(t, f"op {name!r}").name for t in inputs]
+        outs: list[str] = []
+        for o in outputs:
+            if isinstance(o, tuple):
+                outs.append(self.tensor(*o))
+            else:
+                outs.append(self._get(o, f"op {name!r}").name)
+        if isinstance(workspace, bool) or not isinstance(workspace, (int, np.integer)) or workspace < 0:
+            raise invalid_param(f"op {name!r}: workspace {workspace!r} must be a non-negative int of bytes")
+        self._ops.append(_Op(name, ins, outs, int(workspace), duration_us))
+        return outs[0] if outs else name
+
+    def mark_output(self, *names: str) -> None:
+        """Marks tensors as graph outputs (handed back to the caller: resident, live to the end)."""
+        for n in names:
+            self._get(n, "mark_output").role = "output"
+
+    def _get(self, name: str, where: str) -> _Tensor:
+        t = self._tensors.get(name)
+        if t is None:
+            raise invalid_param(f"{where}: unknown tensor {name!r}; declare it first")
+        return t
+
+    # -- inspection ---------------------------------------------------------------------------
+
+    @property
+    def tensors(self) -> dict[str, int]:
+        """Tensor names and sizes, in declaration order."""
+        return {t.name: t.size for t in self._tensors.values()}
+
+    @property
+    def ops(self) -> list[str]:
+        return [o.name for o in self._ops]
+
+    def role(self, name: str) -> str:
+        return self._get(name, "role").role
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    # -- files --------------------------------------------------------------------------------
+
+    FORMAT = "npumem-graph/1"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: ``{"format", "alignment", "tensors": [[name, size, role,
+        alias_of]], "ops": [[name, inputs, outputs, workspace, duration_us]]}``."""
+        return {
+            "format": self.FORMAT,
+            "alignment": self.alignment,
+            "tensors": [[t.name, t.size, t.role, t.alias_of] for t in self._tensors.values()],
+            "ops": [[o.name, o.inputs, o.outputs, o.workspace, o.duration_us] for o in self._ops],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Graph:
+        """Rebuilds a graph from :meth:`to_dict`'s form, checking every entry."""
+        if not isinstance(d, dict) or d.get("format") != cls.FORMAT:
+            raise invalid_param(f"not an npumem graph: expected format {cls.FORMAT!r}")
+        try:
+            g = cls(alignment=d["alignment"])
+            for name, size, role, alias_of in d["tensors"]:
+                if role not in ROLES:
+                    raise invalid_param(f"tensor {name!r}: unknown role {role!r}; use one of {', '.join(ROLES)}")
+                g._add(name, size, role, alias_of)
+            for name, alias_of in [(t[0], t[3]) for t in d["tensors"]]:
+                if alias_of is not None:
+                    g._get(alias_of, f"alias {name!r}")
+            for name, inputs, outputs, workspace, duration_us in d["ops"]:
+                g.op(name, inputs, outputs, workspace=workspace, duration_us=duration_us)
+        except AclError:
+            raise
+        except (KeyError, TypeError, ValueError):
+            raise invalid_param(
+                "malformed npumem graph: tensors are [name, size, role, alias_of], ops are "
+                "[name, inputs, outputs, workspace, duration_us]"
+            ) from None
+        return g
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes :meth:`to_dict` as JSON (gzip-compressed when the name ends in ``.gz``)."""
+        text = json.dumps(self.to_dict(), separators=(",", ":"))
+        if os.fspath(path).endswith(".gz"):
+            with gzip.open(path, "wt") as f:
+                f.write(text)
+        else:
+            with open(path, "w") as f:
+                f.write(text)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Graph:
+        """Reads a graph written by :meth:`save`."""
+        opener = gzip.open if os.fspath(path).endswith(".gz") else open
+        try:
+            with opener(path, "rt") as f:
+                d = json.load(f)
+        except json.JSONDecodeError as e:
+            raise invalid_param(f"{os.fspath(path)}: not JSON ({e})") from None
+        return cls.from_dict(d)
+
+    # -- planning -----------------------------------------------------------------------------
+
+    def plan(
+        self,
+        strategy: str = DEFAULT_STRATEGY,
+        *,
+        time_limit: float = DEFAULT_TIME_LIMIT,
+        mem_limit: int | None = None,
+        offload_weights: bool = True,
+        offload_activations: bool = True,
+        recompute: bool = True,
+        preset: str = "ascend910b",
+    ) -> GraphPlan:
+        """Liveness, then (over ``mem_limit``) offload / recompute moves, then offsets for the
+        activation arena with ``strategy``. Transfer and recompute times use the ``preset`` cost
+        model of :class:`npumem.Device`."""
+        if mem_limit is not None and (isinstance(mem_limit, bool) or not isinstance(mem_limit, int) or mem_limit < 0):
+            raise invalid_param(f"mem_limit {mem_limit!r} must be a non-negative int of bytes (or None)")
+        cost = _native.cost_preset(preset)
+        names = list(self._tensors)
+        try:
+            r = self._plan_native(strategy, time_limit, mem_limit, offload_weights, offload_activations, recompute)
+        except AclError as e:
+            # Name tensors and ops, not indices.
+            ops = self.ops
+            msg = re.sub(r"\btensor (\d+)\b", lambda m: f"tensor {names[int(m.group(1))]!r}", e.message)
+            msg = re.sub(r"\bop (\d+)\b", lambda m: f"op {ops[int(m.group(1))]!r}", msg)
+            if msg == e.message:
+                raise
+            raise invalid_param(msg) from None
+        return GraphPlan._build(self, names, r, mem_limit, cost)
+
+    def _plan_native(
+        self,
+        strategy: str,
+        time_limit: float,
+        mem_limit: int | None,
+        offload_weights: bool,
+        offload_activations: bool,
+        recompute: bool,
+    ) -> dict[str, Any]:
+        names = list(self._tensors)
+        index = {n: i for i, n in enumerate(names)}
+        tensors = list(self._tensors.values())
+
+        def csr(lists: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
+            ptr = np.zeros(len(lists) + 1, dtype=np.uint64)
+            ptr[1:] = np.cumsum([len(x) for x in lists]) if lists else []
+            idx = np.array([index[t] for x in lists for t in x], dtype=np.uint64)
+            return ptr, idx
+
+        in_ptr, in_idx = csr([o.inputs for o in self._ops])
+        out_ptr, out_idx = csr([o.outputs for o in self._ops])
+        return _native.plan_graph(
+            np.array([t.size for t in tensors], dtype=np.uint64),
+            [t.role for t in tensors],
+            [index[t.alias_of] if t.alias_of is not None else -1 for t in tensors],
+            in_ptr,
+            in_idx,
+            out_ptr,
+            out_idx,
+            np.array([o.workspace for o in self._ops], dtype=np.uint64),
+            self.alignment,
+            strategy,
+            float(time_limit),
+            mem_limit,
+            bool(offload_weights),
+            bool(offload_activations),
+            bool(recompute),
+        )
+
+
+@dataclass(frozen=True)
+class Move:
+    """One thing moved out of device memory to meet ``mem_limit``."""
+
+    kind: str  # "offload_weight", "offload_activation" or "recompute"
+    tensor: str  # the buffer's representative tensor
+    bytes: int  # copied (both directions) or recomputed
+    transfers: int  # copies, or op re-runs
+    gap: tuple[int, int] | None  # activations: last use before the gap, first use after it
+    op: str | None  # the producer a recompute re-runs
+    seconds: float  # on the cost model
+
+
+@dataclass(frozen=True)
+class GraphPlan:
+    """A planned graph: where every planned tensor lives in the arena, what was moved, and a
+    CANN-style profile (:meth:`report`)."""
+
+    graph: Graph
+    arena: Plan  # offsets of the arena's buffers (pieces of moved buffers, weight prefetches)
+    moves: tuple[Move, ...]
+    weight_memory: int
+    input_memory: int
+    output_memory: int
+    workspace_memory: int  # the largest single workspace (it lives in the arena)
+    naive_activation_memory: int  # activations + workspaces with no reuse
+    mem_limit: int | None
+    fits: bool
+    steps: int
+    _buffer_of: dict[str, int]
+    _pieces: dict[int, list[tuple[int, int, int]]]  # graph buffer -> (lower, upper, offset)
+    _resident: frozenset[int]  # graph buffers that stay in device memory outside the arena
+
+    @classmethod
+    def _build(cls, graph: Graph, names: list[str], r: dict[str, Any], mem_limit: int | None, cost: dict) -> GraphPlan:
+        owner = r["arena_owner"].tolist()
+        rep = r["buffer_owner"].tolist()
+        roles = r["buffer_role"]
+        count = Counter(owner)
+        ids = []
+        for k, b in enumerate(owner):
+            label = f"workspace:{graph._ops[rep[b]].name}" if roles[b] == "workspace" else names[rep[b]]
+            ids.append(label if count[b] == 1 else f"{label}#{k}")
+        problem = Problem.of(ids, r["arena_lower"], r["arena_upper"], r["arena_size"], alignment=graph.alignment)
+        arena = Plan(
+            problem=problem,
+            offsets=r["offsets"],
+            peak=r["peak"],
+            lower_bound=r["lower_bound"],
+            strategy=r["strategy"],
+            order=r["order"],
+            solve_seconds=r["solve_seconds"],
+            capacity=None if mem_limit is None else max(mem_limit - r["weights"] - r["inputs"] - r["outputs"], 0),
+            bound=r["bound"],
+            optimal=r["optimal"],
+            exact=r["exact"],
+        )
+        pieces: dict[int, list[tuple[int, int, int]]] = {}
+        for b, lo, hi, off in zip(
+            owner, r["arena_lower"].tolist(), r["arena_upper"].tolist(), r["offsets"].tolist(), strict=True
+        ):
+            pieces.setdefault(b, []).append((lo, hi, off))
+        moves = []
+        for m in r["moves"]:
+            size = r["buffer_size"][m["buffer"]].item()
+            op = None if m["op"] is None else graph._ops[m["op"]]
+            if m["kind"] == "recompute":
+                assert op is not None
+                seconds = _op_seconds(graph, op, cost) * m["transfers"]
+            else:
+                seconds = m["transfers"] * (size / cost["pcie_pinned_bandwidth"] + cost["pcie_latency_ns"] * 1e-9)
+            moves.append(
+                Move(
+                    kind=m["kind"],
+                    tensor=names[rep[m["buffer"]]],
+                    bytes=m["bytes"],
+                    transfers=m["transfers"],
+                    gap=None if m["gap"] is None else tuple(m["gap"]),
+                    op=None if op is None else op.name,
+                    seconds=seconds,
+                )
+            )
+        align = graph.alignment
+        planned = [i for i, role in enumerate(roles) if role in ("activation", "workspace")]
+        naive = sum(-(-int(r["buffer_size"][i]) // align) * align for i in planned)
+        ws = max((-(-o.workspace // align) * align for o in graph._ops), default=0)
+        return cls(
+            graph=graph,
+            arena=arena,
+            moves=tuple(moves),
+            weight_memory=r["weights"],
+            input_memory=r["inputs"],
+            output_memory=r["outputs"],
+            workspace_memory=ws,
+            naive_activation_memory=naive,
+            mem_limit=mem_limit,
+            fits=r["fits"],
+            steps=r["steps"],
+            _buffer_of=dict(zip(names, r["buffer_of"].tolist(), strict=True)),
+            _pieces=pieces,
+            _resident=frozenset(
+                b
+                for b, role in enumerate(roles)
+                if role in ("weight", "input", "output") and b not in {m["buffer"] for m in r["moves"]}
+            ),
+        )
+
+    @property
+    def peak_memory(self) -> int:
+        """Device bytes at the peak: resident weights and I/O plus the arena."""
+        return self.weight_memory + self.input_memory + self.output_memory + self.arena.peak
+
+    def offset(self, tensor: str) -> int | None:
+        """The tensor's arena offset, or None when it is resident (a weight, a graph input or
+        output). A moved buffer has several pieces (see :meth:`placements`): this is the first."""
+        pieces = self.placements(tensor)
+        return None if self.resident(tensor) or not pieces else pieces[0][2]
+
+    def resident(self, tensor: str) -> bool:
+        """Whether the tensor's memory stays on the device outside the arena (a weight that was
+        not offloaded, a graph input or output, or a view of one)."""
+        if tensor not in self._buffer_of:
+            raise invalid_param(f"unknown tensor {tensor!r}")
+        return self._buffer_of[tensor] in self._resident
+
+    def placements(self, tensor: str) -> list[tuple[int, int, int]]:
+        """``(lower, upper, offset)`` of every arena piece holding the tensor's buffer (a
+        prefetched weight has one per group of uses)."""
+        if tensor not in self._buffer_of:
+            raise invalid_param(f"unknown tensor {tensor!r}")
+        return sorted(self._pieces.get(self._buffer_of[tensor], []))
+
+    def report(self) -> dict[str, Any]:
+        """CANN-style profile. ``activation_memory`` is the planned arena (activations and
+        workspaces), ``io_memory`` graph inputs and outputs, ``lower_bound`` the arena's max-live
+        bound, ``reuse_ratio`` the share of the naive activation total saved by sharing,
+        ``reach_theory_rate`` lower_bound / arena."""
+        a = self.arena
+        by_kind = {
+            k: [m for m in self.moves if m.kind == k] for k in ("offload_weight", "offload_activation", "recompute")
+        }
+        return {
+            "peak_memory": self.peak_memory,
+            "weight_memory": self.weight_memory,
+            "activation_memory": a.peak,
+            "workspace_memory": self.workspace_memory,
+            "io_memory": self.input_memory + self.output_memory,
+            "naive_activation_memory": self.naive_activation_memory,
+            "lower_bound": a.lower_bound,
+            "reuse_ratio": 1 - a.peak / self.naive_activation_memory if self.naive_activation_memory else 0.0,
+            "reach_theory_rate": a.lower_bound / a.peak if a.peak else 1.0,
+            "strategy": a.strategy,
+            "exact": a.exact,
+            "optimal": a.optimal,
+            "solve_seconds": a.solve_seconds,
+            "tensors": len(self.graph),
+            "ops": len(self.graph.ops),
+            "buffers": len(a.problem),
+            "mem_limit": self.mem_limit,
+            "fits": self.fits,
+            "moves": len(self.moves),
+            "offloaded_weight_bytes": sum(m.bytes for m in by_kind["offload_weight"]),
+            "offloaded_activation_bytes": sum(m.bytes for m in by_kind["offload_activation"]),
+            "recomputed_bytes": sum(m.bytes for m in by_kind["recompute"]),
+            "transfer_seconds": sum((m.seconds for m in self.moves if m.kind != "recompute"), 0.0),
+            "recompute_seconds": sum((m.seconds for m in by_kind["recompute"]), 0.0),
+        }
+
+    def table(self) -> str:
+        """The report as aligned ``name  value`` lines."""
+        from .units import fmt
+
+        lines = []
+        for k, v in self.report().items():
+            if isinstance(v, bool) or v is None or isinstance(v, str):
+                text = str(v)
+            elif isinstance(v, float):
+                text = f"{v:.4f}"
+            elif k.endswith(("memory", "bound", "bytes", "limit")):
+                text = f"{fmt(v)} ({v:,} B)"
+            else:
+                text = f"{v:,}"
+            lines.append(f"{k:<28} {text}")
+        return "\n".join(lines)
+
+
+def _op_seconds(graph: Graph, op: _Op, cost: dict) -> float:
+    if op.duration_us is not None:
+        return op.duration_us * 1e-6
+    touched = sum(graph._tensors[t].size for t in [*op.inputs, *op.outputs])
+    return touched / cost["hbm_bandwidth"] + cost["launch_ns"] * 1e-9
+
+
+__all__ = ["ROLES", "Graph", "GraphPlan", "Move"]
