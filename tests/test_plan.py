@@ -32,6 +32,7 @@ def test_strategies_are_named_and_default_is_npumem():
         "tvm_greedy_by_size",
         "tvm_greedy_by_conflicts",
         "best_fit_in_order",
+        "tflite_greedy_by_breadth",
         "npumem",
     )
     assert DEFAULT_STRATEGY == "npumem"
@@ -227,3 +228,17 @@ def test_plot_writes_a_png(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     Problem.from_csv(RESNET).solve().plot(tmp_path / "r.png")
     assert (tmp_path / "r.png").stat().st_size > 10_000
+
+
+def test_shared_object_strategy_and_positional_bound():
+    # Step 0 holds {100, 50}, step 1 {80, 70}: max live 150; positional maxima 100 + 70 = 170,
+    # which TFLite's greedy-by-breadth reaches (objects of 100 and 70).
+    p = Problem.from_buffers([(0, 1, 100), (0, 1, 50), (1, 2, 80), (1, 2, 70)])
+    assert (p.lower_bound, p.positional_bound) == (150, 170)
+    plan = p.solve("tflite_greedy_by_breadth")
+    check(p, plan)
+    assert plan.peak == 170 and plan.report()["shared_object_bound"] == 170
+    assert "shared_object_bound" not in p.solve().report()
+    r = Problem.from_csv(RESNET)
+    assert r.positional_bound >= r.lower_bound
+    assert r.solve("tflite_greedy_by_breadth").peak >= r.positional_bound

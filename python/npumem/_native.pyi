@@ -144,6 +144,12 @@ def plan_lower_bound(
     size: npt.NDArray[np.uint64],
     alignment: int,
 ) -> int: ...
+def plan_positional_bound(
+    lower: npt.NDArray[np.uint64],
+    upper: npt.NDArray[np.uint64],
+    size: npt.NDArray[np.uint64],
+    alignment: int,
+) -> int: ...
 def plan_strategies() -> list[str]: ...
 def plan_graph(
     sizes: npt.NDArray[np.uint64],

@@ -28,6 +28,8 @@ from .errors import AclError, invalid_param
 
 STRATEGIES: tuple[str, ...] = tuple(_native.plan_strategies())
 DEFAULT_STRATEGY = "npumem"
+#: Strategies that assign tensors to shared objects (their bound is ``Problem.positional_bound``).
+SHARED_OBJECT = ("tflite_greedy_by_breadth",)
 #: Seconds the exact search may take by default (it only runs when the greedy plan misses the
 #: bound or the capacity, and stops as soon as it proves optimality).
 DEFAULT_TIME_LIMIT = 1.0
@@ -164,6 +166,12 @@ class Problem:
         return _native.plan_lower_bound(self.lower, self.upper, self.size, self.alignment)
 
     @property
+    def positional_bound(self) -> int:
+        """The sum of positional maximums (TFLite's ``CalculatePositionalMaximums``): the least a
+        shared-object plan (``tflite_greedy_by_breadth``) can need; at least ``lower_bound``."""
+        return _native.plan_positional_bound(self.lower, self.upper, self.size, self.alignment)
+
+    @property
     def naive_total(self) -> int:
         """Bytes with no reuse at all (the sum of aligned sizes)."""
         a = self.alignment
@@ -261,6 +269,7 @@ class Plan:
             "reuse_ratio": 1 - self.peak / naive if naive else 0.0,
             "reach_theory_rate": self.lower_bound / self.peak if self.peak else 1.0,
             "proven_bound": self.bound,
+            **({"shared_object_bound": self.problem.positional_bound} if self.strategy in SHARED_OBJECT else {}),
             "optimal": self.optimal,
             "exact": self.exact,
             "capacity": self.capacity,

@@ -20,7 +20,9 @@ mod _native {
     use crate::tlb::PyTlb;
 
     #[pymodule_export]
-    use crate::plan::{plan_graph, plan_lower_bound, plan_offsets, plan_strategies, plan_validate};
+    use crate::plan::{
+        plan_graph, plan_lower_bound, plan_offsets, plan_positional_bound, plan_strategies, plan_validate,
+    };
 
     #[pymodule_export]
     use crate::device::cost_preset;

@@ -100,6 +100,18 @@ pub fn plan_lower_bound(
     guard(py, || Ok(problem(&lower, &upper, &size, alignment)?.lower_bound()))
 }
 
+/// The sum of positional maximums: the bound of shared-object planning.
+#[pyfunction]
+pub fn plan_positional_bound(
+    py: Python<'_>,
+    lower: PyReadonlyArray1<'_, u64>,
+    upper: PyReadonlyArray1<'_, u64>,
+    size: PyReadonlyArray1<'_, u64>,
+    alignment: u64,
+) -> PyResult<u64> {
+    guard(py, || Ok(problem(&lower, &upper, &size, alignment)?.positional_bound()))
+}
+
 /// The strategy names, default last.
 #[pyfunction]
 pub fn plan_strategies() -> Vec<&'static str> {

@@ -14,6 +14,7 @@ mod graph_plan;
 mod improve;
 mod limit;
 mod problem;
+mod shared;
 mod strategy;
 
 pub use graph::{Graph, GraphBuffer, Liveness, Op, Role, Tensor};

@@ -38,18 +38,23 @@ pub enum Strategy {
     /// Best fit in execution order (first use), as a dynamic best-fit allocator such as ONNX
     /// Runtime's arena would place them.
     BestFitInOrder,
+    /// TFLite GPU's `GreedyByBreadthAssignment`: shared objects (each as large as its largest
+    /// tensor) filled from the widest step down, objects side by side.
+    TfliteGreedyByBreadth,
     /// npumem's default: best-fit placement under several orders (size, area, lifetime,
-    /// conflicts, first use), keeping the lowest peak, then improvement around the peak.
+    /// conflicts, first use), keeping the lowest peak, then improvement around the peak (and
+    /// the shared-object plan when it is lower); then, with a time limit, the exact search.
     Npumem,
 }
 
 impl Strategy {
-    pub const ALL: [Strategy; 6] = [
+    pub const ALL: [Strategy; 7] = [
         Strategy::Naive,
         Strategy::TfliteGreedyBySize,
         Strategy::TvmGreedyBySize,
         Strategy::TvmGreedyByConflicts,
         Strategy::BestFitInOrder,
+        Strategy::TfliteGreedyByBreadth,
         Strategy::Npumem,
     ];
 
@@ -60,6 +65,7 @@ impl Strategy {
             Strategy::TvmGreedyBySize => "tvm_greedy_by_size",
             Strategy::TvmGreedyByConflicts => "tvm_greedy_by_conflicts",
             Strategy::BestFitInOrder => "best_fit_in_order",
+            Strategy::TfliteGreedyByBreadth => "tflite_greedy_by_breadth",
             Strategy::Npumem => "npumem",
         }
     }
@@ -251,6 +257,7 @@ impl Problem {
             Strategy::TvmGreedyBySize => self.place(Order::SizeThenConflicts, Placement::Top),
             Strategy::TvmGreedyByConflicts => self.place(Order::ConflictsThenSize, Placement::Top),
             Strategy::BestFitInOrder => self.place(Order::FirstUse, Placement::BestFit),
+            Strategy::TfliteGreedyByBreadth => (self.greedy_by_breadth(), "breadth"),
             Strategy::Npumem => {
                 // From LARGE buffers the two orders that win on large graphs (size for SOMAS
                 // pangu, conflicts for iopddl S_1/Y_1; area and first use never did), one
@@ -276,9 +283,21 @@ impl Problem {
                 let (seq, offsets, name) =
                     tried.into_iter().min_by_key(|(_, offsets, _)| self.peak_of(offsets)).unwrap_or_default();
                 let iterations = improve_iterations(seq.len());
-                (self.improve(seq, offsets, iterations), name)
+                let improved = self.improve(seq, offsets, iterations);
+                // Shared objects occasionally win on small problems; under LARGE it is cheap.
+                if self.buffers().len() < LARGE {
+                    let shared = self.greedy_by_breadth();
+                    if self.peak_of(&shared) < self.peak_of(&improved) {
+                        return self.finish_plan(strategy, shared, "breadth", started);
+                    }
+                }
+                (improved, name)
             }
         };
+        self.finish_plan(strategy, offsets, order, started)
+    }
+
+    fn finish_plan(&self, strategy: Strategy, offsets: Vec<u64>, order: &'static str, started: Instant) -> Plan {
         let peak = self.peak_of(&offsets);
         Plan {
             offsets,
@@ -517,8 +536,8 @@ mod tests {
                 prop_assert!(plan.peak >= bound, "{:?}: {} < {}", s, plan.peak, bound);
                 peaks.push(plan.peak);
             }
-            // The portfolio includes the TFLite order and the first-use order.
-            prop_assert!(peaks[5] <= peaks[1] && peaks[5] <= peaks[4]);
+            // The portfolio includes the TFLite order, the first-use order and shared objects.
+            prop_assert!(peaks[6] <= peaks[1] && peaks[6] <= peaks[4] && peaks[6] <= peaks[5]);
         }
     }
 }
