@@ -205,3 +205,20 @@ def test_torch_importers_when_torch_is_installed():
     fused = from_fx(Net(), x, fuse=True).plan().report()["naive_activation_memory"]
     unfused = from_fx(Net(), x).plan().report()["naive_activation_memory"]
     assert fused < unfused
+
+
+def test_cli_plans_a_saved_graph(tmp_path, capsys):
+    from npumem import cli
+
+    path = GRAPHS["resnet18_train_bs32"]
+    assert cli.main(["plan", path, "--mem-limit", "500MiB"]) == 0
+    text = capsys.readouterr().out
+    assert "activation_memory" in text and "move: " in text and "fits                         True" in text
+    assert cli.main(["plan", path, "--mem-limit", "1MiB", "--json"]) == 1
+    assert '"fits": false' in capsys.readouterr().out
+    out = tmp_path / "arena.csv"
+    assert cli.main(["plan", GRAPHS["resnet50_fused"], "--strategy", "all", "--out", str(out)]) == 0
+    assert "tflite_greedy_by_breadth" in capsys.readouterr().out
+    assert out.exists()
+    (tmp_path / "bad.json").write_text("{}")
+    assert cli.main(["plan", str(tmp_path / "bad.json")]) == 2

@@ -167,5 +167,6 @@ def plan_graph(
     offload_weights: bool,
     offload_activations: bool,
     recompute: bool,
+    per_transfer: int = 0,
 ) -> dict[str, Any]: ...
 def cost_preset(name: str) -> dict[str, Any]: ...

@@ -29,8 +29,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     sw.add_argument("--seed", type=int, default=0)
     sw.add_argument("--csv", default="tlb_sweep.csv", help="output table (default tlb_sweep.csv)")
     sw.add_argument("--plot", default="tlb_sweep.png", help="output PNG ('' for none)")
-    pl = sub.add_parser("plan", help="static memory planning of a MiniMalloc CSV (id,lower,upper,size)")
-    pl.add_argument("file", help="problem CSV: id,lower,upper,size (half-open lifetimes [lower, upper))")
+    pl = sub.add_parser(
+        "plan", help="static memory planning of a MiniMalloc CSV (id,lower,upper,size) or an npumem graph (.json[.gz])"
+    )
+    pl.add_argument(
+        "file",
+        help="problem CSV: id,lower,upper,size (half-open lifetimes [lower, upper)); or a graph saved by "
+        "npumem.graph.Graph.save (.json / .json.gz)",
+    )
     pl.add_argument("--strategy", default="npumem", help="a strategy name, or 'all' to compare every one")
     pl.add_argument("--capacity", default=None, help="arena size the plan must fit (e.g. 1048576 or 64MiB)")
     pl.add_argument(
@@ -38,6 +44,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=float,
         default=None,
         help="seconds for the exact search of the npumem strategy (default 1; 0 = greedy only)",
+    )
+    pl.add_argument(
+        "--mem-limit",
+        default=None,
+        help="graphs: device bytes for weights + I/O + arena; offload / recompute moves are chosen to fit",
     )
     pl.add_argument("--alignment", type=int, default=1, help="offset alignment in bytes (power of two, default 1)")
     pl.add_argument("--out", default=None, help="write the plan as CSV (id,lower,upper,size,offset)")
@@ -66,6 +77,8 @@ def _plan(args: argparse.Namespace) -> int:
     from .errors import AclError
     from .units import parse_size
 
+    if args.file.endswith((".json", ".json.gz")):
+        return _plan_graph(args)
     try:
         problem = plan.Problem.from_csv(args.file, alignment=args.alignment)
         capacity = None if args.capacity is None else parse_size(args.capacity)
@@ -99,6 +112,44 @@ def _plan(args: argparse.Namespace) -> int:
     if args.out:
         best.to_csv(args.out)
         print(f"plan ({best.strategy}) -> {args.out}", file=sys.stderr if args.json else sys.stdout)
+    return 0 if best.fits else 1
+
+
+def _plan_graph(args: argparse.Namespace) -> int:
+    """Plans a saved graph; exit status 1 when a memory limit is given and not met."""
+    import json
+
+    from .errors import AclError
+    from .graph import Graph
+    from .plan import DEFAULT_TIME_LIMIT, STRATEGIES
+    from .units import parse_size
+
+    try:
+        graph = Graph.load(args.file)
+        limit = None if args.mem_limit is None else parse_size(args.mem_limit)
+        names = STRATEGIES if args.strategy == "all" else (args.strategy,)
+        time_limit = DEFAULT_TIME_LIMIT if args.time_limit is None else args.time_limit
+        plans = [graph.plan(s, mem_limit=limit, time_limit=time_limit) for s in names]
+    except (AclError, OSError) as e:
+        print(f"npumem plan: {e}", file=sys.stderr)
+        return 2
+    best = min(plans, key=lambda p: (p.peak_memory, p.arena.strategy != "npumem"))
+    if args.json:
+        print(json.dumps([p.report() for p in plans] if len(plans) > 1 else best.report(), indent=2))
+    else:
+        print(f"{args.file}: {len(graph)} tensors, {len(graph.ops)} ops")
+        if len(plans) > 1:
+            for p in plans:
+                print(f"  {p.arena.strategy:<26} arena {p.arena.peak:>14,} B  {100 * p.arena.gap:+.2f}% vs bound")
+        print(best.table())
+        for m in best.moves[:20]:
+            print(f"  move: {m.kind:<18} {m.tensor:<32} {m.bytes:>14,} B  {1e3 * m.seconds:.3f} ms")
+        if len(best.moves) > 20:
+            print(f"  ... {len(best.moves) - 20} more moves")
+    if args.plot:
+        best.arena.plot(args.plot, title=f"{args.file}: {best.arena.strategy}")
+    if args.out:
+        best.arena.to_csv(args.out)
     return 0 if best.fits else 1
 
 

@@ -22,7 +22,7 @@ workspaces are planned into one arena with any strategy of :mod:`npumem.plan`.
 With ``mem_limit``, when weights + I/O + arena exceed it, the planner moves things out: weights
 offloaded to host and prefetched before each use, activations offloaded across their longest
 idle gap, or recomputed by re-running their producer — greedily, fewest bytes moved per byte
-saved — and reports the transfer volume and time on the device cost model (``preset``).
+saved, each copy also charged its PCIe latency in bytes — and reports the transfer volume and time on the device cost model (``preset``).
 """
 
 from __future__ import annotations
@@ -236,8 +236,12 @@ class Graph:
             raise invalid_param(f"mem_limit {mem_limit!r} must be a non-negative int of bytes (or None)")
         cost = _native.cost_preset(preset)
         names = list(self._tensors)
+        # A copy's fixed latency, in bytes it could have moved meanwhile: tiny moves pay for it.
+        per_transfer = int(cost["pcie_latency_ns"] * 1e-9 * cost["pcie_pinned_bandwidth"])
         try:
-            r = self._plan_native(strategy, time_limit, mem_limit, offload_weights, offload_activations, recompute)
+            r = self._plan_native(
+                strategy, time_limit, mem_limit, offload_weights, offload_activations, recompute, per_transfer
+            )
         except AclError as e:
             # Name tensors and ops, not indices.
             ops = self.ops
@@ -256,6 +260,7 @@ class Graph:
         offload_weights: bool,
         offload_activations: bool,
         recompute: bool,
+        per_transfer: int,
     ) -> dict[str, Any]:
         names = list(self._tensors)
         index = {n: i for i, n in enumerate(names)}
@@ -285,6 +290,7 @@ class Graph:
             bool(offload_weights),
             bool(offload_activations),
             bool(recompute),
+            per_transfer,
         )
 
 

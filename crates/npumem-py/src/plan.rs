@@ -4,7 +4,7 @@
 
 use npumem_core::AclError;
 use npumem_core::plan::{
-    Allow, Buffer, Graph, GraphBuffer, GraphOptions, Op, PlanOptions, Problem, Role, Strategy, Tensor,
+    Buffer, Graph, GraphBuffer, GraphOptions, MoveOptions, Op, PlanOptions, Problem, Role, Strategy, Tensor,
 };
 use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
@@ -140,7 +140,7 @@ fn csr(ptr: &[u64], idx: &[u64], ops: usize, what: &str) -> Result<Vec<Vec<usize
 /// and output lists and workspace bytes). Returns the liveness, the moves under `mem_limit`, and
 /// the arena's plan as a dict.
 #[pyfunction]
-#[pyo3(signature = (sizes, roles, alias_of, in_ptr, in_idx, out_ptr, out_idx, workspace, alignment, strategy, time_limit, mem_limit, offload_weights, offload_activations, recompute))]
+#[pyo3(signature = (sizes, roles, alias_of, in_ptr, in_idx, out_ptr, out_idx, workspace, alignment, strategy, time_limit, mem_limit, offload_weights, offload_activations, recompute, per_transfer=0))]
 #[allow(clippy::too_many_arguments)]
 pub fn plan_graph<'py>(
     py: Python<'py>,
@@ -159,6 +159,7 @@ pub fn plan_graph<'py>(
     offload_weights: bool,
     offload_activations: bool,
     recompute: bool,
+    per_transfer: u64,
 ) -> PyResult<Bound<'py, PyDict>> {
     let built = (|| -> Result<(Graph, GraphOptions), AclError> {
         let sizes = slice(&sizes, "sizes")?;
@@ -188,7 +189,7 @@ pub fn plan_graph<'py>(
         if alignment == 0 || !alignment.is_power_of_two() {
             return Err(AclError::invalid_param(format!("alignment {alignment} is not a power of two")));
         }
-        let allow = Allow { weights: offload_weights, activations: offload_activations, recompute };
+        let allow = MoveOptions { weights: offload_weights, activations: offload_activations, recompute, per_transfer };
         let options = GraphOptions { alignment, strategy: Strategy::parse(strategy)?, time_limit, mem_limit, allow };
         Ok((Graph::new(tensors, ops)?, options))
     })();

@@ -6,7 +6,7 @@
 //! `fits` is `resident + plan.peak <= limit`.
 
 use super::graph::{Graph, Liveness, Role};
-use super::limit::{Allow, Reduced, reduce};
+use super::limit::{MoveOptions, Reduced, reduce};
 use super::{Plan, PlanOptions, Problem, Strategy};
 use crate::error::Result;
 
@@ -19,7 +19,7 @@ pub struct GraphOptions {
     pub time_limit: f64,
     /// Device bytes for weights + graph I/O + arena; moves are chosen when over it.
     pub mem_limit: Option<u64>,
-    pub allow: Allow,
+    pub allow: MoveOptions,
 }
 
 /// A planned graph.
@@ -117,7 +117,7 @@ mod tests {
             prev = out;
         }
         let g = Graph::new(tensors, ops).unwrap();
-        let none = Allow { weights: false, activations: false, recompute: false };
+        let none = MoveOptions { weights: false, activations: false, recompute: false, per_transfer: 0 };
         let opts =
             GraphOptions { alignment: 512, strategy: Strategy::Npumem, time_limit: 0.0, mem_limit: None, allow: none };
         let free = g.plan(opts).unwrap();
@@ -125,7 +125,7 @@ mod tests {
         assert_eq!(free.plan.peak, free.arena_bound);
         assert_eq!((free.weights, free.inputs, free.outputs), (6 * 512, 4096, 4096));
         let total = free.weights + free.inputs + free.outputs + free.plan.peak;
-        let all = Allow { weights: true, activations: true, recompute: true };
+        let all = MoveOptions { weights: true, activations: true, recompute: true, per_transfer: 0 };
         let tight = g.plan(GraphOptions { mem_limit: Some(total - 2048), allow: all, ..opts }).unwrap();
         assert!(tight.fits, "{:?}", tight.reduced.moves);
         assert!(!tight.reduced.moves.is_empty());

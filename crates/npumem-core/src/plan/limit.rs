@@ -16,7 +16,8 @@
 //!
 //! Selection is greedy on the bound: the excess `Σ_t max(0, resident + live(t) - target)` (live =
 //! aligned bytes of the arena's buffers at step t) is driven to zero by repeatedly applying the
-//! move with the fewest bytes moved per byte of excess removed (ties: more removed). The caller
+//! move with the lowest cost per byte of excess removed (ties: more removed), where a move costs
+//! its bytes plus a fixed `per_transfer` for each copy or re-run. The caller
 //! plans the arena and, if fragmentation pushes it over, calls again with a tighter target.
 //!
 //! Invariants: every operand of an op is in device memory at the op's step (no move touches a
@@ -25,12 +26,15 @@
 use super::Buffer;
 use super::graph::{Graph, Liveness, Role};
 
-/// Which kinds of move may be used.
+/// Which kinds of move may be used, and what each transfer costs beyond its bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Allow {
+pub struct MoveOptions {
     pub weights: bool,
     pub activations: bool,
     pub recompute: bool,
+    /// Fixed cost of one copy or op re-run, in byte-equivalents (e.g. PCIe latency x bandwidth),
+    /// so that many tiny moves do not beat one large one.
+    pub per_transfer: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,7 +83,7 @@ pub struct Reduced {
 }
 
 /// Chooses moves until the bound `resident + max live` is at most `target`, or nothing helps.
-pub fn reduce(graph: &Graph, live: &Liveness, alignment: u64, target: u64, allow: Allow) -> Reduced {
+pub fn reduce(graph: &Graph, live: &Liveness, alignment: u64, target: u64, allow: MoveOptions) -> Reduced {
     let aligned = |s: u64| s.next_multiple_of(alignment);
     let nb = live.buffers.len();
     let steps = live.steps.max(1) as usize;
@@ -132,7 +136,8 @@ pub fn reduce(graph: &Graph, live: &Liveness, alignment: u64, target: u64, allow
                     continue;
                 }
                 let removed = now - after;
-                let ratio = mv.bytes as f64 / removed as f64;
+                let cost = mv.bytes + mv.transfers as u64 * allow.per_transfer;
+                let ratio = cost as f64 / removed as f64;
                 if best.as_ref().is_none_or(|(r, rem, ..)| ratio < *r || (ratio == *r && removed > *rem)) {
                     best = Some((ratio, removed, mv, new_pieces, saved));
                 }
@@ -193,7 +198,7 @@ fn candidates(
     moved: &[bool],
     producer: &[Option<usize>],
     members: &[u32],
-    allow: Allow,
+    allow: MoveOptions,
 ) -> Vec<(Move, Vec<Buffer>, u64)> {
     let gb = &live.buffers[b];
     let uses = &live.uses[b];
@@ -306,7 +311,7 @@ mod tests {
     #[test]
     fn no_moves_when_it_fits() {
         let (g, l) = training();
-        let all = Allow { weights: true, activations: true, recompute: true };
+        let all = MoveOptions { weights: true, activations: true, recompute: true, per_transfer: 0 };
         let r = reduce(&g, &l, 1, u64::MAX, all);
         assert!(r.moves.is_empty());
         assert_eq!(r.resident, 1000 + 400 + 1000);
@@ -315,7 +320,7 @@ mod tests {
     #[test]
     fn moves_reach_a_lower_target_and_keep_operands_on_device() {
         let (g, l) = training();
-        let all = Allow { weights: true, activations: true, recompute: true };
+        let all = MoveOptions { weights: true, activations: true, recompute: true, per_transfer: 0 };
         let before = bound(&reduce(&g, &l, 1, u64::MAX, all), l.steps);
         assert_eq!(before, 7400);
         let target = before - 1000;
@@ -345,12 +350,12 @@ mod tests {
     #[test]
     fn each_kind_can_be_switched_off() {
         let (g, l) = training();
-        let none = Allow { weights: false, activations: false, recompute: false };
+        let none = MoveOptions { weights: false, activations: false, recompute: false, per_transfer: 0 };
         assert!(reduce(&g, &l, 1, 0, none).moves.is_empty());
-        let only_weights = Allow { weights: true, ..none };
+        let only_weights = MoveOptions { weights: true, ..none };
         let r = reduce(&g, &l, 1, 0, only_weights);
         assert!(!r.moves.is_empty() && r.moves.iter().all(|m| m.kind == MoveKind::OffloadWeight));
-        let only_recompute = Allow { recompute: true, ..none };
+        let only_recompute = MoveOptions { recompute: true, ..none };
         let r = reduce(&g, &l, 1, 0, only_recompute);
         assert!(r.moves.iter().all(|m| m.kind == MoveKind::Recompute));
         // a0 is read by f1 (step 1) and by the last backward op (step 7); its producer f0 reads

@@ -19,6 +19,6 @@ mod strategy;
 
 pub use graph::{Graph, GraphBuffer, Liveness, Op, Role, Tensor};
 pub use graph_plan::{GraphOptions, GraphPlan};
-pub use limit::{Allow, Move, MoveKind, Reduced, reduce};
+pub use limit::{Move, MoveKind, MoveOptions, Reduced, reduce};
 pub use problem::{Buffer, Problem};
 pub use strategy::{ExactOutcome, Plan, PlanOptions, Strategy};
