@@ -22,7 +22,8 @@ workspaces are planned into one arena with any strategy of :mod:`npumem.plan`.
 With ``mem_limit``, when weights + I/O + arena exceed it, the planner moves things out: weights
 offloaded to host and prefetched before each use, activations offloaded across their longest
 idle gap, or recomputed by re-running their producer — greedily, fewest bytes moved per byte
-saved, each copy also charged its PCIe latency in bytes — and reports the transfer volume and time on the device cost model (``preset``).
+saved, each copy also charged its PCIe latency in bytes — and reports the transfer volume and
+time on the device cost model (``preset``).
 """
 
 from __future__ import annotations
