@@ -8,12 +8,12 @@ STAMP := $(VENV)/.deps-stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run test build lint test-rust test-python bench bench-replay bench-streams bench-plan validate-tlb clean
+.PHONY: run test build lint test-rust test-loom test-python bench bench-replay bench-streams bench-plan validate-tlb clean
 
 run: build
 	npumem demo
 
-test: build lint test-rust test-python
+test: build lint test-rust test-loom test-python
 
 $(STAMP): requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,11 @@ lint: $(STAMP)
 	ruff format --check python tests benches
 
 test-rust:
-	cargo test -p npumem-core -q
+	cargo test -p npumem-core -p npumem-sync -q
+
+# Model checks of the lock-free structures (a separate build with --cfg loom).
+test-loom:
+	RUSTFLAGS="--cfg loom" cargo test -p npumem-sync --release -q --test loom --target-dir target/loom
 
 # pytest exits 5 when it collects no test: that must fail, never pass vacuously.
 test-python: build
