@@ -15,6 +15,7 @@ pub mod acl;
 pub mod backend;
 pub mod device;
 pub mod host;
+pub mod hostpool;
 pub mod plan;
 pub mod policy;
 pub mod pool;

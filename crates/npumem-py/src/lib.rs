@@ -4,6 +4,7 @@
 mod convert;
 mod device;
 mod errors;
+mod hostpool;
 mod plan;
 mod tlb;
 
@@ -18,6 +19,9 @@ mod _native {
 
     #[pymodule_export]
     use crate::tlb::PyTlb;
+
+    #[pymodule_export]
+    use crate::hostpool::{HostBlock, PyHostPool};
 
     #[pymodule_export]
     use crate::plan::{
@@ -44,6 +48,7 @@ mod _native {
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
         m.add("VA_WINDOW_START", npumem_core::vm::VA_WINDOW_START)?;
         m.add("VA_WINDOW_END", npumem_core::vm::VA_WINDOW_END)?;
+        m.add("HOST_POOL_HANDLER_NAME", crate::hostpool::HANDLER_NAME)?;
         Ok(())
     }
 }

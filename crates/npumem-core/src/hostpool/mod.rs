@@ -1,0 +1,497 @@
+//! `HostPool`: a pool of real host memory for high-rate allocation from many threads.
+//!
+//! Blocks come in size classes ([`classes`]) carved from one reserved mapping ([`region`]).
+//! Freed blocks are kept, with their pages, for reuse: a program stops paying page faults for
+//! every large temporary. The fast path takes no lock: each thread keeps a small cache of free
+//! blocks per class; a miss refills it with one atomic swap from the class's shared lock-free
+//! stack (`npumem_sync::TaggedStack`, model-checked with loom), and an overflowing cache gives
+//! half back with one compare-and-swap; a free from another thread than the allocating one is
+//! just a free into that thread's cache. Only carving new chunks takes the pool's lock.
+//!
+//! Invariants: a block is in at most one place at a time — handed out, in one thread's cache,
+//! or on its class's shared stack; a free block's first 4 bytes hold its successor on a chain
+//! (nothing else of a free block is written); the class of a block is found from its address
+//! (the chunk table), so `free` needs no size; the mapping lives as long as the last handle to
+//! the pool (blocks handed to Python hold one).
+
+mod classes;
+mod region;
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use npumem_sync::{Links, NIL, TaggedStack};
+use parking_lot::Mutex;
+
+pub use classes::{MIN_BLOCK, class_of, size_of};
+use region::Region;
+pub use region::{CHUNK, HugePages};
+
+use crate::error::{AclError, Result};
+
+/// Blocks a thread keeps per class before giving half back (small classes).
+const CACHE_SMALL: usize = 64;
+/// Blocks a thread keeps per class for classes of 1 MiB and more.
+const CACHE_LARGE: usize = 2;
+/// Classes up to this size are carved in slabs of several blocks.
+const SLAB_MAX_BLOCK: u64 = 32 << 10;
+
+/// Counters of a pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostPoolStats {
+    /// Bytes of the reserved mapping.
+    pub capacity: u64,
+    /// Bytes carved into blocks so far (their pages are committed once touched).
+    pub carved: u64,
+    /// Blocks on the shared stacks (not counting the threads' caches).
+    pub shared_free_blocks: u64,
+    /// Slow-path visits: chunks carved under the lock.
+    pub carves: u64,
+    /// Bytes whose pages `trim` gave back.
+    pub trimmed: u64,
+}
+
+struct Shared {
+    id: u64,
+    region: Region,
+    stacks: Vec<TaggedStack>,
+    /// Blocks on each shared stack (approximate under concurrency; for stats and trim).
+    counts: Vec<AtomicU64>,
+    carve_lock: Mutex<()>,
+    carves: AtomicU64,
+    trimmed: AtomicU64,
+}
+
+impl Links for Region {
+    fn next(&self, index: u32) -> u32 {
+        // SAFETY: `index` is a free block of this region (the stack's contract); its first 4
+        // bytes are the link, 4-byte aligned (blocks are 64-byte aligned).
+        unsafe { (*self.ptr(index).cast::<AtomicU32>()).load(Ordering::Relaxed) }
+    }
+
+    fn set_next(&self, index: u32, next: u32) {
+        // SAFETY: as above; the caller owns the free block.
+        unsafe { (*self.ptr(index).cast::<AtomicU32>()).store(next, Ordering::Relaxed) }
+    }
+}
+
+/// A pool of host memory (cheap to clone: a handle).
+#[derive(Clone)]
+pub struct HostPool {
+    shared: Arc<Shared>,
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+impl HostPool {
+    /// Reserves `capacity` bytes of address space (pages are committed when touched).
+    pub fn new(capacity: u64, huge: HugePages) -> Result<HostPool> {
+        let region = Region::new(capacity, huge)?;
+        let classes = class_of(region.len()) + 1;
+        Ok(HostPool {
+            shared: Arc::new(Shared {
+                id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+                region,
+                stacks: (0..classes).map(|_| TaggedStack::new()).collect(),
+                counts: (0..classes).map(|_| AtomicU64::new(0)).collect(),
+                carve_lock: Mutex::new(()),
+                carves: AtomicU64::new(0),
+                trimmed: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The reserved range: `(base address, bytes)`.
+    pub fn address_range(&self) -> (u64, u64) {
+        (self.shared.region.base(), self.shared.region.len())
+    }
+
+    pub fn huge_pages(&self) -> HugePages {
+        self.shared.region.huge
+    }
+
+    /// A block of at least `size` bytes, 64-byte aligned (4 KiB aligned from 4 KiB). Its
+    /// contents are whatever the last user left (zero when fresh).
+    pub fn alloc(&self, size: u64) -> Result<*mut u8> {
+        if size == 0 {
+            return Err(AclError::invalid_param("host pool: size 0; allocate at least 1 byte"));
+        }
+        if size > self.shared.region.len() {
+            return Err(AclError::oom(format!(
+                "host pool: {size} bytes exceed the pool's capacity of {} bytes",
+                self.shared.region.len()
+            )));
+        }
+        let class = class_of(size);
+        let index = with_cache(&self.shared, |cache| cache.pop(&self.shared, class))?;
+        Ok(self.shared.region.ptr(index))
+    }
+
+    /// Gives a block back.
+    ///
+    /// # Safety
+    /// `ptr` came from `alloc` of this pool (or a clone) and is not used afterwards.
+    pub unsafe fn free(&self, ptr: *mut u8) {
+        let (index, class) = self.locate(ptr).expect("free of a pointer this pool never handed out");
+        // Fallible only when the thread's storage is being torn down: give it to the shared stack.
+        if with_cache(&self.shared, |cache| {
+            cache.push(&self.shared, class, index);
+            Ok(())
+        })
+        .is_err()
+        {
+            self.shared.push_shared(class, index, index, 1);
+        }
+    }
+
+    /// The block's index and class, if `ptr` lies in the carved part of this pool.
+    fn locate(&self, ptr: *const u8) -> Option<(u32, usize)> {
+        let index = self.shared.region.index_of(ptr)?;
+        Some((index, self.shared.region.class_at(index)?))
+    }
+
+    /// The usable size of the block at `ptr` (its class size), if it is one of this pool's.
+    pub fn block_size(&self, ptr: *const u8) -> Option<u64> {
+        self.locate(ptr).map(|(_, c)| size_of(c))
+    }
+
+    /// Whether `ptr` (64-byte aligned) lies in the carved part of this pool.
+    pub fn contains(&self, ptr: *const u8) -> bool {
+        self.locate(ptr).is_some()
+    }
+
+    /// Gives the pages of free blocks of `min_block` bytes or more on the shared stacks back
+    /// to the system (the blocks stay in the pool; their pages read as zero and fault in again
+    /// when reused). Returns the bytes released.
+    pub fn trim(&self, min_block: u64) -> u64 {
+        let s = &self.shared;
+        let mut released = 0;
+        for class in class_of(min_block.max(CHUNK))..s.stacks.len() {
+            let top = s.stacks[class].take_all();
+            if top == NIL {
+                continue;
+            }
+            let (mut i, mut last, mut n) = (top, top, 0u64);
+            while i != NIL {
+                let next = s.region.next(i);
+                // Keep the link: release from byte 4096 on (the first page holds it).
+                let size = size_of(class);
+                if size > 4096 {
+                    s.region.release_pages(i + (4096 / MIN_BLOCK) as u32, size - 4096);
+                    released += size - 4096;
+                }
+                (last, n) = (i, n + 1);
+                i = next;
+            }
+            s.counts[class].fetch_sub(n, Ordering::Relaxed);
+            s.push_shared(class, top, last, n);
+        }
+        s.trimmed.fetch_add(released, Ordering::Relaxed);
+        released
+    }
+
+    pub fn stats(&self) -> HostPoolStats {
+        let s = &self.shared;
+        HostPoolStats {
+            capacity: s.region.len(),
+            carved: s.region.carved_bytes(),
+            shared_free_blocks: s.counts.iter().map(|c| c.load(Ordering::Relaxed)).sum(),
+            carves: s.carves.load(Ordering::Relaxed),
+            trimmed: s.trimmed.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Moves this thread's cached blocks back to the shared stacks (threads do it when they
+    /// exit; call it to make `stats` exact).
+    pub fn flush_thread_cache(&self) {
+        let _ = with_cache(&self.shared, |cache| {
+            cache.flush(&self.shared);
+            Ok(())
+        });
+    }
+}
+
+impl Shared {
+    fn push_shared(&self, class: usize, first: u32, last: u32, n: u64) {
+        self.counts[class].fetch_add(n, Ordering::Relaxed);
+        self.stacks[class].push_chain(first, last, &self.region);
+    }
+
+    /// The slow path, under the lock: fresh blocks of `class` as a chain `(first, last, n)`
+    /// linked in address order — or none when another thread refilled the shared stack
+    /// meanwhile.
+    fn carve(&self, class: usize) -> Result<Option<(u32, u32, u64)>> {
+        let _guard = self.carve_lock.lock();
+        if !self.stacks[class].is_empty() {
+            return Ok(None);
+        }
+        self.carves.fetch_add(1, Ordering::Relaxed);
+        let size = size_of(class);
+        if size > SLAB_MAX_BLOCK {
+            let first = self.region.carve(size.div_ceil(CHUNK), class)?;
+            self.region.set_next(first, NIL);
+            return Ok(Some((first, first, 1)));
+        }
+        // A slab of at least 8 blocks, whole chunks.
+        let slab = (8 * size).next_multiple_of(CHUNK);
+        let first = self.region.carve(slab / CHUNK, class)?;
+        let step = (size / MIN_BLOCK) as u32;
+        let n = (slab / size) as u32;
+        for k in 0..n {
+            let i = first + k * step;
+            self.region.set_next(i, if k + 1 < n { i + step } else { NIL });
+        }
+        Ok(Some((first, first + (n - 1) * step, n as u64)))
+    }
+}
+
+/// One thread's free blocks of one pool, per class.
+struct ThreadCache {
+    pool_id: u64,
+    pool: Weak<Shared>,
+    free: Vec<Vec<u32>>,
+}
+
+impl ThreadCache {
+    fn limit(class: usize) -> usize {
+        if size_of(class) >= 1 << 20 { CACHE_LARGE } else { CACHE_SMALL }
+    }
+
+    fn pop(&mut self, s: &Shared, class: usize) -> Result<u32> {
+        if let Some(i) = self.free[class].pop() {
+            return Ok(i);
+        }
+        let want = Self::limit(class).div_ceil(2);
+        loop {
+            // Refill with up to half a cache of pops from the shared stack...
+            let cache = &mut self.free[class];
+            while cache.len() < want {
+                match s.stacks[class].pop(&s.region) {
+                    Some(i) => cache.push(i),
+                    None => break,
+                }
+            }
+            if !cache.is_empty() {
+                s.counts[class].fetch_sub(cache.len() as u64, Ordering::Relaxed);
+                return Ok(cache.pop().expect("not empty"));
+            }
+            // ... else carve: keep what fits, put the rest on the shared stack as one chain.
+            let Some((first, last, n)) = s.carve(class)? else { continue };
+            let step = (size_of(class) / MIN_BLOCK).max(1) as u32;
+            let keep = (n as usize).min(want);
+            // Hand out in address order: push in reverse so that pop yields `first` first.
+            for k in (0..keep as u32).rev() {
+                cache.push(first + k * step);
+            }
+            if (keep as u64) < n {
+                s.push_shared(class, first + keep as u32 * step, last, n - keep as u64);
+            }
+            return Ok(cache.pop().expect("a carve yields at least one block"));
+        }
+    }
+
+    fn push(&mut self, s: &Shared, class: usize, index: u32) {
+        let limit = Self::limit(class);
+        let cache = &mut self.free[class];
+        cache.push(index);
+        if cache.len() > limit {
+            // Give the older half back with one compare-and-swap.
+            let give = cache.len() / 2;
+            let chain: Vec<u32> = cache.drain(..give).collect();
+            link_and_push(s, class, &chain);
+        }
+    }
+
+    fn flush(&mut self, s: &Shared) {
+        for class in 0..self.free.len() {
+            let chain = std::mem::take(&mut self.free[class]);
+            link_and_push(s, class, &chain);
+        }
+    }
+}
+
+fn link_and_push(s: &Shared, class: usize, chain: &[u32]) {
+    let (Some(&first), Some(&last)) = (chain.first(), chain.last()) else { return };
+    for w in chain.windows(2) {
+        s.region.set_next(w[0], w[1]);
+    }
+    s.push_shared(class, first, last, chain.len() as u64);
+}
+
+impl Drop for ThreadCache {
+    fn drop(&mut self) {
+        if let Some(s) = self.pool.upgrade() {
+            self.flush(&s);
+        }
+    }
+}
+
+thread_local! {
+    static CACHES: RefCell<Vec<ThreadCache>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on this thread's cache for `s` (created on first use; caches of dropped pools are
+/// pruned then). Errs only while the thread's storage is being destroyed.
+fn with_cache<T>(s: &Arc<Shared>, f: impl FnOnce(&mut ThreadCache) -> Result<T>) -> Result<T> {
+    CACHES
+        .try_with(|caches| {
+            let mut caches = caches.borrow_mut();
+            let pos = match caches.iter().position(|c| c.pool_id == s.id) {
+                Some(p) => p,
+                None => {
+                    caches.retain(|c| c.pool.strong_count() > 0);
+                    caches.push(ThreadCache {
+                        pool_id: s.id,
+                        pool: Arc::downgrade(s),
+                        free: (0..s.stacks.len()).map(|_| Vec::new()).collect(),
+                    });
+                    caches.len() - 1
+                }
+            };
+            f(&mut caches[pos])
+        })
+        .unwrap_or_else(|_| Err(AclError::internal("host pool: thread storage is being destroyed")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+    use std::sync::Mutex as StdMutex;
+
+    fn pool() -> HostPool {
+        HostPool::new(1 << 30, HugePages::Transparent).unwrap()
+    }
+
+    #[test]
+    fn blocks_are_real_aligned_and_reused() {
+        let p = pool();
+        let a = p.alloc(100).unwrap();
+        assert_eq!(a as usize % 64, 0);
+        assert_eq!(p.block_size(a), Some(128));
+        // SAFETY: a block of 128 bytes from the pool.
+        unsafe { std::ptr::write_bytes(a, 0xAB, 128) };
+        // SAFETY: freed once, not used after.
+        unsafe { p.free(a) };
+        let b = p.alloc(120).unwrap();
+        assert_eq!(a, b, "the thread cache hands the same block back");
+        let big = p.alloc(64 << 20).unwrap();
+        assert_eq!(big as usize % CHUNK as usize, 0);
+        assert_eq!(p.block_size(big), Some(64 << 20));
+        // SAFETY: freed once.
+        unsafe { p.free(big) };
+        assert_eq!(p.alloc(60 << 20).unwrap(), big, "a 60 MiB request reuses the 64 MiB class block");
+        assert!(p.alloc(0).is_err());
+        assert!(p.alloc(2 << 30).is_err());
+        assert!(!p.contains(std::ptr::null()));
+    }
+
+    #[test]
+    fn many_threads_never_share_a_block() {
+        let p = pool();
+        let owners: Vec<Vec<usize>> = std::thread::scope(|scope| {
+            let hs: Vec<_> = (0..4)
+                .map(|t| {
+                    let p = p.clone();
+                    scope.spawn(move || {
+                        let mut live: Vec<*mut u8> = Vec::new();
+                        let mut seen = Vec::new();
+                        for round in 0..20_000usize {
+                            let size = [64u64, 200, 4096, 100_000][(round + t) % 4];
+                            if round % 3 == 2 {
+                                if let Some(ptr) = live.pop() {
+                                    // SAFETY: allocated above, freed once.
+                                    unsafe { p.free(ptr) };
+                                }
+                            } else {
+                                let ptr = p.alloc(size).unwrap();
+                                // SAFETY: the block is ours: stamp it and check nobody else does.
+                                unsafe { ptr.cast::<u64>().write(t as u64 + 1) };
+                                live.push(ptr);
+                            }
+                        }
+                        for &ptr in &live {
+                            // SAFETY: still ours.
+                            assert_eq!(unsafe { ptr.cast::<u64>().read() }, t as u64 + 1);
+                            seen.push(ptr as usize);
+                        }
+                        seen
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let mut all: Vec<usize> = owners.into_iter().flatten().collect();
+        let n = all.len();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), n, "a block was handed to two owners");
+    }
+
+    #[test]
+    fn cross_thread_frees_come_back_and_trim_releases_pages() {
+        let p = pool();
+        let ptrs: Vec<usize> = (0..100).map(|_| p.alloc(2 << 20).unwrap() as usize).collect();
+        let q = p.clone();
+        std::thread::spawn(move || {
+            for &ptr in &ptrs {
+                // SAFETY: allocated on the main thread, freed once here.
+                unsafe { q.free(ptr as *mut u8) };
+            }
+        })
+        .join()
+        .unwrap();
+        // The other thread exited: its cache went back to the shared stack.
+        assert_eq!(p.stats().shared_free_blocks, 100);
+        let carved = p.stats().carved;
+        for _ in 0..100 {
+            p.alloc(2 << 20).unwrap();
+        }
+        assert_eq!(p.stats().carved, carved, "reused, not carved");
+        let r = p.alloc(4 << 20).unwrap();
+        // SAFETY: freed once.
+        unsafe { p.free(r) };
+        p.flush_thread_cache();
+        assert!(p.trim(1 << 20) >= (4 << 20) - 4096);
+        assert_eq!(p.alloc(4 << 20).unwrap(), r);
+    }
+
+    #[test]
+    fn live_blocks_never_overlap_across_threads() {
+        let p = HostPool::new(2 << 30, HugePages::Transparent).unwrap();
+        let map: StdMutex<BTreeMap<usize, (usize, usize)>> = StdMutex::new(BTreeMap::new());
+        std::thread::scope(|scope| {
+            for t in 0..4usize {
+                let p = p.clone();
+                let map = &map;
+                scope.spawn(move || {
+                    let mut seed = t as u64 * 7919 + 1;
+                    let mut rnd = |n: u64| {
+                        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                        (seed >> 33) % n
+                    };
+                    let sizes = [64u64, 200, 4096, 70 << 10, 1 << 20];
+                    let mut live: Vec<(usize, usize)> = Vec::new();
+                    for _ in 0..5000 {
+                        if !live.is_empty() && rnd(100) < 45 {
+                            let (a, _) = live.swap_remove(rnd(live.len() as u64) as usize);
+                            map.lock().unwrap().remove(&a);
+                            // SAFETY: ours, freed once.
+                            unsafe { p.free(a as *mut u8) };
+                        } else {
+                            let n = sizes[rnd(5) as usize] as usize;
+                            let a = p.alloc(n as u64).unwrap() as usize;
+                            let mut m = map.lock().unwrap();
+                            if let Some((&b, &(len, owner))) = m.range(..a + n).next_back() {
+                                assert!(b + len <= a, "thread {t}: [{a:#x}+{n}) overlaps [{b:#x}+{len}) of {owner}");
+                            }
+                            m.insert(a, (n, t));
+                            live.push((a, n));
+                        }
+                    }
+                });
+            }
+        });
+    }
+}

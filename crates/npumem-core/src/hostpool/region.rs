@@ -1,0 +1,172 @@
+//! The host pool's memory: one anonymous mapping reserved up front (`MAP_NORESERVE`: pages are
+//! committed when first touched), advised for transparent huge pages or backed by 1 GiB hugetlb
+//! pages, carved from the bottom in 64 KiB chunks.
+//!
+//! Invariants: `[base, base + len)` stays mapped until the region is dropped; chunks are handed
+//! out once, in increasing address order (`carve` is called under the pool's carve lock); the
+//! class of every carved chunk is recorded before any block in it is handed out.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use crate::error::{AclError, Result};
+use crate::units::format_size;
+
+/// Granule of the region and of the chunk → class table.
+pub const CHUNK: u64 = 64 << 10;
+
+/// How the region is backed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HugePages {
+    /// 4 KiB pages only (`MADV_NOHUGEPAGE`).
+    None,
+    /// Transparent huge pages where the kernel allows (`MADV_HUGEPAGE`).
+    Transparent,
+    /// 1 GiB hugetlb pages (`MAP_HUGETLB | MAP_HUGE_1GB`): needs pages reserved by the
+    /// administrator (`/sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages`).
+    Giant,
+}
+
+impl HugePages {
+    pub fn parse(name: &str) -> Result<HugePages> {
+        match name {
+            "none" => Ok(HugePages::None),
+            "transparent" | "thp" => Ok(HugePages::Transparent),
+            "1g" | "giant" => Ok(HugePages::Giant),
+            _ => Err(AclError::invalid_param(format!("huge_pages {name:?} is not one of 'none', 'transparent', '1g'"))),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            HugePages::None => "none",
+            HugePages::Transparent => "transparent",
+            HugePages::Giant => "1g",
+        }
+    }
+}
+
+pub struct Region {
+    base: *mut u8,
+    len: u64,
+    /// Class + 1 of each carved chunk (0: not carved).
+    class: Vec<AtomicU8>,
+    /// Chunks carved so far (guarded by the pool's carve lock).
+    carved: std::sync::atomic::AtomicU64,
+    pub huge: HugePages,
+}
+
+// SAFETY: the region is plain memory owned by the pool; concurrent access to distinct blocks is
+// the allocator's contract, and the metadata is atomic.
+unsafe impl Send for Region {}
+// SAFETY: as above.
+unsafe impl Sync for Region {}
+
+impl Region {
+    pub fn new(capacity: u64, huge: HugePages) -> Result<Region> {
+        let align = if huge == HugePages::Giant { 1 << 30 } else { CHUNK };
+        let len = capacity.checked_next_multiple_of(align).filter(|&l| l > 0 && l < 1 << 38).ok_or_else(|| {
+            AclError::invalid_param(format!(
+                "capacity {capacity} must be between 1 byte and 256 GiB (block indices are 32-bit in 64-byte units)"
+            ))
+        })?;
+        let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+        if huge == HugePages::Giant {
+            flags |= libc::MAP_HUGETLB | (30 << libc::MAP_HUGE_SHIFT);
+        }
+        // SAFETY: an anonymous private mapping at an address of the kernel's choice.
+        let base =
+            unsafe { libc::mmap(std::ptr::null_mut(), len as usize, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
+        if base == libc::MAP_FAILED {
+            let err = std::io::Error::last_os_error();
+            let hint = if huge == HugePages::Giant {
+                "; 1 GiB pages must be reserved first (nr_hugepages of hugepages-1048576kB), or use huge_pages='transparent'"
+            } else {
+                "; use a smaller capacity"
+            };
+            return Err(AclError::oom(format!("cannot map {} for the host pool: {err}{hint}", format_size(len))));
+        }
+        let advice = match huge {
+            HugePages::Transparent => libc::MADV_HUGEPAGE,
+            HugePages::None => libc::MADV_NOHUGEPAGE,
+            HugePages::Giant => 0,
+        };
+        if advice != 0 {
+            // SAFETY: advice on the mapping just created; failure (no THP support) is harmless.
+            unsafe { libc::madvise(base, len as usize, advice) };
+        }
+        let chunks = (len / CHUNK) as usize;
+        Ok(Region {
+            base: base.cast(),
+            len,
+            class: (0..chunks).map(|_| AtomicU8::new(0)).collect(),
+            carved: std::sync::atomic::AtomicU64::new(0),
+            huge,
+        })
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn base(&self) -> u64 {
+        self.base as u64
+    }
+
+    pub fn carved_bytes(&self) -> u64 {
+        self.carved.load(Ordering::Relaxed) * CHUNK
+    }
+
+    /// Carves `chunks` chunks for `class`; returns the first one's block index (in units of
+    /// `MIN_BLOCK`). Call with the carve lock held.
+    pub fn carve(&self, chunks: u64, class: usize) -> Result<u32> {
+        let first = self.carved.load(Ordering::Relaxed);
+        let end = first + chunks;
+        if end * CHUNK > self.len {
+            return Err(AclError::oom(format!(
+                "host pool exhausted: {} of {} carved, {} more needed; create the pool with a larger capacity or call trim()",
+                format_size(first * CHUNK),
+                format_size(self.len),
+                format_size(chunks * CHUNK)
+            )));
+        }
+        for c in first..end {
+            self.class[c as usize].store(class as u8 + 1, Ordering::Release);
+        }
+        self.carved.store(end, Ordering::Relaxed);
+        Ok((first * CHUNK / super::classes::MIN_BLOCK) as u32)
+    }
+
+    /// The class of the block at `index`, if it lies in a carved chunk.
+    pub fn class_at(&self, index: u32) -> Option<usize> {
+        let chunk = (index as u64 * super::classes::MIN_BLOCK / CHUNK) as usize;
+        match self.class.get(chunk)?.load(Ordering::Acquire) {
+            0 => None,
+            c => Some(c as usize - 1),
+        }
+    }
+
+    pub fn ptr(&self, index: u32) -> *mut u8 {
+        // SAFETY (of the arithmetic): indices come from `carve`, inside the mapping.
+        self.base.wrapping_add(index as usize * super::classes::MIN_BLOCK as usize)
+    }
+
+    /// The index of `ptr`, if it is a block start inside the region.
+    pub fn index_of(&self, ptr: *const u8) -> Option<u32> {
+        let off = (ptr as u64).checked_sub(self.base as u64)?;
+        (off < self.len && off % super::classes::MIN_BLOCK == 0).then_some((off / super::classes::MIN_BLOCK) as u32)
+    }
+
+    /// Drops the pages of `[index, index + bytes)` (they read as zero and are committed again
+    /// when touched).
+    pub fn release_pages(&self, index: u32, bytes: u64) {
+        // SAFETY: the range is a free block of this mapping; MADV_DONTNEED keeps the mapping.
+        unsafe { libc::madvise(self.ptr(index).cast(), bytes as usize, libc::MADV_DONTNEED) };
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: the mapping created in `new`; no block outlives the pool (holders keep it alive).
+        unsafe { libc::munmap(self.base.cast(), self.len as usize) };
+    }
+}

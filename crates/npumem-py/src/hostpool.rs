@@ -1,0 +1,273 @@
+//! `npumem._native.HostPool` / `HostBlock`: the core's `HostPool` for Python. A `HostBlock`
+//! exports its memory through the buffer protocol (numpy arrays and memoryviews view it and keep
+//! it alive) and gives it back to the pool when the last view goes. The pool can also serve
+//! NumPy's own data allocations: `set_numpy_handler` installs a NEP 49 `PyDataMem_Handler`.
+
+use std::ffi::{c_int, c_void};
+
+use npumem_core::AclError;
+use npumem_core::hostpool::{HostPool, HugePages};
+use pyo3::exceptions::PyBufferError;
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyCapsule, PyDict};
+
+use crate::convert::size_arg;
+use crate::errors::{guard, to_py};
+
+#[pyclass(name = "HostPool", module = "npumem._native", frozen)]
+pub struct PyHostPool {
+    pool: HostPool,
+    /// The NEP 49 handler capsule, made on first use.
+    handler: PyOnceLock<Py<PyAny>>,
+}
+
+/// Memory of one pool block; freed into the pool when dropped.
+#[pyclass(name = "HostBlock", module = "npumem._native", frozen)]
+pub struct HostBlock {
+    pool: HostPool,
+    ptr: usize,
+    len: usize,
+}
+
+impl Drop for HostBlock {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from `pool.alloc` and this block is its only owner; every view of
+        // it holds a reference to this object, so none outlives it.
+        unsafe { self.pool.free(self.ptr as *mut u8) };
+    }
+}
+
+#[pymethods]
+impl HostBlock {
+    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+        if view.is_null() {
+            return Err(PyBufferError::new_err("a NULL view was passed to HostBlock.__getbuffer__"));
+        }
+        let (ptr, len) = (slf.get().ptr, slf.get().len);
+        // SAFETY: the block is `len` writable bytes; FillInfo takes a new reference to the
+        // exporter, which keeps the block alive for the life of the view.
+        let rc = unsafe { ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr as *mut c_void, len as isize, 0, flags) };
+        if rc == -1 { Err(PyErr::fetch(slf.py())) } else { Ok(()) }
+    }
+
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
+
+    fn __len__(&self) -> usize {
+        self.len
+    }
+
+    /// The block's address (for ctypes and native code).
+    #[getter]
+    fn address(&self) -> usize {
+        self.ptr
+    }
+
+    /// Bytes the block really has (its size class).
+    #[getter]
+    fn capacity(&self) -> u64 {
+        self.pool.block_size(self.ptr as *const u8).unwrap_or(self.len as u64)
+    }
+}
+
+#[pymethods]
+impl PyHostPool {
+    #[new]
+    #[pyo3(signature = (capacity, huge_pages = "transparent"))]
+    fn new(py: Python<'_>, capacity: &Bound<'_, PyAny>, huge_pages: &str) -> PyResult<Self> {
+        let capacity = size_arg(capacity, "capacity")?;
+        let pool = guard(py, || HostPool::new(capacity, HugePages::parse(huge_pages)?))?;
+        Ok(PyHostPool { pool, handler: PyOnceLock::new() })
+    }
+
+    /// A block of `nbytes` (zero-filled when `zero`); the GIL is released while it is cleared.
+    #[pyo3(signature = (nbytes, zero = false))]
+    fn block(&self, py: Python<'_>, nbytes: &Bound<'_, PyAny>, zero: bool) -> PyResult<HostBlock> {
+        let len = size_arg(nbytes, "nbytes")?;
+        let ptr = guard(py, || self.pool.alloc(len))?;
+        if zero {
+            let addr = ptr as usize;
+            let clear = move || {
+                // SAFETY: the block is at least `len` bytes and not yet shared.
+                unsafe { std::ptr::write_bytes(addr as *mut u8, 0, len as usize) }
+            };
+            if len >= 1 << 20 { py.detach(clear) } else { clear() }
+        }
+        Ok(HostBlock { pool: self.pool.clone(), ptr: ptr as usize, len: len as usize })
+    }
+
+    /// Allocates and frees one block of `nbytes` `n` times (the pool's own cost, for benchmarks).
+    fn churn(&self, py: Python<'_>, nbytes: u64, n: u64) -> PyResult<()> {
+        py.detach(|| {
+            for _ in 0..n {
+                let p = self.pool.alloc(nbytes)?;
+                // SAFETY: just allocated, freed once.
+                unsafe { self.pool.free(std::hint::black_box(p)) };
+            }
+            Ok(())
+        })
+        .map_err(|e: AclError| to_py(py, e))
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.pool.stats();
+        let d = PyDict::new(py);
+        d.set_item("capacity", s.capacity)?;
+        d.set_item("base", self.pool.address_range().0)?;
+        d.set_item("carved", s.carved)?;
+        d.set_item("shared_free_blocks", s.shared_free_blocks)?;
+        d.set_item("carves", s.carves)?;
+        d.set_item("trimmed", s.trimmed)?;
+        d.set_item("huge_pages", self.pool.huge_pages().name())?;
+        Ok(d)
+    }
+
+    /// Gives the pages of free blocks of at least `min_block` bytes back to the system.
+    #[pyo3(signature = (min_block = 1 << 20))]
+    fn trim(&self, py: Python<'_>, min_block: u64) -> u64 {
+        py.detach(|| self.pool.trim(min_block))
+    }
+
+    /// Moves this thread's cached free blocks to the shared lists.
+    fn flush_thread_cache(&self) {
+        self.pool.flush_thread_cache();
+    }
+
+    #[getter]
+    fn huge_pages(&self) -> &'static str {
+        self.pool.huge_pages().name()
+    }
+
+    /// Installs this pool as NumPy's data allocator (NEP 49) in the current context; returns
+    /// the previous handler, to give to `restore_numpy_handler`.
+    fn set_numpy_handler(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let handler = self.handler.get_or_try_init(py, || handler_capsule(py, self.pool.clone()))?;
+        set_handler(py, handler.bind(py))
+    }
+
+    /// Reinstalls a handler returned by `set_numpy_handler`.
+    #[staticmethod]
+    fn restore_numpy_handler(py: Python<'_>, previous: Bound<'_, PyAny>) -> PyResult<()> {
+        set_handler(py, &previous).map(drop)
+    }
+}
+
+// --- NEP 49 -----------------------------------------------------------------------------------
+
+/// NumPy's `PyDataMemAllocator` (numpy/ndarraytypes.h, NumPy >= 1.22).
+#[repr(C)]
+struct PyDataMemAllocator {
+    ctx: *mut c_void,
+    malloc: unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void,
+    calloc: unsafe extern "C" fn(*mut c_void, usize, usize) -> *mut c_void,
+    realloc: unsafe extern "C" fn(*mut c_void, *mut c_void, usize) -> *mut c_void,
+    free: unsafe extern "C" fn(*mut c_void, *mut c_void, usize),
+}
+
+/// NumPy's `PyDataMem_Handler`.
+#[repr(C)]
+struct PyDataMemHandler {
+    name: [u8; 127],
+    version: u8,
+    allocator: PyDataMemAllocator,
+}
+
+// SAFETY: `ctx` points at a `HostPool` (Send + Sync) owned by the capsule; the functions are
+// thread-safe.
+unsafe impl Send for PyDataMemHandler {}
+
+/// The handler's name, as `np.core.multiarray.get_handler_name()` reports it.
+pub const HANDLER_NAME: &str = "npumem_host_pool";
+
+fn pool_of<'a>(ctx: *mut c_void) -> &'a HostPool {
+    // SAFETY: `ctx` is the `Box<HostPool>` made in `handler_capsule`, alive while the capsule is
+    // (every array allocated through the handler holds a reference to the capsule).
+    unsafe { &*(ctx as *const HostPool) }
+}
+
+unsafe extern "C" fn h_malloc(ctx: *mut c_void, size: usize) -> *mut c_void {
+    pool_of(ctx).alloc(size.max(1) as u64).map_or(std::ptr::null_mut(), |p| p.cast())
+}
+
+unsafe extern "C" fn h_calloc(ctx: *mut c_void, nelem: usize, elsize: usize) -> *mut c_void {
+    let Some(size) = nelem.checked_mul(elsize) else { return std::ptr::null_mut() };
+    match pool_of(ctx).alloc(size.max(1) as u64) {
+        Ok(p) => {
+            // SAFETY: a fresh block of at least `size` bytes.
+            unsafe { std::ptr::write_bytes(p, 0, size) };
+            p.cast()
+        }
+        Err(_) => std::ptr::null_mut(),
+    }
+}
+
+unsafe extern "C" fn h_realloc(ctx: *mut c_void, ptr: *mut c_void, new_size: usize) -> *mut c_void {
+    let pool = pool_of(ctx);
+    if ptr.is_null() {
+        // SAFETY: same contract as malloc.
+        return unsafe { h_malloc(ctx, new_size) };
+    }
+    let Some(old) = pool.block_size(ptr.cast()) else { return std::ptr::null_mut() };
+    if new_size as u64 <= old && new_size as u64 * 2 > old {
+        return ptr; // fits and not wastefully large
+    }
+    match pool.alloc(new_size.max(1) as u64) {
+        Ok(p) => {
+            // SAFETY: both blocks are ours; copy what both hold, then free the old one.
+            unsafe {
+                std::ptr::copy_nonoverlapping(ptr.cast::<u8>(), p, (old as usize).min(new_size));
+                pool.free(ptr.cast());
+            }
+            p.cast()
+        }
+        Err(_) => std::ptr::null_mut(),
+    }
+}
+
+unsafe extern "C" fn h_free(ctx: *mut c_void, ptr: *mut c_void, _size: usize) {
+    if !ptr.is_null() {
+        // SAFETY: NumPy frees what this handler allocated, once.
+        unsafe { pool_of(ctx).free(ptr.cast()) };
+    }
+}
+
+fn handler_capsule(py: Python<'_>, pool: HostPool) -> PyResult<Py<PyAny>> {
+    let mut name = [0u8; 127];
+    name[..HANDLER_NAME.len()].copy_from_slice(HANDLER_NAME.as_bytes());
+    let handler = PyDataMemHandler {
+        name,
+        version: 1,
+        allocator: PyDataMemAllocator {
+            ctx: Box::into_raw(Box::new(pool)).cast(),
+            malloc: h_malloc,
+            calloc: h_calloc,
+            realloc: h_realloc,
+            free: h_free,
+        },
+    };
+    let capsule = PyCapsule::new_with_value_and_destructor(py, handler, c"mem_handler", |h, _| {
+        // SAFETY: the box made above, released once, when the last array using it is gone.
+        drop(unsafe { Box::from_raw(h.allocator.ctx as *mut HostPool) });
+    })?;
+    Ok(capsule.into_any().unbind())
+}
+
+/// Calls NumPy's `PyDataMem_SetHandler` (C API slot 304); returns the previous handler.
+fn set_handler(py: Python<'_>, handler: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+    let module = py.import("numpy._core.multiarray").or_else(|_| py.import("numpy.core.multiarray"))?;
+    let api = module.getattr("_ARRAY_API")?.cast_into::<PyCapsule>()?;
+    let table = api.pointer_checked(None)?.as_ptr() as *const *const c_void;
+    // SAFETY: slot 304 of the NumPy C API table (NumPy >= 1.22, required by the package) is
+    // `PyObject *PyDataMem_SetHandler(PyObject *handler)`.
+    let set: unsafe extern "C" fn(*mut ffi::PyObject) -> *mut ffi::PyObject =
+        unsafe { std::mem::transmute(*table.add(304)) };
+    // SAFETY: `handler` is a live "mem_handler" capsule (or NULL-safe None as NumPy accepts);
+    // the result is a new reference or NULL with an exception set.
+    let previous = unsafe { set(handler.as_ptr()) };
+    if previous.is_null() {
+        return Err(PyErr::fetch(py));
+    }
+    // SAFETY: a new reference returned by NumPy.
+    Ok(unsafe { Bound::from_owned_ptr(py, previous) }.unbind())
+}
