@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import doctest
 import gc
+import itertools
 import threading
 
 import numpy as np
@@ -237,7 +238,7 @@ class HostPoolMachine(RuleBasedStateMachine):
             assert (a == tag).all()
             spans.append((addr(a), addr(a) + a.nbytes))
         spans.sort()
-        for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+        for (_, end), (start, _) in itertools.pairwise(spans):
             assert end <= start
 
 

@@ -103,13 +103,14 @@ class HostPool:
         except ImportError:  # NumPy 1.x
             from numpy.core.multiarray import get_handler_name  # type: ignore[no-redef]
         base = array
-        while isinstance(base, np.ndarray) and base.base is not None and isinstance(base.base, np.ndarray):
+        while isinstance(base, np.ndarray) and isinstance(base.base, np.ndarray):
             base = base.base
         return get_handler_name(base) if base is not None else get_handler_name()
 
     def stats(self) -> dict[str, Any]:
-        """``capacity`` and ``base`` (the reserved range), ``carved`` (bytes cut into blocks), ``shared_free_blocks``, ``carves``
-        (slow-path visits), ``trimmed`` (bytes given back by :meth:`trim`), ``huge_pages``."""
+        """``capacity`` and ``base`` (the reserved range), ``carved`` (bytes cut into blocks),
+        ``shared_free_blocks``, ``carves`` (slow-path visits), ``trimmed`` (bytes given back by
+        :meth:`trim`), ``huge_pages``."""
         return self._pool.stats()
 
     def trim(self, min_block: int = 1 << 20) -> int:
