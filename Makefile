@@ -8,7 +8,7 @@ STAMP := $(VENV)/.deps-stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run test build lint test-rust test-loom test-python bench bench-replay bench-streams bench-plan validate-tlb clean
+.PHONY: run test build lint test-rust test-loom test-python bench bench-replay bench-streams bench-plan bench-fastpath bench-pools validate-tlb clean
 
 run: build
 	npumem demo
@@ -50,6 +50,12 @@ bench-replay: build
 
 bench-streams: build
 	python benches/bench_streams.py
+
+bench-fastpath: build
+	python benches/bench_fastpath.py
+
+bench-pools:
+	cargo bench -p npumem-core --bench pools
 
 bench-plan: build
 	python benches/bench_plan.py

@@ -12,6 +12,11 @@ Run: make bench   (or: .venv/bin/python benches/bench_malloc.py [--quick])
 
 from __future__ import annotations
 
+import os
+
+# numpy's BLAS threads spin on this 2-core machine and steal time from what is measured.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import argparse
 import time
 

@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 
 from . import _native
-from .errors import invalid_param
 
 #: The name NumPy reports (``np.core.multiarray.get_handler_name``) for pool-served arrays.
 HANDLER_NAME: str = _native.HOST_POOL_HANDLER_NAME
@@ -58,30 +57,17 @@ class HostPool:
 
     def empty(self, shape: int | tuple[int, ...], dtype: Any = np.float64, order: str = "C") -> np.ndarray:
         """Like ``np.empty``: contents are whatever the block last held."""
-        return self._array(shape, dtype, order, zero=False)
+        return self._pool.array(shape, dtype, order, False)
 
     def zeros(self, shape: int | tuple[int, ...], dtype: Any = np.float64, order: str = "C") -> np.ndarray:
         """Like ``np.zeros`` (cleared with the GIL released for large arrays)."""
-        return self._array(shape, dtype, order, zero=True)
+        return self._pool.array(shape, dtype, order, True)
 
     def full(self, shape: int | tuple[int, ...], fill_value: Any, dtype: Any = None, order: str = "C") -> np.ndarray:
         """Like ``np.full``."""
-        a = self._array(shape, np.asarray(fill_value).dtype if dtype is None else dtype, order, zero=False)
+        a = self._pool.array(shape, np.asarray(fill_value).dtype if dtype is None else dtype, order, False)
         a.fill(fill_value)
         return a
-
-    def _array(self, shape: int | tuple[int, ...], dtype: Any, order: str, *, zero: bool) -> np.ndarray:
-        dt = np.dtype(dtype)
-        if dt.hasobject:
-            raise invalid_param(f"dtype {dt} holds Python objects; pool memory holds plain data only")
-        if order not in ("C", "F"):
-            raise invalid_param(f"order {order!r} must be 'C' or 'F'")
-        dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-        if any(not isinstance(d, (int, np.integer)) or d < 0 for d in dims):
-            raise invalid_param(f"shape {shape!r} must be non-negative ints")
-        count = int(np.prod(dims, dtype=np.int64)) if dims else 1
-        block = self._pool.block(max(count * dt.itemsize, 1), zero)
-        return np.frombuffer(block, dtype=dt, count=count).reshape(dims, order=order)
 
     @contextlib.contextmanager
     def numpy_allocator(self) -> Iterator[HostPool]:

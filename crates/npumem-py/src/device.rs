@@ -783,6 +783,11 @@ impl PyDevice {
         Ok(out)
     }
 
+    /// Returns its argument: the floor cost of one call into the binding (for benchmarks).
+    fn _noop(&self, value: u64) -> u64 {
+        value
+    }
+
     /// The cost model's fields (bandwidths in bytes/s, times in ns).
     fn cost_model<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let c = self.inner.lock().scheduler().cost.clone();

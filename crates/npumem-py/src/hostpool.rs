@@ -7,6 +7,10 @@ use std::ffi::{c_int, c_void};
 
 use npumem_core::AclError;
 use npumem_core::hostpool::{HostPool, HugePages};
+use numpy::npyffi::{
+    NPY_ARRAY_CARRAY, NPY_ARRAY_FARRAY, NpyTypes, PY_ARRAY_API, PyArray_Descr, PyArrayObject, get_type_object, npy_intp,
+};
+use numpy::{PyArrayDescr, PyArrayDescrMethods};
 use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -15,6 +19,8 @@ use pyo3::types::{PyCapsule, PyDict};
 
 use crate::convert::size_arg;
 use crate::errors::{guard, to_py};
+
+static NP_DTYPE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 #[pyclass(name = "HostPool", module = "npumem._native", frozen)]
 pub struct PyHostPool {
@@ -95,6 +101,83 @@ impl PyHostPool {
             if len >= 1 << 20 { py.detach(clear) } else { clear() }
         }
         Ok(HostBlock { pool: self.pool.clone(), ptr: ptr as usize, len: len as usize })
+    }
+
+    /// A numpy array of `shape` (an int or a sequence) and `dtype` (anything `np.dtype` takes)
+    /// in `order` "C" or "F", viewing a pool block (zero-filled when `zero`); the block returns
+    /// to the pool when the array and its views are gone.
+    #[pyo3(signature = (shape, dtype, order = "C", zero = false))]
+    fn array<'py>(
+        &self,
+        py: Python<'py>,
+        shape: &Bound<'py, PyAny>,
+        dtype: &Bound<'py, PyAny>,
+        order: &str,
+        zero: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let fortran = match order {
+            "C" => false,
+            "F" => true,
+            _ => return Err(to_py(py, AclError::invalid_param(format!("order {order:?} must be 'C' or 'F'")))),
+        };
+        let shape: Vec<isize> = match shape.extract::<isize>() {
+            Ok(d) => vec![d],
+            Err(_) => shape.extract().map_err(|_| {
+                to_py(py, AclError::invalid_param(format!("shape {shape} must be an int or a sequence of ints")))
+            })?,
+        };
+        let dtype = match dtype.cast::<PyArrayDescr>() {
+            Ok(d) => d.clone(),
+            Err(_) => NP_DTYPE
+                .get_or_try_init(py, || py.import("numpy")?.getattr("dtype").map(Bound::unbind))?
+                .bind(py)
+                .call1((dtype,))?
+                .cast_into::<PyArrayDescr>()?,
+        };
+        if dtype.has_object() {
+            return Err(to_py(
+                py,
+                AclError::invalid_param("dtypes that hold Python objects cannot live in pool memory"),
+            ));
+        }
+        let mut count: u64 = 1;
+        for &d in &shape {
+            count = u64::try_from(d).ok().and_then(|d| count.checked_mul(d)).ok_or_else(|| {
+                to_py(py, AclError::invalid_param(format!("shape {shape:?} must be non-negative and fit in memory")))
+            })?;
+        }
+        let nbytes = count.checked_mul(dtype.itemsize() as u64).ok_or_else(|| {
+            to_py(py, AclError::invalid_param(format!("shape {shape:?} of {}-byte items overflows", dtype.itemsize())))
+        })?;
+        let nbytes = nbytes.max(1).into_pyobject(py)?;
+        let block = Py::new(py, self.block(py, nbytes.as_any(), zero)?)?;
+        let data = block.get().ptr as *mut c_void;
+        let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
+        let flags = if fortran { NPY_ARRAY_FARRAY } else { NPY_ARRAY_CARRAY };
+        // SAFETY: NewFromDescr steals the new dtype reference and views `data`, a live block of at
+        // least count * itemsize bytes, 64-byte aligned; SetBaseObject steals the block reference,
+        // tying the block's life to the array's.
+        unsafe {
+            let arr = PY_ARRAY_API.PyArray_NewFromDescr(
+                py,
+                get_type_object(py, NpyTypes::PyArray_Type),
+                dtype.into_ptr().cast::<PyArray_Descr>(),
+                dims.len() as c_int,
+                dims.as_mut_ptr(),
+                std::ptr::null_mut(),
+                data,
+                flags,
+                std::ptr::null_mut(),
+            );
+            if arr.is_null() {
+                return Err(PyErr::fetch(py));
+            }
+            if PY_ARRAY_API.PyArray_SetBaseObject(py, arr.cast::<PyArrayObject>(), block.into_ptr()) < 0 {
+                ffi::Py_DECREF(arr);
+                return Err(PyErr::fetch(py));
+            }
+            Ok(Bound::from_owned_ptr(py, arr))
+        }
     }
 
     /// Allocates and frees one block of `nbytes` `n` times (the pool's own cost, for benchmarks).

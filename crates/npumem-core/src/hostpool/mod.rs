@@ -9,8 +9,8 @@
 //! just a free into that thread's cache. Only carving new chunks takes the pool's lock.
 //!
 //! Invariants: a block is in at most one place at a time — handed out, in one thread's cache,
-//! or on its class's shared stack; a free block's first 4 bytes hold its successor on a chain
-//! (nothing else of a free block is written); the class of a block is found from its address
+//! or on its class's shared stack; the pool never writes into a block (free-list links live in
+//! a separate table, one `u32` per 64-byte unit); the class of a block is found from its address
 //! (the chunk table), so `free` needs no size; the mapping lives as long as the last handle to
 //! the pool (blocks handed to Python hold one).
 
@@ -18,7 +18,7 @@ mod classes;
 mod region;
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use npumem_sync::{Links, NIL, TaggedStack};
@@ -30,10 +30,11 @@ pub use region::{CHUNK, HugePages};
 
 use crate::error::{AclError, Result};
 
-/// Blocks a thread keeps per class before giving half back (small classes).
-const CACHE_SMALL: usize = 64;
-/// Blocks a thread keeps per class for classes of 1 MiB and more.
-const CACHE_LARGE: usize = 2;
+/// Bytes of free blocks a thread keeps per class before giving half back ...
+const CACHE_BYTES: u64 = 16 << 20;
+/// ... but at least this many blocks, and at most that many.
+const CACHE_MIN: usize = 2;
+const CACHE_MAX: usize = 512;
 /// Classes up to this size are carved in slabs of several blocks.
 const SLAB_MAX_BLOCK: u64 = 32 << 10;
 
@@ -63,16 +64,25 @@ struct Shared {
     trimmed: AtomicU64,
 }
 
+/// Free-list links live in the region's link tables (per chunk for blocks that span chunks, per
+/// 64-byte unit for slab blocks), never in the blocks.
 impl Links for Region {
     fn next(&self, index: u32) -> u32 {
-        // SAFETY: `index` is a free block of this region (the stack's contract); its first 4
-        // bytes are the link, 4-byte aligned (blocks are 64-byte aligned).
-        unsafe { (*self.ptr(index).cast::<AtomicU32>()).load(Ordering::Relaxed) }
+        self.slot(index).load(Ordering::Relaxed)
     }
 
     fn set_next(&self, index: u32, next: u32) {
-        // SAFETY: as above; the caller owns the free block.
-        unsafe { (*self.ptr(index).cast::<AtomicU32>()).store(next, Ordering::Relaxed) }
+        self.slot(index).store(next, Ordering::Relaxed)
+    }
+}
+
+impl Region {
+    fn slot(&self, index: u32) -> &std::sync::atomic::AtomicU32 {
+        if self.class_at(index).is_some_and(|c| size_of(c) > SLAB_MAX_BLOCK) {
+            self.chunk_link(index)
+        } else {
+            self.link(index)
+        }
     }
 }
 
@@ -161,8 +171,8 @@ impl HostPool {
         self.locate(ptr).is_some()
     }
 
-    /// Gives the pages of free blocks of `min_block` bytes or more on the shared stacks back
-    /// to the system (the blocks stay in the pool; their pages read as zero and fault in again
+    /// Gives the pages of free blocks of `min_block` bytes (at least one chunk) or more on the
+    /// shared stacks back to the system (the blocks stay in the pool; their pages read as zero and fault in again
     /// when reused). Returns the bytes released.
     pub fn trim(&self, min_block: u64) -> u64 {
         let s = &self.shared;
@@ -175,12 +185,9 @@ impl HostPool {
             let (mut i, mut last, mut n) = (top, top, 0u64);
             while i != NIL {
                 let next = s.region.next(i);
-                // Keep the link: release from byte 4096 on (the first page holds it).
-                let size = size_of(class);
-                if size > 4096 {
-                    s.region.release_pages(i + (4096 / MIN_BLOCK) as u32, size - 4096);
-                    released += size - 4096;
-                }
+                // Links live out of band: the whole block can go.
+                s.region.release_pages(i, size_of(class));
+                released += size_of(class);
                 (last, n) = (i, n + 1);
                 i = next;
             }
@@ -218,31 +225,25 @@ impl Shared {
         self.stacks[class].push_chain(first, last, &self.region);
     }
 
-    /// The slow path, under the lock: fresh blocks of `class` as a chain `(first, last, n)`
-    /// linked in address order — or none when another thread refilled the shared stack
-    /// meanwhile.
-    fn carve(&self, class: usize) -> Result<Option<(u32, u32, u64)>> {
+    /// The slow path, under the lock: `n` fresh blocks of `class`, `step` indices apart from
+    /// `first` (not linked: the caller links only what it puts on the shared stack) — or none
+    /// when another thread refilled the shared stack meanwhile.
+    fn carve(&self, class: usize) -> Result<Option<(u32, u32, u32)>> {
         let _guard = self.carve_lock.lock();
         if !self.stacks[class].is_empty() {
             return Ok(None);
         }
         self.carves.fetch_add(1, Ordering::Relaxed);
         let size = size_of(class);
+        let step = (size / MIN_BLOCK) as u32;
         if size > SLAB_MAX_BLOCK {
             let first = self.region.carve(size.div_ceil(CHUNK), class)?;
-            self.region.set_next(first, NIL);
-            return Ok(Some((first, first, 1)));
+            return Ok(Some((first, 1, step)));
         }
         // A slab of at least 8 blocks, whole chunks.
         let slab = (8 * size).next_multiple_of(CHUNK);
         let first = self.region.carve(slab / CHUNK, class)?;
-        let step = (size / MIN_BLOCK) as u32;
-        let n = (slab / size) as u32;
-        for k in 0..n {
-            let i = first + k * step;
-            self.region.set_next(i, if k + 1 < n { i + step } else { NIL });
-        }
-        Ok(Some((first, first + (n - 1) * step, n as u64)))
+        Ok(Some((first, (slab / size) as u32, step)))
     }
 }
 
@@ -255,7 +256,7 @@ struct ThreadCache {
 
 impl ThreadCache {
     fn limit(class: usize) -> usize {
-        if size_of(class) >= 1 << 20 { CACHE_LARGE } else { CACHE_SMALL }
+        ((CACHE_BYTES / size_of(class)) as usize).clamp(CACHE_MIN, CACHE_MAX)
     }
 
     fn pop(&mut self, s: &Shared, class: usize) -> Result<u32> {
@@ -277,15 +278,15 @@ impl ThreadCache {
                 return Ok(cache.pop().expect("not empty"));
             }
             // ... else carve: keep what fits, put the rest on the shared stack as one chain.
-            let Some((first, last, n)) = s.carve(class)? else { continue };
-            let step = (size_of(class) / MIN_BLOCK).max(1) as u32;
-            let keep = (n as usize).min(want);
+            let Some((first, n, step)) = s.carve(class)? else { continue };
+            let keep = (n as usize).min(want) as u32;
             // Hand out in address order: push in reverse so that pop yields `first` first.
-            for k in (0..keep as u32).rev() {
+            for k in (0..keep).rev() {
                 cache.push(first + k * step);
             }
-            if (keep as u64) < n {
-                s.push_shared(class, first + keep as u32 * step, last, n - keep as u64);
+            if keep < n {
+                let rest: Vec<u32> = (keep..n).map(|k| first + k * step).collect();
+                link_and_push(s, class, &rest);
             }
             return Ok(cache.pop().expect("a carve yields at least one block"));
         }

@@ -6,7 +6,7 @@
 //! out once, in increasing address order (`carve` is called under the pool's carve lock); the
 //! class of every carved chunk is recorded before any block in it is handed out.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 
 use crate::error::{AclError, Result};
 use crate::units::format_size;
@@ -50,6 +50,12 @@ pub struct Region {
     len: u64,
     /// Class + 1 of each carved chunk (0: not carved).
     class: Vec<AtomicU8>,
+    /// Free-list links of slab blocks, one `u32` per 64-byte unit, in a second lazily committed
+    /// mapping (neighbouring small blocks share its cache lines) ...
+    links: *mut AtomicU32,
+    /// ... and of blocks that span whole chunks, one per chunk (dense: a large block's link
+    /// never costs its own page of the table). Either way the pool never writes into a block.
+    chunk_links: Vec<AtomicU32>,
     /// Chunks carved so far (guarded by the pool's carve lock).
     carved: std::sync::atomic::AtomicU64,
     pub huge: HugePages,
@@ -99,6 +105,8 @@ impl Region {
             base: base.cast(),
             len,
             class: (0..chunks).map(|_| AtomicU8::new(0)).collect(),
+            links: map_links(len)?,
+            chunk_links: (0..chunks).map(|_| AtomicU32::new(u32::MAX)).collect(),
             carved: std::sync::atomic::AtomicU64::new(0),
             huge,
         })
@@ -145,6 +153,19 @@ impl Region {
         }
     }
 
+    /// The free-list link slot of the chunk-spanning block at `index`.
+    pub fn chunk_link(&self, index: u32) -> &AtomicU32 {
+        &self.chunk_links[(index as u64 * super::classes::MIN_BLOCK / CHUNK) as usize]
+    }
+
+    /// The free-list link slot of the slab block at `index`.
+    pub fn link(&self, index: u32) -> &AtomicU32 {
+        debug_assert!((index as u64) < self.len / super::classes::MIN_BLOCK);
+        // SAFETY: the table has one slot per 64-byte unit of the region and lives as long as it;
+        // zero-filled pages are valid `AtomicU32`s.
+        unsafe { &*self.links.add(index as usize) }
+    }
+
     pub fn ptr(&self, index: u32) -> *mut u8 {
         // SAFETY (of the arithmetic): indices come from `carve`, inside the mapping.
         self.base.wrapping_add(index as usize * super::classes::MIN_BLOCK as usize)
@@ -164,9 +185,37 @@ impl Region {
     }
 }
 
+/// The link table: `len / 64` slots of 4 bytes, committed as they are touched.
+fn map_links(len: u64) -> Result<*mut AtomicU32> {
+    let bytes = (len / super::classes::MIN_BLOCK * 4) as usize;
+    // SAFETY: an anonymous private mapping at an address of the kernel's choice.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(AclError::oom(format!(
+            "cannot map the host pool's link table ({}): {}",
+            format_size(bytes as u64),
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok(p.cast())
+}
+
 impl Drop for Region {
     fn drop(&mut self) {
-        // SAFETY: the mapping created in `new`; no block outlives the pool (holders keep it alive).
-        unsafe { libc::munmap(self.base.cast(), self.len as usize) };
+        // SAFETY: the mappings created in `new`; no block outlives the pool (holders keep it
+        // alive).
+        unsafe {
+            libc::munmap(self.base.cast(), self.len as usize);
+            libc::munmap(self.links.cast(), (self.len / super::classes::MIN_BLOCK * 4) as usize);
+        }
     }
 }

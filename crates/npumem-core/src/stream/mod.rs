@@ -21,7 +21,9 @@ pub mod cost;
 
 pub use cost::CostModel;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::error::{AclError, ErrorCode, Result};
 
@@ -100,20 +102,20 @@ pub struct Scheduler {
 
 impl Scheduler {
     pub fn new(cost: CostModel) -> Self {
-        let mut streams = HashMap::new();
+        let mut streams = HashMap::default();
         streams.insert(DEFAULT_STREAM, StreamState::default());
         Scheduler {
             cost,
             now_ns: 0,
             streams,
             next_stream: 1,
-            events: HashMap::new(),
+            events: HashMap::default(),
             next_event: 1,
             pending: BTreeMap::new(),
             seq: 0,
             timeline: std::collections::VecDeque::new(),
-            clocks: HashMap::new(),
-            event_clocks: HashMap::new(),
+            clocks: HashMap::default(),
+            event_clocks: HashMap::default(),
             host_clock: Clock::new(),
         }
     }
