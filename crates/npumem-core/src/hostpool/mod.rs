@@ -4,8 +4,9 @@
 //! Freed blocks are kept, with their pages, for reuse: a program stops paying page faults for
 //! every large temporary. The fast path takes no lock: each thread keeps a small cache of free
 //! blocks per class; a miss refills it with one atomic swap from the class's shared lock-free
-//! stack (`npumem_sync::TaggedStack`, model-checked with loom), and an overflowing cache gives
-//! half back with one compare-and-swap; a free from another thread than the allocating one is
+//! stack (`npumem_sync::TaggedStack`, model-checked with loom) — or takes a whole batch that
+//! another thread gave back ([`batches`], slots on the same kind of stack) —, and an
+//! overflowing cache gives half back with one compare-and-swap; a free from another thread than the allocating one is
 //! just a free into that thread's cache. Only carving new chunks takes the pool's lock.
 //!
 //! Invariants: a block is in at most one place at a time — handed out, in one thread's cache,
@@ -14,6 +15,7 @@
 //! (the chunk table), so `free` needs no size; the mapping lives as long as the last handle to
 //! the pool (blocks handed to Python hold one).
 
+mod batches;
 mod classes;
 mod region;
 
@@ -24,6 +26,7 @@ use std::sync::{Arc, Weak};
 use npumem_sync::{Links, NIL, TaggedStack};
 use parking_lot::Mutex;
 
+use batches::{BATCH, Batches};
 pub use classes::{MIN_BLOCK, class_of, size_of};
 use region::Region;
 pub use region::{CHUNK, HugePages};
@@ -34,7 +37,10 @@ use crate::error::{AclError, Result};
 const CACHE_BYTES: u64 = 16 << 20;
 /// ... but at least this many blocks, and at most that many.
 const CACHE_MIN: usize = 2;
-const CACHE_MAX: usize = 512;
+const CACHE_MAX: usize = 2 * BATCH;
+/// Batch slots of a pool (each 1 KiB of indices): enough for every thread to have a few in
+/// flight; when they run out, blocks go back as linked chains instead.
+const BATCH_SLOTS: usize = 4096;
 /// Classes up to this size are carved in slabs of several blocks.
 const SLAB_MAX_BLOCK: u64 = 32 << 10;
 
@@ -57,6 +63,8 @@ struct Shared {
     id: u64,
     region: Region,
     stacks: Vec<TaggedStack>,
+    /// Full batches handed between threads (see `batches`).
+    batches: Batches,
     /// Blocks on each shared stack (approximate under concurrency; for stats and trim).
     counts: Vec<AtomicU64>,
     carve_lock: Mutex<()>,
@@ -104,6 +112,7 @@ impl HostPool {
                 id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
                 region,
                 stacks: (0..classes).map(|_| TaggedStack::new()).collect(),
+                batches: Batches::new(BATCH_SLOTS, classes),
                 counts: (0..classes).map(|_| AtomicU64::new(0)).collect(),
                 carve_lock: Mutex::new(()),
                 carves: AtomicU64::new(0),
@@ -178,6 +187,13 @@ impl HostPool {
         let s = &self.shared;
         let mut released = 0;
         for class in class_of(min_block.max(CHUNK))..s.stacks.len() {
+            // Batched blocks join the chain first.
+            let mut batched = Vec::new();
+            while s.batches.take(class, &mut batched) > 0 {}
+            if !batched.is_empty() {
+                s.counts[class].fetch_sub(batched.len() as u64, Ordering::Relaxed);
+                link_and_push(s, class, &batched);
+            }
             let top = s.stacks[class].take_all();
             if top == NIL {
                 continue;
@@ -230,7 +246,7 @@ impl Shared {
     /// when another thread refilled the shared stack meanwhile.
     fn carve(&self, class: usize) -> Result<Option<(u32, u32, u32)>> {
         let _guard = self.carve_lock.lock();
-        if !self.stacks[class].is_empty() {
+        if !self.stacks[class].is_empty() || self.batches.has_full(class) {
             return Ok(None);
         }
         self.carves.fetch_add(1, Ordering::Relaxed);
@@ -265,8 +281,14 @@ impl ThreadCache {
         }
         let want = Self::limit(class).div_ceil(2);
         loop {
-            // Refill with up to half a cache of pops from the shared stack...
+            // Refill with a whole batch another thread gave back (one pop, one contiguous
+            // copy), else with up to half a cache of pops from the shared stack...
             let cache = &mut self.free[class];
+            let got = s.batches.take(class, cache);
+            if got > 0 {
+                s.counts[class].fetch_sub(got as u64, Ordering::Relaxed);
+                return Ok(cache.pop().expect("a batch is never empty"));
+            }
             while cache.len() < want {
                 match s.stacks[class].pop(&s.region) {
                     Some(i) => cache.push(i),
@@ -297,10 +319,20 @@ impl ThreadCache {
         let cache = &mut self.free[class];
         cache.push(index);
         if cache.len() > limit {
-            // Give the older half back with one compare-and-swap.
-            let give = cache.len() / 2;
+            // Give the older half back with one compare-and-swap: as a batch (one contiguous
+            // array for the next taker), or as a linked chain when no batch slot is free.
+            let give = (cache.len() / 2).min(BATCH);
+            let given = match s.batches.give(class, &cache[..give]) {
+                Ok(()) => {
+                    s.counts[class].fetch_add(give as u64, Ordering::Relaxed);
+                    true
+                }
+                Err(_) => false,
+            };
             let chain: Vec<u32> = cache.drain(..give).collect();
-            link_and_push(s, class, &chain);
+            if !given {
+                link_and_push(s, class, &chain);
+            }
         }
     }
 
