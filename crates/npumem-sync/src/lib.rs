@@ -1,6 +1,9 @@
 //! Lock-free building blocks of npumem's fast paths, small enough to model-check with loom
 //! (`RUSTFLAGS="--cfg loom" cargo test -p npumem-sync --release --test loom`).
 //!
+//! [`Batches`] hands fixed-size arrays of indices between threads through two kinds of
+//! `TaggedStack` (free slots, full slots per class).
+//!
 //! [`TaggedStack`] is a Treiber stack of `u32` indices whose links live outside it (in the free
 //! blocks themselves, for an allocator): the head packs the top index and a generation tag into
 //! one 64-bit atomic, and every successful update bumps the tag, so a pop that read a stale
@@ -9,6 +12,10 @@
 //! Invariants: an index is in at most one stack at a time (the caller's duty: it pushes only
 //! indices it owns); `push`, `push_chain` and `pop` are linearizable; `take_all` empties the
 //! stack atomically and hands the whole chain to the caller, who then owns every index on it.
+
+mod batches;
+
+pub use batches::{BATCH, Batches};
 
 #[cfg(loom)]
 use loom::sync::atomic::{AtomicU64, Ordering};

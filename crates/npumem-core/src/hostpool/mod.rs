@@ -5,7 +5,7 @@
 //! every large temporary. The fast path takes no lock: each thread keeps a small cache of free
 //! blocks per class; a miss refills it with one atomic swap from the class's shared lock-free
 //! stack (`npumem_sync::TaggedStack`, model-checked with loom) — or takes a whole batch that
-//! another thread gave back ([`batches`], slots on the same kind of stack) —, and an
+//! another thread gave back (`npumem_sync::Batches`, slots on the same kind of stack) —, and an
 //! overflowing cache gives half back with one compare-and-swap; a free from another thread than the allocating one is
 //! just a free into that thread's cache. Only carving new chunks takes the pool's lock.
 //!
@@ -15,7 +15,6 @@
 //! (the chunk table), so `free` needs no size; the mapping lives as long as the last handle to
 //! the pool (blocks handed to Python hold one).
 
-mod batches;
 mod classes;
 mod region;
 
@@ -23,10 +22,9 @@ use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
-use npumem_sync::{Links, NIL, TaggedStack};
+use npumem_sync::{BATCH, Batches, Links, NIL, TaggedStack};
 use parking_lot::Mutex;
 
-use batches::{BATCH, Batches};
 pub use classes::{MIN_BLOCK, class_of, size_of};
 use region::Region;
 pub use region::{CHUNK, HugePages};

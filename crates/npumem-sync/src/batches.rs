@@ -1,4 +1,5 @@
-//! Batches of free block indices exchanged between threads without locks: a fixed store of
+//! Batches of `u32` indices (free blocks, for an allocator) exchanged between threads without
+//! locks: a fixed store of
 //! slots, each holding up to [`BATCH`] indices contiguously, on two kinds of `TaggedStack`: the
 //! free slots, and per size class the full ones. A thread that gives back half its cache fills
 //! one slot and pushes it with one compare-and-swap; a thread that runs dry pops one and copies
@@ -9,11 +10,14 @@
 //! it; its length and contents are written only by its holder, before the releasing push, and
 //! read only after the acquiring pop.
 
+#[cfg(loom)]
+use loom::sync::atomic::{AtomicU32, Ordering};
+#[cfg(not(loom))]
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use npumem_sync::{Links, NIL, TaggedStack};
+use crate::{Links, NIL, TaggedStack};
 
-/// Indices per slot (half of the largest thread cache).
+/// Indices per slot.
 pub const BATCH: usize = 256;
 
 pub struct Batches {
@@ -87,7 +91,7 @@ impl Batches {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
