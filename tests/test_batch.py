@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 from conftest import run_in_threads
@@ -60,3 +62,53 @@ def test_batch_on_a_stream_and_threads():
 
     errors = run_in_threads(worker, 4)
     assert errors == [] and dev.stats()["live_count"] == 0
+
+
+def test_threads_never_get_overlapping_blocks_checked_against_a_shared_map():
+    """N Python threads malloc and free random sizes on one device; every live block is entered
+    in one shared, ordered map of address ranges, which must never see an overlap."""
+    import bisect
+    import threading
+
+    dev = npumem.Device("2GiB")
+    starts: list[int] = []
+    ends: dict[int, int] = {}
+    lock = threading.Lock()
+
+    def enter(p: int, size: int) -> None:
+        with lock:
+            i = bisect.bisect_left(starts, p)
+            assert i == len(starts) or p + size <= starts[i], f"{p:#x} overlaps the next block"
+            assert i == 0 or ends[starts[i - 1]] <= p, f"{p:#x} overlaps the previous block"
+            starts.insert(i, p)
+            ends[p] = p + size
+
+    def leave(p: int) -> None:
+        with lock:
+            starts.pop(bisect.bisect_left(starts, p))
+            del ends[p]
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        mine = []
+        for _ in range(400):
+            if mine and rng.random() < 0.45:
+                p = mine.pop(rng.randrange(len(mine)))
+                leave(p)
+                dev.free(p)
+            elif rng.random() < 0.2:
+                sizes = np.array([rng.choice([512, 4096, 40_000]) for _ in range(8)], dtype=np.uint64)
+                for p, size in zip(dev.malloc_many(sizes).tolist(), sizes.tolist(), strict=True):
+                    enter(p, size)
+                    mine.append(p)
+            else:
+                size = rng.choice([64, 4096, 70_000, 1 << 20, 3 << 20])
+                p = dev.malloc(size)
+                enter(p, size)
+                mine.append(p)
+        for p in mine:
+            leave(p)
+            dev.free(p)
+
+    assert run_in_threads(worker, 4) == []
+    assert starts == [] and dev.stats()["live_count"] == 0
