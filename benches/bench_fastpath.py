@@ -64,7 +64,7 @@ def main() -> None:
     }
     t = {name: per_op(fn, n) for name, fn in pairs.items()}
     t0 = time.perf_counter()
-    pool._pool.churn(4096, 10 * n)
+    pool.churn(4096, 10 * n)
     t["HostPool pair, Rust only"] = (time.perf_counter() - t0) / (10 * n) * 1e9
     floor, npe = t["no-op PyO3 method pair"], t["np.empty(4096)"]
     print(f"{'4 KiB alloc+free pair':<28} {'ns':>8} {'/ no-op pair':>13} {'np.empty /':>11}")

@@ -75,6 +75,8 @@ def test_bad_input_raises_clear_errors():
         pool.empty(3, dtype=object)
     with pytest.raises(InvalidParamError, match="order"):
         pool.empty(3, order="K")
+    with pytest.raises(InvalidParamError, match="not a NumPy dtype"):
+        pool.zeros(3, dtype="bogus")
     with pytest.raises(InvalidParamError, match="shape"):
         pool.empty((2, -1))
     with pytest.raises(OutOfMemoryError, match="capacity"):

@@ -38,34 +38,21 @@ from . import _native
 HANDLER_NAME: str = _native.HOST_POOL_HANDLER_NAME
 
 
-class HostPool:
-    """A pool of real host memory. ``capacity`` (bytes or a size string) is address space
-    reserved up front, not memory used; ``huge_pages`` is ``"transparent"`` (default),
-    ``"none"`` or ``"1g"`` (hugetlb pages that the administrator reserved)."""
+class HostPool(_native.HostPool):
+    """A pool of real host memory. ``capacity`` (bytes or a size string, default 64 GiB) is
+    address space reserved up front, not memory used; ``huge_pages`` is ``"transparent"``
+    (default), ``"none"`` or ``"1g"`` (hugetlb pages that the administrator reserved).
 
-    def __init__(self, capacity: int | str = "64GiB", *, huge_pages: str = "transparent") -> None:
-        self._pool = _native.HostPool(capacity, huge_pages)
-
-    @property
-    def huge_pages(self) -> str:
-        return self._pool.huge_pages
-
-    def buffer(self, nbytes: int | str, *, zero: bool = False) -> memoryview:
-        """A writable memoryview of ``nbytes``; the block returns to the pool when the last view
-        of it is gone."""
-        return memoryview(self._pool.block(nbytes, zero))
-
-    def empty(self, shape: int | tuple[int, ...], dtype: Any = np.float64, order: str = "C") -> np.ndarray:
-        """Like ``np.empty``: contents are whatever the block last held."""
-        return self._pool.array(shape, dtype, order, False)
-
-    def zeros(self, shape: int | tuple[int, ...], dtype: Any = np.float64, order: str = "C") -> np.ndarray:
-        """Like ``np.zeros`` (cleared with the GIL released for large arrays)."""
-        return self._pool.array(shape, dtype, order, True)
+    Native methods: ``empty(shape, dtype=float64, order="C")`` and ``zeros(...)`` (like NumPy's,
+    on a pool block), ``buffer(nbytes, zero=False)`` (a writable memoryview), ``block`` (the raw
+    block object), ``stats()`` (``capacity`` and ``base`` of the reserved range, ``carved``,
+    ``shared_free_blocks``, ``carves``, ``trimmed``, ``huge_pages``), ``flush_thread_cache()``,
+    ``churn(nbytes, n)`` (n alloc+free pairs in Rust, for benchmarks). Every block returns to the
+    pool when the last array or view of it is collected."""
 
     def full(self, shape: int | tuple[int, ...], fill_value: Any, dtype: Any = None, order: str = "C") -> np.ndarray:
         """Like ``np.full``."""
-        a = self._pool.array(shape, np.asarray(fill_value).dtype if dtype is None else dtype, order, False)
+        a = self.array(shape, np.asarray(fill_value).dtype if dtype is None else dtype, order, False)
         a.fill(fill_value)
         return a
 
@@ -74,7 +61,7 @@ class HostPool:
         """Serves NumPy's own data allocations from the pool inside the ``with`` block (in the
         current thread / context: NumPy keeps the handler in a context variable). Arrays made
         inside stay valid after it and free into the pool when collected."""
-        previous = self._pool.set_numpy_handler()
+        previous = self.set_numpy_handler()
         try:
             yield self
         finally:
@@ -93,17 +80,11 @@ class HostPool:
             base = base.base
         return get_handler_name(base) if base is not None else get_handler_name()
 
-    def stats(self) -> dict[str, Any]:
-        """``capacity`` and ``base`` (the reserved range), ``carved`` (bytes cut into blocks),
-        ``shared_free_blocks``, ``carves`` (slow-path visits), ``trimmed`` (bytes given back by
-        :meth:`trim`), ``huge_pages``."""
-        return self._pool.stats()
-
     def trim(self, min_block: int = 1 << 20) -> int:
         """Gives the pages of free blocks of at least ``min_block`` bytes back to the system
         (after the calling thread's cache is flushed); returns the bytes released."""
-        self._pool.flush_thread_cache()
-        return self._pool.trim(min_block)
+        self.flush_thread_cache()
+        return super().trim(min_block)
 
 
 __all__ = ["HANDLER_NAME", "HostPool"]

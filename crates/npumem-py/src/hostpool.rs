@@ -20,9 +20,7 @@ use pyo3::types::{PyCapsule, PyDict};
 use crate::convert::size_arg;
 use crate::errors::{guard, to_py};
 
-static NP_DTYPE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-
-#[pyclass(name = "HostPool", module = "npumem._native", frozen)]
+#[pyclass(name = "HostPool", module = "npumem._native", frozen, subclass)]
 pub struct PyHostPool {
     pool: HostPool,
     /// The NEP 49 handler capsule, made on first use.
@@ -80,9 +78,9 @@ impl HostBlock {
 #[pymethods]
 impl PyHostPool {
     #[new]
-    #[pyo3(signature = (capacity, huge_pages = "transparent"))]
-    fn new(py: Python<'_>, capacity: &Bound<'_, PyAny>, huge_pages: &str) -> PyResult<Self> {
-        let capacity = size_arg(capacity, "capacity")?;
+    #[pyo3(signature = (capacity = None, *, huge_pages = "transparent"))]
+    fn new(py: Python<'_>, capacity: Option<&Bound<'_, PyAny>>, huge_pages: &str) -> PyResult<Self> {
+        let capacity = capacity.map_or(Ok(64 << 30), |c| size_arg(c, "capacity"))?;
         let pool = guard(py, || HostPool::new(capacity, HugePages::parse(huge_pages)?))?;
         Ok(PyHostPool { pool, handler: PyOnceLock::new() })
     }
@@ -101,6 +99,42 @@ impl PyHostPool {
             if len >= 1 << 20 { py.detach(clear) } else { clear() }
         }
         Ok(HostBlock { pool: self.pool.clone(), ptr: ptr as usize, len: len as usize })
+    }
+
+    /// A writable memoryview of `nbytes` (zero-filled when `zero`); the block returns to the
+    /// pool when the last view of it is gone.
+    #[pyo3(signature = (nbytes, zero = false))]
+    fn buffer<'py>(&self, py: Python<'py>, nbytes: &Bound<'py, PyAny>, zero: bool) -> PyResult<Bound<'py, PyAny>> {
+        let block = Bound::new(py, self.block(py, nbytes, zero)?)?;
+        // SAFETY: a new memoryview over an object that exports the buffer protocol; returns a
+        // new reference or NULL with an exception set.
+        unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyMemoryView_FromObject(block.as_ptr())) }
+    }
+
+    /// Like `np.empty`: contents are whatever the block last held.
+    #[pyo3(signature = (shape, dtype = None, order = "C"))]
+    fn empty<'py>(
+        &self,
+        py: Python<'py>,
+        shape: &Bound<'py, PyAny>,
+        dtype: Option<&Bound<'py, PyAny>>,
+        order: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let f64_dtype = numpy::dtype::<f64>(py);
+        self.array(py, shape, dtype.unwrap_or(f64_dtype.as_any()), order, false)
+    }
+
+    /// Like `np.zeros` (cleared with the GIL released for blocks of 1 MiB and more).
+    #[pyo3(signature = (shape, dtype = None, order = "C"))]
+    fn zeros<'py>(
+        &self,
+        py: Python<'py>,
+        shape: &Bound<'py, PyAny>,
+        dtype: Option<&Bound<'py, PyAny>>,
+        order: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let f64_dtype = numpy::dtype::<f64>(py);
+        self.array(py, shape, dtype.unwrap_or(f64_dtype.as_any()), order, true)
     }
 
     /// A numpy array of `shape` (an int or a sequence) and `dtype` (anything `np.dtype` takes)
@@ -126,13 +160,11 @@ impl PyHostPool {
                 to_py(py, AclError::invalid_param(format!("shape {shape} must be an int or a sequence of ints")))
             })?,
         };
+        // NumPy's own converter (what `np.dtype(obj)` runs), without a Python-level call.
         let dtype = match dtype.cast::<PyArrayDescr>() {
             Ok(d) => d.clone(),
-            Err(_) => NP_DTYPE
-                .get_or_try_init(py, || py.import("numpy")?.getattr("dtype").map(Bound::unbind))?
-                .bind(py)
-                .call1((dtype,))?
-                .cast_into::<PyArrayDescr>()?,
+            Err(_) => PyArrayDescr::new(py, dtype)
+                .map_err(|e| to_py(py, AclError::invalid_param(format!("dtype {dtype} is not a NumPy dtype ({e})"))))?,
         };
         if dtype.has_object() {
             return Err(to_py(
