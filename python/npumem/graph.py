@@ -339,19 +339,8 @@ class GraphPlan:
             label = f"workspace:{graph._ops[rep[b]].name}" if roles[b] == "workspace" else names[rep[b]]
             ids.append(label if count[b] == 1 else f"{label}#{k}")
         problem = Problem.of(ids, r["arena_lower"], r["arena_upper"], r["arena_size"], alignment=graph.alignment)
-        arena = Plan(
-            problem=problem,
-            offsets=r["offsets"],
-            peak=r["peak"],
-            lower_bound=r["lower_bound"],
-            strategy=r["strategy"],
-            order=r["order"],
-            solve_seconds=r["solve_seconds"],
-            capacity=None if mem_limit is None else max(mem_limit - r["weights"] - r["inputs"] - r["outputs"], 0),
-            bound=r["bound"],
-            optimal=r["optimal"],
-            exact=r["exact"],
-        )
+        capacity = None if mem_limit is None else max(mem_limit - r["weights"] - r["inputs"] - r["outputs"], 0)
+        arena = Plan._from_native(problem, r, capacity)
         pieces: dict[int, list[tuple[int, int, int]]] = {}
         for b, lo, hi, off in zip(
             owner, r["arena_lower"].tolist(), r["arena_upper"].tolist(), r["offsets"].tolist(), strict=True

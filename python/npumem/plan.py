@@ -208,19 +208,7 @@ class Problem:
         r = _native.plan_offsets(
             self.lower, self.upper, self.size, strategy, self.alignment, capacity, float(time_limit)
         )
-        return Plan(
-            problem=self,
-            offsets=r["offsets"],
-            peak=r["peak"],
-            lower_bound=r["lower_bound"],
-            strategy=r["strategy"],
-            order=r["order"],
-            solve_seconds=r["solve_seconds"],
-            capacity=capacity,
-            bound=r["bound"],
-            optimal=r["optimal"],
-            exact=r["exact"],
-        )
+        return Plan._from_native(self, r, capacity)
 
 
 @dataclass(frozen=True)
@@ -243,6 +231,23 @@ class Plan:
     #: How the exact search ended: "not run", "optimal", "reached capacity", "infeasible",
     #: "timed out" or "too large" (over 10,000 buffers or 4 million overlapping pairs).
     exact: str = "not run"
+
+    @classmethod
+    def _from_native(cls, problem: Problem, r: dict[str, Any], capacity: int | None) -> Plan:
+        """From the dict the native planner returns."""
+        return cls(
+            problem=problem,
+            offsets=r["offsets"],
+            peak=r["peak"],
+            lower_bound=r["lower_bound"],
+            strategy=r["strategy"],
+            order=r["order"],
+            solve_seconds=r["solve_seconds"],
+            capacity=capacity,
+            bound=r["bound"],
+            optimal=r["optimal"],
+            exact=r["exact"],
+        )
 
     @property
     def gap(self) -> float:
