@@ -38,8 +38,9 @@ pub struct HostBlock {
 impl Drop for HostBlock {
     fn drop(&mut self) {
         // SAFETY: `ptr` came from `pool.alloc` and this block is its only owner; every view of
-        // it holds a reference to this object, so none outlives it.
-        unsafe { self.pool.free(self.ptr as *mut u8) };
+        // it holds a reference to this object, so none outlives it. (`try_free`: a drop must
+        // not panic.)
+        unsafe { self.pool.try_free(self.ptr as *mut u8) };
     }
 }
 
@@ -301,49 +302,59 @@ fn pool_of<'a>(ctx: *mut c_void) -> &'a HostPool {
     unsafe { &*(ctx as *const HostPool) }
 }
 
+/// Runs a hook body; a panic (which must not unwind into C) becomes `fallback`.
+fn no_unwind<T>(fallback: T, f: impl FnOnce() -> T) -> T {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(fallback)
+}
+
 unsafe extern "C" fn h_malloc(ctx: *mut c_void, size: usize) -> *mut c_void {
-    pool_of(ctx).alloc(size.max(1) as u64).map_or(std::ptr::null_mut(), |p| p.cast())
+    no_unwind(std::ptr::null_mut(), || {
+        pool_of(ctx).alloc(size.max(1) as u64).map_or(std::ptr::null_mut(), |p| p.cast())
+    })
 }
 
 unsafe extern "C" fn h_calloc(ctx: *mut c_void, nelem: usize, elsize: usize) -> *mut c_void {
-    let Some(size) = nelem.checked_mul(elsize) else { return std::ptr::null_mut() };
-    match pool_of(ctx).alloc(size.max(1) as u64) {
-        Ok(p) => {
-            // SAFETY: a fresh block of at least `size` bytes.
-            unsafe { std::ptr::write_bytes(p, 0, size) };
-            p.cast()
+    no_unwind(std::ptr::null_mut(), || {
+        let Some(size) = nelem.checked_mul(elsize) else { return std::ptr::null_mut() };
+        match pool_of(ctx).alloc(size.max(1) as u64) {
+            Ok(p) => {
+                // SAFETY: a fresh block of at least `size` bytes.
+                unsafe { std::ptr::write_bytes(p, 0, size) };
+                p.cast()
+            }
+            Err(_) => std::ptr::null_mut(),
         }
-        Err(_) => std::ptr::null_mut(),
-    }
+    })
 }
 
 unsafe extern "C" fn h_realloc(ctx: *mut c_void, ptr: *mut c_void, new_size: usize) -> *mut c_void {
-    let pool = pool_of(ctx);
-    if ptr.is_null() {
-        // SAFETY: same contract as malloc.
-        return unsafe { h_malloc(ctx, new_size) };
-    }
-    let Some(old) = pool.block_size(ptr.cast()) else { return std::ptr::null_mut() };
-    if new_size as u64 <= old && new_size as u64 * 2 > old {
-        return ptr; // fits and not wastefully large
-    }
-    match pool.alloc(new_size.max(1) as u64) {
-        Ok(p) => {
-            // SAFETY: both blocks are ours; copy what both hold, then free the old one.
-            unsafe {
-                std::ptr::copy_nonoverlapping(ptr.cast::<u8>(), p, (old as usize).min(new_size));
-                pool.free(ptr.cast());
-            }
-            p.cast()
+    no_unwind(std::ptr::null_mut(), || {
+        let pool = pool_of(ctx);
+        if ptr.is_null() {
+            return pool.alloc(new_size.max(1) as u64).map_or(std::ptr::null_mut(), |p| p.cast());
         }
-        Err(_) => std::ptr::null_mut(),
-    }
+        let Some(old) = pool.block_size(ptr.cast()) else { return std::ptr::null_mut() };
+        if new_size as u64 <= old && new_size as u64 * 2 > old {
+            return ptr; // fits and not wastefully large
+        }
+        match pool.alloc(new_size.max(1) as u64) {
+            Ok(p) => {
+                // SAFETY: both blocks are ours; copy what both hold, then free the old one.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(ptr.cast::<u8>(), p, (old as usize).min(new_size));
+                    pool.try_free(ptr.cast());
+                }
+                p.cast()
+            }
+            Err(_) => std::ptr::null_mut(),
+        }
+    })
 }
 
 unsafe extern "C" fn h_free(ctx: *mut c_void, ptr: *mut c_void, _size: usize) {
     if !ptr.is_null() {
-        // SAFETY: NumPy frees what this handler allocated, once.
-        unsafe { pool_of(ctx).free(ptr.cast()) };
+        // SAFETY: NumPy frees what this handler allocated, once; a foreign pointer is ignored.
+        no_unwind(false, || unsafe { pool_of(ctx).try_free(ptr.cast()) });
     }
 }
 

@@ -150,7 +150,18 @@ impl HostPool {
     /// # Safety
     /// `ptr` came from `alloc` of this pool (or a clone) and is not used afterwards.
     pub unsafe fn free(&self, ptr: *mut u8) {
-        let (index, class) = self.locate(ptr).expect("free of a pointer this pool never handed out");
+        // SAFETY: forwarded contract.
+        let ours = unsafe { self.try_free(ptr) };
+        assert!(ours, "free of a pointer this pool never handed out");
+    }
+
+    /// Like `free`, but returns false (and does nothing) for a pointer outside the pool's carved
+    /// memory, for callers that must never panic (NumPy's allocator hooks).
+    ///
+    /// # Safety
+    /// As `free` for pointers of this pool.
+    pub unsafe fn try_free(&self, ptr: *mut u8) -> bool {
+        let Some((index, class)) = self.locate(ptr) else { return false };
         // Fallible only when the thread's storage is being torn down: give it to the shared stack.
         if with_cache(&self.shared, |cache| {
             cache.push(&self.shared, class, index);
@@ -160,6 +171,7 @@ impl HostPool {
         {
             self.shared.push_shared(class, index, index, 1);
         }
+        true
     }
 
     /// The block's index and class, if `ptr` lies in the carved part of this pool.
