@@ -179,6 +179,9 @@ impl Device {
     /// completion (a stream that is still busy holds back only its own frees). Without
     /// opportunistic reuse a completed free also waits until the host has synchronised with it.
     pub(super) fn reap(&mut self) {
+        if self.pending_frees.is_empty() {
+            return;
+        }
         let now = self.sched.now_ns();
         let opportunistic = self.reuse.allow_opportunistic;
         let host = self.sched.host_clock();

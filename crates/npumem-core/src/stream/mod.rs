@@ -342,6 +342,10 @@ impl Scheduler {
 
     /// The effects whose operations have completed by the host clock, in completion order.
     pub fn take_due(&mut self) -> Vec<Effect> {
+        // The common case on the malloc/free path: nothing queued, or nothing due yet.
+        if self.pending.first_key_value().is_none_or(|(&(t, _), _)| t > self.now_ns) {
+            return Vec::new();
+        }
         let rest = self.pending.split_off(&(self.now_ns + 1, 0));
         let due = std::mem::replace(&mut self.pending, rest);
         due.into_values().collect()
