@@ -290,7 +290,8 @@ impl<'a> Search<'a> {
             return Status::Found;
         }
         ordering.sort_unstable();
-        let min_top = ordering.iter().map(|&(o, k)| o + self.m.size[pre[k as usize] as usize]).min().unwrap_or(0);
+        let min_top =
+            ordering.iter().map(|&(o, k)| o.saturating_add(self.m.size[pre[k as usize] as usize])).min().unwrap_or(0);
         for &(off, k) in &ordering {
             if off >= min_top {
                 break; // dominance: sorted by offset, so every later candidate too
@@ -365,7 +366,7 @@ impl<'a> Search<'a> {
     /// Whether every section of the partition can still hold its unplaced buffers.
     fn check(&self, range: (u32, u32), off: u64) -> bool {
         let (a, b) = (range.0 as usize, range.1 as usize);
-        self.floor[a..b].iter().zip(&self.total[a..b]).all(|(&f, &t)| f.max(off) + t <= self.cap)
+        self.floor[a..b].iter().zip(&self.total[a..b]).all(|(&f, &t)| f.max(off).saturating_add(t) <= self.cap)
     }
 
     /// Places `b` at `off`: raises the minimum offsets of the unplaced buffers it overlaps and
@@ -373,7 +374,7 @@ impl<'a> Search<'a> {
     fn place(&mut self, b: usize, off: u64) -> Undo {
         let m = self.m;
         self.offset[b] = off;
-        let top = off + m.size[b];
+        let top = off.saturating_add(m.size[b]);
         let mut undo = Undo::default();
         self.epoch += 1;
         let mut affected = Vec::new();
