@@ -54,12 +54,10 @@ pub fn plan_offsets<'py>(
     }
     let problem = problem(&lower, &upper, &size, alignment).map_err(|e| to_py(py, e))?;
     let options = PlanOptions { capacity, time_limit };
-    let (plan, bound) = py
-        .detach(|| catch_panics(|| Ok((problem.plan_with(strategy, options), problem.lower_bound()))))
-        .map_err(|e| to_py(py, e))?;
+    let plan = py.detach(|| catch_panics(|| Ok(problem.plan_with(strategy, options)))).map_err(|e| to_py(py, e))?;
     let d = PyDict::new(py);
     d.set_item("peak", plan.peak)?;
-    d.set_item("lower_bound", bound)?;
+    d.set_item("lower_bound", plan.lower_bound)?;
     d.set_item("bound", plan.bound)?;
     d.set_item("optimal", plan.optimal)?;
     d.set_item("exact", plan.exact.name())?;
@@ -212,7 +210,7 @@ pub fn plan_graph<'py>(
     d.set_item("arena_owner", PyArray1::from_vec(py, gp.reduced.owner.iter().map(|&o| o as u64).collect()))?;
     d.set_item("offsets", PyArray1::from_vec(py, gp.plan.offsets.clone()))?;
     d.set_item("peak", gp.plan.peak)?;
-    d.set_item("lower_bound", gp.arena_bound)?;
+    d.set_item("lower_bound", gp.plan.lower_bound)?;
     d.set_item("bound", gp.plan.bound)?;
     d.set_item("optimal", gp.plan.optimal)?;
     d.set_item("exact", gp.plan.exact.name())?;

@@ -28,10 +28,8 @@ pub struct GraphPlan {
     pub liveness: Liveness,
     /// The arena's buffers (after moves), their owners and the moves.
     pub reduced: Reduced,
-    /// Offsets of `reduced.arena`.
+    /// Offsets of `reduced.arena` (`plan.lower_bound` is the arena's max-live bound).
     pub plan: Plan,
-    /// The arena's max-live bound.
-    pub arena_bound: u64,
     /// Resident bytes by role after the moves (aligned): weights, inputs, outputs.
     pub weights: u64,
     pub inputs: u64,
@@ -58,23 +56,14 @@ impl Graph {
             let total = reduced.resident.saturating_add(plan.peak);
             round += 1;
             if total <= limit || round == ROUNDS || target == 0 {
-                let arena_bound = problem.lower_bound();
-                return Ok(self.finish(live, reduced, plan, arena_bound, align, total <= limit));
+                return Ok(self.finish(live, reduced, plan, align, total <= limit));
             }
             // Fragmentation: ask the moves for what the placement lost over the bound.
             target = target.saturating_sub(total - limit);
         }
     }
 
-    fn finish(
-        &self,
-        live: Liveness,
-        reduced: Reduced,
-        plan: Plan,
-        arena_bound: u64,
-        align: u64,
-        fits: bool,
-    ) -> GraphPlan {
+    fn finish(&self, live: Liveness, reduced: Reduced, plan: Plan, align: u64, fits: bool) -> GraphPlan {
         let (mut weights, mut inputs, mut outputs) = (0, 0, 0);
         for (b, gb) in live.buffers.iter().enumerate() {
             if gb.planned() || reduced.moves.iter().any(|m| m.buffer == b) {
@@ -88,7 +77,7 @@ impl Graph {
                 _ => {}
             }
         }
-        GraphPlan { liveness: live, reduced, plan, arena_bound, weights, inputs, outputs, fits }
+        GraphPlan { liveness: live, reduced, plan, weights, inputs, outputs, fits }
     }
 }
 
@@ -122,7 +111,7 @@ mod tests {
             GraphOptions { alignment: 512, strategy: Strategy::Npumem, time_limit: 0.0, mem_limit: None, allow: none };
         let free = g.plan(opts).unwrap();
         assert!(free.fits && free.reduced.moves.is_empty());
-        assert_eq!(free.plan.peak, free.arena_bound);
+        assert_eq!(free.plan.peak, free.plan.lower_bound);
         assert_eq!((free.weights, free.inputs, free.outputs), (6 * 512, 4096, 4096));
         let total = free.weights + free.inputs + free.outputs + free.plan.peak;
         let all = MoveOptions { weights: true, activations: true, recompute: true, per_transfer: 0 };

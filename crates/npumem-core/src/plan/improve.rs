@@ -24,8 +24,14 @@ impl SplitMix {
 
 impl Problem {
     /// Improves the placement `offsets` obtained from order `seq` within `iterations` re-placements.
-    pub(super) fn improve(&self, mut seq: Vec<usize>, mut offsets: Vec<u64>, iterations: usize) -> Vec<u64> {
-        let bound = self.lower_bound();
+    /// `bound` is the problem's lower bound (the search stops there).
+    pub(super) fn improve(
+        &self,
+        mut seq: Vec<usize>,
+        mut offsets: Vec<u64>,
+        iterations: usize,
+        bound: u64,
+    ) -> Vec<u64> {
         let mut peak = self.peak_of(&offsets);
         let mut rng = SplitMix(0x6E70_756D_656D);
         let bs = self.buffers();

@@ -123,7 +123,9 @@ pub struct Plan {
     /// it), or "none" for naive.
     pub order: &'static str,
     pub solve_seconds: f64,
-    /// The best proven lower bound on any placement's peak: the max-live bound, raised by the
+    /// The max-live lower bound of the problem.
+    pub lower_bound: u64,
+    /// The best proven lower bound on any placement's peak: `lower_bound`, raised by the
     /// exact search when it proves a capacity infeasible.
     pub bound: u64,
     /// Whether `peak` is proven optimal (`peak == bound`).
@@ -184,9 +186,20 @@ impl Problem {
     /// `options.time_limit` when the greedy plan is above the bound (or above the capacity).
     pub fn plan_with(&self, strategy: Strategy, options: PlanOptions) -> Plan {
         let started = Instant::now();
-        let mut plan = self.greedy(strategy);
-        plan.bound = self.lower_bound();
-        plan.optimal = plan.peak == plan.bound;
+        let lower_bound = self.lower_bound();
+        let (offsets, order) = self.greedy(strategy, lower_bound);
+        let peak = self.peak_of(&offsets);
+        let mut plan = Plan {
+            offsets,
+            peak,
+            strategy,
+            order,
+            solve_seconds: 0.0,
+            lower_bound,
+            bound: lower_bound,
+            optimal: peak == lower_bound,
+            exact: ExactOutcome::NotRun,
+        };
         let fits = options.capacity.is_some_and(|c| plan.peak <= c);
         if options.capacity.is_some_and(|c| c < plan.bound) {
             plan.exact = ExactOutcome::Infeasible; // the bound is the proof
@@ -248,10 +261,10 @@ impl Problem {
         plan.exact = if plan.optimal { ExactOutcome::Optimal } else { ExactOutcome::TimedOut };
     }
 
-    /// The greedy (and improved) placement of `strategy`.
-    fn greedy(&self, strategy: Strategy) -> Plan {
-        let started = Instant::now();
-        let (offsets, order) = match strategy {
+    /// The greedy (and improved) placement of `strategy` and the order it started from;
+    /// `bound` (the max-live bound) lets the improvement phase stop early.
+    fn greedy(&self, strategy: Strategy, bound: u64) -> (Vec<u64>, &'static str) {
+        match strategy {
             Strategy::Naive => (self.naive(), "none"),
             Strategy::TfliteGreedyBySize => self.place(Order::Size, Placement::BestFit),
             Strategy::TvmGreedyBySize => self.place(Order::SizeThenConflicts, Placement::Top),
@@ -283,31 +296,16 @@ impl Problem {
                 let (seq, offsets, name) =
                     tried.into_iter().min_by_key(|(_, offsets, _)| self.peak_of(offsets)).unwrap_or_default();
                 let iterations = improve_iterations(seq.len());
-                let improved = self.improve(seq, offsets, iterations);
+                let improved = self.improve(seq, offsets, iterations, bound);
                 // Shared objects occasionally win on small problems; under LARGE it is cheap.
                 if self.buffers().len() < LARGE {
                     let shared = self.greedy_by_breadth();
                     if self.peak_of(&shared) < self.peak_of(&improved) {
-                        return self.finish_plan(strategy, shared, "breadth", started);
+                        return (shared, "breadth");
                     }
                 }
                 (improved, name)
             }
-        };
-        self.finish_plan(strategy, offsets, order, started)
-    }
-
-    fn finish_plan(&self, strategy: Strategy, offsets: Vec<u64>, order: &'static str, started: Instant) -> Plan {
-        let peak = self.peak_of(&offsets);
-        Plan {
-            offsets,
-            peak,
-            strategy,
-            order,
-            solve_seconds: started.elapsed().as_secs_f64(),
-            bound: 0,
-            optimal: false,
-            exact: ExactOutcome::NotRun,
         }
     }
 
