@@ -241,7 +241,7 @@ class Graph:
         per_transfer = int(cost["pcie_latency_ns"] * 1e-9 * cost["pcie_pinned_bandwidth"])
         try:
             r = self._plan_native(
-                strategy, time_limit, mem_limit, offload_weights, offload_activations, recompute, per_transfer
+                names, strategy, time_limit, mem_limit, offload_weights, offload_activations, recompute, per_transfer
             )
         except AclError as e:
             # Name tensors and ops, not indices.
@@ -255,6 +255,7 @@ class Graph:
 
     def _plan_native(
         self,
+        names: list[str],
         strategy: str,
         time_limit: float,
         mem_limit: int | None,
@@ -263,7 +264,6 @@ class Graph:
         recompute: bool,
         per_transfer: int,
     ) -> dict[str, Any]:
-        names = list(self._tensors)
         index = {n: i for i, n in enumerate(names)}
         tensors = list(self._tensors.values())
 
