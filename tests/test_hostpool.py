@@ -91,11 +91,11 @@ def test_bad_input_raises_clear_errors():
 
 def test_giant_pages_fail_clearly_without_reserved_hugepages():
     try:
-        HostPool("1GiB", huge_pages="1g")
+        pool = HostPool("1GiB", huge_pages="1g")
     except OutOfMemoryError as e:
         assert "nr_hugepages" in str(e)
-    else:  # the machine has 1 GiB pages reserved
-        pass
+    else:  # the machine has 1 GiB pages reserved: they serve arrays
+        assert pool.huge_pages == "1g" and pool.zeros(1 << 20).sum() == 0
 
 
 def test_many_threads_never_overlap_checked_through_a_shared_bitmap():
