@@ -41,7 +41,8 @@ HANDLER_NAME: str = _native.HOST_POOL_HANDLER_NAME
 class HostPool(_native.HostPool):
     """A pool of real host memory. ``capacity`` (bytes or a size string, default 64 GiB) is
     address space reserved up front, not memory used; ``huge_pages`` is ``"transparent"``
-    (default), ``"none"`` or ``"1g"`` (hugetlb pages that the administrator reserved).
+    (default), ``"none"`` or ``"1g"`` (hugetlb pages that the administrator reserved; the whole
+    capacity is claimed when the pool is made, so a shortage raises OutOfMemoryError then).
 
     Native methods: ``empty(shape, dtype=float64, order="C")`` and ``zeros(...)`` (like NumPy's,
     on a pool block), ``buffer(nbytes, zero=False)`` (a writable memoryview), ``block`` (the raw

@@ -1,6 +1,6 @@
 //! The host pool's memory: one anonymous mapping reserved up front (`MAP_NORESERVE`: pages are
-//! committed when first touched), advised for transparent huge pages or backed by 1 GiB hugetlb
-//! pages, carved from the bottom in 64 KiB chunks.
+//! committed when first touched), advised for transparent huge pages — or backed by 1 GiB hugetlb
+//! pages, all reserved when the pool is made (capacity / 1 GiB of them must be free), carved from the bottom in 64 KiB chunks.
 //!
 //! Invariants: `[base, base + len)` stays mapped until the region is dropped; chunks are handed
 //! out once, in increasing address order (`carve` is called under the pool's carve lock); the
@@ -21,8 +21,10 @@ pub enum HugePages {
     None,
     /// Transparent huge pages where the kernel allows (`MADV_HUGEPAGE`).
     Transparent,
-    /// 1 GiB hugetlb pages (`MAP_HUGETLB | MAP_HUGE_1GB`): needs pages reserved by the
-    /// administrator (`/sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages`).
+    /// 1 GiB hugetlb pages (`MAP_HUGETLB | MAP_HUGE_1GB`): needs capacity / 1 GiB free pages
+    /// reserved by the administrator (`/sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages`);
+    /// they are all claimed when the pool is made, so a shortage is an error then, not a crash
+    /// later.
     Giant,
 }
 
@@ -75,10 +77,14 @@ impl Region {
                 "capacity {capacity} must be between 1 byte and 256 GiB (block indices are 32-bit in 64-byte units)"
             ))
         })?;
-        let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
-        if huge == HugePages::Giant {
-            flags |= libc::MAP_HUGETLB | (30 << libc::MAP_HUGE_SHIFT);
-        }
+        // Hugetlb pages are reserved at mmap time (no MAP_NORESERVE): with NORESERVE the call
+        // would succeed without pages and the first touch would raise SIGBUS.
+        let flags = match huge {
+            HugePages::Giant => {
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB | (30 << libc::MAP_HUGE_SHIFT)
+            }
+            _ => libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+        };
         // SAFETY: an anonymous private mapping at an address of the kernel's choice.
         let base =
             unsafe { libc::mmap(std::ptr::null_mut(), len as usize, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
