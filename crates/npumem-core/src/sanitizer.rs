@@ -215,7 +215,9 @@ impl Sanitizer {
 
     /// Forgets the accesses of a freed allocation.
     pub fn forget(&mut self, base: u64) {
-        self.access.remove(&base);
+        if !self.access.is_empty() {
+            self.access.remove(&base);
+        }
     }
 }
 

@@ -466,7 +466,7 @@ impl PyDevice {
 
     /// Every live allocation, in address order.
     fn allocations<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let all: Vec<_> = self.inner.lock().allocations().copied().collect();
+        let all = self.inner.lock().allocations();
         let items = all.iter().map(|a| allocation_dict(py, a)).collect::<PyResult<Vec<_>>>()?;
         PyList::new(py, items)
     }

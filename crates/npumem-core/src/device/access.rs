@@ -38,7 +38,7 @@ impl Device {
             return Err((AclError::invalid_param(format!("{role} is NULL")), None));
         }
         if is_device_address(addr) {
-            let a = self.live.range(..=addr).next_back().map(|(_, a)| a).filter(|a| addr < a.ptr + a.size);
+            let a = self.live.containing(addr, |a| a.size);
             let Some(a) = a else {
                 let (why, kind) = if self.containing(addr).is_some() {
                     ("lies in the padding past the requested size of an allocation", FindingKind::OutOfBounds)

@@ -24,19 +24,25 @@ impl Device {
     /// Allocates one block per size on `stream`; on any failure, frees the blocks this call made
     /// and returns the error (naming the failing index).
     pub fn malloc_many(&mut self, sizes: &[u64], policy: Policy, stream: StreamId) -> Result<Vec<u64>> {
+        self.sched.tail_ns(stream)?;
+        self.settle();
         let mut ptrs = Vec::with_capacity(sizes.len());
+        let mut failed = None;
         for (i, &size) in sizes.iter().enumerate() {
-            match self.malloc_on(size, policy, true, stream) {
+            match self.malloc_settled(size, policy, true, stream) {
                 Ok(p) => ptrs.push(p),
                 Err(e) => {
-                    for p in ptrs {
-                        self.free(p)?;
-                    }
-                    return Err(AclError::new(e.code, format!("malloc_many: size #{i} ({size}): {}", e.message)));
+                    failed = Some(AclError::new(e.code, format!("malloc_many: size #{i} ({size}): {}", e.message)));
+                    break;
                 }
             }
         }
-        Ok(ptrs)
+        let undone = match failed {
+            Some(e) => ptrs.drain(..).try_for_each(|p| self.free_uncharged(p, None)).and(Err(e)),
+            None => Ok(()),
+        };
+        self.charge_driver();
+        undone.map(|()| ptrs)
     }
 
     /// Frees every pointer, after checking that all are live and distinct (nothing is freed when
@@ -44,8 +50,8 @@ impl Device {
     pub fn free_many(&mut self, ptrs: &[u64]) -> Result<()> {
         let mut seen = rustc_hash::FxHashSet::with_capacity_and_hasher(ptrs.len(), Default::default());
         for (i, &p) in ptrs.iter().enumerate() {
-            if !self.live.contains_key(&p) || !seen.insert(p) {
-                let why = if seen.contains(&p) && self.live.contains_key(&p) {
+            if !self.live.contains(p) || !seen.insert(p) {
+                let why = if seen.contains(&p) && self.live.contains(p) {
                     "appears twice in the batch".to_string()
                 } else {
                     self.bad_pointer(p).message
@@ -53,7 +59,9 @@ impl Device {
                 return Err(AclError::bad_free(format!("free_many: pointer #{i} ({p:#x}): {why}; nothing was freed")));
             }
         }
-        ptrs.iter().try_for_each(|&p| self.free(p))
+        let result = ptrs.iter().try_for_each(|&p| self.free_uncharged(p, None));
+        self.charge_driver();
+        result
     }
 
     /// Replays a trace of `(is_alloc, id, size)` events (a free names the id of an earlier

@@ -16,9 +16,11 @@
 
 mod access;
 mod batch;
+mod live;
 mod ordered;
 
 pub use batch::ReplayOutcome;
+use live::LiveTable;
 
 use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, VecDeque};
@@ -197,7 +199,7 @@ const FREED_MEMORY: usize = 4096;
 pub struct Device {
     backend: Box<dyn Backend>,
     allocator: Box<dyn Allocator>,
-    live: BTreeMap<u64, Allocation>,
+    live: LiveTable,
     recently_freed: VecDeque<u64>,
     host: HostHeap,
     stats: DeviceStats,
@@ -235,7 +237,7 @@ impl Device {
         Device {
             backend,
             allocator,
-            live: BTreeMap::new(),
+            live: LiveTable::default(),
             recently_freed: VecDeque::new(),
             host: HostHeap::default(),
             stats: DeviceStats::default(),
@@ -262,7 +264,11 @@ impl Device {
     }
 
     /// Moves the allocator's segment events into the history, then records `action`.
+    #[inline]
     fn trace(&mut self, action: Action, addr: u64, size: u64) {
+        if self.history.is_none() {
+            return;
+        }
         self.flush_events();
         if let Some(history) = self.history.as_mut() {
             let time_us = self.started.elapsed().as_micros() as u64;
@@ -311,6 +317,14 @@ impl Device {
     pub fn malloc_on(&mut self, size: u64, policy: Policy, padded: bool, stream: StreamId) -> Result<u64> {
         self.sched.tail_ns(stream)?;
         self.settle();
+        let result = self.malloc_settled(size, policy, padded, stream);
+        self.charge_driver();
+        result
+    }
+
+    /// `malloc_on` after the stream is checked and completed work is settled (a batch does
+    /// both once); the caller charges the driver calls.
+    fn malloc_settled(&mut self, size: u64, policy: Policy, padded: bool, stream: StreamId) -> Result<u64> {
         if let Some(ptr) = self.reuse_on_stream(size, policy, padded, stream)? {
             return Ok(ptr);
         }
@@ -326,9 +340,7 @@ impl Device {
             self.synchronize_device();
             granted = self.allocate(size, policy, padded);
         }
-        let result = self.finish_malloc(granted, size, policy, stream);
-        self.charge_driver();
-        result
+        self.finish_malloc(granted, size, policy, stream)
     }
 
     /// Charges the host clock for the driver calls made since the last charge: physical
@@ -384,7 +396,7 @@ impl Device {
     }
 
     fn record_live(&mut self, allocation: Allocation) {
-        self.live.insert(allocation.ptr, allocation);
+        self.live.insert(allocation);
         self.trace(Action::Alloc, allocation.ptr, allocation.granted);
         let s = &mut self.stats;
         s.mallocs += 1;
@@ -441,13 +453,13 @@ impl Device {
     }
 
     fn containing(&self, addr: u64) -> Option<&Allocation> {
-        self.live.range(..=addr).next_back().map(|(_, a)| a).filter(|a| addr < a.ptr + a.granted)
+        self.live.containing(addr, |a| a.granted)
     }
 
     /// Tags the live allocation at `ptr` with where it came from (a call site, a tensor name);
     /// sanitizer findings and leak reports carry it.
     pub fn set_tag(&mut self, ptr: u64, tag: &str) -> Result<()> {
-        if !self.live.contains_key(&ptr) {
+        if !self.live.contains(ptr) {
             return Err(AclError::rt_param(format!(
                 "{ptr:#x} is not a live allocation; tag the pointer malloc returned"
             )));
@@ -463,12 +475,12 @@ impl Device {
 
     /// The live allocation that starts at `ptr`.
     pub fn allocation(&self, ptr: u64) -> Option<Allocation> {
-        self.live.get(&ptr).copied()
+        self.live.get(ptr).copied()
     }
 
     /// All live allocations in address order.
-    pub fn allocations(&self) -> impl Iterator<Item = &Allocation> {
-        self.live.values()
+    pub fn allocations(&self) -> Vec<Allocation> {
+        self.live.sorted()
     }
 
     /// `aclrtMallocHost`: real host memory, 64-byte aligned.

@@ -22,6 +22,9 @@ impl Device {
         padded: bool,
         stream: StreamId,
     ) -> Result<Option<u64>> {
+        if self.pending_frees.is_empty() {
+            return Ok(None);
+        }
         let booked = booked_size(size, policy, padded)?;
         let fits = |p: &PendingFree| {
             let a = &p.allocation;
@@ -87,10 +90,17 @@ impl Device {
     /// once that stream reaches this point, e.g. after it waited on an event recorded behind
     /// the last use), else after the block's own stream and recorded streams.
     pub fn free_on(&mut self, ptr: u64, stream: Option<StreamId>) -> Result<()> {
+        let result = self.free_uncharged(ptr, stream);
+        self.charge_driver();
+        result
+    }
+
+    /// `free_on` without charging the driver calls to the host clock (a batch charges once).
+    pub(super) fn free_uncharged(&mut self, ptr: u64, stream: Option<StreamId>) -> Result<()> {
         if ptr == 0 {
             return Err(AclError::invalid_param("free(NULL): pass a pointer returned by malloc"));
         }
-        let Some(allocation) = self.live.get(&ptr).copied() else {
+        let Some(allocation) = self.live.remove(ptr) else {
             let error = self.bad_pointer(ptr);
             if self.recently_freed.contains(&ptr) {
                 let finding = Finding {
@@ -110,8 +120,12 @@ impl Device {
         let own_stream_only = uses.is_empty() && stream.is_none_or(|s| s == allocation.stream);
         // The free's point: after the given stream's work so far, or after the block's own
         // stream's and every recorded stream's.
-        let ready = match stream {
-            Some(s) => self.sched.tail_ns(s)?,
+        let ready = match stream.map(|s| self.sched.tail_ns(s)) {
+            Some(Ok(tail)) => tail,
+            Some(Err(e)) => {
+                self.live.insert(allocation);
+                return Err(e);
+            }
             None => uses
                 .iter()
                 .filter_map(|&s| self.sched.tail_ns(s).ok())
@@ -129,11 +143,17 @@ impl Device {
             }
         });
         if ready <= self.sched.now_ns() {
-            self.allocator.free(self.backend.as_mut(), ptr)?;
+            if let Err(e) = self.allocator.free(self.backend.as_mut(), ptr) {
+                self.live.insert(allocation);
+                return Err(e);
+            }
         }
-        self.live.remove(&ptr);
-        self.stream_uses.remove(&ptr);
-        self.tags.remove(&ptr);
+        if !self.stream_uses.is_empty() {
+            self.stream_uses.remove(&ptr);
+        }
+        if !self.tags.is_empty() {
+            self.tags.remove(&ptr);
+        }
         self.sanitizer.forget(ptr);
         self.trace(Action::FreeRequested, ptr, allocation.granted);
         if ready <= self.sched.now_ns() {
@@ -157,7 +177,6 @@ impl Device {
         s.live_count -= 1;
         s.live_requested -= allocation.size;
         s.live_granted -= allocation.granted;
-        self.charge_driver();
         Ok(())
     }
 
@@ -165,7 +184,7 @@ impl Device {
     /// stream's work too.
     pub fn record_stream(&mut self, ptr: u64, stream: StreamId) -> Result<()> {
         self.sched.tail_ns(stream)?;
-        let Some(allocation) = self.live.get(&ptr) else {
+        let Some(allocation) = self.live.get(ptr) else {
             return Err(AclError::rt_param(format!("{ptr:#x} is not a live allocation; record_stream needs one")));
         };
         let uses = self.stream_uses.entry(ptr).or_default();
@@ -303,8 +322,11 @@ impl Device {
     /// whose memory was freed meanwhile is dropped and counted in `lost_effects`.
     pub(super) fn settle(&mut self) {
         self.reap_effects();
-        self.reap();
-        self.charge_driver();
+        // Only reaping frees memory here; every other call charges its own driver calls.
+        if !self.pending_frees.is_empty() {
+            self.reap();
+            self.charge_driver();
+        }
     }
 
     pub(super) fn reap_effects(&mut self) {
@@ -377,7 +399,7 @@ impl Device {
     /// and events not destroyed.
     pub fn leak_report(&self) -> (Vec<Allocation>, usize, Vec<StreamId>, Vec<EventId>) {
         let streams = self.sched.stream_ids().into_iter().filter(|&s| s != DEFAULT_STREAM).collect();
-        (self.live.values().copied().collect(), self.host.live_count(), streams, self.sched.event_ids())
+        (self.live.sorted(), self.host.live_count(), streams, self.sched.event_ids())
     }
 
     /// Whether the event has completed on the host clock.

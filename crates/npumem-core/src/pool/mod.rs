@@ -14,6 +14,7 @@ pub mod caching;
 pub mod config;
 pub mod direct;
 pub mod fragmentation;
+pub mod recent;
 pub mod segment;
 pub mod snapshot;
 pub mod stats;

@@ -13,8 +13,14 @@
 //! huge pages. Every reclamation step is followed by a new attempt before out-of-memory is
 //! reported, with the fragmentation diagnostics in the error.
 //!
+//! Freed pooled blocks first wait in `RecentFrees` (exact-size stacks): a malloc of a size
+//! freed since the last miss takes one back in O(1); the first miss releases all of them into
+//! the free space before it searches, and trimming does the same, so placement, reclamation and
+//! out-of-memory decisions see all free memory. Statistics, snapshots and fragmentation count
+//! waiting blocks as the free memory they are.
+//!
 //! Invariants: a page slot holds a handle iff it is mapped; `live` of a slot counts the live
-//! blocks overlapping it, and a mapped slot with `live == 0` is in the pool's idle set (keyed by
+//! and waiting blocks overlapping it, and a mapped slot with `live == 0` is in the pool's idle set (keyed by
 //! the clock when it became idle, so trimming takes the coldest first); cached handles are held
 //! but unmapped; `reserved_bytes` = (mapped + cached pages) × page size + bypass segments.
 
@@ -22,6 +28,7 @@ use rustc_hash::FxHashMap;
 use std::collections::BTreeSet;
 
 use super::config::{bad, boolean, number, tokenize};
+use super::recent::{RecentFrees, Waiting};
 use super::{
     Action, Allocator, BlockSnapshot, EventLog, Fragmentation, Grant, PoolKind, PoolStats, Request, Segment,
     SegmentSnapshot, SegmentUse,
@@ -180,6 +187,21 @@ impl VmmPool {
     fn slot(&self, i: usize) -> Slot {
         self.slots.get(i).copied().unwrap_or(Slot::EMPTY)
     }
+
+    /// Gives the block `[ptr, ptr + size)` back to the free space; pages it leaves without a
+    /// block become idle as of `clock`.
+    fn release_block(&mut self, ptr: u64, size: u64, clock: u64) -> Result<()> {
+        self.space.release(ptr)?;
+        for i in self.pages_of(ptr, size) {
+            let slot = self.slot_mut(i);
+            slot.live -= 1;
+            if slot.live == 0 {
+                slot.idle_since = clock;
+                self.idle.insert((clock, i as u32));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -188,6 +210,7 @@ struct Live {
     requested: u64,
     /// None for a request that bypassed the pools.
     pool: Option<PoolKind>,
+    page: PageSize,
 }
 
 #[derive(Debug)]
@@ -198,6 +221,8 @@ pub struct VmmAllocator {
     /// Unmapped physical pages held for remapping, per pool (they have that pool's page size).
     cache: [Vec<(PhysHandle, PageSize)>; 2],
     live: FxHashMap<u64, Live>,
+    /// Freed pooled blocks whose release into the free space is deferred.
+    recent: RecentFrees,
     bypass: FxHashMap<u64, Segment>,
     stats: PoolStats,
     clock: u64,
@@ -211,16 +236,29 @@ fn pool_kind(size: u64) -> PoolKind {
 impl VmmAllocator {
     pub fn new(config: VmmConfig, capacity: u64) -> Self {
         VmmAllocator {
-            config,
             capacity,
             pools: [None, None],
             cache: [Vec::new(), Vec::new()],
+            recent: RecentFrees::new(config.quantum),
             live: FxHashMap::default(),
             bypass: FxHashMap::default(),
             stats: PoolStats { max_split_size: u64::MAX, ..Default::default() },
             clock: 0,
             events: EventLog::default(),
+            config,
         }
+    }
+
+    /// Releases every waiting freed block into its pool's free space.
+    fn release_recent(&mut self) -> Result<()> {
+        if self.recent.is_empty() {
+            return Ok(());
+        }
+        let clock = self.clock;
+        for (kind, ptr, size) in self.recent.take_all() {
+            self.pool_mut(kind).release_block(ptr, size, clock)?;
+        }
+        Ok(())
     }
 
     pub fn limit(&self) -> u64 {
@@ -470,10 +508,38 @@ impl VmmAllocator {
         self.stats.oversize_segments.add(1);
         self.events.push(Action::SegmentAlloc, segment.ptr, segment.size);
         self.bypass.insert(segment.ptr, segment);
-        self.live.insert(segment.ptr, Live { size: segment.size, requested: request.size, pool: None });
+        let live = Live { size: segment.size, requested: request.size, pool: None, page: segment.page };
+        self.live.insert(segment.ptr, live);
         self.stats.on_alloc(PoolKind::Large, segment.size, request.size);
         self.stats.oversize_allocations.add(1);
         Ok(Grant { ptr: segment.ptr, granted: segment.size, page: segment.page })
+    }
+
+    /// `kind`'s pool as if its waiting blocks were released: its free extents (coalesced, in
+    /// address order) and how many of its pages would be idle.
+    fn settled_view(&self, kind: PoolKind, pool: &VmmPool) -> (Vec<(u64, u64)>, u64) {
+        let waiting: Vec<(u64, u64)> =
+            self.recent.iter().filter(|&(k, _, _)| k == kind).map(|(_, ptr, size)| (ptr, size)).collect();
+        let mut extents: Vec<(u64, u64)> = pool.space.free_extents().chain(waiting.iter().copied()).collect();
+        if waiting.is_empty() {
+            return (extents, pool.idle.len() as u64);
+        }
+        extents.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(extents.len());
+        for (start, len) in extents {
+            match merged.last_mut() {
+                Some((s, l)) if *s + *l == start => *l += len,
+                _ => merged.push((start, len)),
+            }
+        }
+        let mut on_page: FxHashMap<usize, u32> = FxHashMap::default();
+        for &(ptr, size) in &waiting {
+            for i in pool.pages_of(ptr, size) {
+                *on_page.entry(i).or_default() += 1;
+            }
+        }
+        let freed = on_page.iter().filter(|&(&i, &n)| pool.slot(i).live == n).count();
+        (merged, pool.idle.len() as u64 + freed as u64)
     }
 
     fn oom(&mut self, e: AclError, request: &Request) -> AclError {
@@ -502,10 +568,21 @@ impl Allocator for VmmAllocator {
             Policy::Huge1gOnly => (PoolKind::Large, &[PageKind::Giant]),
             _ => (pool_kind(size), &[PageKind::Giant, PageKind::Huge, PageKind::Normal]),
         };
-        if size >= self.config.bypass_threshold || policy == Policy::Huge1gOnly {
+        let bypass = size >= self.config.bypass_threshold || policy == Policy::Huge1gOnly;
+        let huge_only = policy == Policy::HugeOnly;
+        // The fast path: a block of this size freed since the last miss (HUGE_ONLY searches, as
+        // a waiting block may sit on normal-frame pages).
+        if !bypass && !huge_only {
+            if let Some(w) = self.recent.pop(kind, size) {
+                self.live.insert(w.ptr, Live { size, requested: request.size, pool: Some(kind), page: w.page });
+                self.stats.on_alloc(kind, size, request.size);
+                return Ok(Grant { ptr: w.ptr, granted: size, page: w.page });
+            }
+        }
+        self.release_recent()?;
+        if bypass {
             return self.malloc_bypass(backend, request, size, plan).map_err(|e| self.oom(e, request));
         }
-        let huge_only = policy == Policy::HugeOnly;
         if self.config.garbage_collection_threshold > 0.0 {
             let target = (self.config.garbage_collection_threshold * self.limit() as f64) as u64;
             if self.reserved() > target {
@@ -531,7 +608,7 @@ impl Allocator for VmmAllocator {
         if self.stats.num_device_alloc > device_allocs {
             self.stats.num_cache_misses += 1;
         }
-        self.live.insert(ptr, Live { size, requested: request.size, pool: Some(kind) });
+        self.live.insert(ptr, Live { size, requested: request.size, pool: Some(kind), page });
         self.stats.on_alloc(kind, size, request.size);
         Ok(Grant { ptr, granted: size, page })
     }
@@ -549,17 +626,7 @@ impl Allocator for VmmAllocator {
             return segment.unmap(backend);
         };
         self.stats.on_free(kind, live.size, live.requested);
-        let clock = self.clock;
-        let pool = self.pool_mut(kind);
-        pool.space.release(ptr)?;
-        for i in pool.pages_of(ptr, live.size) {
-            let slot = pool.slot_mut(i);
-            slot.live -= 1;
-            if slot.live == 0 {
-                slot.idle_since = clock;
-                pool.idle.insert((clock, i as u32));
-            }
-        }
+        self.recent.push(kind, live.size, Waiting { ptr, page: live.page });
         Ok(())
     }
 
@@ -570,6 +637,7 @@ impl Allocator for VmmAllocator {
     /// Frees cached pages, then unmaps and frees the coldest idle pages, until at most `bytes`
     /// are held.
     fn trim_to(&mut self, backend: &mut dyn Backend, bytes: u64) -> Result<u64> {
+        self.release_recent()?;
         while self.reserved() > bytes && self.release_coldest(backend)? {}
         Ok(self.reserved())
     }
@@ -594,11 +662,17 @@ impl Allocator for VmmAllocator {
 
     fn fragmentation(&self) -> Fragmentation {
         let mut f = Fragmentation::of(&self.stats);
-        for pool in self.pools.iter().flatten() {
+        let mut large_idle = 0;
+        for kind in [PoolKind::Small, PoolKind::Large] {
+            let Some(pool) = self.pools[kind as usize].as_ref() else { continue };
+            let (extents, idle) = self.settled_view(kind, pool);
+            if kind == PoolKind::Large {
+                large_idle = idle;
+            }
             let mut used =
                 SegmentUse { ptr: pool.base, size: pool.mapped * pool.page, allocated: 0, blocks: 0, free_blocks: 0 };
             // Free memory that is mapped: the parts of free VA extents over mapped pages.
-            for (start, len) in pool.space.free_extents() {
+            for (start, len) in extents {
                 let mut run = 0;
                 for i in pool.pages_of(start, len) {
                     let page_start = pool.page_va(i);
@@ -638,8 +712,7 @@ impl Allocator for VmmAllocator {
         }
         // Idle and cached pages can be remapped under any range of their pool: a request can get
         // all of those of the large pool.
-        let movable = self.pools[PoolKind::Large as usize].as_ref().map_or(0, |p| p.idle.len() as u64 * p.page)
-            + self.cache[PoolKind::Large as usize].len() as u64 * LARGE_PAGE;
+        let movable = large_idle * LARGE_PAGE + self.cache[PoolKind::Large as usize].len() as u64 * LARGE_PAGE;
         f.largest_free_extent = f.largest_free_extent.max(movable.min(f.free));
         f.segments.sort_unstable_by_key(|s| s.ptr);
         f
@@ -742,6 +815,35 @@ mod tests {
     }
 
     #[test]
+    fn freed_blocks_wait_for_their_size_and_a_miss_releases_them() {
+        let (mut a, mut sim) = setup(64 * MIB, "");
+        let x = a.malloc(&mut sim, &req(4096)).unwrap();
+        let y = a.malloc(&mut sim, &req(4096)).unwrap();
+        let stats = a.stats.clone();
+        a.free(&mut sim, x.ptr).unwrap();
+        a.free(&mut sim, y.ptr).unwrap();
+        assert_eq!(a.recent.len(), 2);
+        assert_eq!(a.stats.allocated_bytes.all.current, 0);
+        // The same size comes back from the stack, most recent first, with exact statistics.
+        let z = a.malloc(&mut sim, &req(4000)).unwrap();
+        assert_eq!((z.ptr, z.granted), (y.ptr, 4096));
+        assert_eq!(a.stats.allocated_bytes.all.current, 4096);
+        assert_eq!(a.stats.requested_bytes.all.current, 4000);
+        a.free(&mut sim, z.ptr).unwrap();
+        let z = a.malloc(&mut sim, &req(4096)).unwrap();
+        a.free(&mut sim, z.ptr).unwrap();
+        assert_eq!(a.stats.allocation.all.allocated, stats.allocation.all.allocated + 2);
+        // Another size misses: the waiting blocks are released and coalesce first, so the best
+        // fit finds the two of them as one 8 KiB hole at the bottom.
+        let w = a.malloc(&mut sim, &req(8192)).unwrap();
+        assert_eq!(w.ptr, x.ptr);
+        assert!(a.recent.is_empty());
+        a.free(&mut sim, w.ptr).unwrap();
+        a.empty_cache(&mut sim).unwrap();
+        assert_eq!(a.reserved(), 0);
+    }
+
+    #[test]
     fn stitches_idle_pages_into_a_large_block() {
         // 64 MiB device. Fill it with 2 MiB blocks, free every other one: 32 MiB is free but in
         // 2 MiB holes. A 30 MiB request still succeeds by remapping the idle pages.
@@ -834,6 +936,15 @@ mod tests {
                 } else {
                     let g = live.swap_remove(pick % live.len());
                     a.free(&mut sim, g.ptr).unwrap();
+                }
+                // Waiting freed blocks are reported exactly as the free memory they become.
+                if pick % 5 == 0 {
+                    let (frag, segs, stats) = (a.fragmentation(), a.segments(), a.stats.clone());
+                    a.release_recent().unwrap();
+                    prop_assert!(a.recent.is_empty());
+                    prop_assert_eq!(frag, a.fragmentation());
+                    prop_assert_eq!(segs, a.segments());
+                    prop_assert_eq!(stats, a.stats.clone());
                 }
                 let held: u64 = [PoolKind::Small, PoolKind::Large]
                     .iter()
