@@ -29,7 +29,7 @@ impl Device {
 
     /// Where `[addr, addr + len)` lives, or the error (and the sanitizer finding it makes).
     pub(super) fn classify(
-        &self,
+        &mut self,
         addr: u64,
         len: u64,
         role: &str,
@@ -79,7 +79,7 @@ impl Device {
     }
 
     /// The start of the (device or host) allocation holding `addr`, for the sanitizer.
-    pub(super) fn base_of(&self, addr: u64) -> u64 {
+    pub(super) fn base_of(&mut self, addr: u64) -> u64 {
         self.containing(addr).map(|a| a.ptr).or_else(|| self.host.block_start(addr)).unwrap_or(addr)
     }
 

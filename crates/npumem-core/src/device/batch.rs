@@ -48,13 +48,12 @@ impl Device {
     /// Frees every pointer, after checking that all are live and distinct (nothing is freed when
     /// one is not).
     pub fn free_many(&mut self, ptrs: &[u64]) -> Result<()> {
-        let mut seen = rustc_hash::FxHashSet::with_capacity_and_hasher(ptrs.len(), Default::default());
         for (i, &p) in ptrs.iter().enumerate() {
-            if !self.live.contains(p) || !seen.insert(p) {
-                let why = if seen.contains(&p) && self.live.contains(p) {
-                    "appears twice in the batch".to_string()
-                } else {
-                    self.bad_pointer(p).message
+            if let Err(why) = self.live.mark(p) {
+                ptrs[..i].iter().for_each(|&q| self.live.unmark(q));
+                let why = match why {
+                    Unmarkable::Twice => "appears twice in the batch".to_string(),
+                    Unmarkable::NotLive => self.bad_pointer(p).message,
                 };
                 return Err(AclError::bad_free(format!("free_many: pointer #{i} ({p:#x}): {why}; nothing was freed")));
             }

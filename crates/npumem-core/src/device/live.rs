@@ -1,97 +1,158 @@
-//! `LiveTable`: the device's live allocations. Malloc, free and exact lookups go through a hash
-//! map by start address (O(1)); "which allocation holds this address" needs an address-ordered
-//! index, which is brought up to date lazily: malloc and free only note the pointer as dirty,
-//! and the first containment query after them applies the notes. A query for an allocation's
-//! own start address (most copies) needs no index at all.
+//! `LiveTable`: the device's live allocations. Malloc, free and exact lookups go through one
+//! hash map by start address (O(1)); "which allocation holds this address" needs an
+//! address-ordered index, which is brought up to date lazily: a malloc only notes a new pointer
+//! as dirty, a free of an indexed pointer leaves a tombstone, and the first containment query
+//! after them applies the notes. A query for an allocation's own start address (most copies)
+//! needs no index at all; a block freed and allocated again at the same address (the pools'
+//! fast path) revives its tombstone and needs no index work either.
 //!
-//! Invariants: `by_ptr` holds exactly the live allocations; every pointer whose presence in
-//! `ordered` may differ from `by_ptr` is in `dirty`, so after `sync` the keys of `ordered` are
-//! exactly those of `by_ptr`; `dirty` is synced once it could hold 4,096 pointers that are
-//! neither live nor indexed, keeping memory bounded when no query comes.
+//! Invariants: the `LIVE` entries of `by_ptr` are exactly the live allocations (`live` counts
+//! them); the keys of `ordered` are exactly the `INDEXED` entries; an entry is never neither
+//! (a free of an unindexed pointer removes it); every entry that is `LIVE` xor `INDEXED` has its
+//! pointer in `dirty`, which is applied once it could hold 4,096 stale pointers beyond those
+//! entries, keeping memory bounded when no query comes; `MARKED` is set only inside
+//! `free_many`'s check and cleared before it returns.
 
-use std::cell::RefCell;
 use std::collections::BTreeSet;
+use std::collections::hash_map::Entry as Slot;
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 
 use super::Allocation;
 
-#[derive(Debug, Default)]
-struct Index {
-    ordered: BTreeSet<u64>,
-    dirty: FxHashSet<u64>,
+const LIVE: u8 = 1;
+const INDEXED: u8 = 2;
+const MARKED: u8 = 4;
+
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    allocation: Allocation,
+    flags: u8,
 }
 
-impl Index {
-    fn sync(&mut self, by_ptr: &FxHashMap<u64, Allocation>) {
-        for ptr in self.dirty.drain() {
-            if by_ptr.contains_key(&ptr) {
-                self.ordered.insert(ptr);
-            } else {
-                self.ordered.remove(&ptr);
-            }
-        }
-    }
+/// Why a pointer cannot be marked for a batch free.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Unmarkable {
+    NotLive,
+    Twice,
 }
 
 #[derive(Debug, Default)]
 pub(super) struct LiveTable {
-    by_ptr: FxHashMap<u64, Allocation>,
-    index: RefCell<Index>,
+    by_ptr: FxHashMap<u64, Entry>,
+    ordered: BTreeSet<u64>,
+    dirty: Vec<u64>,
+    live: usize,
 }
 
 impl LiveTable {
     #[inline]
     pub fn insert(&mut self, allocation: Allocation) {
-        self.by_ptr.insert(allocation.ptr, allocation);
-        self.note(allocation.ptr);
+        match self.by_ptr.entry(allocation.ptr) {
+            Slot::Occupied(mut o) => {
+                debug_assert!(o.get().flags & LIVE == 0, "{:#x} is live already", allocation.ptr);
+                *o.get_mut() = Entry { allocation, flags: LIVE | INDEXED };
+            }
+            Slot::Vacant(v) => {
+                v.insert(Entry { allocation, flags: LIVE });
+                self.note(allocation.ptr);
+            }
+        }
+        self.live += 1;
     }
 
     #[inline]
     pub fn remove(&mut self, ptr: u64) -> Option<Allocation> {
-        let allocation = self.by_ptr.remove(&ptr)?;
-        self.note(ptr);
+        let Slot::Occupied(mut o) = self.by_ptr.entry(ptr) else { return None };
+        let entry = o.get_mut();
+        if entry.flags & LIVE == 0 {
+            return None;
+        }
+        let allocation = entry.allocation;
+        if entry.flags & INDEXED != 0 {
+            entry.flags = INDEXED;
+            self.note(ptr);
+        } else {
+            o.remove();
+        }
+        self.live -= 1;
         Some(allocation)
     }
 
     #[inline]
     fn note(&mut self, ptr: u64) {
-        let index = self.index.get_mut();
-        index.dirty.insert(ptr);
-        // A dirty pointer is live, indexed, or neither (allocated and freed since the last
-        // sync): only the last kind can pile up, so sync when it might.
-        if index.dirty.len() > self.by_ptr.len() + index.ordered.len() + 4096 {
-            index.sync(&self.by_ptr);
+        self.dirty.push(ptr);
+        if self.dirty.len() > self.live + self.ordered.len() + 4096 {
+            self.sync();
+        }
+    }
+
+    fn sync(&mut self) {
+        for ptr in self.dirty.drain(..) {
+            let Slot::Occupied(mut o) = self.by_ptr.entry(ptr) else { continue };
+            let entry = o.get_mut();
+            if entry.flags & (LIVE | INDEXED) == LIVE {
+                entry.flags |= INDEXED;
+                self.ordered.insert(ptr);
+            } else if entry.flags & LIVE == 0 {
+                o.remove();
+                self.ordered.remove(&ptr);
+            }
         }
     }
 
     #[inline]
-    pub fn get(&self, ptr: u64) -> Option<&Allocation> {
-        self.by_ptr.get(&ptr)
+    pub fn get(&self, ptr: u64) -> Option<Allocation> {
+        self.by_ptr.get(&ptr).filter(|e| e.flags & LIVE != 0).map(|e| e.allocation)
     }
 
     #[inline]
     pub fn contains(&self, ptr: u64) -> bool {
-        self.by_ptr.contains_key(&ptr)
+        self.get(ptr).is_some()
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.live
+    }
+
+    /// Marks a live pointer for a batch free; fails for a pointer that is not live or already
+    /// marked.
+    #[inline]
+    pub fn mark(&mut self, ptr: u64) -> Result<(), Unmarkable> {
+        match self.by_ptr.get_mut(&ptr) {
+            Some(e) if e.flags & MARKED != 0 => Err(Unmarkable::Twice),
+            Some(e) if e.flags & LIVE != 0 => {
+                e.flags |= MARKED;
+                Ok(())
+            }
+            _ => Err(Unmarkable::NotLive),
+        }
+    }
+
+    pub fn unmark(&mut self, ptr: u64) {
+        if let Some(e) = self.by_ptr.get_mut(&ptr) {
+            e.flags &= !MARKED;
+        }
     }
 
     /// The live allocations in address order.
     pub fn sorted(&self) -> Vec<Allocation> {
-        let mut all: Vec<Allocation> = self.by_ptr.values().copied().collect();
+        let mut all: Vec<Allocation> =
+            self.by_ptr.values().filter(|e| e.flags & LIVE != 0).map(|e| e.allocation).collect();
         all.sort_unstable_by_key(|a| a.ptr);
         all
     }
 
     /// The live allocation `a` with `a.ptr <= addr < a.ptr + extent(a)`.
-    pub fn containing(&self, addr: u64, extent: impl Fn(&Allocation) -> u64) -> Option<&Allocation> {
-        if let Some(a) = self.by_ptr.get(&addr) {
-            return (extent(a) > 0).then_some(a);
+    pub fn containing(&mut self, addr: u64, extent: impl Fn(&Allocation) -> u64) -> Option<Allocation> {
+        if let Some(a) = self.get(addr) {
+            return (extent(&a) > 0).then_some(a);
         }
-        let mut index = self.index.borrow_mut();
-        index.sync(&self.by_ptr);
-        let &ptr = index.ordered.range(..=addr).next_back()?;
-        let a = &self.by_ptr[&ptr];
-        (addr - a.ptr < extent(a)).then_some(a)
+        self.sync();
+        let &ptr = self.ordered.range(..=addr).next_back()?;
+        let a = self.by_ptr[&ptr].allocation;
+        (addr - a.ptr < extent(&a)).then_some(a)
     }
 }
 
@@ -120,7 +181,7 @@ mod tests {
         /// any mix of inserts, removes and queries.
         #[test]
         fn answers_like_an_ordered_map(
-            ops in proptest::collection::vec((0u8..3, 0u64..64, 1u64..200), 1..400),
+            ops in proptest::collection::vec((0u8..4, 0u64..64, 1u64..200), 1..400),
         ) {
             let mut table = LiveTable::default();
             let mut model: BTreeMap<u64, Allocation> = BTreeMap::new();
@@ -133,17 +194,27 @@ mod tests {
                         model.insert(ptr, a);
                     }
                     1 => prop_assert_eq!(table.remove(ptr), model.remove(&ptr)),
+                    3 => {
+                        // A batch check marks and unmarks; nothing else changes.
+                        let want = if model.contains_key(&ptr) { Ok(()) } else { Err(Unmarkable::NotLive) };
+                        prop_assert_eq!(table.mark(ptr), want);
+                        if want.is_ok() {
+                            prop_assert_eq!(table.mark(ptr), Err(Unmarkable::Twice));
+                            table.unmark(ptr);
+                        }
+                    }
                     _ => {
                         let addr = ptr + x;
                         for extent in [|a: &Allocation| a.size, |a: &Allocation| a.granted] {
                             let want = model.range(..=addr).next_back().map(|(_, a)| a).filter(|a| addr < a.ptr + extent(a));
-                            prop_assert_eq!(table.containing(addr, extent), want);
+                            prop_assert_eq!(table.containing(addr, extent), want.copied());
                         }
-                        prop_assert_eq!(table.get(ptr), model.get(&ptr));
+                        prop_assert_eq!(table.get(ptr), model.get(&ptr).copied());
                     }
                 }
             }
             prop_assert_eq!(table.sorted(), model.values().copied().collect::<Vec<_>>());
+            prop_assert_eq!(table.len(), model.len());
         }
     }
 }

@@ -20,7 +20,7 @@ mod live;
 mod ordered;
 
 pub use batch::ReplayOutcome;
-use live::LiveTable;
+use live::{LiveTable, Unmarkable};
 
 use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, VecDeque};
@@ -350,6 +350,9 @@ impl Device {
         let before = std::mem::replace(&mut self.charged, now);
         let allocs = (now.physical_allocs - before.physical_allocs) + (now.physical_frees - before.physical_frees);
         let maps = (now.maps - before.maps) + (now.unmaps - before.unmaps);
+        if allocs == 0 && maps == 0 {
+            return;
+        }
         let cost = &self.sched.cost;
         let ns = allocs as f64 * cost.driver_alloc_ns + maps as f64 * cost.map_ns;
         self.sched.advance(ns as u64);
@@ -438,7 +441,7 @@ impl Device {
         self.free_on(ptr, None)
     }
 
-    fn bad_pointer(&self, ptr: u64) -> AclError {
+    fn bad_pointer(&mut self, ptr: u64) -> AclError {
         if let Some(a) = self.containing(ptr) {
             return AclError::bad_free(format!(
                 "{ptr:#x} points {} bytes into the allocation at {:#x}; free the pointer malloc returned",
@@ -452,7 +455,7 @@ impl Device {
         AclError::bad_free(format!("{ptr:#x} is not a live device allocation; it never came from malloc"))
     }
 
-    fn containing(&self, addr: u64) -> Option<&Allocation> {
+    fn containing(&mut self, addr: u64) -> Option<Allocation> {
         self.live.containing(addr, |a| a.granted)
     }
 
@@ -475,7 +478,7 @@ impl Device {
 
     /// The live allocation that starts at `ptr`.
     pub fn allocation(&self, ptr: u64) -> Option<Allocation> {
-        self.live.get(ptr).copied()
+        self.live.get(ptr)
     }
 
     /// All live allocations in address order.

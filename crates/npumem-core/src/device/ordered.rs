@@ -116,7 +116,11 @@ impl Device {
             }
             return Err(error);
         };
-        let uses = self.stream_uses.get(&ptr).map_or(&[][..], Vec::as_slice);
+        let uses = if self.stream_uses.is_empty() {
+            &[][..]
+        } else {
+            self.stream_uses.get(&ptr).map_or(&[][..], Vec::as_slice)
+        };
         let own_stream_only = uses.is_empty() && stream.is_none_or(|s| s == allocation.stream);
         // The free's point: after the given stream's work so far, or after the block's own
         // stream's and every recorded stream's.
