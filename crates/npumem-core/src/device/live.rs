@@ -1,15 +1,14 @@
 //! `LiveTable`: the device's live allocations. Malloc, free and exact lookups go through one
 //! hash map by start address (O(1)); "which allocation holds this address" needs an
 //! address-ordered index, which is brought up to date lazily: a malloc only notes a new pointer
-//! as dirty, a free of an indexed pointer leaves a tombstone, and the first containment query
-//! after them applies the notes. A query for an allocation's own start address (most copies)
+//! as dirty, a free leaves a tombstone noted as dirty, and the first containment query after
+//! them applies the notes. A query for an allocation's own start address (most copies)
 //! needs no index at all; a block freed and allocated again at the same address (the pools'
 //! fast path) revives its tombstone and needs no index work either.
 //!
 //! Invariants: the `LIVE` entries of `by_ptr` are exactly the live allocations (`live` counts
-//! them); the keys of `ordered` are exactly the `INDEXED` entries; an entry is never neither
-//! (a free of an unindexed pointer removes it); every entry that is `LIVE` xor `INDEXED` has its
-//! pointer in `dirty`, which is applied once it could hold 4,096 stale pointers beyond those
+//! them); the keys of `ordered` are exactly the `INDEXED` entries; every entry that is not both
+//! (a new allocation, a tombstone) has its pointer in `dirty`, which is applied once it could hold 4,096 stale pointers beyond those
 //! entries, keeping memory bounded when no query comes; `MARKED` is set only inside
 //! `free_many`'s check and cleared before it returns.
 
@@ -50,8 +49,10 @@ impl LiveTable {
     pub fn insert(&mut self, allocation: Allocation) {
         match self.by_ptr.entry(allocation.ptr) {
             Slot::Occupied(mut o) => {
-                debug_assert!(o.get().flags & LIVE == 0, "{:#x} is live already", allocation.ptr);
-                *o.get_mut() = Entry { allocation, flags: LIVE | INDEXED };
+                // A tombstone: its pointer is still in `dirty` (only a sync drops tombstones).
+                let entry = o.get_mut();
+                debug_assert!(entry.flags & LIVE == 0, "{:#x} is live already", allocation.ptr);
+                *entry = Entry { allocation, flags: LIVE | (entry.flags & INDEXED) };
             }
             Slot::Vacant(v) => {
                 v.insert(Entry { allocation, flags: LIVE });
@@ -69,13 +70,11 @@ impl LiveTable {
             return None;
         }
         let allocation = entry.allocation;
-        if entry.flags & INDEXED != 0 {
-            entry.flags = INDEXED;
-            self.note(ptr);
-        } else {
-            o.remove();
-        }
+        // A tombstone, so that a malloc at the same address (the pools reuse the most recently
+        // freed block first) revives it in place; the next sync drops it otherwise.
+        entry.flags &= INDEXED;
         self.live -= 1;
+        self.note(ptr);
         Some(allocation)
     }
 
@@ -95,8 +94,10 @@ impl LiveTable {
                 entry.flags |= INDEXED;
                 self.ordered.insert(ptr);
             } else if entry.flags & LIVE == 0 {
+                if entry.flags & INDEXED != 0 {
+                    self.ordered.remove(&ptr);
+                }
                 o.remove();
-                self.ordered.remove(&ptr);
             }
         }
     }

@@ -10,6 +10,7 @@
 //! overlap, `ptr` is 64-byte aligned, `granted >= requested`, the whole granted range is mapped,
 //! and `stats()` equals a recount of the blocks.
 
+pub mod block_map;
 pub mod caching;
 pub mod config;
 pub mod direct;

@@ -29,7 +29,7 @@ pub struct Waiting {
 
 #[derive(Debug)]
 pub struct RecentFrees {
-    quantum: u64,
+    quantum_shift: u32,
     /// Per size / quantum: the stack and whether its index is in `touched`.
     small: Vec<(Vec<Waiting>, bool)>,
     touched: Vec<u32>,
@@ -38,8 +38,16 @@ pub struct RecentFrees {
 }
 
 impl RecentFrees {
+    /// Stacks for blocks whose sizes are multiples of `quantum` (a power of two).
     pub fn new(quantum: u64) -> Self {
-        RecentFrees { quantum, small: Vec::new(), touched: Vec::new(), other: FxHashMap::default(), len: 0 }
+        debug_assert!(quantum.is_power_of_two());
+        RecentFrees {
+            quantum_shift: quantum.trailing_zeros(),
+            small: Vec::new(),
+            touched: Vec::new(),
+            other: FxHashMap::default(),
+            len: 0,
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -51,7 +59,7 @@ impl RecentFrees {
     }
 
     fn slot(&self, kind: PoolKind, size: u64) -> Option<usize> {
-        (kind == PoolKind::Small && size <= SMALL_LIMIT).then(|| (size / self.quantum) as usize)
+        (kind == PoolKind::Small && size <= SMALL_LIMIT).then(|| (size >> self.quantum_shift) as usize)
     }
 
     /// A waiting block of exactly `size` bytes in `kind`'s pool, the most recently freed first.
@@ -90,9 +98,9 @@ impl RecentFrees {
 
     /// Every waiting block as (pool, address, size), in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (PoolKind, u64, u64)> + '_ {
-        let quantum = self.quantum;
+        let shift = self.quantum_shift;
         let small = self.touched.iter().flat_map(move |&i| {
-            self.small[i as usize].0.iter().map(move |w| (PoolKind::Small, w.ptr, i as u64 * quantum))
+            self.small[i as usize].0.iter().map(move |w| (PoolKind::Small, w.ptr, (i as u64) << shift))
         });
         let other = self.other.iter().flat_map(|(&(kind, size), stack)| stack.iter().map(move |w| (kind, w.ptr, size)));
         small.chain(other)

@@ -27,6 +27,7 @@
 use rustc_hash::FxHashMap;
 use std::collections::BTreeSet;
 
+use super::block_map::{Block, BlockMap};
 use super::config::{bad, boolean, number, tokenize};
 use super::recent::{RecentFrees, Waiting};
 use super::{
@@ -158,7 +159,10 @@ impl Slot {
 struct VmmPool {
     page: u64,
     base: u64,
+    end: u64,
     space: VaSpace,
+    /// The live blocks, by start address.
+    blocks: BlockMap,
     slots: Vec<Slot>,
     idle: BTreeSet<(u64, u32)>,
     mapped: u64,
@@ -204,13 +208,11 @@ impl VmmPool {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Live {
-    size: u64,
+/// A request that bypassed the pools: its own segment.
+#[derive(Debug)]
+struct Bypass {
+    segment: Segment,
     requested: u64,
-    /// None for a request that bypassed the pools.
-    pool: Option<PoolKind>,
-    page: PageSize,
 }
 
 #[derive(Debug)]
@@ -220,10 +222,9 @@ pub struct VmmAllocator {
     pools: [Option<VmmPool>; 2],
     /// Unmapped physical pages held for remapping, per pool (they have that pool's page size).
     cache: [Vec<(PhysHandle, PageSize)>; 2],
-    live: FxHashMap<u64, Live>,
     /// Freed pooled blocks whose release into the free space is deferred.
     recent: RecentFrees,
-    bypass: FxHashMap<u64, Segment>,
+    bypass: FxHashMap<u64, Bypass>,
     stats: PoolStats,
     clock: u64,
     events: EventLog,
@@ -240,7 +241,6 @@ impl VmmAllocator {
             pools: [None, None],
             cache: [Vec::new(), Vec::new()],
             recent: RecentFrees::new(config.quantum),
-            live: FxHashMap::default(),
             bypass: FxHashMap::default(),
             stats: PoolStats { max_split_size: u64::MAX, ..Default::default() },
             clock: 0,
@@ -279,6 +279,8 @@ impl VmmAllocator {
         self.pools[kind as usize] = Some(VmmPool {
             page,
             base,
+            end: base + len,
+            blocks: BlockMap::new(base, page, self.config.quantum),
             space: VaSpace::with_granule(base, base + len, self.config.quantum, "pool's address range"),
             slots: Vec::new(),
             idle: BTreeSet::new(),
@@ -507,12 +509,11 @@ impl VmmAllocator {
         self.stats.num_cache_misses += 1;
         self.stats.oversize_segments.add(1);
         self.events.push(Action::SegmentAlloc, segment.ptr, segment.size);
-        self.bypass.insert(segment.ptr, segment);
-        let live = Live { size: segment.size, requested: request.size, pool: None, page: segment.page };
-        self.live.insert(segment.ptr, live);
-        self.stats.on_alloc(PoolKind::Large, segment.size, request.size);
+        let grant = Grant { ptr: segment.ptr, granted: segment.size, page: segment.page };
+        self.bypass.insert(segment.ptr, Bypass { segment, requested: request.size });
+        self.stats.on_alloc(PoolKind::Large, grant.granted, request.size);
         self.stats.oversize_allocations.add(1);
-        Ok(Grant { ptr: segment.ptr, granted: segment.size, page: segment.page })
+        Ok(grant)
     }
 
     /// `kind`'s pool as if its waiting blocks were released: its free extents (coalesced, in
@@ -540,6 +541,65 @@ impl VmmAllocator {
         }
         let freed = on_page.iter().filter(|&(&i, &n)| pool.slot(i).live == n).count();
         (merged, pool.idle.len() as u64 + freed as u64)
+    }
+
+    /// A malloc that the waiting blocks cannot serve: release them, then bypass or search.
+    #[cold]
+    #[inline(never)]
+    fn malloc_slow(
+        &mut self,
+        backend: &mut dyn Backend,
+        request: &Request,
+        size: u64,
+        kind: PoolKind,
+        plan: &[PageKind],
+    ) -> Result<Grant> {
+        let policy = request.policy.base();
+        let bypass = size >= self.config.bypass_threshold || policy == Policy::Huge1gOnly;
+        let huge_only = policy == Policy::HugeOnly;
+        self.release_recent()?;
+        if bypass {
+            return self.malloc_bypass(backend, request, size, plan).map_err(|e| self.oom(e, request));
+        }
+        if self.config.garbage_collection_threshold > 0.0 {
+            let target = (self.config.garbage_collection_threshold * self.limit() as f64) as u64;
+            if self.reserved() > target {
+                self.trim_to(backend, target)?;
+            }
+        }
+        self.ensure_pool(backend, kind)?;
+        let quantum = self.config.quantum;
+        let placed = self.pool_mut(kind).space.reserve(size, quantum);
+        let ptr = placed.map_err(|e| if e.code.is_out_of_memory() { self.oom(e, request) } else { e })?;
+        let device_allocs = self.stats.num_device_alloc;
+        let reserved_before = self.reserved();
+        let page = match self.map_range(backend, kind, ptr, size, huge_only) {
+            Ok(p) => p,
+            Err(e) => {
+                self.pool_mut(kind).space.release(ptr)?;
+                // Pages obtained for the failed request go back to the device: a failure must
+                // not grow the pool.
+                while self.reserved() > reserved_before && self.free_cached(backend, kind)? {}
+                return Err(if e.code.is_out_of_memory() { self.oom(e, request) } else { e });
+            }
+        };
+        if self.stats.num_device_alloc > device_allocs {
+            self.stats.num_cache_misses += 1;
+        }
+        self.pool_mut(kind).blocks.insert(ptr, Block { size, requested: request.size, page });
+        self.stats.on_alloc(kind, size, request.size);
+        Ok(Grant { ptr, granted: size, page })
+    }
+
+    fn free_bypass(&mut self, backend: &mut dyn Backend, ptr: u64) -> Result<()> {
+        let Bypass { segment, requested } =
+            self.bypass.remove(&ptr).ok_or_else(|| AclError::internal(format!("npumem pool does not own {ptr:#x}")))?;
+        self.stats.on_free(PoolKind::Large, segment.size, requested);
+        self.stats.oversize_allocations.sub(1);
+        self.stats.on_segment_free(PoolKind::Large, segment.size);
+        self.stats.oversize_segments.sub(1);
+        self.events.push(Action::SegmentFree, segment.ptr, segment.size);
+        segment.unmap(backend)
     }
 
     fn oom(&mut self, e: AclError, request: &Request) -> AclError {
@@ -574,60 +634,29 @@ impl Allocator for VmmAllocator {
         // a waiting block may sit on normal-frame pages).
         if !bypass && !huge_only {
             if let Some(w) = self.recent.pop(kind, size) {
-                self.live.insert(w.ptr, Live { size, requested: request.size, pool: Some(kind), page: w.page });
+                let block = Block { size, requested: request.size, page: w.page };
+                self.pool_mut(kind).blocks.insert(w.ptr, block);
                 self.stats.on_alloc(kind, size, request.size);
                 return Ok(Grant { ptr: w.ptr, granted: size, page: w.page });
             }
         }
-        self.release_recent()?;
-        if bypass {
-            return self.malloc_bypass(backend, request, size, plan).map_err(|e| self.oom(e, request));
-        }
-        if self.config.garbage_collection_threshold > 0.0 {
-            let target = (self.config.garbage_collection_threshold * self.limit() as f64) as u64;
-            if self.reserved() > target {
-                self.trim_to(backend, target)?;
-            }
-        }
-        self.ensure_pool(backend, kind)?;
-        let quantum = self.config.quantum;
-        let placed = self.pool_mut(kind).space.reserve(size, quantum);
-        let ptr = placed.map_err(|e| if e.code.is_out_of_memory() { self.oom(e, request) } else { e })?;
-        let device_allocs = self.stats.num_device_alloc;
-        let reserved_before = self.reserved();
-        let page = match self.map_range(backend, kind, ptr, size, huge_only) {
-            Ok(p) => p,
-            Err(e) => {
-                self.pool_mut(kind).space.release(ptr)?;
-                // Pages obtained for the failed request go back to the device: a failure must
-                // not grow the pool.
-                while self.reserved() > reserved_before && self.free_cached(backend, kind)? {}
-                return Err(if e.code.is_out_of_memory() { self.oom(e, request) } else { e });
-            }
-        };
-        if self.stats.num_device_alloc > device_allocs {
-            self.stats.num_cache_misses += 1;
-        }
-        self.live.insert(ptr, Live { size, requested: request.size, pool: Some(kind), page });
-        self.stats.on_alloc(kind, size, request.size);
-        Ok(Grant { ptr, granted: size, page })
+        self.malloc_slow(backend, request, size, kind, plan)
     }
 
     fn free(&mut self, backend: &mut dyn Backend, ptr: u64) -> Result<()> {
-        let live =
-            self.live.remove(&ptr).ok_or_else(|| AclError::internal(format!("npumem pool does not own {ptr:#x}")))?;
-        let Some(kind) = live.pool else {
-            self.stats.on_free(PoolKind::Large, live.size, live.requested);
-            self.stats.oversize_allocations.sub(1);
-            let segment = self.bypass.remove(&ptr).expect("bypass segment of a live block");
-            self.stats.on_segment_free(PoolKind::Large, segment.size);
-            self.stats.oversize_segments.sub(1);
-            self.events.push(Action::SegmentFree, segment.ptr, segment.size);
-            return segment.unmap(backend);
-        };
-        self.stats.on_free(kind, live.size, live.requested);
-        self.recent.push(kind, live.size, Waiting { ptr, page: live.page });
-        Ok(())
+        let pooled = [PoolKind::Small, PoolKind::Large].into_iter().find_map(|kind| {
+            let pool = self.pools[kind as usize].as_mut().filter(|p| (p.base..p.end).contains(&ptr))?;
+            Some((kind, pool.blocks.remove(ptr)))
+        });
+        match pooled {
+            Some((kind, Some(block))) => {
+                self.stats.on_free(kind, block.size, block.requested);
+                self.recent.push(kind, block.size, Waiting { ptr, page: block.page });
+                Ok(())
+            }
+            Some((_, None)) => Err(AclError::internal(format!("npumem pool has no live block at {ptr:#x}"))),
+            None => self.free_bypass(backend, ptr),
+        }
     }
 
     fn empty_cache(&mut self, backend: &mut dyn Backend) -> Result<()> {
@@ -695,15 +724,15 @@ impl Allocator for VmmAllocator {
                 f.segments.push(used);
             }
         }
-        for (&ptr, live) in &self.live {
-            if let Some(kind) = live.pool {
-                if let Some(seg) = f.segments.iter_mut().find(|s| s.ptr == self.pool(kind).base) {
-                    seg.allocated += live.size;
-                    seg.blocks += 1;
-                }
-            } else {
-                f.segments.push(SegmentUse { ptr, size: live.size, allocated: live.size, blocks: 1, free_blocks: 0 });
+        for pool in self.pools.iter().flatten() {
+            if let Some(seg) = f.segments.iter_mut().find(|s| s.ptr == pool.base) {
+                seg.allocated += pool.blocks.bytes();
+                seg.blocks += pool.blocks.len() as u32;
             }
+        }
+        for (&ptr, b) in &self.bypass {
+            let size = b.segment.size;
+            f.segments.push(SegmentUse { ptr, size, allocated: size, blocks: 1, free_blocks: 0 });
         }
         for kind in [PoolKind::Small, PoolKind::Large] {
             for _ in &self.cache[kind as usize] {
@@ -722,11 +751,12 @@ impl Allocator for VmmAllocator {
     /// per bypass allocation; free space inside a run shows as inactive blocks.
     fn segments(&self) -> Vec<SegmentSnapshot> {
         let mut out = Vec::new();
-        let mut lives: Vec<(u64, Live)> = self.live.iter().map(|(&p, &l)| (p, l)).collect();
-        lives.sort_unstable_by_key(|&(p, _)| p);
         for (k, pool) in self.pools.iter().enumerate() {
             let Some(pool) = pool else { continue };
             let kind = if k == 0 { PoolKind::Small } else { PoolKind::Large };
+            // Live blocks in address order, walked along with the runs of mapped pages (every
+            // live block lies on mapped pages).
+            let mut lives = pool.blocks.iter().peekable();
             let mut i = 0;
             while i < pool.slots.len() {
                 if pool.slots[i].handle == NO_HANDLE {
@@ -740,7 +770,7 @@ impl Allocator for VmmAllocator {
                 let (lo, hi) = (pool.page_va(start), pool.page_va(i));
                 let mut blocks = Vec::new();
                 let mut at = lo;
-                for &(p, l) in lives.iter().filter(|(p, l)| l.pool == Some(kind) && *p >= lo && *p < hi) {
+                while let Some((p, l)) = lives.next_if(|&(p, _)| p < hi) {
                     if p > at {
                         blocks.push(BlockSnapshot { address: at, size: p - at, requested_size: 0, allocated: false });
                     }
@@ -758,8 +788,8 @@ impl Allocator for VmmAllocator {
                 out.push(SegmentSnapshot { address: lo, total_size: hi - lo, pool: kind, is_expandable: true, blocks });
             }
         }
-        for (&ptr, segment) in &self.bypass {
-            let requested = self.live.get(&ptr).map_or(0, |l| l.requested);
+        for (&ptr, Bypass { segment, requested }) in &self.bypass {
+            let requested = *requested;
             out.push(SegmentSnapshot {
                 address: ptr,
                 total_size: segment.size,
@@ -953,7 +983,7 @@ mod tests {
                         (mapped + a.cache[k as usize].len() as u64) * page_bytes(k)
                     })
                     .sum();
-                prop_assert_eq!(a.reserved(), held + a.bypass.values().map(|s| s.size).sum::<u64>());
+                prop_assert_eq!(a.reserved(), held + a.bypass.values().map(|b| b.segment.size).sum::<u64>());
             }
             for g in live { a.free(&mut sim, g.ptr).unwrap(); }
             a.empty_cache(&mut sim).unwrap();
