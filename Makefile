@@ -52,6 +52,7 @@ bench-streams: build
 	python benches/bench_streams.py
 
 bench-fastpath: build
+	cargo bench -p npumem-core --bench device
 	python benches/bench_fastpath.py
 
 bench-pools:

@@ -214,6 +214,7 @@ impl Sanitizer {
     }
 
     /// Forgets the accesses of a freed allocation.
+    #[inline]
     pub fn forget(&mut self, base: u64) {
         if !self.access.is_empty() {
             self.access.remove(&base);

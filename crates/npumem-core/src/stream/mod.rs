@@ -326,6 +326,7 @@ impl Scheduler {
     }
 
     /// When the work queued on `stream` so far completes (never earlier than the host clock).
+    #[inline]
     pub fn tail_ns(&self, stream: StreamId) -> Result<u64> {
         self.streams.get(&stream).map(|s| s.tail_ns.max(self.now_ns)).ok_or_else(|| {
             AclError::new(
@@ -341,6 +342,7 @@ impl Scheduler {
     }
 
     /// The effects whose operations have completed by the host clock, in completion order.
+    #[inline]
     pub fn take_due(&mut self) -> Vec<Effect> {
         // The common case on the malloc/free path: nothing queued, or nothing due yet.
         if self.pending.first_key_value().is_none_or(|(&(t, _), _)| t > self.now_ns) {
