@@ -46,19 +46,29 @@ impl Device {
     }
 
     /// Frees every pointer, after checking that all are live and distinct (nothing is freed when
-    /// one is not).
+    /// one is not): the pointers are taken out of the live table first (a pointer that is not
+    /// live, or appears twice, puts the ones taken back), then freed.
     pub fn free_many(&mut self, ptrs: &[u64]) -> Result<()> {
+        let mut taken = Vec::with_capacity(ptrs.len());
         for (i, &p) in ptrs.iter().enumerate() {
-            if let Err(why) = self.live.mark(p) {
-                ptrs[..i].iter().for_each(|&q| self.live.unmark(q));
-                let why = match why {
-                    Unmarkable::Twice => "appears twice in the batch".to_string(),
-                    Unmarkable::NotLive => self.bad_pointer(p).message,
-                };
+            let Some(a) = self.live.remove(p) else {
+                let twice = taken.iter().any(|a: &Allocation| a.ptr == p);
+                taken.drain(..).for_each(|a| self.live.insert(a));
+                let why = if twice { "appears twice in the batch".to_string() } else { self.bad_pointer(p).message };
                 return Err(AclError::bad_free(format!("free_many: pointer #{i} ({p:#x}): {why}; nothing was freed")));
+            };
+            taken.push(a);
+        }
+        let mut taken = taken.into_iter();
+        let mut result = Ok(());
+        for a in taken.by_ref() {
+            result = self.free_removed(a, None);
+            if result.is_err() {
+                break;
             }
         }
-        let result = ptrs.iter().try_for_each(|&p| self.free_uncharged(p, None));
+        // After an internal error, what was not freed stays live.
+        taken.for_each(|a| self.live.insert(a));
         self.charge_driver();
         result
     }

@@ -20,7 +20,7 @@ mod live;
 mod ordered;
 
 pub use batch::ReplayOutcome;
-use live::{LiveTable, Unmarkable};
+use live::LiveTable;
 
 use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, VecDeque};

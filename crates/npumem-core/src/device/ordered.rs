@@ -116,6 +116,12 @@ impl Device {
             }
             return Err(error);
         };
+        self.free_removed(allocation, stream)
+    }
+
+    /// Frees `allocation`, already taken out of the live table (it goes back in on failure).
+    pub(super) fn free_removed(&mut self, allocation: Allocation, stream: Option<StreamId>) -> Result<()> {
+        let ptr = allocation.ptr;
         let uses = if self.stream_uses.is_empty() {
             &[][..]
         } else {
