@@ -26,9 +26,30 @@ impl Device {
     pub fn malloc_many(&mut self, sizes: &[u64], policy: Policy, stream: StreamId) -> Result<Vec<u64>> {
         self.sched.tail_ns(stream)?;
         self.settle();
+        // Requests up to the first invalid size (which the one-by-one path below reports).
+        let requests: Vec<Request> = sizes
+            .iter()
+            .map_while(|&size| booked_size(size, policy, true).ok().map(|booked| Request { size, booked, policy }))
+            .collect();
         let mut ptrs = Vec::with_capacity(sizes.len());
+        let mut grants = Vec::new();
         let mut failed = None;
-        for (i, &size) in sizes.iter().enumerate() {
+        let mut i = 0;
+        while i < sizes.len() {
+            // While no free is pending (stream-ordered reuse comes first), the allocator serves
+            // what its front cache can in one call; the request it stops at goes through the
+            // full rules (search, release-and-retry on out-of-memory).
+            if self.pending_frees.is_empty() && i < requests.len() {
+                let served = self.allocator.malloc_cached(&requests[i..], &mut grants);
+                for (grant, r) in grants.drain(..).zip(&requests[i..i + served]) {
+                    ptrs.push(self.finish_malloc(Ok((r.booked, grant)), r.size, policy, stream)?);
+                }
+                i += served;
+                if i == sizes.len() {
+                    break;
+                }
+            }
+            let size = sizes[i];
             match self.malloc_settled(size, policy, true, stream) {
                 Ok(p) => ptrs.push(p),
                 Err(e) => {
@@ -36,6 +57,7 @@ impl Device {
                     break;
                 }
             }
+            i += 1;
         }
         let undone = match failed {
             Some(e) => ptrs.drain(..).try_for_each(|p| self.free_uncharged(p, None)).and(Err(e)),
@@ -49,26 +71,67 @@ impl Device {
     /// one is not): the pointers are taken out of the live table first (a pointer that is not
     /// live, or appears twice, puts the ones taken back), then freed.
     pub fn free_many(&mut self, ptrs: &[u64]) -> Result<()> {
-        let mut taken = Vec::with_capacity(ptrs.len());
+        // Taken out of the live table and sorted on the way: frees that complete now (no
+        // recorded stream, the block's stream idle) go to the allocator's batch path; the
+        // others follow the stream rules one by one.
+        let now = self.sched.now_ns();
+        let mut last: Option<(StreamId, bool)> = None;
+        let (mut at_once, mut ordered) = (Vec::with_capacity(ptrs.len()), Vec::new());
         for (i, &p) in ptrs.iter().enumerate() {
             let Some(a) = self.live.remove(p) else {
-                let twice = taken.iter().any(|a: &Allocation| a.ptr == p);
-                taken.drain(..).for_each(|a| self.live.insert(a));
+                let twice = at_once.iter().chain(&ordered).any(|a: &Allocation| a.ptr == p);
+                at_once.drain(..).chain(ordered).for_each(|a| self.live.insert(a));
                 let why = if twice { "appears twice in the batch".to_string() } else { self.bad_pointer(p).message };
                 return Err(AclError::bad_free(format!("free_many: pointer #{i} ({p:#x}): {why}; nothing was freed")));
             };
-            taken.push(a);
+            let idle = match last {
+                Some((s, idle)) if s == a.stream => idle,
+                _ => {
+                    let idle = self.sched.tail_ns(a.stream).is_ok_and(|t| t <= now);
+                    last = Some((a.stream, idle));
+                    idle
+                }
+            };
+            if idle && (self.stream_uses.is_empty() || !self.stream_uses.contains_key(&p)) {
+                at_once.push(a);
+            } else {
+                ordered.push(a);
+            }
         }
-        let mut taken = taken.into_iter();
+        // In the common case every pointer frees at once, in the caller's order.
+        let own: Vec<u64>;
+        let immediate = if ordered.is_empty() {
+            ptrs
+        } else {
+            own = at_once.iter().map(|a| a.ptr).collect();
+            &own
+        };
+        let mut done = 0;
         let mut result = Ok(());
-        for a in taken.by_ref() {
-            result = self.free_removed(a, None);
-            if result.is_err() {
-                break;
+        while done < immediate.len() {
+            done += self.allocator.free_cached(&immediate[done..]);
+            if done < immediate.len() {
+                if let Err(e) = self.allocator.free(self.backend.as_mut(), immediate[done]) {
+                    result = Err(e);
+                    break;
+                }
+                done += 1;
+            }
+        }
+        for a in &at_once[..done] {
+            self.forget_freed(a, true);
+        }
+        let mut ordered = ordered.into_iter();
+        if result.is_ok() {
+            for a in ordered.by_ref() {
+                result = self.free_removed(a, None);
+                if result.is_err() {
+                    break;
+                }
             }
         }
         // After an internal error, what was not freed stays live.
-        taken.for_each(|a| self.live.insert(a));
+        at_once.drain(done..).chain(ordered).for_each(|a| self.live.insert(a));
         self.charge_driver();
         result
     }

@@ -60,7 +60,7 @@ impl LiveTable {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn insert(&mut self, allocation: Allocation) {
         match self.by_ptr.entry(allocation.ptr) {
             Slot::Occupied(mut o) => {
@@ -81,7 +81,7 @@ impl LiveTable {
         self.live += 1;
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn remove(&mut self, ptr: u64) -> Option<Allocation> {
         let Slot::Occupied(mut o) = self.by_ptr.entry(ptr) else { return None };
         let entry = o.get_mut();

@@ -398,6 +398,7 @@ impl Device {
         Ok(grant.ptr)
     }
 
+    #[inline]
     fn record_live(&mut self, allocation: Allocation) {
         self.live.insert(allocation);
         self.trace(Action::Alloc, allocation.ptr, allocation.granted);

@@ -120,6 +120,7 @@ impl Device {
     }
 
     /// Frees `allocation`, already taken out of the live table (it goes back in on failure).
+    #[inline]
     pub(super) fn free_removed(&mut self, allocation: Allocation, stream: Option<StreamId>) -> Result<()> {
         let ptr = allocation.ptr;
         let uses = if self.stream_uses.is_empty() {
@@ -158,17 +159,9 @@ impl Device {
                 return Err(e);
             }
         }
-        if !self.stream_uses.is_empty() {
-            self.stream_uses.remove(&ptr);
-        }
-        if !self.tags.is_empty() {
-            self.tags.remove(&ptr);
-        }
-        self.sanitizer.forget(ptr);
-        self.trace(Action::FreeRequested, ptr, allocation.granted);
-        if ready <= self.sched.now_ns() {
-            self.trace(Action::FreeCompleted, ptr, allocation.granted);
-        } else {
+        let completed = ready <= self.sched.now_ns();
+        self.forget_freed(&allocation, completed);
+        if !completed {
             self.free_seq += 1;
             let key = (ready, self.free_seq);
             self.pending_frees.insert(key, PendingFree { allocation, point: point.unwrap_or_default() });
@@ -177,6 +170,26 @@ impl Device {
             }
             self.stats.deferred_frees += 1;
             self.stats.pending_frees += 1;
+        }
+        Ok(())
+    }
+
+    /// The device's side of a free whose memory went back to the allocator (`completed`) or is
+    /// queued: drop the pointer's recorded streams, tag and sanitizer record, trace the request
+    /// (and completion), remember the pointer for double-free reports and count it.
+    #[inline(always)]
+    pub(super) fn forget_freed(&mut self, allocation: &Allocation, completed: bool) {
+        let ptr = allocation.ptr;
+        if !self.stream_uses.is_empty() {
+            self.stream_uses.remove(&ptr);
+        }
+        if !self.tags.is_empty() {
+            self.tags.remove(&ptr);
+        }
+        self.sanitizer.forget(ptr);
+        self.trace(Action::FreeRequested, ptr, allocation.granted);
+        if completed {
+            self.trace(Action::FreeCompleted, ptr, allocation.granted);
         }
         if self.recently_freed.len() == FREED_MEMORY {
             self.recently_freed.pop_front();
@@ -187,7 +200,6 @@ impl Device {
         s.live_count -= 1;
         s.live_requested -= allocation.size;
         s.live_granted -= allocation.granted;
-        Ok(())
     }
 
     /// `record_stream`: `stream` also uses the allocation at `ptr`; its free waits for that

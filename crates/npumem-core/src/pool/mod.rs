@@ -27,7 +27,7 @@ pub use direct::DirectAllocator;
 pub use fragmentation::{Fragmentation, SegmentUse};
 pub use segment::Segment;
 pub use snapshot::{Action, BlockSnapshot, EventLog, History, SegmentSnapshot, TraceEntry};
-pub use stats::{PoolKind, PoolStats, Stat};
+pub use stats::{PoolKind, PoolStats, Stat, Tally};
 pub use vmm::{VmmAllocator, VmmConfig};
 
 use crate::acl::Policy;
@@ -86,6 +86,20 @@ pub trait Allocator: Send {
 
     /// Segments and their blocks, in address order, for `memory_snapshot`.
     fn segments(&self) -> Vec<SegmentSnapshot>;
+
+    /// Serves `requests` in order from blocks it can hand out without searching or calling the
+    /// driver (a front cache), appending the grants to `out`; stops at the first request it
+    /// cannot serve so and returns how many it served. The caller sends that one through
+    /// `malloc`. Allocators without such a cache serve none.
+    fn malloc_cached(&mut self, _requests: &[Request], _out: &mut Vec<Grant>) -> usize {
+        0
+    }
+
+    /// Frees `ptrs` (granted and live) in order as long as each needs no driver call; returns
+    /// how many it freed. The caller frees the next one with `free`.
+    fn free_cached(&mut self, _ptrs: &[u64]) -> usize {
+        0
+    }
 
     fn reset_peak_stats(&mut self) {
         self.stats_mut().reset_peaks();

@@ -17,12 +17,14 @@ pub struct Stat {
 }
 
 impl Stat {
+    #[inline]
     pub fn add(&mut self, n: u64) {
         self.current += n;
         self.allocated += n;
         self.peak = self.peak.max(self.current);
     }
 
+    #[inline]
     pub fn sub(&mut self, n: u64) {
         debug_assert!(self.current >= n, "stat underflow");
         self.current -= n;
@@ -58,11 +60,13 @@ pub struct StatArray {
 }
 
 impl StatArray {
+    #[inline]
     pub fn add(&mut self, pool: PoolKind, n: u64) {
         self.all.add(n);
         self.pools[pool as usize].add(n);
     }
 
+    #[inline]
     pub fn sub(&mut self, pool: PoolKind, n: u64) {
         self.all.sub(n);
         self.pools[pool as usize].sub(n);
@@ -79,6 +83,23 @@ impl StatArray {
     fn reset_peak(&mut self) {
         self.all.reset_peak();
         self.pools.iter_mut().for_each(Stat::reset_peak);
+    }
+}
+
+/// Blocks counted together by a batch: how many, their sizes and requested bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    pub blocks: u64,
+    pub bytes: u64,
+    pub requested: u64,
+}
+
+impl Tally {
+    #[inline]
+    pub fn add(&mut self, bytes: u64, requested: u64) {
+        self.blocks += 1;
+        self.bytes += bytes;
+        self.requested += requested;
     }
 }
 
@@ -113,20 +134,35 @@ pub struct PoolStats {
 
 impl PoolStats {
     /// Records a block of `size` bytes (`requested` asked for) becoming allocated.
+    #[inline]
     pub fn on_alloc(&mut self, pool: PoolKind, size: u64, requested: u64) {
-        self.allocation.add(pool, 1);
-        self.allocated_bytes.add(pool, size);
-        self.active.add(pool, 1);
-        self.active_bytes.add(pool, size);
-        self.requested_bytes.add(pool, requested);
+        self.on_allocs(pool, Tally { blocks: 1, bytes: size, requested });
     }
 
+    #[inline]
     pub fn on_free(&mut self, pool: PoolKind, size: u64, requested: u64) {
-        self.allocation.sub(pool, 1);
-        self.allocated_bytes.sub(pool, size);
-        self.active.sub(pool, 1);
-        self.active_bytes.sub(pool, size);
-        self.requested_bytes.sub(pool, requested);
+        self.on_frees(pool, Tally { blocks: 1, bytes: size, requested });
+    }
+
+    /// Records `t.blocks` blocks becoming allocated at once (the same counters and peaks as
+    /// one `on_alloc` per block, as nothing is freed in between).
+    #[inline]
+    pub fn on_allocs(&mut self, pool: PoolKind, t: Tally) {
+        self.allocation.add(pool, t.blocks);
+        self.allocated_bytes.add(pool, t.bytes);
+        self.active.add(pool, t.blocks);
+        self.active_bytes.add(pool, t.bytes);
+        self.requested_bytes.add(pool, t.requested);
+    }
+
+    /// Records `t.blocks` blocks being freed at once.
+    #[inline]
+    pub fn on_frees(&mut self, pool: PoolKind, t: Tally) {
+        self.allocation.sub(pool, t.blocks);
+        self.allocated_bytes.sub(pool, t.bytes);
+        self.active.sub(pool, t.blocks);
+        self.active_bytes.sub(pool, t.bytes);
+        self.requested_bytes.sub(pool, t.requested);
     }
 
     pub fn on_segment_alloc(&mut self, pool: PoolKind, size: u64) {

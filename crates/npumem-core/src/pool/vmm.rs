@@ -32,7 +32,7 @@ use super::config::{bad, boolean, number, tokenize};
 use super::recent::{RecentFrees, Waiting};
 use super::{
     Action, Allocator, BlockSnapshot, EventLog, Fragmentation, Grant, PoolKind, PoolStats, Request, Segment,
-    SegmentSnapshot, SegmentUse,
+    SegmentSnapshot, SegmentUse, Tally,
 };
 use crate::acl::Policy;
 use crate::backend::{Backend, PhysHandle};
@@ -546,15 +546,20 @@ impl VmmAllocator {
     /// A malloc that the waiting blocks cannot serve: release them, then bypass or search.
     #[cold]
     #[inline(never)]
-    fn malloc_slow(
-        &mut self,
-        backend: &mut dyn Backend,
-        request: &Request,
-        size: u64,
-        kind: PoolKind,
-        plan: &[PageKind],
-    ) -> Result<Grant> {
+    fn malloc_slow(&mut self, backend: &mut dyn Backend, request: &Request) -> Result<Grant> {
+        let size = checked_align_up(request.size, self.config.quantum)
+            .filter(|&s| s <= self.capacity)
+            .ok_or_else(|| AclError::oom(format!("{} is larger than the device", format_size(request.size))))?;
+        // The policy picks the pages: NORMAL_ONLY uses the normal-page pool at any size,
+        // HUGE_ONLY the 2 MiB pool with no normal-frame fallback, HUGE1G_ONLY giant pages only;
+        // HUGE_FIRST goes by size. Requests from `bypass_threshold` up get their own segment.
         let policy = request.policy.base();
+        let (kind, plan): (PoolKind, &[PageKind]) = match policy {
+            Policy::NormalOnly => (PoolKind::Small, &[PageKind::Normal]),
+            Policy::HugeOnly => (PoolKind::Large, &[PageKind::Huge]),
+            Policy::Huge1gOnly => (PoolKind::Large, &[PageKind::Giant]),
+            _ => (pool_kind(size), &[PageKind::Giant, PageKind::Huge, PageKind::Normal]),
+        };
         let bypass = size >= self.config.bypass_threshold || policy == Policy::Huge1gOnly;
         let huge_only = policy == Policy::HugeOnly;
         self.release_recent()?;
@@ -591,6 +596,38 @@ impl VmmAllocator {
         Ok(Grant { ptr, granted: size, page })
     }
 
+    /// The fast path of a malloc: a waiting block of exactly the request's rounded size, in the
+    /// pool its policy picks (not for HUGE_ONLY, as a waiting block may sit on normal-frame
+    /// pages, nor for requests that bypass the pools), recorded as live. Statistics are the
+    /// caller's.
+    #[inline]
+    fn take_recent(&mut self, request: &Request) -> Option<(PoolKind, Grant)> {
+        let size = checked_align_up(request.size, self.config.quantum)?;
+        let kind = match request.policy.base() {
+            Policy::NormalOnly => PoolKind::Small,
+            Policy::HugeOnly | Policy::Huge1gOnly => return None,
+            _ => pool_kind(size),
+        };
+        if size >= self.config.bypass_threshold {
+            return None;
+        }
+        let w = self.recent.pop(kind, size)?;
+        self.pool_mut(kind).blocks.insert(w.ptr, Block { size, requested: request.size, page: w.page });
+        Some((kind, Grant { ptr: w.ptr, granted: size, page: w.page }))
+    }
+
+    /// The fast path of a free: a live pooled block goes to the waiting stacks. Statistics are
+    /// the caller's. None for a pointer outside the pools (or not live).
+    #[inline]
+    fn take_pooled(&mut self, ptr: u64) -> Option<(PoolKind, Block)> {
+        let kind = [PoolKind::Small, PoolKind::Large]
+            .into_iter()
+            .find(|&k| self.pools[k as usize].as_ref().is_some_and(|p| (p.base..p.end).contains(&ptr)))?;
+        let block = self.pool_mut(kind).blocks.remove(ptr)?;
+        self.recent.push(kind, block.size, Waiting { ptr, page: block.page });
+        Some((kind, block))
+    }
+
     fn free_bypass(&mut self, backend: &mut dyn Backend, ptr: u64) -> Result<()> {
         let Bypass { segment, requested } =
             self.bypass.remove(&ptr).ok_or_else(|| AclError::internal(format!("npumem pool does not own {ptr:#x}")))?;
@@ -615,48 +652,52 @@ impl Allocator for VmmAllocator {
 
     fn malloc(&mut self, backend: &mut dyn Backend, request: &Request) -> Result<Grant> {
         self.clock += 1;
-        let size = checked_align_up(request.size, self.config.quantum)
-            .filter(|&s| s <= self.capacity)
-            .ok_or_else(|| AclError::oom(format!("{} is larger than the device", format_size(request.size))))?;
-        // The policy picks the pages: NORMAL_ONLY uses the normal-page pool at any size,
-        // HUGE_ONLY the 2 MiB pool with no normal-frame fallback, HUGE1G_ONLY giant pages only;
-        // HUGE_FIRST goes by size. Requests from `bypass_threshold` up get their own segment.
-        let policy = request.policy.base();
-        let (kind, plan): (PoolKind, &[PageKind]) = match policy {
-            Policy::NormalOnly => (PoolKind::Small, &[PageKind::Normal]),
-            Policy::HugeOnly => (PoolKind::Large, &[PageKind::Huge]),
-            Policy::Huge1gOnly => (PoolKind::Large, &[PageKind::Giant]),
-            _ => (pool_kind(size), &[PageKind::Giant, PageKind::Huge, PageKind::Normal]),
-        };
-        let bypass = size >= self.config.bypass_threshold || policy == Policy::Huge1gOnly;
-        let huge_only = policy == Policy::HugeOnly;
-        // The fast path: a block of this size freed since the last miss (HUGE_ONLY searches, as
-        // a waiting block may sit on normal-frame pages).
-        if !bypass && !huge_only {
-            if let Some(w) = self.recent.pop(kind, size) {
-                let block = Block { size, requested: request.size, page: w.page };
-                self.pool_mut(kind).blocks.insert(w.ptr, block);
-                self.stats.on_alloc(kind, size, request.size);
-                return Ok(Grant { ptr: w.ptr, granted: size, page: w.page });
-            }
+        if let Some((kind, grant)) = self.take_recent(request) {
+            self.stats.on_alloc(kind, grant.granted, request.size);
+            return Ok(grant);
         }
-        self.malloc_slow(backend, request, size, kind, plan)
+        self.malloc_slow(backend, request)
+    }
+
+    fn malloc_cached(&mut self, requests: &[Request], out: &mut Vec<Grant>) -> usize {
+        let mut tally = [Tally::default(); 2];
+        let mut served = 0;
+        for request in requests {
+            let Some((kind, grant)) = self.take_recent(request) else { break };
+            self.clock += 1;
+            tally[kind as usize].add(grant.granted, request.size);
+            out.push(grant);
+            served += 1;
+        }
+        for kind in [PoolKind::Small, PoolKind::Large] {
+            self.stats.on_allocs(kind, tally[kind as usize]);
+        }
+        served
     }
 
     fn free(&mut self, backend: &mut dyn Backend, ptr: u64) -> Result<()> {
-        let pooled = [PoolKind::Small, PoolKind::Large].into_iter().find_map(|kind| {
-            let pool = self.pools[kind as usize].as_mut().filter(|p| (p.base..p.end).contains(&ptr))?;
-            Some((kind, pool.blocks.remove(ptr)))
-        });
-        match pooled {
-            Some((kind, Some(block))) => {
-                self.stats.on_free(kind, block.size, block.requested);
-                self.recent.push(kind, block.size, Waiting { ptr, page: block.page });
-                Ok(())
-            }
-            Some((_, None)) => Err(AclError::internal(format!("npumem pool has no live block at {ptr:#x}"))),
-            None => self.free_bypass(backend, ptr),
+        if let Some((kind, block)) = self.take_pooled(ptr) {
+            self.stats.on_free(kind, block.size, block.requested);
+            return Ok(());
         }
+        if self.pools.iter().flatten().any(|p| (p.base..p.end).contains(&ptr)) {
+            return Err(AclError::internal(format!("npumem pool has no live block at {ptr:#x}")));
+        }
+        self.free_bypass(backend, ptr)
+    }
+
+    fn free_cached(&mut self, ptrs: &[u64]) -> usize {
+        let mut tally = [Tally::default(); 2];
+        let mut freed = 0;
+        for &ptr in ptrs {
+            let Some((kind, block)) = self.take_pooled(ptr) else { break };
+            tally[kind as usize].add(block.size, block.requested);
+            freed += 1;
+        }
+        for kind in [PoolKind::Small, PoolKind::Large] {
+            self.stats.on_frees(kind, tally[kind as usize]);
+        }
+        freed
     }
 
     fn empty_cache(&mut self, backend: &mut dyn Backend) -> Result<()> {
