@@ -140,3 +140,46 @@ def test_policies_keep_their_pages_through_reuse(policy):
         if policy == npumem.Policy.NORMAL_ONLY:
             assert page < 2 * MiB
         dev.free(q)
+
+
+def test_free_many_mixes_immediate_and_stream_ordered_frees():
+    dev = npumem.Device("256MiB")
+    s, other = dev.create_stream(), dev.create_stream()
+    busy = dev.malloc_many(np.full(3, 8192, dtype=np.uint64), stream=s)
+    idle = dev.malloc_many(np.full(4, 8192, dtype=np.uint64))
+    shared = dev.malloc(8192)
+    dev.launch(s, 1000.0, writes=[int(p) for p in busy])
+    dev.launch(other, 2000.0, reads=[shared])
+    dev.record_stream(shared, other)
+    batch = np.concatenate([idle[:2], busy, [shared], idle[2:]]).astype(np.uint64)
+    dev.free_many(batch)
+    st = dev.stats()
+    assert st["live_count"] == 0 and st["frees"] == 8
+    # The blocks the kernels still use wait for them; the idle ones were freed at once.
+    assert (st["deferred_frees"], st["pending_frees"]) == (4, 4)
+    for p in batch:
+        with pytest.raises(npumem.AclError, match="use after free"):
+            dev.write(int(p), b"x")
+    # Same-stream reuse still works for the stream-ordered ones.
+    again = dev.malloc(8192, stream=s)
+    assert again in set(int(p) for p in busy)
+    dev.free(again)
+    dev.synchronize_device()
+    assert dev.stats()["pending_frees"] == 0
+    assert dev.memory_stats()["allocated_bytes.all.current"] == 0
+
+
+def test_batches_and_single_calls_leave_the_same_statistics():
+    sizes = np.array([512, 4096, 4096, 70_000, 3 * MiB, 600 * MiB, 4096, 100], dtype=np.uint64)
+    one, many = npumem.Device("2GiB"), npumem.Device("2GiB")
+    for _ in range(3):
+        ptrs_one = [one.malloc(int(s)) for s in sizes]
+        ptrs_many = many.malloc_many(sizes)
+        assert ptrs_one == ptrs_many.tolist()
+        assert one.memory_stats() == many.memory_stats()
+        for p in ptrs_one[::-1]:
+            one.free(p)
+        many.free_many(ptrs_many[::-1].copy())
+        assert one.memory_stats() == many.memory_stats()
+        assert one.stats() == many.stats()
+        assert one.memory_snapshot()["segments"] == many.memory_snapshot()["segments"]
