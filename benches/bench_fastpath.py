@@ -30,13 +30,21 @@ from npumem.hostpool import HostPool
 
 def per_op(fn, n: int, repeat: int = 5) -> float:
     """Best of ``repeat`` runs of n calls, in nanoseconds per call."""
-    best = float("inf")
+    return best_of({"": fn}, n, repeat)[""]
+
+
+def best_of(cases: dict, n: int, repeat: int = 5) -> dict[str, float]:
+    """Nanoseconds per call of each case: the best of ``repeat`` rounds, each round timing n
+    calls of every case in turn, so that a slow spell of a shared machine hits all cases alike
+    and the ratios between them stay fair."""
+    best = dict.fromkeys(cases, float("inf"))
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, time.perf_counter() - t0)
-    return best / n * 1e9
+        for name, fn in cases.items():
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return {name: t / n * 1e9 for name, t in best.items()}
 
 
 def main() -> None:
@@ -62,7 +70,7 @@ def main() -> None:
         "HostPool.buffer(4096)": lambda: pool.buffer(4096),
         "HostPool.empty(4096)": lambda: pool.empty(4096, np.uint8),
     }
-    t = {name: per_op(fn, n) for name, fn in pairs.items()}
+    t = best_of(pairs, n // 4, repeat=20)
     t0 = time.perf_counter()
     pool.churn(4096, 10 * n)
     t["HostPool pair, Rust only"] = (time.perf_counter() - t0) / (10 * n) * 1e9
@@ -95,7 +103,7 @@ def main() -> None:
             "np.empty": lambda s=size: touch(np.empty(s, np.uint8)),
             "pool.empty": lambda s=size: touch(pool.empty(s, np.uint8)),
         }
-        us = {k: per_op(fn, reps, repeat=3) / 1e3 for k, fn in cases.items()}
+        us = {k: ns / 1e3 for k, ns in best_of(cases, reps, repeat=3).items()}
         print(
             f"{npumem.units.fmt(size):<10} {us['np.zeros']:12.1f} {us['pool.zeros']:14.1f} "
             f"{us['np.zeros'] / us['pool.zeros']:5.1f}x {us['np.empty']:12.1f} {us['pool.empty']:14.1f} "

@@ -84,6 +84,13 @@ pub trait Backend: Send {
 
     fn counters(&self) -> BackendCounters;
 
+    /// Physical allocations and frees, maps and unmaps so far: the calls the host clock is
+    /// charged for (cheaper to poll than `counters`).
+    fn driver_calls(&self) -> u64 {
+        let c = self.counters();
+        c.physical_allocs + c.physical_frees + c.maps + c.unmaps
+    }
+
     /// Buddy-allocator state, where the backend can see physical memory.
     fn frame_stats(&self) -> Option<FrameStats> {
         None

@@ -403,6 +403,12 @@ impl Backend for SimBackend {
         self.counters
     }
 
+    #[inline]
+    fn driver_calls(&self) -> u64 {
+        let c = &self.counters;
+        c.physical_allocs + c.physical_frees + c.maps + c.unmaps
+    }
+
     fn frame_stats(&self) -> Option<FrameStats> {
         Some(self.frames.stats())
     }

@@ -217,8 +217,9 @@ pub struct Device {
     free_seq: u64,
     sanitizer: Sanitizer,
     reuse: ReusePolicy,
-    /// Driver calls already charged to the host clock.
+    /// Driver calls already charged to the host clock (and their total).
     charged: BackendCounters,
+    charged_calls: u64,
     /// Allocation-site tags of live allocations (for sanitizer and leak reports).
     tags: FxHashMap<u64, String>,
 }
@@ -251,6 +252,7 @@ impl Device {
             sanitizer: Sanitizer::new(SanitizerMode::Collect),
             reuse: ReusePolicy::default(),
             charged: BackendCounters::default(),
+            charged_calls: 0,
             tags: FxHashMap::default(),
         }
     }
@@ -346,13 +348,15 @@ impl Device {
     /// Charges the host clock for the driver calls made since the last charge: physical
     /// allocations and frees, maps and unmaps (the cost a caching pool saves).
     pub(super) fn charge_driver(&mut self) {
+        let calls = self.backend.driver_calls();
+        if calls == self.charged_calls {
+            return;
+        }
+        self.charged_calls = calls;
         let now = self.backend.counters();
         let before = std::mem::replace(&mut self.charged, now);
         let allocs = (now.physical_allocs - before.physical_allocs) + (now.physical_frees - before.physical_frees);
         let maps = (now.maps - before.maps) + (now.unmaps - before.unmaps);
-        if allocs == 0 && maps == 0 {
-            return;
-        }
         let cost = &self.sched.cost;
         let ns = allocs as f64 * cost.driver_alloc_ns + maps as f64 * cost.map_ns;
         self.sched.advance(ns as u64);
