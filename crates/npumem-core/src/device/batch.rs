@@ -26,11 +26,8 @@ impl Device {
     pub fn malloc_many(&mut self, sizes: &[u64], policy: Policy, stream: StreamId) -> Result<Vec<u64>> {
         self.sched.tail_ns(stream)?;
         self.settle();
-        // Requests up to the first invalid size (which the one-by-one path below reports).
-        let requests: Vec<Request> = sizes
-            .iter()
-            .map_while(|&size| booked_size(size, policy, true).ok().map(|booked| Request { size, booked, policy }))
-            .collect();
+        // Sizes up to the first invalid one (which the one-by-one path below reports).
+        let valid = sizes.iter().position(|&size| booked_size(size, policy, true).is_err()).unwrap_or(sizes.len());
         let mut ptrs = Vec::with_capacity(sizes.len());
         let mut grants = Vec::new();
         let mut failed = None;
@@ -39,11 +36,23 @@ impl Device {
             // While no free is pending (stream-ordered reuse comes first), the allocator serves
             // what its front cache can in one call; the request it stops at goes through the
             // full rules (search, release-and-retry on out-of-memory).
-            if self.pending_frees.is_empty() && i < requests.len() {
-                let served = self.allocator.malloc_cached(&requests[i..], &mut grants);
-                for (grant, r) in grants.drain(..).zip(&requests[i..i + served]) {
-                    ptrs.push(self.finish_malloc(Ok((r.booked, grant)), r.size, policy, stream)?);
+            if self.pending_frees.is_empty() && i < valid {
+                let served = self.allocator.malloc_cached(&sizes[i..valid], policy, &mut grants);
+                let (mut requested, mut granted) = (0, 0);
+                for (grant, &size) in grants.drain(..).zip(&sizes[i..i + served]) {
+                    let booked = booked_size(size, policy, true)?;
+                    let a = self.allocation_of(grant, size, booked, policy, stream);
+                    self.live.insert(a);
+                    self.trace(Action::Alloc, a.ptr, a.granted);
+                    (requested, granted) = (requested + a.size, granted + a.granted);
+                    ptrs.push(a.ptr);
                 }
+                let s = &mut self.stats;
+                s.mallocs += served as u64;
+                s.live_count += served as u64;
+                s.live_requested += requested;
+                s.live_granted += granted;
+                s.peak_granted = s.peak_granted.max(s.live_granted);
                 i += served;
                 if i == sizes.len() {
                     break;
@@ -118,9 +127,16 @@ impl Device {
                 done += 1;
             }
         }
+        let (mut requested, mut granted) = (0, 0);
         for a in &at_once[..done] {
-            self.forget_freed(a, true);
+            self.untrack(a, true);
+            (requested, granted) = (requested + a.size, granted + a.granted);
         }
+        let s = &mut self.stats;
+        s.frees += done as u64;
+        s.live_count -= done as u64;
+        s.live_requested -= requested;
+        s.live_granted -= granted;
         let mut ordered = ordered.into_iter();
         if result.is_ok() {
             for a in ordered.by_ref() {

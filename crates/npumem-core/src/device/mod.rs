@@ -23,7 +23,7 @@ pub use batch::ReplayOutcome;
 use live::LiveTable;
 
 use rustc_hash::FxHashMap;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 
 use crate::acl::{MemAttr, MemcpyKind, Policy};
 use crate::backend::{Backend, BackendCounters, SimBackend, SimConfig};
@@ -196,11 +196,37 @@ impl Default for ReusePolicy {
 /// How many recently freed pointers are remembered to name double frees.
 const FREED_MEMORY: usize = 4096;
 
+/// The last `FREED_MEMORY` freed pointers, in a ring (0 marks an empty slot: no allocation
+/// starts at address 0).
+#[derive(Debug)]
+struct FreedRing {
+    slots: Box<[u64]>,
+    next: usize,
+}
+
+impl Default for FreedRing {
+    fn default() -> Self {
+        FreedRing { slots: vec![0; FREED_MEMORY].into_boxed_slice(), next: 0 }
+    }
+}
+
+impl FreedRing {
+    #[inline]
+    fn push(&mut self, ptr: u64) {
+        self.slots[self.next] = ptr;
+        self.next = (self.next + 1) % FREED_MEMORY;
+    }
+
+    fn contains(&self, ptr: &u64) -> bool {
+        *ptr != 0 && self.slots.contains(ptr)
+    }
+}
+
 pub struct Device {
     backend: Box<dyn Backend>,
     allocator: Box<dyn Allocator>,
     live: LiveTable,
-    recently_freed: VecDeque<u64>,
+    recently_freed: FreedRing,
     host: HostHeap,
     stats: DeviceStats,
     /// The trace of allocator actions, while recording (`record_memory_history`).
@@ -239,7 +265,7 @@ impl Device {
             backend,
             allocator,
             live: LiveTable::default(),
-            recently_freed: VecDeque::new(),
+            recently_freed: FreedRing::default(),
             host: HostHeap::default(),
             stats: DeviceStats::default(),
             history: None,
@@ -387,6 +413,21 @@ impl Device {
                 return Err(self.malloc_error(e, size, policy));
             }
         };
+        let allocation = self.allocation_of(grant, size, booked, policy, stream);
+        self.record_live(allocation);
+        Ok(grant.ptr)
+    }
+
+    /// The allocation a grant makes (counting HUGE_FIRST's fallbacks to normal pages).
+    #[inline]
+    fn allocation_of(
+        &mut self,
+        grant: crate::pool::Grant,
+        size: u64,
+        booked: u64,
+        policy: Policy,
+        stream: StreamId,
+    ) -> Allocation {
         // Caching families size blocks by their own rules (torch_npu pads, PyTorch does not), so
         // the grant covers the request, not necessarily aclrtMalloc's booking.
         debug_assert!(grant.ptr % START_ALIGN == 0 && grant.granted >= size);
@@ -396,10 +437,7 @@ impl Device {
         {
             self.stats.huge_fallbacks += 1;
         }
-        let allocation =
-            Allocation { ptr: grant.ptr, size, booked, granted: grant.granted, policy, page: grant.page, stream };
-        self.record_live(allocation);
-        Ok(grant.ptr)
+        Allocation { ptr: grant.ptr, size, booked, granted: grant.granted, policy, page: grant.page, stream }
     }
 
     #[inline]

@@ -179,6 +179,17 @@ impl Device {
     /// (and completion), remember the pointer for double-free reports and count it.
     #[inline(always)]
     pub(super) fn forget_freed(&mut self, allocation: &Allocation, completed: bool) {
+        self.untrack(allocation, completed);
+        let s = &mut self.stats;
+        s.frees += 1;
+        s.live_count -= 1;
+        s.live_requested -= allocation.size;
+        s.live_granted -= allocation.granted;
+    }
+
+    /// `forget_freed` less the counters (a batch counts once).
+    #[inline(always)]
+    pub(super) fn untrack(&mut self, allocation: &Allocation, completed: bool) {
         let ptr = allocation.ptr;
         if !self.stream_uses.is_empty() {
             self.stream_uses.remove(&ptr);
@@ -191,15 +202,7 @@ impl Device {
         if completed {
             self.trace(Action::FreeCompleted, ptr, allocation.granted);
         }
-        if self.recently_freed.len() == FREED_MEMORY {
-            self.recently_freed.pop_front();
-        }
-        self.recently_freed.push_back(ptr);
-        let s = &mut self.stats;
-        s.frees += 1;
-        s.live_count -= 1;
-        s.live_requested -= allocation.size;
-        s.live_granted -= allocation.granted;
+        self.recently_freed.push(ptr);
     }
 
     /// `record_stream`: `stream` also uses the allocation at `ptr`; its free waits for that

@@ -87,11 +87,12 @@ pub trait Allocator: Send {
     /// Segments and their blocks, in address order, for `memory_snapshot`.
     fn segments(&self) -> Vec<SegmentSnapshot>;
 
-    /// Serves `requests` in order from blocks it can hand out without searching or calling the
-    /// driver (a front cache), appending the grants to `out`; stops at the first request it
-    /// cannot serve so and returns how many it served. The caller sends that one through
-    /// `malloc`. Allocators without such a cache serve none.
-    fn malloc_cached(&mut self, _requests: &[Request], _out: &mut Vec<Grant>) -> usize {
+    /// Serves requests of `sizes` bytes under `policy` (valid sizes, in order) from blocks it
+    /// can hand out without searching or calling the driver (a front cache), appending the
+    /// grants to `out`; stops at the first request it cannot serve so and returns how many it
+    /// served. The caller sends that one through `malloc`. Allocators without such a cache
+    /// serve none.
+    fn malloc_cached(&mut self, _sizes: &[u64], _policy: Policy, _out: &mut Vec<Grant>) -> usize {
         0
     }
 

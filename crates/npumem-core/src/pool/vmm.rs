@@ -601,9 +601,9 @@ impl VmmAllocator {
     /// pages, nor for requests that bypass the pools), recorded as live. Statistics are the
     /// caller's.
     #[inline]
-    fn take_recent(&mut self, request: &Request) -> Option<(PoolKind, Grant)> {
-        let size = checked_align_up(request.size, self.config.quantum)?;
-        let kind = match request.policy.base() {
+    fn take_recent(&mut self, requested: u64, policy: Policy) -> Option<(PoolKind, Grant)> {
+        let size = checked_align_up(requested, self.config.quantum)?;
+        let kind = match policy.base() {
             Policy::NormalOnly => PoolKind::Small,
             Policy::HugeOnly | Policy::Huge1gOnly => return None,
             _ => pool_kind(size),
@@ -612,7 +612,7 @@ impl VmmAllocator {
             return None;
         }
         let w = self.recent.pop(kind, size)?;
-        self.pool_mut(kind).blocks.insert(w.ptr, Block { size, requested: request.size, page: w.page });
+        self.pool_mut(kind).blocks.insert(w.ptr, Block { size, requested, page: w.page });
         Some((kind, Grant { ptr: w.ptr, granted: size, page: w.page }))
     }
 
@@ -620,10 +620,13 @@ impl VmmAllocator {
     /// the caller's. None for a pointer outside the pools (or not live).
     #[inline]
     fn take_pooled(&mut self, ptr: u64) -> Option<(PoolKind, Block)> {
-        let kind = [PoolKind::Small, PoolKind::Large]
-            .into_iter()
-            .find(|&k| self.pools[k as usize].as_ref().is_some_and(|p| (p.base..p.end).contains(&ptr)))?;
-        let block = self.pool_mut(kind).blocks.remove(ptr)?;
+        let [small, large] = &mut self.pools;
+        let (kind, pool) = match (small, large) {
+            (Some(p), _) if (p.base..p.end).contains(&ptr) => (PoolKind::Small, p),
+            (_, Some(p)) if (p.base..p.end).contains(&ptr) => (PoolKind::Large, p),
+            _ => return None,
+        };
+        let block = pool.blocks.remove(ptr)?;
         self.recent.push(kind, block.size, Waiting { ptr, page: block.page });
         Some((kind, block))
     }
@@ -652,20 +655,20 @@ impl Allocator for VmmAllocator {
 
     fn malloc(&mut self, backend: &mut dyn Backend, request: &Request) -> Result<Grant> {
         self.clock += 1;
-        if let Some((kind, grant)) = self.take_recent(request) {
+        if let Some((kind, grant)) = self.take_recent(request.size, request.policy) {
             self.stats.on_alloc(kind, grant.granted, request.size);
             return Ok(grant);
         }
         self.malloc_slow(backend, request)
     }
 
-    fn malloc_cached(&mut self, requests: &[Request], out: &mut Vec<Grant>) -> usize {
+    fn malloc_cached(&mut self, sizes: &[u64], policy: Policy, out: &mut Vec<Grant>) -> usize {
         let mut tally = [Tally::default(); 2];
         let mut served = 0;
-        for request in requests {
-            let Some((kind, grant)) = self.take_recent(request) else { break };
+        for &size in sizes {
+            let Some((kind, grant)) = self.take_recent(size, policy) else { break };
             self.clock += 1;
-            tally[kind as usize].add(grant.granted, request.size);
+            tally[kind as usize].add(grant.granted, size);
             out.push(grant);
             served += 1;
         }
