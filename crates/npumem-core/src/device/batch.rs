@@ -29,7 +29,7 @@ impl Device {
         // Sizes up to the first invalid one (which the one-by-one path below reports).
         let valid = sizes.iter().position(|&size| booked_size(size, policy, true).is_err()).unwrap_or(sizes.len());
         let mut ptrs = Vec::with_capacity(sizes.len());
-        let mut grants = Vec::new();
+        let mut grants = Vec::with_capacity(valid);
         let mut failed = None;
         let mut i = 0;
         while i < sizes.len() {

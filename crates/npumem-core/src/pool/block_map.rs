@@ -35,6 +35,10 @@ pub struct BlockMap {
     base: u64,
     page_shift: u32,
     quantum_shift: u32,
+    /// `page - 1` and `quantum - 1`, and records per page.
+    page_mask: u64,
+    quantum_mask: u64,
+    per_page: usize,
     pages: Vec<Option<Box<[Record]>>>,
     len: usize,
     bytes: u64,
@@ -49,6 +53,9 @@ impl BlockMap {
             base,
             page_shift: page.trailing_zeros(),
             quantum_shift: quantum.trailing_zeros(),
+            page_mask: page - 1,
+            quantum_mask: quantum - 1,
+            per_page: (page / quantum) as usize,
             pages: Vec::new(),
             len: 0,
             bytes: 0,
@@ -72,14 +79,14 @@ impl BlockMap {
     fn at(&self, ptr: u64) -> (usize, usize) {
         let offset = ptr - self.base;
         let page = (offset >> self.page_shift) as usize;
-        let slot = ((offset & ((1 << self.page_shift) - 1)) >> self.quantum_shift) as usize;
+        let slot = ((offset & self.page_mask) >> self.quantum_shift) as usize;
         (page, slot)
     }
 
     /// Whether `ptr` can start a block: inside the range, on a quantum boundary.
     #[inline]
     fn can_start(&self, ptr: u64) -> bool {
-        ptr >= self.base && ptr & ((1 << self.quantum_shift) - 1) == 0
+        ptr >= self.base && ptr & self.quantum_mask == 0
     }
 
     #[inline]
@@ -93,13 +100,13 @@ impl BlockMap {
 
     /// Records a live block at `ptr` (a quantum multiple inside the range, where no live block
     /// starts).
-    #[inline]
+    #[inline(always)]
     pub fn insert(&mut self, ptr: u64, block: Block) {
         let (page, slot) = self.at(ptr);
         if page >= self.pages.len() {
             self.pages.resize_with(page + 1, || None);
         }
-        let per_page = 1usize << (self.page_shift - self.quantum_shift);
+        let per_page = self.per_page;
         let records = self.pages[page].get_or_insert_with(|| vec![Record::default(); per_page].into_boxed_slice());
         let record = &mut records[slot];
         debug_assert!(record.page.is_none(), "a block already starts at {ptr:#x}");
@@ -111,7 +118,7 @@ impl BlockMap {
     }
 
     /// Removes and returns the live block at `ptr`.
-    #[inline]
+    #[inline(always)]
     pub fn remove(&mut self, ptr: u64) -> Option<Block> {
         if !self.can_start(ptr) {
             return None;

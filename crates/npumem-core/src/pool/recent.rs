@@ -63,7 +63,7 @@ impl RecentFrees {
     }
 
     /// A waiting block of exactly `size` bytes in `kind`'s pool, the most recently freed first.
-    #[inline]
+    #[inline(always)]
     pub fn pop(&mut self, kind: PoolKind, size: u64) -> Option<Waiting> {
         if self.len == 0 {
             return None;
@@ -77,7 +77,7 @@ impl RecentFrees {
     }
 
     /// Keeps a freed block of `size` bytes of `kind`'s pool.
-    #[inline]
+    #[inline(always)]
     pub fn push(&mut self, kind: PoolKind, size: u64, block: Waiting) {
         match self.slot(kind, size) {
             Some(i) => {

@@ -600,7 +600,7 @@ impl VmmAllocator {
     /// pool its policy picks (not for HUGE_ONLY, as a waiting block may sit on normal-frame
     /// pages, nor for requests that bypass the pools), recorded as live. Statistics are the
     /// caller's.
-    #[inline]
+    #[inline(always)]
     fn take_recent(&mut self, requested: u64, policy: Policy) -> Option<(PoolKind, Grant)> {
         let size = checked_align_up(requested, self.config.quantum)?;
         let kind = match policy.base() {
@@ -618,7 +618,7 @@ impl VmmAllocator {
 
     /// The fast path of a free: a live pooled block goes to the waiting stacks. Statistics are
     /// the caller's. None for a pointer outside the pools (or not live).
-    #[inline]
+    #[inline(always)]
     fn take_pooled(&mut self, ptr: u64) -> Option<(PoolKind, Block)> {
         let [small, large] = &mut self.pools;
         let (kind, pool) = match (small, large) {
