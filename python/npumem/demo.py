@@ -413,7 +413,6 @@ def fast_path(out: TextIO) -> None:
 
     out.write(f"{_RULE}\n9. Device allocation at Python speed: single calls and batches\n{_RULE}\n")
     dev = Device("16GiB")
-    noop = dev._noop
 
     def best(fn, n: int, rounds: int = 5) -> float:
         t = float("inf")
@@ -425,7 +424,7 @@ def fast_path(out: TextIO) -> None:
         return t / n * 1e9
 
     pair = best(lambda: dev.free(dev.malloc(4096)), 20_000)
-    floor = best(lambda: (noop(1), noop(2)), 20_000)
+    floor = best(lambda: (dev._noop(1), dev._noop(2)), 20_000)
     sizes = np.full(1000, 4096, np.uint64)
     batch = best(lambda: dev.free_many(dev.malloc_many(sizes)), 20) / 2000
     p = dev.malloc(4096)

@@ -352,11 +352,19 @@ impl Device {
 
     /// `malloc_on` after the stream is checked and completed work is settled (a batch does
     /// both once); the caller charges the driver calls.
+    #[inline]
     fn malloc_settled(&mut self, size: u64, policy: Policy, padded: bool, stream: StreamId) -> Result<u64> {
-        if let Some(ptr) = self.reuse_on_stream(size, policy, padded, stream)? {
-            return Ok(ptr);
+        if !self.pending_frees.is_empty() {
+            if let Some(ptr) = self.reuse_on_stream(size, policy, padded, stream)? {
+                return Ok(ptr);
+            }
         }
         let mut granted = self.allocate(size, policy, padded);
+        if let Ok((booked, grant)) = granted {
+            let allocation = self.allocation_of(grant, size, booked, policy, stream);
+            self.record_live(allocation);
+            return Ok(grant.ptr);
+        }
         if granted.as_ref().is_err_and(|e| e.code.is_out_of_memory()) && !self.pending_frees.is_empty() {
             if self.reuse.allow_internal_dependencies {
                 if let Some(ptr) = self.reuse_with_dependency(size, policy, padded, stream)? {
