@@ -9,6 +9,8 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import npumem
 
@@ -183,3 +185,39 @@ def test_batches_and_single_calls_leave_the_same_statistics():
         assert one.memory_stats() == many.memory_stats()
         assert one.stats() == many.stats()
         assert one.memory_snapshot()["segments"] == many.memory_snapshot()["segments"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.booleans(),
+            st.lists(st.sampled_from([512, 4096, 5000, 70_000, 2 * MiB, 3 * MiB]), min_size=1, max_size=12),
+            st.randoms(use_true_random=False),
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_batches_behave_like_single_calls(steps):
+    """Random rounds of allocations and frees, made one call at a time on one device and as
+    batches on another: the same pointers, statistics and snapshots after every round."""
+    one, many = npumem.Device("1GiB"), npumem.Device("1GiB")
+    live: list[int] = []
+    for alloc, sizes, rnd in steps:
+        if alloc or not live:
+            got_one = [one.malloc(s) for s in sizes]
+            got_many = many.malloc_many(np.array(sizes, dtype=np.uint64)).tolist()
+            assert got_one == got_many
+            live += got_one
+        else:
+            rnd.shuffle(live)
+            k = rnd.randint(1, len(live))
+            batch, live = live[:k], live[k:]
+            for p in batch:
+                one.free(p)
+            many.free_many(np.array(batch, dtype=np.uint64))
+        assert one.memory_stats() == many.memory_stats()
+        assert one.stats() == many.stats()
+        assert one.memory_snapshot()["segments"] == many.memory_snapshot()["segments"]
+        assert one.fragmentation() == many.fragmentation()
