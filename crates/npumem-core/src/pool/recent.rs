@@ -76,6 +76,22 @@ impl RecentFrees {
         got
     }
 
+    /// Takes up to `n` waiting blocks of exactly `size` bytes of `kind`'s pool, the most
+    /// recently freed first (the order `pop` would give them in).
+    #[inline]
+    pub fn take(&mut self, kind: PoolKind, size: u64, n: usize) -> impl Iterator<Item = Waiting> + '_ {
+        let stack = match self.slot(kind, size) {
+            Some(i) => self.small.get_mut(i).map(|(stack, _)| stack),
+            None => self.other.get_mut(&(kind, size)),
+        };
+        let taken = stack.as_ref().map_or(0, |s| s.len().min(n));
+        self.len -= taken;
+        stack.into_iter().flat_map(move |s| {
+            let keep = s.len() - taken;
+            s.drain(keep..).rev()
+        })
+    }
+
     /// Keeps a freed block of `size` bytes of `kind`'s pool.
     #[inline(always)]
     pub fn push(&mut self, kind: PoolKind, size: u64, block: Waiting) {
@@ -144,6 +160,15 @@ mod tests {
         all.sort_unstable_by_key(|&(_, p, _)| p);
         assert_eq!(all, vec![(PoolKind::Small, 1, 4096), (PoolKind::Small, 3, 1024), (PoolKind::Small, 5, 4 * MIB)]);
         assert!(r.is_empty() && r.iter().next().is_none());
+        // `take` hands out the same blocks in the same order as repeated `pop`s.
+        for p in 10..15 {
+            r.push(PoolKind::Small, 4096, w(p));
+        }
+        assert_eq!(r.take(PoolKind::Small, 4096, 3).collect::<Vec<_>>(), vec![w(14), w(13), w(12)]);
+        assert_eq!(r.len(), 2);
+        assert_eq!(r.take(PoolKind::Small, 4096, 9).collect::<Vec<_>>(), vec![w(11), w(10)]);
+        assert_eq!(r.take(PoolKind::Large, 8192, 9).count(), 0);
+        assert!(r.is_empty());
         assert_eq!(r.pop(PoolKind::Small, 1024), None);
         // A stack emptied by pops and refilled is listed once.
         r.push(PoolKind::Small, 1024, w(6));

@@ -597,23 +597,27 @@ impl VmmAllocator {
     }
 
     /// The fast path of a malloc: a waiting block of exactly the request's rounded size, in the
-    /// pool its policy picks (not for HUGE_ONLY, as a waiting block may sit on normal-frame
-    /// pages, nor for requests that bypass the pools), recorded as live. Statistics are the
-    /// caller's.
+    /// pool its policy picks (see `route_cached`), recorded as live. Statistics are the caller's.
     #[inline(always)]
     fn take_recent(&mut self, requested: u64, policy: Policy) -> Option<(PoolKind, Grant)> {
+        let (kind, size) = self.route_cached(requested, policy)?;
+        let w = self.recent.pop(kind, size)?;
+        self.pool_mut(kind).blocks.insert(w.ptr, Block { size, requested, page: w.page });
+        Some((kind, Grant { ptr: w.ptr, granted: size, page: w.page }))
+    }
+
+    /// The pool and rounded size under which a request may find a waiting block: not for
+    /// HUGE_ONLY (a waiting block may sit on normal-frame pages), nor for requests that bypass
+    /// the pools.
+    #[inline(always)]
+    fn route_cached(&self, requested: u64, policy: Policy) -> Option<(PoolKind, u64)> {
         let size = checked_align_up(requested, self.config.quantum)?;
         let kind = match policy.base() {
             Policy::NormalOnly => PoolKind::Small,
             Policy::HugeOnly | Policy::Huge1gOnly => return None,
             _ => pool_kind(size),
         };
-        if size >= self.config.bypass_threshold {
-            return None;
-        }
-        let w = self.recent.pop(kind, size)?;
-        self.pool_mut(kind).blocks.insert(w.ptr, Block { size, requested, page: w.page });
-        Some((kind, Grant { ptr: w.ptr, granted: size, page: w.page }))
+        (size < self.config.bypass_threshold).then_some((kind, size))
     }
 
     /// The fast path of a free: a live pooled block goes to the waiting stacks. Statistics are
@@ -665,13 +669,27 @@ impl Allocator for VmmAllocator {
     fn malloc_cached(&mut self, sizes: &[u64], policy: Policy, out: &mut Vec<Grant>) -> usize {
         let mut tally = [Tally::default(); 2];
         let mut served = 0;
-        for &size in sizes {
-            let Some((kind, grant)) = self.take_recent(size, policy) else { break };
-            self.clock += 1;
-            tally[kind as usize].add(grant.granted, size);
-            out.push(grant);
-            served += 1;
+        // By runs of equal sizes: the route and the stack are found once per run.
+        while served < sizes.len() {
+            let requested = sizes[served];
+            let run = sizes[served..].iter().take_while(|&&s| s == requested).count();
+            let Some((kind, size)) = self.route_cached(requested, policy) else { break };
+            let Some(pool) = self.pools[kind as usize].as_mut() else { break };
+            let before = out.len();
+            for w in self.recent.take(kind, size, run) {
+                pool.blocks.insert(w.ptr, Block { size, requested, page: w.page });
+                out.push(Grant { ptr: w.ptr, granted: size, page: w.page });
+            }
+            let got = out.len() - before;
+            let t = &mut tally[kind as usize];
+            (t.blocks, t.bytes, t.requested) =
+                (t.blocks + got as u64, t.bytes + got as u64 * size, t.requested + got as u64 * requested);
+            served += got;
+            if got < run {
+                break;
+            }
         }
+        self.clock += served as u64;
         for kind in [PoolKind::Small, PoolKind::Large] {
             self.stats.on_allocs(kind, tally[kind as usize]);
         }
