@@ -76,6 +76,15 @@ impl RecentFrees {
         got
     }
 
+    /// How many blocks of exactly `size` bytes of `kind`'s pool are waiting.
+    #[inline]
+    pub fn waiting(&self, kind: PoolKind, size: u64) -> usize {
+        match self.slot(kind, size) {
+            Some(i) => self.small.get(i).map_or(0, |(stack, _)| stack.len()),
+            None => self.other.get(&(kind, size)).map_or(0, Vec::len),
+        }
+    }
+
     /// Takes up to `n` waiting blocks of exactly `size` bytes of `kind`'s pool, the most
     /// recently freed first (the order `pop` would give them in).
     #[inline]

@@ -669,11 +669,16 @@ impl Allocator for VmmAllocator {
     fn malloc_cached(&mut self, sizes: &[u64], policy: Policy, out: &mut Vec<Grant>) -> usize {
         let mut tally = [Tally::default(); 2];
         let mut served = 0;
-        // By runs of equal sizes: the route and the stack are found once per run.
+        // By runs of equal sizes: the route and the stack are found once per run (a run is
+        // measured only as far as blocks wait for it, so a miss costs O(1), not a scan).
         while served < sizes.len() {
             let requested = sizes[served];
-            let run = sizes[served..].iter().take_while(|&&s| s == requested).count();
             let Some((kind, size)) = self.route_cached(requested, policy) else { break };
+            let waiting = self.recent.waiting(kind, size);
+            let run = sizes[served..].iter().take(waiting).take_while(|&&s| s == requested).count();
+            if run == 0 {
+                break;
+            }
             let Some(pool) = self.pools[kind as usize].as_mut() else { break };
             let before = out.len();
             for w in self.recent.take(kind, size, run) {
