@@ -20,9 +20,10 @@
 //! waiting blocks as the free memory they are.
 //!
 //! Invariants: a page slot holds a handle iff it is mapped; `live` of a slot counts the live
-//! and waiting blocks overlapping it, and a mapped slot with `live == 0` is in the pool's idle set (keyed by
-//! the clock when it became idle, so trimming takes the coldest first); cached handles are held
-//! but unmapped; `reserved_bytes` = (mapped + cached pages) × page size + bypass segments.
+//! and waiting blocks overlapping it, and a mapped slot with `live == 0` is in the pool's idle
+//! set (keyed by the clock when it became idle, so trimming takes the coldest first); cached
+//! handles are held but unmapped; `reserved_bytes` = (mapped + cached pages) × page size +
+//! bypass segments; a pool's `BlockMap` holds exactly its live blocks (not the waiting ones).
 
 use rustc_hash::FxHashMap;
 use std::collections::BTreeSet;
