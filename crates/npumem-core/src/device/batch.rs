@@ -40,7 +40,9 @@ impl Device {
                 let served = self.allocator.malloc_cached(&sizes[i..valid], policy, &mut grants);
                 let (mut requested, mut granted) = (0, 0);
                 for (grant, &size) in grants.drain(..).zip(&sizes[i..i + served]) {
-                    let booked = booked_size(size, policy, true)?;
+                    // Valid by `valid`: the booking cannot fail here (and an error would strand
+                    // the blocks already recorded).
+                    let booked = booked_size(size, policy, true).unwrap_or(size);
                     let a = self.allocation_of(grant, size, booked, policy, stream);
                     self.live.insert(a);
                     self.trace(Action::Alloc, a.ptr, a.granted);
