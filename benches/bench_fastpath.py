@@ -25,26 +25,13 @@ import time
 import numpy as np
 
 import npumem
+from npumem._timing import best_of, per_call
 from npumem.hostpool import HostPool
 
 
 def per_op(fn, n: int, repeat: int = 5) -> float:
     """Best of ``repeat`` runs of n calls, in nanoseconds per call."""
-    return best_of({"": fn}, n, repeat)[""]
-
-
-def best_of(cases: dict, n: int, repeat: int = 5) -> dict[str, float]:
-    """Nanoseconds per call of each case: the best of ``repeat`` rounds, each round timing n
-    calls of every case in turn, so that a slow spell of a shared machine hits all cases alike
-    and the ratios between them stay fair."""
-    best = dict.fromkeys(cases, float("inf"))
-    for _ in range(repeat):
-        for name, fn in cases.items():
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            best[name] = min(best[name], time.perf_counter() - t0)
-    return {name: t / n * 1e9 for name, t in best.items()}
+    return per_call(fn, n, repeat) * 1e9
 
 
 def main() -> None:
@@ -75,7 +62,7 @@ def main() -> None:
         "no-op pair, bound methods": lambda: (noop(1), noop(2)),
         "Device pair, bound methods": lambda: free(malloc(4096)),
     }
-    t = best_of(pairs, n // 4, repeat=20)
+    t = {name: s * 1e9 for name, s in best_of(pairs, n // 4, rounds=20).items()}
     t0 = time.perf_counter()
     pool.churn(4096, 10 * n)
     t["HostPool pair, Rust only"] = (time.perf_counter() - t0) / (10 * n) * 1e9
@@ -110,7 +97,7 @@ def main() -> None:
             "np.empty": lambda s=size: touch(np.empty(s, np.uint8)),
             "pool.empty": lambda s=size: touch(pool.empty(s, np.uint8)),
         }
-        us = {k: ns / 1e3 for k, ns in best_of(cases, reps, repeat=3).items()}
+        us = {k: s * 1e6 for k, s in best_of(cases, reps, rounds=3).items()}
         print(
             f"{npumem.units.fmt(size):<10} {us['np.zeros']:12.1f} {us['pool.zeros']:14.1f} "
             f"{us['np.zeros'] / us['pool.zeros']:5.1f}x {us['np.empty']:12.1f} {us['pool.empty']:14.1f} "

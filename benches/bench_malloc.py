@@ -18,24 +18,18 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
-import time
 
 import numpy as np
 
 import npumem
 from npumem import Policy
+from npumem._timing import per_call
 from npumem.units import fmt
 
 
 def per_op(fn, n: int) -> float:
     """Best of 3 runs of n calls, in microseconds per call."""
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, time.perf_counter() - t0)
-    return best / n * 1e6
+    return per_call(fn, n, 3) * 1e6
 
 
 def main() -> None:

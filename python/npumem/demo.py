@@ -13,6 +13,7 @@ import random
 from collections.abc import Sequence
 from typing import TextIO
 
+from ._timing import best_of, per_call
 from .device import Device
 from .enums import MemAttr, MemcpyKind, Policy
 from .errors import AclError, OutOfMemoryError
@@ -364,7 +365,6 @@ def graph_limits(out: TextIO) -> None:
 
 def host_pool(out: TextIO) -> None:
     """Real host memory, pooled: numpy temporaries without page faults, NumPy's own allocations."""
-    import time
 
     import numpy as np
 
@@ -373,22 +373,13 @@ def host_pool(out: TextIO) -> None:
     pool = HostPool("4GiB")
     out.write(f"{_RULE}\n8. Host memory pool: real numpy arrays that keep their pages between uses\n{_RULE}\n")
 
-    def per_call(fn, n: int) -> float:
-        best = float("inf")
-        for _ in range(3):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            best = min(best, time.perf_counter() - t0)
-        return best / n * 1e6
-
     def touch(a: np.ndarray) -> None:
         a[::4096] = 1  # one write per page
 
     rows = []
     for size, n in ((1 << 20, 200), (64 << 20, 5)):
-        t_np = per_call(lambda s=size: touch(np.zeros(s, np.uint8)), n)
-        t_pool = per_call(lambda s=size: touch(pool.zeros(s, np.uint8)), n)
+        t_np = per_call(lambda s=size: touch(np.zeros(s, np.uint8)), n, 3) * 1e6
+        t_pool = per_call(lambda s=size: touch(pool.zeros(s, np.uint8)), n, 3) * 1e6
         rows.append([fmt(size), f"{t_np:.1f}", f"{t_pool:.1f}", f"{t_np / t_pool:.1f}x"])
     _table(out, ["zeros + touch", "numpy us", "pool us", "speedup"], rows)
     with pool.numpy_allocator():
@@ -407,26 +398,17 @@ def host_pool(out: TextIO) -> None:
 
 def fast_path(out: TextIO) -> None:
     """Device malloc/free at Python speed: single calls against a no-op call, and batch calls."""
-    import time
 
     import numpy as np
 
     out.write(f"{_RULE}\n9. Device allocation at Python speed: single calls and batches\n{_RULE}\n")
     dev = Device("16GiB")
 
-    def best(fn, n: int, rounds: int = 5) -> float:
-        t = float("inf")
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            t = min(t, time.perf_counter() - t0)
-        return t / n * 1e9
-
-    pair = best(lambda: dev.free(dev.malloc(4096)), 20_000)
-    floor = best(lambda: (dev._noop(1), dev._noop(2)), 20_000)
+    pairs = {"device": lambda: dev.free(dev.malloc(4096)), "floor": lambda: (dev._noop(1), dev._noop(2))}
+    t = best_of(pairs, 10_000, rounds=5)
+    pair, floor = t["device"] * 1e9, t["floor"] * 1e9
     sizes = np.full(1000, 4096, np.uint64)
-    batch = best(lambda: dev.free_many(dev.malloc_many(sizes)), 20) / 2000
+    batch = per_call(lambda: dev.free_many(dev.malloc_many(sizes)), 20) / 2000 * 1e9
     p = dev.malloc(4096)
     dev.free(p)
     try:

@@ -38,7 +38,7 @@ impl Device {
             // full rules (search, release-and-retry on out-of-memory).
             if self.pending_frees.is_empty() && i < valid {
                 let served = self.allocator.malloc_cached(&sizes[i..valid], policy, &mut grants);
-                let (mut requested, mut granted) = (0, 0);
+                let mut tally = Tally::default();
                 for (grant, &size) in grants.drain(..).zip(&sizes[i..i + served]) {
                     // Valid by `valid`: the booking cannot fail here (and an error would strand
                     // the blocks already recorded).
@@ -46,15 +46,10 @@ impl Device {
                     let a = self.allocation_of(grant, size, booked, policy, stream);
                     self.live.insert(a);
                     self.trace(Action::Alloc, a.ptr, a.granted);
-                    (requested, granted) = (requested + a.size, granted + a.granted);
+                    tally.add(a.granted, a.size);
                     ptrs.push(a.ptr);
                 }
-                let s = &mut self.stats;
-                s.mallocs += served as u64;
-                s.live_count += served as u64;
-                s.live_requested += requested;
-                s.live_granted += granted;
-                s.peak_granted = s.peak_granted.max(s.live_granted);
+                self.stats.on_mallocs(tally);
                 i += served;
                 if i == sizes.len() {
                     break;
@@ -129,16 +124,12 @@ impl Device {
                 done += 1;
             }
         }
-        let (mut requested, mut granted) = (0, 0);
+        let mut tally = Tally::default();
         for a in &at_once[..done] {
             self.untrack(a, true);
-            (requested, granted) = (requested + a.size, granted + a.granted);
+            tally.add(a.granted, a.size);
         }
-        let s = &mut self.stats;
-        s.frees += done as u64;
-        s.live_count -= done as u64;
-        s.live_requested -= requested;
-        s.live_granted -= granted;
+        self.stats.on_frees(tally);
         let mut ordered = ordered.into_iter();
         if result.is_ok() {
             for a in ordered.by_ref() {

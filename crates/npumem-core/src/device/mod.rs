@@ -32,7 +32,7 @@ use crate::host::HostHeap;
 use crate::policy::{HUGE_FIRST_NORMAL_LIMIT, START_ALIGN, booked_size};
 use crate::pool::{
     Action, Allocator, CachingAllocator, CachingConfig, DirectAllocator, Family, Fragmentation, History, PoolStats,
-    Request, SegmentSnapshot, TraceEntry, VmmAllocator, VmmConfig,
+    Request, SegmentSnapshot, Tally, TraceEntry, VmmAllocator, VmmConfig,
 };
 use crate::sanitizer::{Finding, FindingKind, HOST, Sanitizer, SanitizerMode};
 use crate::stream::{Clock, CostModel, DEFAULT_STREAM, Effect, EventId, Scheduler, StreamId};
@@ -146,6 +146,28 @@ pub struct DeviceStats {
     pub live_requested: u64,
     pub live_granted: u64,
     pub peak_granted: u64,
+}
+
+impl DeviceStats {
+    /// Counts mallocs of `t.blocks` allocations (`t.requested` bytes asked for, `t.bytes`
+    /// granted).
+    #[inline]
+    fn on_mallocs(&mut self, t: Tally) {
+        self.mallocs += t.blocks;
+        self.live_count += t.blocks;
+        self.live_requested += t.requested;
+        self.live_granted += t.bytes;
+        self.peak_granted = self.peak_granted.max(self.live_granted);
+    }
+
+    /// Counts frees of `t.blocks` allocations.
+    #[inline]
+    fn on_frees(&mut self, t: Tally) {
+        self.frees += t.blocks;
+        self.live_count -= t.blocks;
+        self.live_requested -= t.requested;
+        self.live_granted -= t.bytes;
+    }
 }
 
 /// Where an address lives.
@@ -360,11 +382,6 @@ impl Device {
             }
         }
         let mut granted = self.allocate(size, policy, padded);
-        if let Ok((booked, grant)) = granted {
-            let allocation = self.allocation_of(grant, size, booked, policy, stream);
-            self.record_live(allocation);
-            return Ok(grant.ptr);
-        }
         if granted.as_ref().is_err_and(|e| e.code.is_out_of_memory()) && !self.pending_frees.is_empty() {
             if self.reuse.allow_internal_dependencies {
                 if let Some(ptr) = self.reuse_with_dependency(size, policy, padded, stream)? {
@@ -452,12 +469,7 @@ impl Device {
     fn record_live(&mut self, allocation: Allocation) {
         self.live.insert(allocation);
         self.trace(Action::Alloc, allocation.ptr, allocation.granted);
-        let s = &mut self.stats;
-        s.mallocs += 1;
-        s.live_count += 1;
-        s.live_requested += allocation.size;
-        s.live_granted += allocation.granted;
-        s.peak_granted = s.peak_granted.max(s.live_granted);
+        self.stats.on_mallocs(Tally { blocks: 1, bytes: allocation.granted, requested: allocation.size });
     }
 
     fn malloc_error(&self, e: AclError, size: u64, policy: Policy) -> AclError {

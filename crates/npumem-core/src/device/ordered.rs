@@ -180,11 +180,7 @@ impl Device {
     #[inline(always)]
     pub(super) fn forget_freed(&mut self, allocation: &Allocation, completed: bool) {
         self.untrack(allocation, completed);
-        let s = &mut self.stats;
-        s.frees += 1;
-        s.live_count -= 1;
-        s.live_requested -= allocation.size;
-        s.live_granted -= allocation.granted;
+        self.stats.on_frees(Tally { blocks: 1, bytes: allocation.granted, requested: allocation.size });
     }
 
     /// `forget_freed` less the counters (a batch counts once).

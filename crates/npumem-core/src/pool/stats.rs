@@ -95,9 +95,16 @@ pub struct Tally {
 }
 
 impl Tally {
+    /// One block of `bytes` (`requested` asked for).
     #[inline]
     pub fn add(&mut self, bytes: u64, requested: u64) {
-        self.blocks += 1;
+        self.add_many(1, bytes, requested);
+    }
+
+    /// `blocks` blocks of `bytes` in all (`requested` asked for in all).
+    #[inline]
+    pub fn add_many(&mut self, blocks: u64, bytes: u64, requested: u64) {
+        self.blocks += blocks;
         self.bytes += bytes;
         self.requested += requested;
     }

@@ -687,9 +687,7 @@ impl Allocator for VmmAllocator {
                 out.push(Grant { ptr: w.ptr, granted: size, page: w.page });
             }
             let got = out.len() - before;
-            let t = &mut tally[kind as usize];
-            (t.blocks, t.bytes, t.requested) =
-                (t.blocks + got as u64, t.bytes + got as u64 * size, t.requested + got as u64 * requested);
+            tally[kind as usize].add_many(got as u64, got as u64 * size, got as u64 * requested);
             served += got;
             if got < run {
                 break;
