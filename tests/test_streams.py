@@ -92,12 +92,13 @@ def test_stream_and_event_errors(dev):
         dev.memset_async(buf + 64, 64, 0, 1)
 
 
-def test_free_under_pending_work_drops_the_effect(dev):
+def test_freeing_pinned_memory_under_a_queued_copy_drops_the_effect(dev):
     host, buf = dev.malloc_host(MiB), dev.malloc(MiB)
     dev.memcpy_async(buf, MiB, host, MiB, MemcpyKind.HOST_TO_DEVICE, dev.create_stream())
-    dev.free(buf)  # aclrtFree does not wait for queued work
+    dev.free_host(host)  # aclrtFreeHost does not wait for queued work
     dev.synchronize_device()
     assert dev.stats()["lost_effects"] == 1
+    assert [f.kind for f in dev.sanitizer_reports()] == ["use_after_free"]
 
 
 def test_cost_model_presets_and_overrides(dev):

@@ -6,11 +6,16 @@
 //!   back to normal pages when no 2 MiB frame is free. HUGE_ONLY: 2 MiB pages or
 //!   ACL_ERROR_RT_MEMORY_ALLOCATION. NORMAL_ONLY: normal pages. HUGE1G_ONLY: 1 GiB pages from the
 //!   giant reserve. P2P variants follow their base policy.
+//!
+//! Invariant (kept by every allocator that accepts a policy, through every path: front caches,
+//! pool reuse, stitching, bypass, stream-ordered reuse): every page under a live block satisfies
+//! [`honours`] for the policy it was allocated with. An allocator that cannot keep a policy's
+//! promise refuses the request with ACL_ERROR_FEATURE_UNSUPPORTED.
 
 use crate::acl::Policy;
 use crate::error::{AclError, Result};
 use crate::units::{MIB, checked_align_up};
-use crate::vm::PageKind;
+use crate::vm::{PageKind, PageSize};
 
 /// Bytes `aclrtMalloc` appends after aligning the size to 32.
 pub const MALLOC_PAD: u64 = 32;
@@ -41,6 +46,18 @@ pub fn page_plan(policy: Policy, size: u64) -> &'static [PageKind] {
         Policy::HugeOnly => &[PageKind::Huge],
         Policy::NormalOnly => &[PageKind::Normal],
         _ => &[PageKind::Giant],
+    }
+}
+
+/// Whether a page of `page` bytes keeps `policy`'s promise: HUGE_ONLY gets only 2 MiB pages,
+/// HUGE1G_ONLY only 1 GiB pages, NORMAL_ONLY only normal (4 KiB / 64 KiB) pages; HUGE_FIRST
+/// promises nothing (it takes huge pages when it can).
+pub fn honours(policy: Policy, page: PageSize) -> bool {
+    match policy.base() {
+        Policy::HugeOnly => page == PageSize::Size2M,
+        Policy::Huge1gOnly => page == PageSize::Size1G,
+        Policy::NormalOnly => page < PageSize::Size2M,
+        _ => true,
     }
 }
 

@@ -1,17 +1,27 @@
 //! `Sanitizer`: the device's memory sanitizer, cheap enough to leave on.
 //!
 //! Ordering comes from the scheduler's vector clocks (advanced by enqueueing, `record_event`,
-//! `stream_wait_event` and the `synchronize_*` calls). Each allocation remembers, per stream,
-//! its last read and last write (epoch and byte range). An
-//! access races with an earlier one by another stream (or the host) when their ranges overlap,
-//! one of them writes, and the earlier one's epoch is not covered by the accessor's clock: no
-//! event or synchronisation orders them. Host reads of memory with such a write still pending
-//! are reported as `pending_write_read`. Findings are also made for the errors the device
-//! refuses (use after free, double free, out of bounds) and for copies whose kind contradicts
-//! their addresses (a warning: the runtime ignores the kind).
+//! `stream_wait_event` and the `synchronize_*` calls). Each allocation (device or `malloc_host`)
+//! keeps, per stream and for the host, the accesses not yet known to be ordered before
+//! everything that can still happen (epoch, byte range, read or write). An operation's access
+//! races with an earlier one by another stream (or the host) when their ranges overlap, one of
+//! them writes, and the earlier one's epoch is not covered by the operation's clock: no event or
+//! synchronisation orders them. Host reads of memory with such a write pending are reported as
+//! `pending_write_read`. A free whose memory another stream still uses without being ordered
+//! before the free (no event, no synchronisation, not the allocation's own stream, not recorded
+//! with `record_stream`, not the stream of a stream-ordered free) is a `use_after_free` hazard:
+//! the real runtime would hand that memory out while the work runs. Findings are also made for
+//! the errors the device refuses (use after free, double free, out of bounds) and for copies
+//! whose kind contradicts their addresses (a warning: the runtime ignores the kind).
 //!
-//! Invariants: access records are dropped when their allocation is freed; a refused operation
-//! leaves none; with the mode off nothing is tracked.
+//! Invariants: the verdicts are exact with respect to the vector clocks — an access record is
+//! dropped only when a later access of the same stream supersedes it (it covers the range, and a
+//! write supersedes reads) or when the host clock covers it (every later operation's clock
+//! includes the host's), so no race is missed and none is invented; a refused operation (raise
+//! mode) leaves no record; access records of an allocation are dropped when its memory goes back
+//! to the allocator (a block revived by its own stream keeps them, since its old work is still
+//! queued); at most `FINDINGS_LIMIT` findings are kept (the first ones), every finding is
+//! counted by kind; with the mode off nothing is tracked.
 
 use rustc_hash::FxHashMap;
 
@@ -20,6 +30,12 @@ use crate::stream::{Clock, StreamId, covers};
 
 /// The host's pseudo stream id in reports and clocks.
 pub use crate::stream::HOST_CLOCK as HOST;
+
+/// Findings kept for `findings()`; later ones are only counted.
+pub const FINDINGS_LIMIT: usize = 10_000;
+
+/// Records per allocation and stream past which those the host clock covers are pruned.
+const PRUNE_AT: usize = 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SanitizerMode {
@@ -54,6 +70,15 @@ pub enum FindingKind {
 }
 
 impl FindingKind {
+    pub const ALL: [FindingKind; 6] = [
+        FindingKind::UseAfterFree,
+        FindingKind::DoubleFree,
+        FindingKind::OutOfBounds,
+        FindingKind::KindMismatch,
+        FindingKind::PendingWriteRead,
+        FindingKind::Race,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             FindingKind::UseAfterFree => "use_after_free",
@@ -75,10 +100,20 @@ pub struct Finding {
     pub size: u64,
     /// The allocation involved (its start), when there is one.
     pub allocation: Option<u64>,
-    /// The streams involved (`HOST` for the host).
+    /// The streams involved (`HOST` for the host): for a race or an unordered free, the earlier
+    /// unordered streams in increasing order, then the one acting now.
     pub streams: Vec<StreamId>,
     /// The allocation's site tag (given at malloc), when it has one.
     pub tag: Option<String>,
+}
+
+/// One access of an operation: `[lo, hi)` inside the allocation that starts at `base`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Touch {
+    pub base: u64,
+    pub lo: u64,
+    pub hi: u64,
+    pub write: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -86,45 +121,75 @@ struct Access {
     epoch: u64,
     lo: u64,
     hi: u64,
+    write: bool,
 }
 
-#[derive(Debug, Default)]
-struct Accesses {
-    reads: FxHashMap<StreamId, Access>,
-    writes: FxHashMap<StreamId, Access>,
+impl Access {
+    /// Whether this later access of the same stream makes `old` redundant: any clock that does
+    /// not cover `old` does not cover this one either, so every conflict with `old` is also one
+    /// with this (a write conflicts with whatever a read does, not the other way round).
+    fn supersedes(&self, old: &Access) -> bool {
+        self.lo <= old.lo && old.hi <= self.hi && (self.write || !old.write)
+    }
+}
+
+/// How many findings of each kind were made (kept or not).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FindingCounts {
+    pub by_kind: [u64; 6],
+    /// Findings counted but not kept (past `FINDINGS_LIMIT`).
+    pub dropped: u64,
+}
+
+impl FindingCounts {
+    pub fn get(&self, kind: FindingKind) -> u64 {
+        self.by_kind[kind as usize]
+    }
+
+    pub fn total(&self) -> u64 {
+        self.by_kind.iter().sum()
+    }
 }
 
 #[derive(Debug)]
 pub struct Sanitizer {
     pub mode: SanitizerMode,
     findings: Vec<Finding>,
-    access: FxHashMap<u64, Accesses>,
+    counts: FindingCounts,
+    /// Allocation start → stream (or `HOST`) → its unsuperseded accesses.
+    access: FxHashMap<u64, FxHashMap<StreamId, Vec<Access>>>,
+}
+
+fn who(s: StreamId) -> String {
+    if s == HOST { "the host".to_string() } else { format!("stream {s}") }
+}
+
+fn list(streams: &[StreamId]) -> String {
+    streams.iter().map(|&s| who(s)).collect::<Vec<_>>().join(", ")
 }
 
 impl Sanitizer {
     pub fn new(mode: SanitizerMode) -> Self {
-        Sanitizer { mode, findings: Vec::new(), access: FxHashMap::default() }
+        Sanitizer { mode, findings: Vec::new(), counts: FindingCounts::default(), access: FxHashMap::default() }
     }
 
     pub fn enabled(&self) -> bool {
         self.mode != SanitizerMode::Off
     }
 
+    /// The findings kept (the first `FINDINGS_LIMIT`).
     pub fn findings(&self) -> &[Finding] {
         &self.findings
     }
 
-    pub fn clear(&mut self) {
-        self.findings.clear();
+    /// Every finding made since the last `clear`, by kind.
+    pub fn counts(&self) -> FindingCounts {
+        self.counts
     }
 
-    /// Tags the findings from index `from` on that concern `allocation` and have no tag yet.
-    pub fn tag_since(&mut self, from: usize, allocation: u64, tag: &str) {
-        for f in self.findings.iter_mut().skip(from) {
-            if f.tag.is_none() && f.allocation == Some(allocation) {
-                f.tag = Some(tag.to_string());
-            }
-        }
+    pub fn clear(&mut self) {
+        self.findings.clear();
+        self.counts = FindingCounts::default();
     }
 
     /// Records a finding; in raise mode returns it as an error for hazards the operation would
@@ -138,82 +203,178 @@ impl Sanitizer {
             message: format!("sanitizer: {}", finding.message),
             finding: Some(finding.kind.name()),
         });
-        self.findings.push(finding);
+        self.counts.by_kind[finding.kind as usize] += 1;
+        if self.findings.len() < FINDINGS_LIMIT {
+            self.findings.push(finding);
+        } else {
+            self.counts.dropped += 1;
+        }
         error.map_or(Ok(()), Err)
     }
 
-    /// Checks an access to `[lo, hi)` of the allocation starting at `base` by operation `epoch`
-    /// of `stream` (or by the host, `HOST`), whose vector clock is `clock`, then records it.
-    #[allow(clippy::too_many_arguments)]
-    pub fn access(
+    /// The streams (or the host) other than `actor` with an access to `[t.lo, t.hi)` of
+    /// `t.base` that conflicts with `t` and that `clock` does not cover, in increasing order.
+    fn conflicts(&self, actor: StreamId, clock: &Clock, t: &Touch) -> Vec<StreamId> {
+        let Some(by_stream) = self.access.get(&t.base) else { return Vec::new() };
+        let mut out: Vec<StreamId> = by_stream
+            .iter()
+            .filter(|&(&o, accesses)| {
+                o != actor
+                    && accesses
+                        .iter()
+                        .any(|a| (a.write || t.write) && a.lo < t.hi && t.lo < a.hi && !covers(clock, o, a.epoch))
+            })
+            .map(|(&o, _)| o)
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// Checks the accesses of one operation by `actor` (a stream, or `HOST`), its `epoch` and
+    /// vector clock `clock`; `host` is the host's clock (used to prune records). Every conflict
+    /// is a finding (one per touch); in raise mode the first makes the operation fail and
+    /// nothing is recorded, otherwise the accesses are recorded.
+    pub fn operation(
         &mut self,
-        stream: StreamId,
+        actor: StreamId,
         epoch: u64,
         clock: &Clock,
-        base: u64,
-        lo: u64,
-        hi: u64,
-        write: bool,
+        host: &Clock,
+        touches: &[Touch],
+        tags: &FxHashMap<u64, String>,
     ) -> Result<()> {
-        if !self.enabled() || lo >= hi {
+        if !self.enabled() {
             return Ok(());
         }
-        let entry = self.access.entry(base).or_default();
-        let overlaps = |a: &Access| a.lo < hi && lo < a.hi;
-        // A read conflicts with unordered writes; a write with unordered reads and writes.
-        let conflict = entry
-            .writes
-            .iter()
-            .chain(entry.reads.iter().filter(|_| write))
-            .find(|&(&o, a)| o != stream && overlaps(a) && !covers(clock, o, a.epoch))
-            .map(|(&o, _)| o);
-        // A refused operation (raise mode) does not run, so it leaves no access behind.
-        if conflict.is_none() || self.mode != SanitizerMode::Raise {
-            let record = Access { epoch, lo, hi };
-            if write {
-                entry.writes.insert(stream, record);
+        let mut findings = Vec::new();
+        for t in touches.iter().filter(|t| t.lo < t.hi) {
+            let others = self.conflicts(actor, clock, t);
+            if others.is_empty() {
+                continue;
+            }
+            let len = t.hi - t.lo;
+            let (kind, message) = if actor == HOST && !t.write {
+                (
+                    FindingKind::PendingWriteRead,
+                    format!(
+                        "the host reads {len} bytes at {:#x} while a write by {} to them is not synchronised; \
+                         synchronize the stream (or an event recorded after the write) first",
+                        t.lo,
+                        list(&others)
+                    ),
+                )
             } else {
-                entry.reads.insert(stream, record);
+                (
+                    FindingKind::Race,
+                    format!(
+                        "{} {} {len} bytes at {:#x} that {} also accesses, at least one writing, with no event \
+                         or synchronisation ordering them; record an event after the first and wait on it",
+                        who(actor),
+                        if t.write { "writes" } else { "reads" },
+                        t.lo,
+                        list(&others)
+                    ),
+                )
+            };
+            let mut streams = others;
+            streams.push(actor);
+            findings.push(Finding {
+                kind,
+                message,
+                addr: t.lo,
+                size: len,
+                allocation: Some(t.base),
+                streams,
+                tag: tags.get(&t.base).cloned(),
+            });
+        }
+        let refused = !findings.is_empty() && self.mode == SanitizerMode::Raise;
+        let mut first_error = None;
+        for f in findings {
+            if let Err(e) = self.report(f, true) {
+                first_error.get_or_insert(e);
             }
         }
-        let Some(other) = conflict else { return Ok(()) };
-        let who = |s: StreamId| if s == HOST { "the host".to_string() } else { format!("stream {s}") };
-        let (kind, message) = if stream == HOST && !write {
-            (
-                FindingKind::PendingWriteRead,
-                format!(
-                    "the host reads {} bytes at {lo:#x} while a write by {} to them is not synchronised; \
-                     synchronize the stream (or an event recorded after the write) first",
-                    hi - lo,
-                    who(other)
-                ),
-            )
-        } else {
-            (
-                FindingKind::Race,
-                format!(
-                    "{} {} {} bytes at {lo:#x} that {} also accesses, at least one writing, with no event or \
-                     synchronisation ordering them; record an event after the first and wait on it",
-                    who(stream),
-                    if write { "writes" } else { "reads" },
-                    hi - lo,
-                    who(other)
-                ),
-            )
-        };
+        if refused {
+            return Err(first_error.expect("raise mode turns a hazard into an error"));
+        }
+        for t in touches.iter().filter(|t| t.lo < t.hi) {
+            self.record(actor, epoch, host, t);
+        }
+        Ok(())
+    }
+
+    fn record(&mut self, actor: StreamId, epoch: u64, host: &Clock, t: &Touch) {
+        // The host's accesses need no record: every later operation's clock includes the host's,
+        // so none can conflict with them.
+        if actor == HOST {
+            return;
+        }
+        let new = Access { epoch, lo: t.lo, hi: t.hi, write: t.write };
+        let accesses = self.access.entry(t.base).or_default().entry(actor).or_default();
+        accesses.retain(|old| !new.supersedes(old));
+        accesses.push(new);
+        if accesses.len() > PRUNE_AT {
+            accesses.retain(|a| !covers(host, actor, a.epoch));
+        }
+    }
+
+    /// Checks a free of the allocation at `base` (`size` bytes) by `actor` (the host, or the
+    /// stream of a stream-ordered free) whose clock is `clock`: the memory goes back once the
+    /// streams in `waited` are done, so an access by another stream that `clock` does not cover
+    /// is a use-after-free hazard. In raise mode the hazard makes the free fail.
+    #[allow(clippy::too_many_arguments)]
+    pub fn check_free(
+        &mut self,
+        base: u64,
+        size: u64,
+        actor: StreamId,
+        clock: &Clock,
+        waited: &[StreamId],
+        tag: Option<&String>,
+    ) -> Result<()> {
+        if !self.enabled() {
+            return Ok(());
+        }
+        let Some(by_stream) = self.access.get(&base) else { return Ok(()) };
+        let mut others: Vec<StreamId> = by_stream
+            .iter()
+            .filter(|&(&o, accesses)| {
+                o != HOST && o != actor && !waited.contains(&o) && accesses.iter().any(|a| !covers(clock, o, a.epoch))
+            })
+            .map(|(&o, _)| o)
+            .collect();
+        if others.is_empty() {
+            return Ok(());
+        }
+        others.sort_unstable();
+        let message = format!(
+            "{} frees the memory at {base:#x} while {} may still access it (no event or synchronisation \
+             orders that work before the free, and the runtime does not wait for it); free it on that \
+             stream (free(ptr, stream=...)), call record_stream(ptr, stream) before the free, or synchronize first",
+            who(actor),
+            list(&others)
+        );
+        others.push(actor);
         let finding = Finding {
-            kind,
+            kind: FindingKind::UseAfterFree,
             message,
-            addr: lo,
-            size: hi - lo,
+            addr: base,
+            size,
             allocation: Some(base),
-            streams: vec![other, stream],
-            tag: None,
+            streams: others,
+            tag: tag.cloned(),
         };
         self.report(finding, true)
     }
 
-    /// Forgets the accesses of a freed allocation.
+    /// Whether any access to the allocation at `base` is recorded.
+    #[inline]
+    pub fn tracks(&self, base: u64) -> bool {
+        !self.access.is_empty() && self.access.contains_key(&base)
+    }
+
+    /// Forgets the accesses of an allocation whose memory went back to the allocator.
     #[inline]
     pub fn forget(&mut self, base: u64) {
         if !self.access.is_empty() {
@@ -237,13 +398,16 @@ mod tests {
         hi: u64,
         write: bool,
     ) -> Result<()> {
+        let touch = [Touch { base, lo, hi, write }];
+        let tags = FxHashMap::default();
         if stream == HOST {
             let e = sched.host_tick();
-            return san.access(HOST, e, sched.host_clock(), base, lo, hi, write);
+            let host = sched.host_clock().clone();
+            return san.operation(HOST, e, &host, &host, &touch, &tags);
         }
         let clock = sched.next_clock(stream);
         let epoch = clock[&stream];
-        let result = san.access(stream, epoch, &clock, base, lo, hi, write);
+        let result = san.operation(stream, epoch, &clock, &sched.host_clock().clone(), &touch, &tags);
         sched.enqueue(stream, 10, "op", 0, None).unwrap();
         result
     }
@@ -257,6 +421,7 @@ mod tests {
         op(&mut s, &mut sched, b, 100, 150, 160, false).unwrap();
         assert_eq!(s.findings().len(), 1);
         assert_eq!(s.findings()[0].kind, FindingKind::Race);
+        assert_eq!(s.findings()[0].streams, vec![a, b]);
         let ev = sched.create_event();
         sched.record_event(ev, a).unwrap();
         sched.stream_wait_event(b, ev).unwrap();
@@ -275,5 +440,51 @@ mod tests {
         let mut off = Sanitizer::new(SanitizerMode::Off);
         op(&mut off, &mut sched, HOST, 0, 0, 8, true).unwrap();
         assert!(off.findings().is_empty());
+    }
+
+    #[test]
+    fn an_earlier_access_of_another_range_is_not_forgotten() {
+        // Stream a writes [0, 10) then [20, 30): a read of [0, 10) by b still races with the
+        // first write (a record per stream and kind would have kept only the second).
+        let mut sched = Scheduler::new(CostModel::ascend910b());
+        let mut s = Sanitizer::new(SanitizerMode::Collect);
+        let (a, b) = (sched.create_stream(), sched.create_stream());
+        op(&mut s, &mut sched, a, 0, 0, 10, true).unwrap();
+        op(&mut s, &mut sched, a, 0, 20, 30, true).unwrap();
+        op(&mut s, &mut sched, b, 0, 0, 10, false).unwrap();
+        assert_eq!(s.findings().len(), 1);
+        // A later write over the whole range supersedes both (and races with b's read); b,
+        // ordered after the first two only, still races with it.
+        let ev = sched.create_event();
+        sched.record_event(ev, a).unwrap();
+        op(&mut s, &mut sched, a, 0, 0, 30, true).unwrap();
+        assert_eq!(s.findings().len(), 2);
+        sched.stream_wait_event(b, ev).unwrap();
+        op(&mut s, &mut sched, b, 0, 5, 6, false).unwrap();
+        assert_eq!(s.findings().len(), 3);
+        assert_eq!(s.findings()[2].streams, vec![a, b]);
+        assert_eq!(s.access[&0][&a].len(), 1, "superseded records are dropped");
+    }
+
+    #[test]
+    fn findings_are_capped_and_counted() {
+        let mut s = Sanitizer::new(SanitizerMode::Collect);
+        for i in 0..FINDINGS_LIMIT as u64 + 5 {
+            let f = Finding {
+                kind: FindingKind::DoubleFree,
+                message: String::new(),
+                addr: i,
+                size: 0,
+                allocation: None,
+                streams: vec![],
+                tag: None,
+            };
+            s.report(f, false).unwrap();
+        }
+        assert_eq!(s.findings().len(), FINDINGS_LIMIT);
+        assert_eq!(s.counts().get(FindingKind::DoubleFree), FINDINGS_LIMIT as u64 + 5);
+        assert_eq!(s.counts().dropped, 5);
+        s.clear();
+        assert_eq!(s.counts().total(), 0);
     }
 }

@@ -1,6 +1,7 @@
 //! Streams on the device: async copies land when they complete on the simulated clock.
 
 use npumem_core::backend::SimConfig;
+use npumem_core::sanitizer::{FindingKind, HOST};
 use npumem_core::stream::DEFAULT_STREAM;
 use npumem_core::units::MIB;
 use npumem_core::{Device, DeviceConfig, MemcpyKind, Policy};
@@ -60,14 +61,30 @@ fn events_order_two_streams() {
 }
 
 #[test]
-fn freeing_under_pending_work_loses_the_effect() {
+fn freeing_under_another_streams_work_is_a_hazard_but_the_memory_waits() {
     let mut d = device();
     let n = MIB;
     let host = d.malloc_host(n).unwrap();
     let dev = d.malloc(n, Policy::HugeFirst).unwrap();
     let s = d.scheduler().create_stream();
     d.memcpy_async(dev, n, host, n, 1, s).unwrap();
-    d.free(dev).unwrap(); // aclrtFree does not wait
+    // aclrtFree would not wait for stream s: a use-after-free hazard. npumem keeps the memory
+    // until the copy is done, so nothing else gets it meanwhile and the copy is not lost.
+    d.free(dev).unwrap();
+    let findings = d.sanitizer_reports();
+    assert_eq!(findings.len(), 1);
+    assert_eq!(findings[0].kind, FindingKind::UseAfterFree);
+    assert_eq!(findings[0].streams, vec![s, HOST]);
+    assert_eq!(d.stats().pending_frees, 1);
+    let other = d.malloc(n, Policy::HugeFirst).unwrap();
+    assert_ne!(other, dev, "not handed out while the copy runs");
+    d.synchronize_device();
+    assert_eq!((d.stats().lost_effects, d.stats().pending_frees), (0, 0));
+    // Freeing the pinned source under the queued copy is the same hazard; that copy is lost.
+    let dev2 = d.malloc(n, Policy::HugeFirst).unwrap();
+    d.memcpy_async(dev2, n, host, n, 1, s).unwrap();
+    d.free_host(host).unwrap();
+    assert_eq!(d.sanitizer_reports()[1].kind, FindingKind::UseAfterFree);
     d.synchronize_device();
     assert_eq!(d.stats().lost_effects, 1);
 }

@@ -83,40 +83,42 @@ impl Device {
         self.containing(addr).map(|a| a.ptr).or_else(|| self.host.block_start(addr)).unwrap_or(addr)
     }
 
-    /// Tells the sanitizer about an access by the host.
-    pub(super) fn touch_host(&mut self, addr: u64, len: u64, write: bool) -> Result<()> {
-        if !self.sanitizer.enabled() || len == 0 {
+    /// The sanitizer's view of accesses `(addr, len, write)`: each inside the allocation holding it.
+    fn touches(&mut self, accesses: &[(u64, u64, bool)]) -> Vec<Touch> {
+        accesses
+            .iter()
+            .filter(|&&(_, len, _)| len > 0)
+            .map(|&(addr, len, write)| Touch { base: self.base_of(addr), lo: addr, hi: addr + len, write })
+            .collect()
+    }
+
+    /// Tells the sanitizer about one host operation making `accesses` (`(addr, len, write)`).
+    /// The host's own accesses need no record: every later operation follows them.
+    pub(super) fn host_op(&mut self, accesses: &[(u64, u64, bool)]) -> Result<()> {
+        if !self.sanitizer.enabled() {
             return Ok(());
         }
-        let base = self.base_of(addr);
+        let touches = self.touches(accesses);
+        if touches.is_empty() {
+            return Ok(());
+        }
         let epoch = self.sched.host_tick();
-        let before = self.sanitizer.findings().len();
-        let result = self.sanitizer.access(HOST, epoch, self.sched.host_clock(), base, addr, addr + len, write);
-        self.tag_findings(before, base);
-        result
+        let host = self.sched.host_clock();
+        self.sanitizer.operation(HOST, epoch, host, host, &touches, &self.tags)
     }
 
-    /// Tells the sanitizer about an access by the next operation on `stream`, whose clock is
-    /// `clock` (from `Scheduler::next_clock`).
-    pub(super) fn touch_op(&mut self, stream: StreamId, clock: &Clock, addr: u64, len: u64, write: bool) -> Result<()> {
-        if !self.sanitizer.enabled() || len == 0 {
+    /// Tells the sanitizer about the next operation on `stream`, whose clock is `clock` (from
+    /// `Scheduler::next_clock`), making `accesses`.
+    pub(super) fn stream_op(&mut self, stream: StreamId, clock: &Clock, accesses: &[(u64, u64, bool)]) -> Result<()> {
+        if !self.sanitizer.enabled() {
             return Ok(());
         }
-        let base = self.base_of(addr);
-        let epoch = clock.get(&stream).copied().unwrap_or(0);
-        let before = self.sanitizer.findings().len();
-        let result = self.sanitizer.access(stream, epoch, clock, base, addr, addr + len, write);
-        self.tag_findings(before, base);
-        result
-    }
-
-    /// Puts the allocation's tag on the findings made since index `before`.
-    fn tag_findings(&mut self, before: usize, base: u64) {
-        if self.sanitizer.findings().len() > before {
-            if let Some(tag) = self.tags.get(&base) {
-                self.sanitizer.tag_since(before, base, tag);
-            }
+        let touches = self.touches(accesses);
+        if touches.is_empty() {
+            return Ok(());
         }
+        let epoch = clock.get(&stream).copied().unwrap_or(0);
+        self.sanitizer.operation(stream, epoch, clock, self.sched.host_clock(), &touches, &self.tags)
     }
 
     /// Checks that `[ptr, ptr + len)` may be read or written (device or `malloc_host` memory),
@@ -217,8 +219,7 @@ impl Device {
         let Some((dst_side, src_side)) = self.check_copy(dst, dst_max, src, count, kind)? else {
             return Ok(());
         };
-        self.touch_host(src, count, false)?;
-        self.touch_host(dst, count, true)?;
+        self.host_op(&[(src, count, false), (dst, count, true)])?;
         self.move_bytes(dst, dst_side, src, src_side, count)?;
         let ns = self.sched.cost.copy_ns(count, src_side == Side::Device, dst_side == Side::Device, true);
         self.sched.advance(ns);
@@ -237,7 +238,7 @@ impl Device {
             )));
         }
         let side = self.side(ptr, count, "destination")?;
-        self.touch_host(ptr, count, true)?;
+        self.host_op(&[(ptr, count, true)])?;
         self.fill_bytes(ptr, side, value as u8, count)?;
         self.sched.advance(self.sched.cost.fill_ns(count));
         Ok(())
@@ -252,7 +253,7 @@ impl Device {
         }
         let count = data.len() as u64;
         let side = self.side(ptr, count, "destination")?;
-        self.touch_host(ptr, count, true)?;
+        self.host_op(&[(ptr, count, true)])?;
         match side {
             Side::Host => self.host.slice_mut(ptr, count)?.copy_from_slice(data),
             Side::Device => {
@@ -274,7 +275,7 @@ impl Device {
         }
         self.sched.tail_ns(stream)?;
         let clock = self.sched.next_clock(stream);
-        self.touch_op(stream, &clock, ptr, count, true)?;
+        self.stream_op(stream, &clock, &[(ptr, count, true)])?;
         let ns = self.sched.cost.copy_ns(count, false, true, false);
         let span = self.sched.enqueue(stream, ns, "copy H2D (pageable)", count, None)?;
         self.sched.wait_for(stream, span.1);
@@ -295,7 +296,7 @@ impl Device {
         }
         self.sched.tail_ns(stream)?;
         let clock = self.sched.next_clock(stream);
-        self.touch_op(stream, &clock, ptr, count, false)?;
+        self.stream_op(stream, &clock, &[(ptr, count, false)])?;
         let ns = self.sched.cost.copy_ns(count, true, false, false);
         let span = self.sched.enqueue(stream, ns, "copy D2H (pageable)", count, None)?;
         self.sched.wait_for(stream, span.1);
@@ -314,7 +315,7 @@ impl Device {
         }
         let count = out.len() as u64;
         let side = self.side(ptr, count, "source")?;
-        self.touch_host(ptr, count, false)?;
+        self.host_op(&[(ptr, count, false)])?;
         match side {
             Side::Host => out.copy_from_slice(self.host.slice(ptr, count)?),
             Side::Device => {

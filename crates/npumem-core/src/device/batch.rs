@@ -98,10 +98,21 @@ impl Device {
                     idle
                 }
             };
-            if idle && (self.stream_uses.is_empty() || !self.stream_uses.contains_key(&p)) {
+            let plain = (self.stream_uses.is_empty() || !self.stream_uses.contains_key(&p))
+                && (self.busy.is_empty() || !self.busy.contains_key(&p))
+                && !self.sanitizer.tracks(p);
+            if idle && plain {
                 at_once.push(a);
             } else {
                 ordered.push(a);
+            }
+        }
+        // Raise mode refuses the whole batch if one of its frees is a hazard.
+        if self.sanitizer.mode == SanitizerMode::Raise {
+            let hazard = ordered.iter().find_map(|a| self.check_free(a, None).err());
+            if let Some(e) = hazard {
+                at_once.into_iter().chain(ordered).for_each(|a| self.live.insert(a));
+                return Err(e);
             }
         }
         // In the common case every pointer frees at once, in the caller's order.

@@ -34,7 +34,7 @@ use crate::pool::{
     Action, Allocator, CachingAllocator, CachingConfig, DirectAllocator, Family, Fragmentation, History, PoolStats,
     Request, SegmentSnapshot, Tally, TraceEntry, VmmAllocator, VmmConfig,
 };
-use crate::sanitizer::{Finding, FindingKind, HOST, Sanitizer, SanitizerMode};
+use crate::sanitizer::{Finding, FindingKind, HOST, Sanitizer, SanitizerMode, Touch};
 use crate::stream::{Clock, CostModel, DEFAULT_STREAM, Effect, EventId, Scheduler, StreamId};
 use crate::units::format_size;
 use crate::vm::{FrameStats, PageSize, PageTableStats, Translation, is_device_address};
@@ -257,6 +257,12 @@ pub struct Device {
     sched: Scheduler,
     /// Streams besides its own that used a live allocation (`record_stream`).
     stream_uses: FxHashMap<u64, Vec<StreamId>>,
+    /// Queued work touching a block (launch arguments, async copies and memsets), by the
+    /// block's start: (stream, end of its last such operation). Kept until the block's memory
+    /// goes back to the allocator, through a free and a revival.
+    busy: FxHashMap<u64, Vec<(StreamId, u64)>>,
+    /// The pending frees by start address (for operations completing on their memory).
+    pending_by_addr: BTreeMap<u64, PendingKey>,
     /// Freed blocks waiting for their streams, by `PendingKey` (ready time, sequence).
     pending_frees: BTreeMap<PendingKey, PendingFree>,
     /// Pending frees that their own stream may reuse at once (stream order already puts the
@@ -294,6 +300,8 @@ impl Device {
             started: std::time::Instant::now(),
             sched: Scheduler::new(CostModel::ascend910b()),
             stream_uses: FxHashMap::default(),
+            busy: FxHashMap::default(),
+            pending_by_addr: BTreeMap::new(),
             pending_frees: BTreeMap::new(),
             same_stream: FxHashMap::default(),
             free_seq: 0,
@@ -456,6 +464,7 @@ impl Device {
         // Caching families size blocks by their own rules (torch_npu pads, PyTorch does not), so
         // the grant covers the request, not necessarily aclrtMalloc's booking.
         debug_assert!(grant.ptr % START_ALIGN == 0 && grant.granted >= size);
+        debug_assert!(crate::policy::honours(policy, grant.page), "{policy:?} on {:?} pages", grant.page);
         if policy.base() == Policy::HugeFirst
             && size > HUGE_FIRST_NORMAL_LIMIT
             && grant.page.bytes() < PageSize::Size2M.bytes()
@@ -554,12 +563,19 @@ impl Device {
         self.host.alloc(size)
     }
 
-    /// `aclrtFreeHost`.
+    /// `aclrtFreeHost`. It does not wait: freeing a block that queued async copies still use is
+    /// a use-after-free hazard (reported; those copies are lost).
     pub fn free_host(&mut self, ptr: u64) -> Result<()> {
         if ptr == 0 {
             return Err(AclError::invalid_param("free_host(NULL): pass a pointer returned by malloc_host"));
         }
-        self.host.free(ptr)
+        if self.host.block_start(ptr) == Some(ptr) && self.sanitizer.tracks(ptr) {
+            let clock = self.sched.host_clock().clone();
+            self.sanitizer.check_free(ptr, 0, HOST, &clock, &[], None)?;
+        }
+        self.host.free(ptr)?;
+        self.sanitizer.forget(ptr);
+        Ok(())
     }
 
     /// `aclrtGetMemInfo`: (free, total) bytes of the memory `attr` names.

@@ -77,11 +77,9 @@ impl Device {
 
     /// Turns the pending free at `key` back into a live allocation of `size` bytes.
     pub(super) fn revive(&mut self, key: PendingKey, size: u64, booked: u64, policy: Policy) -> u64 {
-        let old = self.pending_frees.remove(&key).expect("pending free").allocation;
-        if let Some(index) = self.same_stream.get_mut(&old.stream) {
-            index.remove(&(old.granted, old.ptr));
-        }
-        self.stats.pending_frees -= 1;
+        let old = self.take_pending(key);
+        // The block's old work may still be queued: its busy streams and sanitizer records stay
+        // with the memory.
         self.record_live(Allocation { size, booked, policy, ..old });
         old.ptr
     }
@@ -120,51 +118,77 @@ impl Device {
     }
 
     /// Frees `allocation`, already taken out of the live table (it goes back in on failure).
+    ///
+    /// The memory goes back to the allocator once the work it waits for is done: the given
+    /// stream's (a stream-ordered free), else the block's own stream's and every recorded
+    /// stream's — and in any case every queued operation that touches the block (a launch
+    /// argument, an async copy or memset), so no queued work ever sees its memory reused.
     #[inline]
     pub(super) fn free_removed(&mut self, allocation: Allocation, stream: Option<StreamId>) -> Result<()> {
         let ptr = allocation.ptr;
+        if let Some(Err(e)) = stream.map(|s| self.sched.tail_ns(s)) {
+            self.live.insert(allocation);
+            return Err(e);
+        }
+        if self.sanitizer.tracks(ptr) {
+            if let Err(e) = self.check_free(&allocation, stream) {
+                self.live.insert(allocation);
+                return Err(e);
+            }
+        }
+        let now = self.sched.now_ns();
         let uses = if self.stream_uses.is_empty() {
             &[][..]
         } else {
             self.stream_uses.get(&ptr).map_or(&[][..], Vec::as_slice)
         };
-        let own_stream_only = uses.is_empty() && stream.is_none_or(|s| s == allocation.stream);
+        let busy = if self.busy.is_empty() { &[][..] } else { self.busy.get(&ptr).map_or(&[][..], Vec::as_slice) };
+        let busy_until = busy.iter().map(|&(_, end)| end).max().unwrap_or(0);
+        let own_stream_only = uses.is_empty()
+            && stream.is_none_or(|s| s == allocation.stream)
+            && busy.iter().all(|&(s, end)| s == allocation.stream || end <= now);
         // The free's point: after the given stream's work so far, or after the block's own
-        // stream's and every recorded stream's.
-        let ready = match stream.map(|s| self.sched.tail_ns(s)) {
-            Some(Ok(tail)) => tail,
-            Some(Err(e)) => {
-                self.live.insert(allocation);
-                return Err(e);
-            }
+        // stream's and every recorded stream's; never before the work that touches it.
+        let ready = match stream {
+            Some(s) => self.sched.tail_ns(s).unwrap_or(now),
             None => uses
                 .iter()
                 .filter_map(|&s| self.sched.tail_ns(s).ok())
-                .fold(self.sched.tail_ns(allocation.stream).unwrap_or(0), u64::max),
-        };
+                .fold(self.sched.tail_ns(allocation.stream).unwrap_or(now), u64::max),
+        }
+        .max(busy_until);
         // The free's point (a vector clock) matters only to a deferred free.
-        let point = (ready > self.sched.now_ns()).then(|| match stream {
-            Some(s) => self.sched.clock(s).clone(),
-            None => {
-                let mut point = self.sched.clock(allocation.stream).clone();
-                for &s in uses {
+        let point = (ready > now).then(|| {
+            let mut point = match stream {
+                Some(s) => self.sched.clock(s).clone(),
+                None => {
+                    let mut point = self.sched.clock(allocation.stream).clone();
+                    for &s in uses {
+                        crate::stream::join(&mut point, self.sched.clock(s));
+                    }
+                    point
+                }
+            };
+            for &(s, end) in busy {
+                if end > now {
                     crate::stream::join(&mut point, self.sched.clock(s));
                 }
-                point
             }
+            point
         });
-        if ready <= self.sched.now_ns() {
+        let completed = ready <= now;
+        if completed {
             if let Err(e) = self.allocator.free(self.backend.as_mut(), ptr) {
                 self.live.insert(allocation);
                 return Err(e);
             }
         }
-        let completed = ready <= self.sched.now_ns();
         self.forget_freed(&allocation, completed);
         if !completed {
             self.free_seq += 1;
             let key = (ready, self.free_seq);
             self.pending_frees.insert(key, PendingFree { allocation, point: point.unwrap_or_default() });
+            self.pending_by_addr.insert(ptr, key);
             if own_stream_only {
                 self.same_stream.entry(allocation.stream).or_default().insert((allocation.granted, ptr), key);
             }
@@ -174,9 +198,26 @@ impl Device {
         Ok(())
     }
 
+    /// The sanitizer's check of a free: another stream's access that the free is not ordered
+    /// after (and does not wait for) is a use-after-free hazard.
+    #[cold]
+    pub(super) fn check_free(&mut self, allocation: &Allocation, stream: Option<StreamId>) -> Result<()> {
+        let (actor, clock, waited) = match stream {
+            Some(s) => (s, self.sched.next_clock(s), vec![s]),
+            None => {
+                let mut waited = vec![allocation.stream];
+                waited.extend(self.stream_uses.get(&allocation.ptr).into_iter().flatten().copied());
+                (HOST, self.sched.host_clock().clone(), waited)
+            }
+        };
+        let tag = self.tags.get(&allocation.ptr);
+        self.sanitizer.check_free(allocation.ptr, allocation.size, actor, &clock, &waited, tag)
+    }
+
     /// The device's side of a free whose memory went back to the allocator (`completed`) or is
-    /// queued: drop the pointer's recorded streams, tag and sanitizer record, trace the request
-    /// (and completion), remember the pointer for double-free reports and count it.
+    /// queued: drop the pointer's recorded streams and tag (and, once the memory is back, its
+    /// busy streams and sanitizer records), trace the request (and completion), remember the
+    /// pointer for double-free reports and count it.
     #[inline(always)]
     pub(super) fn forget_freed(&mut self, allocation: &Allocation, completed: bool) {
         self.untrack(allocation, completed);
@@ -193,12 +234,57 @@ impl Device {
         if !self.tags.is_empty() {
             self.tags.remove(&ptr);
         }
-        self.sanitizer.forget(ptr);
+        if completed {
+            self.forget_memory(ptr);
+        }
         self.trace(Action::FreeRequested, ptr, allocation.granted);
         if completed {
             self.trace(Action::FreeCompleted, ptr, allocation.granted);
         }
         self.recently_freed.push(ptr);
+    }
+
+    /// Drops what the device knows of the memory at `ptr` once it is back with the allocator:
+    /// the streams that kept it busy and the sanitizer's access records.
+    #[inline(always)]
+    fn forget_memory(&mut self, ptr: u64) {
+        if !self.busy.is_empty() {
+            self.busy.remove(&ptr);
+        }
+        self.sanitizer.forget(ptr);
+    }
+
+    /// Takes the pending free at `key` out of the pending tables.
+    fn take_pending(&mut self, key: PendingKey) -> Allocation {
+        let a = self.pending_frees.remove(&key).expect("pending free").allocation;
+        self.pending_by_addr.remove(&a.ptr);
+        if let Some(index) = self.same_stream.get_mut(&a.stream) {
+            index.remove(&(a.granted, a.ptr));
+        }
+        self.stats.pending_frees -= 1;
+        a
+    }
+
+    /// Notes that the operation on `stream` ending at `end_ns` touches the device allocations
+    /// holding `addrs`: their memory stays busy until then, whatever frees them.
+    pub(super) fn note_busy(&mut self, stream: StreamId, end_ns: u64, addrs: &[u64]) {
+        for &addr in addrs {
+            let Some(base) = self.containing(addr).map(|a| a.ptr) else { continue };
+            let entries = self.busy.entry(base).or_default();
+            match entries.iter_mut().find(|(s, _)| *s == stream) {
+                Some((_, end)) => *end = (*end).max(end_ns),
+                None => entries.push((stream, end_ns)),
+            }
+        }
+    }
+
+    /// Whether `[addr, addr + len)` lies in a freed block still waiting for its work: that work
+    /// (ordered before the free) may still read and write it.
+    fn in_pending_free(&self, addr: u64, len: u64) -> bool {
+        self.pending_by_addr.range(..=addr).next_back().is_some_and(|(_, key)| {
+            let a = &self.pending_frees[key].allocation;
+            addr.checked_add(len).is_some_and(|end| end <= a.ptr + a.size)
+        })
     }
 
     /// `record_stream`: `stream` also uses the allocation at `ptr`; its free waits for that
@@ -232,11 +318,8 @@ impl Device {
             .map(|(&k, _)| k)
             .collect();
         for key in due {
-            let a = self.pending_frees.remove(&key).expect("pending free").allocation;
-            self.stats.pending_frees -= 1;
-            if let Some(index) = self.same_stream.get_mut(&a.stream) {
-                index.remove(&(a.granted, a.ptr));
-            }
+            let a = self.take_pending(key);
+            self.forget_memory(a.ptr);
             if self.allocator.free(self.backend.as_mut(), a.ptr).is_ok() {
                 self.trace(Action::FreeCompleted, a.ptr, a.granted);
             }
@@ -279,8 +362,7 @@ impl Device {
             return self.sched.enqueue(stream, 0, "memcpy", 0, None);
         };
         let clock = self.sched.next_clock(stream);
-        self.touch_op(stream, &clock, src, count, false)?;
-        self.touch_op(stream, &clock, dst, count, true)?;
+        self.stream_op(stream, &clock, &[(src, count, false), (dst, count, true)])?;
         let ns = self.sched.cost.copy_ns(count, src_side == Side::Device, dst_side == Side::Device, true);
         let label = match (src_side, dst_side) {
             (Side::Host, Side::Device) => "copy H2D",
@@ -288,7 +370,9 @@ impl Device {
             (Side::Device, Side::Device) => "copy D2D",
             (Side::Host, Side::Host) => "copy H2H",
         };
-        self.sched.enqueue(stream, ns, label, count, Some(Effect::Copy { dst, src, count }))
+        let span = self.sched.enqueue(stream, ns, label, count, Some(Effect::Copy { dst, src, count }))?;
+        self.note_busy(stream, span.1, &[src, dst]);
+        Ok(span)
     }
 
     /// `aclrtMemsetAsync`: queues a byte fill on `stream`.
@@ -311,10 +395,14 @@ impl Device {
             self.side(ptr, count, "destination")?;
         }
         let clock = self.sched.next_clock(stream);
-        self.touch_op(stream, &clock, ptr, count, true)?;
+        self.stream_op(stream, &clock, &[(ptr, count, true)])?;
         let ns = self.sched.cost.fill_ns(count);
         let effect = (count > 0).then_some(Effect::Fill { dst: ptr, value: value as u8, count });
-        self.sched.enqueue(stream, ns, "memset", count, effect)
+        let span = self.sched.enqueue(stream, ns, "memset", count, effect)?;
+        if count > 0 {
+            self.note_busy(stream, span.1, &[ptr]);
+        }
+        Ok(span)
     }
 
     /// Queues a kernel that runs for `duration_ns` on `stream`, touching the allocations at
@@ -333,10 +421,12 @@ impl Device {
             let range = self.containing(p).map_or((p, 1), |a| (a.ptr, a.size));
             *touched.entry(range).or_default() |= write;
         }
-        for ((base, len), write) in touched {
-            self.touch_op(stream, &clock, base, len, write)?;
-        }
-        self.sched.enqueue(stream, duration_ns, "kernel", 0, None)
+        let accesses: Vec<(u64, u64, bool)> = touched.into_iter().map(|((base, len), w)| (base, len, w)).collect();
+        self.stream_op(stream, &clock, &accesses)?;
+        let span = self.sched.enqueue(stream, duration_ns, "kernel", 0, None)?;
+        let bases: Vec<u64> = accesses.iter().map(|&(base, _, _)| base).collect();
+        self.note_busy(stream, span.1, &bases);
+        Ok(span)
     }
 
     /// Applies the data effects of async work that has completed on the host clock. An effect
@@ -354,17 +444,30 @@ impl Device {
     pub(super) fn reap_effects(&mut self) {
         for effect in self.sched.take_due() {
             let applied = match effect {
-                Effect::Copy { dst, src, count } => self
-                    .side(dst, count, "destination")
-                    .and_then(|d| self.side(src, count, "source").map(|s| (d, s)))
-                    .and_then(|(d, s)| self.move_bytes(dst, d, src, s, count)),
+                Effect::Copy { dst, src, count } => {
+                    match (self.effect_side(dst, count), self.effect_side(src, count)) {
+                        (Some(d), Some(s)) => self.move_bytes(dst, d, src, s, count).is_ok(),
+                        _ => false,
+                    }
+                }
                 Effect::Fill { dst, value, count } => {
-                    self.side(dst, count, "destination").and_then(|side| self.fill_bytes(dst, side, value, count))
+                    self.effect_side(dst, count).is_some_and(|side| self.fill_bytes(dst, side, value, count).is_ok())
                 }
             };
-            if applied.is_err() {
+            if !applied {
+                // Only memory freed under queued work without waiting for it gets here (a host
+                // block freed while a copy used it): the free was the hazard, and reported.
                 self.stats.lost_effects += 1;
             }
+        }
+    }
+
+    /// Where the memory a completing operation touches lives: a live allocation or host block,
+    /// or a freed block still waiting for that work.
+    fn effect_side(&mut self, addr: u64, len: u64) -> Option<Side> {
+        match self.classify(addr, len, "") {
+            Ok(side) => Some(side),
+            Err(_) => self.in_pending_free(addr, len).then_some(Side::Device),
         }
     }
 

@@ -22,7 +22,7 @@ use super::{
 };
 use crate::acl::Policy;
 use crate::backend::Backend;
-use crate::error::{AclError, Result};
+use crate::error::{AclError, ErrorCode, Result};
 use crate::policy::page_plan;
 use crate::units::format_size;
 use crate::vm::{PageKind, PageSize};
@@ -413,6 +413,21 @@ impl Allocator for CachingAllocator {
     }
 
     fn malloc(&mut self, backend: &mut dyn Backend, request: &Request) -> Result<Grant> {
+        if request.policy.base() != Policy::HugeFirst {
+            // Segments are shared by every request carved from them, so a page promise cannot be
+            // kept per request: refuse it rather than hand out pages the policy rules out.
+            return Err(AclError::new(
+                ErrorCode::FeatureUnsupported,
+                format!(
+                    "policy {} needs pages the {} allocator cannot promise: it maps every segment with \
+                     ACL_MEM_MALLOC_HUGE_FIRST (as torch_npu does) and carves requests from shared segments; \
+                     use ACL_MEM_MALLOC_HUGE_FIRST, or allocator=\"npumem\" or \"direct\", which honour every \
+                     policy",
+                    request.policy.name(),
+                    self.name(),
+                ),
+            ));
+        }
         if request.size >= ABSURD {
             self.stats.num_ooms += 1;
             return Err(AclError::oom(format!("a request of {} can never be satisfied", format_size(request.size))));

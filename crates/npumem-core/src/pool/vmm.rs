@@ -348,16 +348,8 @@ impl VmmAllocator {
         keep: std::ops::Range<usize>,
     ) -> Result<bool> {
         let Some(pool) = self.pools[kind as usize].as_mut() else { return Ok(false) };
-        let Some(&(t, i)) = pool.idle.iter().find(|&&(_, i)| !keep.contains(&(i as usize))) else { return Ok(false) };
-        pool.idle.remove(&(t, i));
-        let slot = pool.slot_mut(i as usize);
-        let (handle, pte) = (slot.handle, slot.page);
-        slot.handle = NO_HANDLE;
-        pool.mapped -= 1;
-        let (va, page) = (pool.page_va(i as usize), pool.page);
-        backend.unmap(va)?;
-        self.events.push(Action::SegmentUnmap, va, page);
-        self.cache[kind as usize].push((handle, pte));
+        let Some(&(_, i)) = pool.idle.iter().find(|&&(_, i)| !keep.contains(&(i as usize))) else { return Ok(false) };
+        self.unmap_page(backend, kind, i as usize)?;
         Ok(true)
     }
 
@@ -416,16 +408,33 @@ impl VmmAllocator {
         huge_only: bool,
     ) -> Result<PageSize> {
         let range = self.pool(kind).pages_of(ptr, size);
+        if huge_only {
+            // Idle pages of normal frames under a HUGE_ONLY block are unmapped (their handles
+            // cached) so that 2 MiB frames take their place; `place_huge_only` kept the block
+            // off such pages that hold live blocks.
+            for i in range.clone() {
+                let slot = self.pool(kind).slot(i);
+                if slot.handle != NO_HANDLE && slot.page != PageSize::Size2M {
+                    debug_assert_eq!(slot.live, 0, "placement avoids live normal-frame pages");
+                    self.unmap_page(backend, kind, i)?;
+                }
+            }
+        }
         let needed: Vec<usize> = range.clone().filter(|&i| self.pool(kind).slot(i).handle == NO_HANDLE).collect();
         let mut done: Vec<usize> = Vec::with_capacity(needed.len());
         for &i in &needed {
             let got = loop {
                 match self.acquire(backend, kind, huge_only) {
                     Ok(h) => break Ok(h),
-                    // Stitching: unmap an idle page of this pool and map its memory here; else
-                    // give the other pool's spare memory back to the device and try again.
+                    // HUGE_ONLY cannot use cached normal-frame pages: give them back first, so
+                    // that their frames can merge into 2 MiB ones. Then stitching: unmap an idle
+                    // page of this pool and map its memory here; else give the other pool's
+                    // spare memory back to the device and try again.
                     Err(e) if e.code.is_out_of_memory() => {
-                        if !self.unmap_coldest(backend, kind, range.clone())? && !self.release_foreign(backend, kind)? {
+                        let reclaimed = (huge_only && self.free_cached_normal(backend, kind)?)
+                            || self.unmap_coldest(backend, kind, range.clone())?
+                            || self.release_foreign(backend, kind)?;
+                        if !reclaimed {
                             break Err(e);
                         }
                     }
@@ -461,15 +470,81 @@ impl VmmAllocator {
             }
         }
         let pool = self.pool_mut(kind);
+        let mut smallest = PageSize::Size1G;
         for i in range.clone() {
             let slot = pool.slot_mut(i);
             let (live, since) = (slot.live, slot.idle_since);
             slot.live += 1;
+            smallest = smallest.min(slot.page);
             if live == 0 {
                 pool.idle.remove(&(since, i as u32));
             }
         }
-        Ok(pool.slot(range.start).page)
+        // A block over pages of both kinds (HUGE_FIRST after 2 MiB frames ran out) reports the
+        // smaller: what every byte of it is guaranteed.
+        Ok(smallest)
+    }
+
+    /// Places a HUGE_ONLY block of `size` bytes in the large pool where every page it covers can
+    /// hold a 2 MiB frame: pages mapped with normal frames under live blocks are fenced off
+    /// while searching (their free parts reserved, then released again), so best fit moves on
+    /// to the next candidate. Terminates: each round fences at least one more page.
+    fn place_huge_only(&mut self, size: u64) -> Result<u64> {
+        let quantum = self.config.quantum;
+        let pool = self.pool_mut(PoolKind::Large);
+        let mut fences = Vec::new();
+        let mut search = || -> Result<u64> {
+            loop {
+                let ptr = pool.space.reserve(size, quantum)?;
+                let pinned: Vec<usize> = pool
+                    .pages_of(ptr, size)
+                    .filter(|&i| {
+                        let s = pool.slot(i);
+                        s.handle != NO_HANDLE && s.page != PageSize::Size2M && s.live > 0
+                    })
+                    .collect();
+                if pinned.is_empty() {
+                    return Ok(ptr);
+                }
+                pool.space.release(ptr)?;
+                for i in pinned {
+                    let lo = pool.page_va(i);
+                    for (start, len) in pool.space.free_extents_in(lo, lo + pool.page) {
+                        fences.push(pool.space.reserve_at(start, len, quantum)?);
+                    }
+                }
+            }
+        };
+        let placed = search();
+        for fence in fences {
+            pool.space.release(fence)?;
+        }
+        placed
+    }
+
+    /// Unmaps the mapped page `i` of `kind`'s pool that holds no block and caches its handle.
+    fn unmap_page(&mut self, backend: &mut dyn Backend, kind: PoolKind, i: usize) -> Result<()> {
+        let pool = self.pools[kind as usize].as_mut().expect("pool exists");
+        let slot = pool.slot(i);
+        debug_assert!(slot.handle != NO_HANDLE && slot.live == 0);
+        pool.idle.remove(&(slot.idle_since, i as u32));
+        pool.slot_mut(i).handle = NO_HANDLE;
+        pool.mapped -= 1;
+        let (va, page) = (pool.page_va(i), pool.page);
+        backend.unmap(va)?;
+        self.events.push(Action::SegmentUnmap, va, page);
+        self.cache[kind as usize].push((slot.handle, slot.page));
+        Ok(())
+    }
+
+    /// Returns one cached page of `kind`'s pool made of normal frames to the device.
+    fn free_cached_normal(&mut self, backend: &mut dyn Backend, kind: PoolKind) -> Result<bool> {
+        let cache = &mut self.cache[kind as usize];
+        let Some(at) = cache.iter().rposition(|&(_, pte)| pte != PageSize::Size2M) else { return Ok(false) };
+        let (h, _) = cache.swap_remove(at);
+        backend.free_physical(h)?;
+        self.stats.on_segment_free(kind, page_bytes(kind));
+        Ok(true)
     }
 
     /// A request that bypasses the pools gets its own segment, trying the page kinds of `plan` in
@@ -575,7 +650,8 @@ impl VmmAllocator {
         }
         self.ensure_pool(backend, kind)?;
         let quantum = self.config.quantum;
-        let placed = self.pool_mut(kind).space.reserve(size, quantum);
+        let placed =
+            if huge_only { self.place_huge_only(size) } else { self.pool_mut(kind).space.reserve(size, quantum) };
         let ptr = placed.map_err(|e| if e.code.is_out_of_memory() { self.oom(e, request) } else { e })?;
         let device_allocs = self.stats.num_device_alloc;
         let reserved_before = self.reserved();
@@ -998,6 +1074,51 @@ mod tests {
         let err = a.malloc(&mut sim, &with(100 * MIB, Policy::Huge1gOnly)).unwrap_err();
         assert!(err.code.is_out_of_memory(), "{}", err.message);
         for ptr in [n.ptr, h.ptr, g.ptr] {
+            a.free(&mut sim, ptr).unwrap();
+        }
+        a.empty_cache(&mut sim).unwrap();
+        assert_eq!(a.reserved(), 0);
+    }
+
+    #[test]
+    fn huge_only_never_takes_pages_of_normal_frames() {
+        let (mut a, mut sim) = setup(64 * MIB, "");
+        let with = |size, policy| Request { size, booked: size, policy };
+        let huge_pages = |sim: &SimBackend, g: Grant| {
+            (0..g.granted)
+                .step_by(2 * MIB as usize)
+                .all(|o| sim.translate(g.ptr + o).unwrap().page_size == PageSize::Size2M)
+        };
+        // Hold every frame, then free those of the first four 2 MiB regions but their first:
+        // 4 MiB is free, none of it in 2 MiB frames.
+        let frames: Vec<PhysHandle> =
+            (0..64 * MIB / 4096).map(|_| sim.create_physical(4096, PageKind::Normal).unwrap()).collect();
+        for (i, &h) in frames.iter().enumerate().take(4 * 512) {
+            if i % 512 != 0 {
+                sim.free_physical(h).unwrap();
+            }
+        }
+        // HUGE_FIRST falls back to normal frames; HUGE_ONLY fails rather than take them.
+        let live = a.malloc(&mut sim, &with(3 * MIB, Policy::HugeFirst)).unwrap();
+        assert!(live.page < PageSize::Size2M);
+        let err = a.malloc(&mut sim, &with(2 * MIB, Policy::HugeOnly)).unwrap_err();
+        assert!(err.code.is_out_of_memory(), "{}", err.message);
+        // 2 MiB frames come back: HUGE_ONLY is placed off the live block's pages of normal
+        // frames (its 3 MiB leave 1 MiB free on its second page) and gets 2 MiB pages.
+        for &h in &frames[4 * 512..] {
+            sim.free_physical(h).unwrap();
+        }
+        let beside = a.malloc(&mut sim, &with(8 * MIB, Policy::HugeOnly)).unwrap();
+        assert_eq!(beside.page, PageSize::Size2M);
+        assert!(huge_pages(&sim, beside));
+        assert!(beside.ptr >= live.ptr + 4 * MIB);
+        // Once freed, the fallback block's idle pages are replaced under a HUGE_ONLY block.
+        a.free(&mut sim, live.ptr).unwrap();
+        let over = a.malloc(&mut sim, &with(4 * MIB, Policy::HugeOnly)).unwrap();
+        assert_eq!(over.ptr, live.ptr);
+        assert!(huge_pages(&sim, over));
+        sim.write(beside.ptr, &[1]).unwrap();
+        for ptr in [beside.ptr, over.ptr] {
             a.free(&mut sim, ptr).unwrap();
         }
         a.empty_cache(&mut sim).unwrap();

@@ -98,6 +98,9 @@ pub struct Scheduler {
     clocks: HashMap<StreamId, Clock>,
     event_clocks: HashMap<EventId, Clock>,
     host_clock: Clock,
+    /// When the work of destroyed streams completes (it still runs; `synchronize_device` waits
+    /// for it). Their clocks stay in `clocks`, so synchronising learns their work too.
+    retired_tail_ns: u64,
 }
 
 impl Scheduler {
@@ -117,6 +120,7 @@ impl Scheduler {
             clocks: HashMap::default(),
             event_clocks: HashMap::default(),
             host_clock: Clock::new(),
+            retired_tail_ns: 0,
         }
     }
 
@@ -152,13 +156,14 @@ impl Scheduler {
         id
     }
 
-    /// Destroys a stream; its queued work still completes (the caller should synchronise first).
+    /// Destroys a stream; its queued work still completes, and `synchronize_device` waits for it
+    /// (frees and copies ordered on it complete then).
     pub fn destroy_stream(&mut self, id: StreamId) -> Result<()> {
         if id == DEFAULT_STREAM {
             return Err(AclError::invalid_param("the default stream cannot be destroyed"));
         }
-        self.streams.remove(&id).ok_or_else(|| AclError::rt_param(format!("stream {id} does not exist")))?;
-        self.clocks.remove(&id);
+        let gone = self.streams.remove(&id).ok_or_else(|| AclError::rt_param(format!("stream {id} does not exist")))?;
+        self.retired_tail_ns = self.retired_tail_ns.max(gone.tail_ns);
         Ok(())
     }
 
@@ -309,7 +314,7 @@ impl Scheduler {
     }
 
     pub fn synchronize_device(&mut self) {
-        let last = self.streams.values().map(|s| s.tail_ns).max().unwrap_or(0);
+        let last = self.streams.values().map(|s| s.tail_ns).fold(self.retired_tail_ns, u64::max);
         self.now_ns = self.now_ns.max(last);
         let clocks: Vec<Clock> = self.clocks.values().cloned().collect();
         for c in clocks {

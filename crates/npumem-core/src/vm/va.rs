@@ -78,6 +78,19 @@ impl VaSpace {
         self.free_by_addr.iter().map(|(&s, &l)| (s, l))
     }
 
+    /// The free extents overlapping `[lo, hi)`, clipped to it, in address order.
+    pub fn free_extents_in(&self, lo: u64, hi: u64) -> Vec<(u64, u64)> {
+        let mut out: Vec<(u64, u64)> = self
+            .free_by_addr
+            .range(..hi)
+            .rev()
+            .take_while(|&(&s, &l)| s + l > lo)
+            .map(|(&s, &l)| (s.max(lo), (s + l).min(hi) - s.max(lo)))
+            .collect();
+        out.reverse();
+        out
+    }
+
     pub fn reserved_bytes(&self) -> u64 {
         self.reserved_bytes
     }
