@@ -5,9 +5,9 @@
 //! they copy, so other Python threads run meanwhile.
 
 use npumem_core::acl::MemPoolAttr;
-use npumem_core::backend::SimConfig;
+use npumem_core::backend::{FaultPlan, SimConfig};
 use npumem_core::pool::PoolKind;
-use npumem_core::sanitizer::{HOST, SanitizerMode};
+use npumem_core::sanitizer::{FindingKind, HOST, SanitizerMode};
 use npumem_core::stream::CostModel;
 use npumem_core::units::format_size;
 use npumem_core::vm::PageSize;
@@ -128,7 +128,7 @@ impl PyDevice {
 #[pymethods]
 impl PyDevice {
     #[new]
-    #[pyo3(signature = (capacity = None, *, normal_page = None, giant_frames = None, backend = "sim", allocator = "npumem", alloc_conf = None, preset = "ascend910b", sanitizer = "collect"))]
+    #[pyo3(signature = (capacity = None, *, normal_page = None, giant_frames = None, backend = "sim", allocator = "npumem", alloc_conf = None, preset = "ascend910b", sanitizer = "collect", faults = false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -140,6 +140,7 @@ impl PyDevice {
         alloc_conf: Option<&str>,
         preset: &str,
         sanitizer: &str,
+        faults: bool,
     ) -> PyResult<Self> {
         let capacity = capacity.map(|c| size_arg(c, "capacity")).transpose()?;
         let giant_frames = giant_frames.map(|g| uint_arg(g, "giant_frames")).transpose()?.unwrap_or(0);
@@ -167,6 +168,7 @@ impl PyDevice {
                 sim,
                 allocator: AllocatorKind::parse(allocator)?,
                 alloc_conf: alloc_conf.unwrap_or_default().to_string(),
+                faults,
             };
             let mut device = Device::new(config.clone())?;
             device.scheduler().cost = CostModel::preset(preset)?;
@@ -513,6 +515,47 @@ impl PyDevice {
         Ok(dict)
     }
 
+    // ----- fault injection (devices made with faults=True) -----
+
+    /// Makes the `n`th physical allocation / map / unmap from now fail (1 = the next; None =
+    /// never), once each: physical allocations with out-of-memory (207001), or a driver error
+    /// (507899) with `driver_error=True`; maps and unmaps with a driver error.
+    #[pyo3(signature = (*, physical_alloc = None, map = None, unmap = None, driver_error = false))]
+    fn inject_faults(
+        &self,
+        py: Python<'_>,
+        physical_alloc: Option<&Bound<'_, PyAny>>,
+        map: Option<&Bound<'_, PyAny>>,
+        unmap: Option<&Bound<'_, PyAny>>,
+        driver_error: bool,
+    ) -> PyResult<()> {
+        let count = |v: Option<&Bound<'_, PyAny>>, what| v.map(|v| uint_arg(v, what)).transpose();
+        let plan = FaultPlan {
+            physical_alloc: count(physical_alloc, "physical_alloc")?,
+            map: count(map, "map")?,
+            unmap: count(unmap, "unmap")?,
+            driver_error,
+        };
+        self.run(py, |d| d.inject_faults(plan))
+    }
+
+    /// `{"injected": {kind: count}, "armed": {kind: countdown or None}}`.
+    fn faults<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let (injected, armed) = self.run(py, |d| d.faults())?;
+        let counts = PyDict::new(py);
+        counts.set_item("physical_alloc", injected.physical_alloc)?;
+        counts.set_item("map", injected.map)?;
+        counts.set_item("unmap", injected.unmap)?;
+        let plan = PyDict::new(py);
+        plan.set_item("physical_alloc", armed.physical_alloc)?;
+        plan.set_item("map", armed.map)?;
+        plan.set_item("unmap", armed.unmap)?;
+        let out = PyDict::new(py);
+        out.set_item("injected", counts)?;
+        out.set_item("armed", plan)?;
+        Ok(out)
+    }
+
     /// Returns cached, unused memory to the device (unmaps whole free segments).
     fn empty_cache(&self, py: Python<'_>) -> PyResult<()> {
         self.run(py, |d| d.empty_cache())
@@ -596,6 +639,18 @@ impl PyDevice {
             out.append(d)?;
         }
         Ok(out)
+    }
+
+    /// Every finding made since the last clear, by kind (`sanitizer_reports` keeps the first
+    /// 10,000), and how many were counted but not kept (`dropped`).
+    fn sanitizer_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let counts = self.inner.lock().sanitizer_counts();
+        let d = PyDict::new(py);
+        for kind in FindingKind::ALL {
+            d.set_item(kind.name(), counts.get(kind))?;
+        }
+        d.set_item("dropped", counts.dropped)?;
+        Ok(d)
     }
 
     fn clear_sanitizer_reports(&self) {

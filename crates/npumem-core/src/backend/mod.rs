@@ -12,8 +12,10 @@
 //! the release of its memory until its last unmap (as `aclrtFreePhysical` does); byte access
 //! touches only mapped addresses and fails, never crashes, elsewhere.
 
+pub mod faulty;
 pub mod sim;
 
+pub use faulty::{FaultCounts, FaultPlan, FaultyBackend};
 pub use sim::{SimBackend, SimConfig};
 
 use crate::acl::MemScope;
@@ -98,6 +100,11 @@ pub trait Backend: Send {
 
     /// Page-table state, where the backend keeps a page table.
     fn page_table_stats(&self) -> Option<PageTableStats> {
+        None
+    }
+
+    /// The fault injector, when this backend is wrapped in one.
+    fn faults(&mut self) -> Option<&mut FaultyBackend> {
         None
     }
 }

@@ -26,7 +26,7 @@ use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;
 
 use crate::acl::{MemAttr, MemcpyKind, Policy};
-use crate::backend::{Backend, BackendCounters, SimBackend, SimConfig};
+use crate::backend::{Backend, BackendCounters, FaultCounts, FaultPlan, FaultyBackend, SimBackend, SimConfig};
 use crate::error::{AclError, ErrorCode, Result};
 use crate::host::HostHeap;
 use crate::policy::{HUGE_FIRST_NORMAL_LIMIT, START_ALIGN, booked_size};
@@ -91,11 +91,19 @@ pub struct DeviceConfig {
     pub allocator: AllocatorKind,
     /// Settings of the allocator, in the PYTORCH_NPU_ALLOC_CONF grammar.
     pub alloc_conf: String,
+    /// Wraps the backend in a [`FaultyBackend`], so that `inject_faults` can make driver calls
+    /// fail.
+    pub faults: bool,
 }
 
 impl Default for DeviceConfig {
     fn default() -> Self {
-        DeviceConfig { sim: SimConfig::default(), allocator: AllocatorKind::Npumem, alloc_conf: String::new() }
+        DeviceConfig {
+            sim: SimConfig::default(),
+            allocator: AllocatorKind::Npumem,
+            alloc_conf: String::new(),
+            faults: false,
+        }
     }
 }
 
@@ -284,7 +292,9 @@ impl Device {
         let backend = SimBackend::new(config.sim)?;
         let (_, capacity) = backend.mem_info(crate::acl::MemScope::All);
         let allocator = config.allocator.build(&config.alloc_conf, capacity)?;
-        Ok(Self::with_parts(Box::new(backend), allocator))
+        let backend: Box<dyn Backend> =
+            if config.faults { Box::new(FaultyBackend::new(Box::new(backend))) } else { Box::new(backend) };
+        Ok(Self::with_parts(backend, allocator))
     }
 
     /// A device over any backend and allocator.
@@ -601,6 +611,27 @@ impl Device {
 
     fn unsupported(&self, what: &str) -> AclError {
         AclError::new(ErrorCode::FeatureUnsupported, format!("the {} backend has no {what}", self.backend.name()))
+    }
+
+    /// Arms driver failures (the device must have been made with `faults`).
+    pub fn inject_faults(&mut self, plan: FaultPlan) -> Result<()> {
+        self.fault_injector()?.arm(plan)
+    }
+
+    /// The driver failures injected so far and those still armed.
+    pub fn faults(&mut self) -> Result<(FaultCounts, FaultPlan)> {
+        let f = self.fault_injector()?;
+        Ok((f.injected(), f.plan()))
+    }
+
+    fn fault_injector(&mut self) -> Result<&mut FaultyBackend> {
+        let name = self.backend.name();
+        self.backend.faults().ok_or_else(|| {
+            AclError::new(
+                ErrorCode::FeatureUnsupported,
+                format!("this {name} device injects no faults; create it with faults=True"),
+            )
+        })
     }
 
     pub fn backend_counters(&self) -> BackendCounters {

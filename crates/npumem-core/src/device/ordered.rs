@@ -512,6 +512,12 @@ impl Device {
         self.sanitizer.findings()
     }
 
+    /// Every finding since the last clear, by kind (the reports keep the first
+    /// `sanitizer::FINDINGS_LIMIT`).
+    pub fn sanitizer_counts(&self) -> crate::sanitizer::FindingCounts {
+        self.sanitizer.counts()
+    }
+
     pub fn clear_sanitizer_reports(&mut self) {
         self.sanitizer.clear();
     }

@@ -1,0 +1,214 @@
+//! `FaultyBackend`: any backend with driver failures injected on demand, to test that every
+//! allocator survives them: the Nth physical allocation, map or unmap from now fails, as a
+//! real driver's `aclrtMallocPhysical` / `aclrtMapMem` / `aclrtUnmapMem` can.
+//!
+//! A physical allocation fails with out-of-memory (207001) or, when asked, with a driver error
+//! (507899); a map or unmap fails with a driver error. A failed call reaches nothing below: the
+//! wrapped backend is left exactly as it was, so the caller sees a clean failure it must undo
+//! its own steps after.
+//!
+//! Invariants: each armed countdown fires once (at its Nth call, counting calls of its kind
+//! from when it was armed) and then disarms; the other calls pass through unchanged; `injected`
+//! counts what fired.
+
+use super::{Backend, BackendCounters, PhysHandle};
+use crate::acl::MemScope;
+use crate::error::{AclError, ErrorCode, Result};
+use crate::vm::{FrameStats, PageKind, PageSize, PageTableStats, Translation};
+
+/// Which calls fail: `Some(n)` makes the nth call of that kind from now fail (1 = the next).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultPlan {
+    pub physical_alloc: Option<u64>,
+    pub map: Option<u64>,
+    pub unmap: Option<u64>,
+    /// A failed physical allocation reports a driver error instead of out-of-memory.
+    pub driver_error: bool,
+}
+
+/// Faults injected so far, by kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultCounts {
+    pub physical_alloc: u64,
+    pub map: u64,
+    pub unmap: u64,
+}
+
+pub struct FaultyBackend {
+    inner: Box<dyn Backend>,
+    plan: FaultPlan,
+    injected: FaultCounts,
+}
+
+/// Counts a call down; true when it is the one that fails.
+fn fires(countdown: &mut Option<u64>) -> bool {
+    match countdown {
+        Some(1) => {
+            *countdown = None;
+            true
+        }
+        Some(n) => {
+            *n -= 1;
+            false
+        }
+        None => false,
+    }
+}
+
+impl FaultyBackend {
+    pub fn new(inner: Box<dyn Backend>) -> Self {
+        FaultyBackend { inner, plan: FaultPlan::default(), injected: FaultCounts::default() }
+    }
+
+    /// Arms the countdowns of `plan` (replacing those armed before).
+    pub fn arm(&mut self, plan: FaultPlan) -> Result<()> {
+        for (what, n) in [("physical_alloc", plan.physical_alloc), ("map", plan.map), ("unmap", plan.unmap)] {
+            if n == Some(0) {
+                return Err(AclError::invalid_param(format!(
+                    "{what}=0: the countdown names the call that fails, 1 for the next one; pass None for never"
+                )));
+            }
+        }
+        self.plan = plan;
+        Ok(())
+    }
+
+    /// The countdowns still armed.
+    pub fn plan(&self) -> FaultPlan {
+        self.plan
+    }
+
+    pub fn injected(&self) -> FaultCounts {
+        self.injected
+    }
+}
+
+impl Backend for FaultyBackend {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn page_size(&self, kind: PageKind) -> PageSize {
+        self.inner.page_size(kind)
+    }
+
+    fn reserve(&mut self, size: u64, align: u64, hint: Option<u64>) -> Result<u64> {
+        self.inner.reserve(size, align, hint)
+    }
+
+    fn release(&mut self, va: u64) -> Result<()> {
+        self.inner.release(va)
+    }
+
+    fn create_physical(&mut self, size: u64, kind: PageKind) -> Result<PhysHandle> {
+        if fires(&mut self.plan.physical_alloc) {
+            self.injected.physical_alloc += 1;
+            let what =
+                format!("injected fault: the physical allocation of {size} bytes ({} pages) failed", kind.label());
+            return Err(if self.plan.driver_error {
+                AclError::new(ErrorCode::RtDrvInternal, what)
+            } else {
+                AclError::oom(what)
+            });
+        }
+        self.inner.create_physical(size, kind)
+    }
+
+    fn free_physical(&mut self, handle: PhysHandle) -> Result<()> {
+        self.inner.free_physical(handle)
+    }
+
+    fn map(&mut self, va: u64, handle: PhysHandle) -> Result<()> {
+        if fires(&mut self.plan.map) {
+            self.injected.map += 1;
+            return Err(AclError::new(
+                ErrorCode::RtDrvInternal,
+                format!("injected fault: mapping handle {handle} at {va:#x} failed"),
+            ));
+        }
+        self.inner.map(va, handle)
+    }
+
+    fn unmap(&mut self, va: u64) -> Result<()> {
+        if fires(&mut self.plan.unmap) {
+            self.injected.unmap += 1;
+            return Err(AclError::new(ErrorCode::RtDrvInternal, format!("injected fault: unmapping {va:#x} failed")));
+        }
+        self.inner.unmap(va)
+    }
+
+    fn read(&mut self, va: u64, out: &mut [u8]) -> Result<()> {
+        self.inner.read(va, out)
+    }
+
+    fn write(&mut self, va: u64, data: &[u8]) -> Result<()> {
+        self.inner.write(va, data)
+    }
+
+    fn fill(&mut self, va: u64, value: u8, count: u64) -> Result<()> {
+        self.inner.fill(va, value, count)
+    }
+
+    fn copy(&mut self, dst: u64, src: u64, count: u64) -> Result<()> {
+        self.inner.copy(dst, src, count)
+    }
+
+    fn mem_info(&self, scope: MemScope) -> (u64, u64) {
+        self.inner.mem_info(scope)
+    }
+
+    fn translate(&self, va: u64) -> Result<Translation> {
+        self.inner.translate(va)
+    }
+
+    fn counters(&self) -> BackendCounters {
+        self.inner.counters()
+    }
+
+    fn driver_calls(&self) -> u64 {
+        self.inner.driver_calls()
+    }
+
+    fn frame_stats(&self) -> Option<FrameStats> {
+        self.inner.frame_stats()
+    }
+
+    fn page_table_stats(&self) -> Option<PageTableStats> {
+        self.inner.page_table_stats()
+    }
+
+    fn faults(&mut self) -> Option<&mut FaultyBackend> {
+        Some(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{SimBackend, SimConfig};
+    use crate::units::MIB;
+
+    #[test]
+    fn the_nth_call_fails_once_and_changes_nothing_below() {
+        let sim = SimBackend::new(SimConfig { capacity: 64 * MIB, ..Default::default() }).unwrap();
+        let mut b = FaultyBackend::new(Box::new(sim));
+        b.arm(FaultPlan { physical_alloc: Some(2), map: Some(1), ..Default::default() }).unwrap();
+        let h = b.create_physical(2 * MIB, PageKind::Huge).unwrap();
+        let err = b.create_physical(2 * MIB, PageKind::Huge).unwrap_err();
+        assert!(err.code.is_out_of_memory() && err.message.contains("injected"));
+        let va = b.reserve(2 * MIB, 2 * MIB, None).unwrap();
+        let before = b.counters();
+        assert_eq!(b.map(va, h).unwrap_err().code, ErrorCode::RtDrvInternal);
+        assert_eq!(b.counters(), before, "the failed map reached nothing");
+        b.map(va, h).unwrap();
+        assert_eq!(b.injected(), FaultCounts { physical_alloc: 1, map: 1, unmap: 0 });
+        assert_eq!(b.plan(), FaultPlan::default(), "fired countdowns disarm");
+        assert!(b.arm(FaultPlan { unmap: Some(0), ..Default::default() }).is_err());
+        b.arm(FaultPlan { unmap: Some(1), ..Default::default() }).unwrap();
+        assert!(b.unmap(va).is_err());
+        b.unmap(va).unwrap();
+        b.free_physical(h).unwrap();
+        b.release(va).unwrap();
+        assert_eq!(b.mem_info(MemScope::All).0, 64 * MIB);
+    }
+}
