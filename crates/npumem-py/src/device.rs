@@ -8,13 +8,14 @@ use npumem_core::acl::MemPoolAttr;
 use npumem_core::backend::SimConfig;
 use npumem_core::pool::PoolKind;
 use npumem_core::sanitizer::{HOST, SanitizerMode};
-use npumem_core::stream::CostModel;
+use npumem_core::stream::{CostModel, duration_from_us};
 use npumem_core::units::format_size;
 use npumem_core::vm::PageSize;
 use npumem_core::{AclError, AllocatorKind, Device, DeviceConfig, MemAttr, Policy};
 use numpy::{PyArray1, PyReadonlyArray1};
 use parking_lot::Mutex;
 use pyo3::buffer::PyUntypedBuffer;
+use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
@@ -749,15 +750,12 @@ impl PyDevice {
         &self,
         py: Python<'_>,
         stream: &Bound<'_, PyAny>,
-        duration: f64,
+        duration: &Bound<'_, PyAny>,
         reads: Vec<u64>,
         writes: Vec<u64>,
     ) -> PyResult<(f64, f64)> {
         let stream = uint_arg(stream, "stream")?;
-        if !(duration.is_finite() && duration >= 0.0) {
-            return Err(to_py(py, AclError::invalid_param(format!("duration must be >= 0 µs, got {duration}"))));
-        }
-        let ns = (duration * 1e3).round() as u64;
+        let ns = duration_from_us("duration", float_arg(duration, "duration")?).map_err(|e| to_py(py, e))?;
         let (a, b) = self.run(py, |d| d.launch(stream, ns, &reads, &writes))?;
         Ok((a as f64 / 1e3, b as f64 / 1e3))
     }
@@ -794,8 +792,9 @@ impl PyDevice {
         cost_dict(py, &c)
     }
 
-    /// Overrides one cost-model field.
-    fn set_cost(&self, py: Python<'_>, field: &str, value: f64) -> PyResult<()> {
+    /// Overrides one cost-model field (bandwidths 1e6 to 1e15 bytes/s, times 0 to 1e9 ns).
+    fn set_cost(&self, py: Python<'_>, field: &str, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        let value = float_arg(value, field)?;
         self.run(py, |d| d.scheduler().cost.set(field, value))
     }
 
@@ -973,6 +972,19 @@ impl PyDevice {
 }
 
 /// An optional stream handle.
+/// A real-number argument (a float, an int or anything with `__float__`); an int too large for
+/// a float is out of range (`InvalidParamError`), anything else a `TypeError`, both naming `what`.
+fn float_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<f64> {
+    match obj.extract::<f64>() {
+        Ok(v) => Ok(v),
+        Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => Err(to_py(
+            obj.py(),
+            AclError::invalid_param(format!("{what} = {obj} is out of range: too large for a float")),
+        )),
+        Err(_) => Err(PyTypeError::new_err(format!("{what} must be a number, got {}", obj.get_type().name()?))),
+    }
+}
+
 fn opt_stream(stream: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
     stream.map(|s| uint_arg(s, "stream")).transpose()
 }
