@@ -164,15 +164,20 @@ fn int_override(key: &str, field: &str, value: &Bound<'_, PyAny>) -> PyResult<u6
             value.repr()?
         )));
     }
+    Err(out_of_range(value.py(), key, field, value))
+}
+
+/// The error for `key = value` outside the accepted range of `field`.
+fn out_of_range(py: Python<'_>, key: &str, field: &str, value: impl std::fmt::Display) -> PyErr {
     let range = field_range(field).expect("integer fields have a range");
-    Err(to_py(
-        value.py(),
+    to_py(
+        py,
         AclError::invalid_param(format!(
             "TLB {key} = {value} is out of range: accepted {} to {}",
             range.start(),
             range.end()
         )),
-    ))
+    )
 }
 
 /// A size override (entries, ways), as the core's `usize`.
@@ -186,7 +191,8 @@ fn apply_override(py: Python<'_>, config: &mut TlbConfig, key: &str, value: &Bou
     match key {
         "walk_step_cycles" => config.walk_step_cycles = int_override(key, key, value)?,
         "coalesce" => {
-            config.coalesce = u32::try_from(int_override(key, key, value)?).unwrap_or(u32::MAX);
+            let v = int_override(key, key, value)?;
+            config.coalesce = u32::try_from(v).map_err(|_| out_of_range(py, key, key, v))?;
         }
         "walk_cache_entries" => {
             let items: Vec<Bound<'_, PyAny>> = value.extract().map_err(|_| {
