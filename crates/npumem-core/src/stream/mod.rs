@@ -194,18 +194,12 @@ impl Scheduler {
         ids
     }
 
-    /// Queues `duration_ns` of work on `stream` (after the host-side launch cost); returns
-    /// (start, end) on the device clock.
-    pub fn enqueue(
-        &mut self,
-        stream: StreamId,
-        duration_ns: u64,
-        label: &str,
-        bytes: u64,
-        effect: Option<Effect>,
-    ) -> Result<(u64, u64)> {
-        let tail = self.stream(stream)?.tail_ns;
-        // Checked before anything changes: past u64::MAX the clocks would wrap.
+    /// Where `duration_ns` of work queued on `stream` now would land: (host clock after the
+    /// launch cost, start, end), or the error [`enqueue`](Self::enqueue) would give (an unknown
+    /// stream, or an end past the clock's limit). Changes nothing: a caller that records
+    /// something about the operation before queuing it (the sanitizer) checks here first.
+    pub fn plan_enqueue(&self, stream: StreamId, duration_ns: u64, label: &str) -> Result<(u64, u64, u64)> {
+        let tail = self.tail_ns(stream)?;
         let overflow = |what: &str, at: u64, by: u64| {
             AclError::invalid_param(format!(
                 "{label} on stream {stream}: {what} would pass the simulated clock's limit of 2^64-1 ns \
@@ -218,6 +212,21 @@ impl Scheduler {
         let now = self.now_ns.checked_add(launch).ok_or_else(|| overflow("the host clock", self.now_ns, launch))?;
         let start = tail.max(now);
         let end = start.checked_add(duration_ns).ok_or_else(|| overflow("its end", start, duration_ns))?;
+        Ok((now, start, end))
+    }
+
+    /// Queues `duration_ns` of work on `stream` (after the host-side launch cost); returns
+    /// (start, end) on the device clock. Refused, with nothing changed, where a clock would pass
+    /// `u64::MAX` ([`plan_enqueue`](Self::plan_enqueue)).
+    pub fn enqueue(
+        &mut self,
+        stream: StreamId,
+        duration_ns: u64,
+        label: &str,
+        bytes: u64,
+        effect: Option<Effect>,
+    ) -> Result<(u64, u64)> {
+        let (now, start, end) = self.plan_enqueue(stream, duration_ns, label)?;
         self.now_ns = now;
         self.stream(stream)?.tail_ns = end;
         self.clocks.insert(stream, self.next_clock(stream));
@@ -437,6 +446,9 @@ mod tests {
         assert_eq!(err.code, ErrorCode::InvalidParam);
         assert!(err.message.contains("kernel on stream") && err.message.contains("2^64-1 ns"), "{}", err.message);
         assert_eq!((s.now_ns(), s.tail_ns(st).unwrap(), s.pending_effects()), (now, last.1, 0));
+        assert_eq!(s.plan_enqueue(st, limit, "kernel"), Err(err), "the check a caller can make first");
+        let (_, start, end) = s.plan_enqueue(DEFAULT_STREAM, 7, "kernel").unwrap();
+        assert_eq!(s.enqueue(DEFAULT_STREAM, 7, "kernel", 0, None), Ok((start, end)));
         // Host-side charges saturate: the clock stops at the limit, never runs backwards.
         s.advance(u64::MAX);
         s.advance(u64::MAX);
