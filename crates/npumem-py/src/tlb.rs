@@ -2,7 +2,7 @@
 
 use npumem_core::AclError;
 use npumem_core::vm::PageSize;
-use npumem_core::vm::tlb::{ArrayConfig, Replacement, Tlb, TlbConfig, field_range};
+use npumem_core::vm::tlb::{self, ArrayConfig, Replacement, Tlb, TlbConfig, field_range};
 use numpy::PyReadonlyArray1;
 use parking_lot::Mutex;
 use pyo3::exceptions::PyTypeError;
@@ -153,6 +153,8 @@ impl PyTlb {
     }
 }
 
+/// An integer override: any Python int within 64 bits reaches the core's check of its range;
+/// one outside is refused here with the same message, a non-int with a `TypeError`.
 fn int_override(key: &str, field: &str, value: &Bound<'_, PyAny>) -> PyResult<u64> {
     if let Ok(v) = value.extract::<u64>() {
         return Ok(v);
@@ -170,14 +172,7 @@ fn int_override(key: &str, field: &str, value: &Bound<'_, PyAny>) -> PyResult<u6
 /// The error for `key = value` outside the accepted range of `field`.
 fn out_of_range(py: Python<'_>, key: &str, field: &str, value: impl std::fmt::Display) -> PyErr {
     let range = field_range(field).expect("integer fields have a range");
-    to_py(
-        py,
-        AclError::invalid_param(format!(
-            "TLB {key} = {value} is out of range: accepted {} to {}",
-            range.start(),
-            range.end()
-        )),
-    )
+    to_py(py, tlb::out_of_range(key, value, &range, ""))
 }
 
 /// A size override (entries, ways), as the core's `usize`.

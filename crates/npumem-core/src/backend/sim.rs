@@ -169,10 +169,10 @@ impl SimBackend {
     /// so that the store cannot fail half-way; on an error nothing changed.
     fn stage(&mut self, va: u64, len: u64) -> Result<()> {
         for_each_piece(&self.page_table, va, len, |_, _, _| Ok(()))?;
-        let (table, memory) = (&self.page_table, &mut self.memory);
-        let mut created = Vec::new();
-        let staged = for_each_piece(table, va, len, |pa, _, n| memory.materialise(pa, n as u64, &mut created));
-        staged.inspect_err(|_| memory.rollback(&created))
+        let table = &self.page_table;
+        self.memory.all_or_nothing(|m, created| {
+            for_each_piece(table, va, len, |pa, _, n| m.materialise(pa, n as u64, created))
+        })
     }
 }
 
@@ -440,16 +440,13 @@ impl Backend for SimBackend {
         // source bytes, before moving a byte: a failure changes nothing.
         for_each_piece(&self.page_table, src, count, |_, _, _| Ok(()))?;
         for_each_piece(&self.page_table, dst, count, |_, _, _| Ok(()))?;
-        let (table, memory) = (&self.page_table, &mut self.memory);
-        let mut created = Vec::new();
-        let staged =
-            for_each_pair(table, dst, src, count, false, |d, s, n| memory.materialise_for_copy(d, s, n, &mut created));
-        if let Err(e) = staged {
-            memory.rollback(&created);
-            return Err(e);
-        }
+        let table = &self.page_table;
+        self.memory.all_or_nothing(|m, created| {
+            for_each_pair(table, dst, src, count, false, |d, s, n| m.materialise_for_copy(d, s, n, created))
+        })?;
         // memmove: when the destination starts inside the source, copy from the high end.
         let backward = dst > src && dst - src < count;
+        let memory = &mut self.memory;
         for_each_pair(table, dst, src, count, backward, |d, s, n| memory.copy(d, s, n))?;
         self.counters.bytes_read += count;
         self.counters.bytes_written += count;

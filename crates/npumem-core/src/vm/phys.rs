@@ -1,14 +1,16 @@
 //! `PhysMemory`: the bytes of simulated HBM, indexed by physical address.
 //!
-//! Storage is lazy: memory is kept in 64 KiB chunks that come into being when a non-zero byte is
-//! stored in them, so a 64 GiB device costs only what is written to it. Bytes never written read
-//! as zero (real device memory is uninitialised; zero is one valid value of it).
+//! Storage is lazy: memory is kept in 64 KiB chunks that come into being when bytes are stored in
+//! them (a write, a non-zero fill, a copy of written bytes), so a 64 GiB device costs only what is
+//! written to it. Bytes never written read as zero (real device memory is uninitialised; zero is
+//! one valid value of it).
 //!
 //! Host memory for chunks is taken fallibly: an operation that stores bytes first
-//! [`materialise`](PhysMemory::materialise)s the chunks it needs (creating a zero chunk changes no
-//! byte anyone reads) and can [`rollback`](PhysMemory::rollback) them if a later step fails, so a
-//! host out of memory gives an `OutOfMemoryError` and leaves the contents as they were, never an
-//! abort or a half-done store. Reading, zeroing and copying unwritten memory allocate nothing.
+//! [`materialise`](PhysMemory::materialise)s every chunk it needs inside
+//! [`all_or_nothing`](PhysMemory::all_or_nothing) (a new zero chunk changes no byte anyone reads,
+//! and on failure the new chunks are dropped again), then stores, so a host out of memory gives an
+//! `OutOfMemoryError` and leaves the contents as they were, never an abort or a half-done store.
+//! Reading, zeroing and copying unwritten memory allocate nothing.
 //!
 //! Invariants: a chunk exists only if it was materialised for a store since it was last discarded
 //! or zeroed whole, so resident memory never exceeds what was stored; an absent chunk reads as
@@ -127,8 +129,8 @@ impl PhysMemory {
     }
 
     /// Creates the absent chunks under `[pa, pa + len)`, zero-filled, so that a store there
-    /// cannot fail; each chunk created is pushed on `created` for [`rollback`](Self::rollback).
-    /// What reads see does not change.
+    /// cannot fail; each chunk created is pushed on `created` (see
+    /// [`all_or_nothing`](Self::all_or_nothing)). What reads see does not change.
     pub fn materialise(&mut self, pa: u64, len: u64, created: &mut Vec<u64>) -> Result<()> {
         self.check(pa, len);
         for (chunk, _, _) in pieces(pa, len) {
@@ -151,11 +153,18 @@ impl PhysMemory {
         Ok(())
     }
 
-    /// Drops the chunks an operation materialised before it failed.
-    pub fn rollback(&mut self, created: &[u64]) {
-        for chunk in created {
-            self.chunks.remove(chunk);
+    /// Runs `materialise`, which creates chunks with [`materialise`](Self::materialise) or
+    /// [`materialise_for_copy`](Self::materialise_for_copy) (passing them the list it is given);
+    /// if it fails, the chunks it created are dropped again, so nothing changed.
+    pub fn all_or_nothing(&mut self, materialise: impl FnOnce(&mut Self, &mut Vec<u64>) -> Result<()>) -> Result<()> {
+        let mut created = Vec::new();
+        let result = materialise(self, &mut created);
+        if result.is_err() {
+            for chunk in &created {
+                self.chunks.remove(chunk);
+            }
         }
+        result
     }
 
     /// The bytes of a chunk that [`materialise`](Self::materialise) created.
@@ -176,11 +185,7 @@ impl PhysMemory {
     /// Writes `data` at `pa`, creating the chunks it needs; on an out-of-memory error nothing
     /// changed.
     pub fn write(&mut self, pa: u64, data: &[u8]) -> Result<()> {
-        let mut created = Vec::new();
-        if let Err(e) = self.materialise(pa, data.len() as u64, &mut created) {
-            self.rollback(&created);
-            return Err(e);
-        }
+        self.all_or_nothing(|m, created| m.materialise(pa, data.len() as u64, created))?;
         self.store(pa, data);
         Ok(())
     }
@@ -333,13 +338,15 @@ mod tests {
     }
 
     #[test]
-    fn rollback_leaves_nothing_behind() {
+    fn a_failed_materialisation_leaves_nothing_behind() {
         let mut m = PhysMemory::new(1 << 30);
         m.write(0, &[1; 10]).unwrap();
-        let mut created = Vec::new();
-        m.materialise(0, 4 * CHUNK, &mut created).unwrap();
-        assert_eq!(created, vec![1, 2, 3]);
-        m.rollback(&created);
+        let err = m.all_or_nothing(|m, created| {
+            m.materialise(0, 4 * CHUNK, created)?;
+            assert_eq!(created, &[1, 2, 3]);
+            Err(host_exhausted())
+        });
+        assert_eq!(err.unwrap_err().code, crate::ErrorCode::RtMemoryAllocation);
         assert_eq!(m.resident_bytes(), CHUNK);
         let mut back = [0u8; 10];
         m.read(0, &mut back);
@@ -354,15 +361,20 @@ mod tests {
     proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
         /// Against a flat byte array: every write, fill (zero or not) and overlapping copy
-        /// leaves the same bytes, and resident memory never exceeds the chunks ever stored into.
+        /// leaves the same bytes; every chunk holding a non-zero byte exists, and only chunks
+        /// a write, a non-zero fill or a copy stored into ever do.
         #[test]
         fn matches_a_flat_array(ops in prop::collection::vec(op(), 1..40)) {
             const SIZE: u64 = 8 * CHUNK;
             let mut m = PhysMemory::new(SIZE);
             let mut model = vec![0u8; SIZE as usize];
+            let mut stored = std::collections::HashSet::new();
             for (i, (kind, dst, other, len)) in ops.into_iter().enumerate() {
                 let len = len.min(SIZE - dst).min(SIZE - other);
                 let (d, o, n) = (dst as usize, other as usize, len as usize);
+                if kind != 1 {
+                    stored.extend(pieces(dst, len).map(|(c, _, _)| c));
+                }
                 match kind {
                     0 => {
                         let data: Vec<u8> = (0..n).map(|k| (k + i) as u8 | 1).collect();
@@ -393,6 +405,7 @@ mod tests {
                     let nonzero = model[(c * CHUNK) as usize..((c + 1) * CHUNK) as usize].iter().any(|&b| b != 0);
                     prop_assert!(!nonzero || m.chunks.contains_key(&c));
                 }
+                prop_assert!(m.chunks.keys().all(|c| stored.contains(c)));
             }
         }
     }

@@ -62,8 +62,9 @@ pub fn field_range(field: &str) -> Option<RangeInclusive<u64>> {
     })
 }
 
-/// An error naming the field, its value and the accepted range.
-fn out_of_range(field: &str, value: impl std::fmt::Display, range: &RangeInclusive<u64>, why: &str) -> AclError {
+/// The error for `field = value` outside `range` (`why` adds a further condition): it names the
+/// field, the value and the accepted range.
+pub fn out_of_range(field: &str, value: impl std::fmt::Display, range: &RangeInclusive<u64>, why: &str) -> AclError {
     AclError::invalid_param(format!(
         "TLB {field} = {value} is out of range: accepted {} to {}{why}",
         range.start(),
