@@ -12,7 +12,7 @@ use std::ops::RangeInclusive;
 use crate::error::{AclError, Result};
 
 /// Accepted bandwidths, bytes per second: from 1 MB/s (below any real link; a 1 TiB copy then
-/// takes 25 simulated days, still far inside the 64-bit clock) to 1 PB/s (600 times HBM3e).
+/// takes 25 simulated days, still far inside the 64-bit clock) to 1 PB/s (600 times the 910B's HBM).
 pub const BANDWIDTH: RangeInclusive<f64> = 1e6..=1e15;
 
 /// Accepted per-call costs (launch, driver allocation, map, PCIe latency), nanoseconds: up to one

@@ -25,7 +25,7 @@
 
 pub mod cost;
 
-pub use cost::{CostModel, MAX_DURATION_NS, duration_from_us};
+pub use cost::{CostModel, duration_from_us};
 
 use std::collections::BTreeMap;
 
