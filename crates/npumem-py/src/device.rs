@@ -8,13 +8,14 @@ use npumem_core::acl::MemPoolAttr;
 use npumem_core::backend::{FaultPlan, SimConfig};
 use npumem_core::pool::PoolKind;
 use npumem_core::sanitizer::{FindingKind, HOST, SanitizerMode};
-use npumem_core::stream::CostModel;
+use npumem_core::stream::{CostModel, duration_from_us};
 use npumem_core::units::format_size;
 use npumem_core::vm::PageSize;
 use npumem_core::{AclError, AllocatorKind, Device, DeviceConfig, MemAttr, Policy};
 use numpy::{PyArray1, PyReadonlyArray1};
 use parking_lot::Mutex;
 use pyo3::buffer::PyUntypedBuffer;
+use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
@@ -799,20 +800,18 @@ impl PyDevice {
 
     /// Queues a kernel of `duration` microseconds on `stream` that reads and writes the given
     /// allocations; returns (start_us, end_us).
-    #[pyo3(signature = (stream, duration, reads = Vec::new(), writes = Vec::new()))]
+    #[pyo3(signature = (stream, duration, reads = None, writes = None))]
     fn launch(
         &self,
         py: Python<'_>,
         stream: &Bound<'_, PyAny>,
-        duration: f64,
-        reads: Vec<u64>,
-        writes: Vec<u64>,
+        duration: &Bound<'_, PyAny>,
+        reads: Option<&Bound<'_, PyAny>>,
+        writes: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<(f64, f64)> {
+        let (reads, writes) = (pointers(reads, "reads")?, pointers(writes, "writes")?);
         let stream = uint_arg(stream, "stream")?;
-        if !(duration.is_finite() && duration >= 0.0) {
-            return Err(to_py(py, AclError::invalid_param(format!("duration must be >= 0 µs, got {duration}"))));
-        }
-        let ns = (duration * 1e3).round() as u64;
+        let ns = duration_from_us("duration", float_arg(duration, "duration")?).map_err(|e| to_py(py, e))?;
         let (a, b) = self.run(py, |d| d.launch(stream, ns, &reads, &writes))?;
         Ok((a as f64 / 1e3, b as f64 / 1e3))
     }
@@ -849,8 +848,9 @@ impl PyDevice {
         cost_dict(py, &c)
     }
 
-    /// Overrides one cost-model field.
-    fn set_cost(&self, py: Python<'_>, field: &str, value: f64) -> PyResult<()> {
+    /// Overrides one cost-model field (bandwidths 1e6 to 1e15 bytes/s, times 0 to 1e9 ns).
+    fn set_cost(&self, py: Python<'_>, field: &str, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        let value = float_arg(value, field)?;
         self.run(py, |d| d.scheduler().cost.set(field, value))
     }
 
@@ -881,9 +881,12 @@ impl PyDevice {
     }
 
     /// Starts or stops recording the allocator's history (`max_entries` newest entries kept).
-    #[pyo3(signature = (enabled = true, max_entries = 1_000_000))]
-    fn record_memory_history(&self, enabled: bool, max_entries: usize) {
-        self.inner.lock().record_memory_history(enabled, max_entries);
+    #[pyo3(signature = (enabled = true, max_entries = None))]
+    fn record_memory_history(&self, enabled: bool, max_entries: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let max_entries = max_entries.map(|m| uint_arg(m, "max_entries")).transpose()?.unwrap_or(1_000_000);
+        // The history grows as entries come; a bound past memory is simply never reached.
+        self.inner.lock().record_memory_history(enabled, usize::try_from(max_entries).unwrap_or(usize::MAX));
+        Ok(())
     }
 
     /// Segments with their blocks, in PyTorch's snapshot schema.
@@ -1028,6 +1031,37 @@ impl PyDevice {
 }
 
 /// An optional stream handle.
+/// A real-number argument (a float, an int or anything with `__float__`); an int too large for
+/// a float is out of range (`InvalidParamError`), anything else a `TypeError`, both naming `what`.
+fn float_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<f64> {
+    match obj.extract::<f64>() {
+        Ok(v) => Ok(v),
+        Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => Err(to_py(
+            obj.py(),
+            AclError::invalid_param(format!("{what} = {obj} is out of range: too large for a float")),
+        )),
+        Err(_) => Err(PyTypeError::new_err(format!("{what} must be a number, got {}", obj.get_type().name()?))),
+    }
+}
+
+/// A sequence of device pointers (kernel arguments), each a non-negative int below 2**64.
+fn pointers(seq: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Vec<u64>> {
+    let Some(seq) = seq else { return Ok(Vec::new()) };
+    if seq.is_instance_of::<pyo3::types::PyString>() || seq.is_instance_of::<PyBytes>() {
+        return Err(pyo3::exceptions::PyTypeError::new_err(format!("{what} must be a sequence of pointers (ints)")));
+    }
+    seq.try_iter()
+        .map_err(|_| {
+            pyo3::exceptions::PyTypeError::new_err(format!(
+                "{what} must be a sequence of pointers (ints), got {}",
+                seq.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+            ))
+        })?
+        .enumerate()
+        .map(|(i, p)| uint_arg(&p?, &format!("{what}[{i}]")))
+        .collect()
+}
+
 fn opt_stream(stream: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
     stream.map(|s| uint_arg(s, "stream")).transpose()
 }

@@ -1,12 +1,15 @@
 //! `npumem._native.Tlb`: the TLB model, fed from numpy address arrays through a device's page table.
 
+use npumem_core::AclError;
 use npumem_core::vm::PageSize;
-use npumem_core::vm::tlb::{ArrayConfig, Replacement, Tlb, TlbConfig};
+use npumem_core::vm::tlb::{self, ArrayConfig, Replacement, Tlb, TlbConfig, field_range};
 use numpy::PyReadonlyArray1;
 use parking_lot::Mutex;
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyDict, PyInt, PyList};
 
+use crate::convert::uint_arg;
 use crate::device::PyDevice;
 use crate::errors::{guard, to_py};
 
@@ -23,8 +26,10 @@ fn page_label(p: &PageSize) -> &'static str {
 #[pymethods]
 impl PyTlb {
     /// A TLB of a preset geometry over `device`'s page table; `overrides` may set
-    /// `walk_step_cycles`, `walk_cache_entries` (3 ints) and, per array, `"<level>.<array>.<field>"`
-    /// with field entries, ways, replacement or hit_cycles.
+    /// `walk_step_cycles`, `walk_cache_entries` (3 ints), `coalesce` and, per array,
+    /// `"<level>.<array>.<field>"` with field entries, ways, replacement or hit_cycles. Every
+    /// size and cycle count is checked against the core's bounds (`vm::tlb::limits`) before
+    /// anything is allocated.
     #[new]
     #[pyo3(signature = (preset, device, overrides = None))]
     fn new(
@@ -136,22 +141,67 @@ impl PyTlb {
     }
 
     /// Nominal reach of each level if every entry held a page of `page_size` bytes.
-    fn nominal_reach(&self, py: Python<'_>, page_size: u64) -> PyResult<Vec<u64>> {
-        let page = PageSize::from_bytes(page_size).ok_or_else(|| {
-            to_py(py, npumem_core::AclError::invalid_param("page_size must be 4096, 65536, 2 MiB or 1 GiB"))
+    fn nominal_reach(&self, page_size: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+        let bytes = uint_arg(page_size, "page_size")?;
+        let page = PageSize::from_bytes(bytes).ok_or_else(|| {
+            to_py(
+                page_size.py(),
+                AclError::invalid_param(format!("page_size must be 4096, 65536, 2097152 or 1073741824, got {bytes}")),
+            )
         })?;
         Ok(self.tlb.lock().nominal_reach(page))
     }
 }
 
+/// An integer override: any Python int within 64 bits reaches the core's check of its range;
+/// one outside is refused here with the same message, a non-int with a `TypeError`.
+fn int_override(key: &str, field: &str, value: &Bound<'_, PyAny>) -> PyResult<u64> {
+    if let Ok(v) = value.extract::<u64>() {
+        return Ok(v);
+    }
+    if !value.is_instance_of::<PyInt>() {
+        return Err(PyTypeError::new_err(format!(
+            "TLB override {key} must be an int, got {} {}",
+            value.get_type().name()?,
+            value.repr()?
+        )));
+    }
+    Err(out_of_range(value.py(), key, field, value))
+}
+
+/// The error for `key = value` outside the accepted range of `field`.
+fn out_of_range(py: Python<'_>, key: &str, field: &str, value: impl std::fmt::Display) -> PyErr {
+    let range = field_range(field).expect("integer fields have a range");
+    to_py(py, tlb::out_of_range(key, value, &range, ""))
+}
+
+/// A size override (entries, ways), as the core's `usize`.
+fn size_override(key: &str, field: &str, value: &Bound<'_, PyAny>) -> PyResult<usize> {
+    // Past usize (a 32-bit host) the core's bound refuses it anyway: saturate.
+    int_override(key, field, value).map(|v| usize::try_from(v).unwrap_or(usize::MAX))
+}
+
 fn apply_override(py: Python<'_>, config: &mut TlbConfig, key: &str, value: &Bound<'_, PyAny>) -> PyResult<()> {
-    let bad = |msg: String| to_py(py, npumem_core::AclError::invalid_param(msg));
+    let bad = |msg: String| to_py(py, AclError::invalid_param(msg));
     match key {
-        "walk_step_cycles" => config.walk_step_cycles = value.extract()?,
-        "coalesce" => config.coalesce = value.extract()?,
+        "walk_step_cycles" => config.walk_step_cycles = int_override(key, key, value)?,
+        "coalesce" => {
+            let v = int_override(key, key, value)?;
+            config.coalesce = u32::try_from(v).map_err(|_| out_of_range(py, key, key, v))?;
+        }
         "walk_cache_entries" => {
-            let v: Vec<usize> = value.extract()?;
-            config.walk_cache_entries = v.try_into().map_err(|_| bad("walk_cache_entries needs 3 ints".into()))?;
+            let items: Vec<Bound<'_, PyAny>> = value.extract().map_err(|_| {
+                PyTypeError::new_err(format!("TLB override walk_cache_entries must be a list of 3 ints, got {value}"))
+            })?;
+            if items.len() != 3 {
+                return Err(bad(format!(
+                    "TLB override walk_cache_entries must hold 3 ints (table levels 0, 1, 2), got {}",
+                    items.len()
+                )));
+            }
+            for (i, item) in items.iter().enumerate() {
+                config.walk_cache_entries[i] = size_override(&format!("walk_cache_entries[{i}]"), key, item)?;
+            }
         }
         _ => {
             let parts: Vec<&str> = key.split('.').collect();
@@ -161,24 +211,34 @@ fn apply_override(py: Python<'_>, config: &mut TlbConfig, key: &str, value: &Bou
                 )));
             };
             let (l, a): (usize, usize) = (
-                level.parse().map_err(|_| bad(format!("bad level in {key:?}")))?,
-                array.parse().map_err(|_| bad(format!("bad array in {key:?}")))?,
+                level
+                    .parse()
+                    .map_err(|_| bad(format!("bad level in TLB override {key:?}: {level:?} is not a level number")))?,
+                array
+                    .parse()
+                    .map_err(|_| bad(format!("bad array in TLB override {key:?}: {array:?} is not an array number")))?,
             );
             let arr: &mut ArrayConfig = config
                 .levels
                 .get_mut(l)
                 .and_then(|lv| lv.get_mut(a))
-                .ok_or_else(|| bad(format!("{key:?}: no array {a} at level {l}")))?;
+                .ok_or_else(|| bad(format!("TLB override {key:?}: the preset has no array {a} at level {l}")))?;
             match field {
-                "entries" => arr.entries = value.extract()?,
-                "ways" => arr.ways = value.extract()?,
-                "hit_cycles" => arr.hit_cycles = value.extract()?,
+                "entries" => arr.entries = size_override(key, field, value)?,
+                "ways" => arr.ways = size_override(key, field, value)?,
+                "hit_cycles" => arr.hit_cycles = int_override(key, field, value)?,
                 "replacement" => {
-                    arr.replacement = Replacement::parse(&value.extract::<String>()?).map_err(|e| to_py(py, e))?
+                    let name: String = value.extract().map_err(|_| {
+                        PyTypeError::new_err(format!(
+                            "TLB override {key} must be a str, got {}",
+                            value.repr().map_or_else(|_| "?".into(), |r| r.to_string())
+                        ))
+                    })?;
+                    arr.replacement = Replacement::parse(&name).map_err(|e| to_py(py, e))?
                 }
                 other => {
                     return Err(bad(format!(
-                        "unknown array field {other:?}; use entries, ways, replacement, hit_cycles"
+                        "unknown array field {other:?} in TLB override {key:?}; use entries, ways, replacement, hit_cycles"
                     )));
                 }
             }

@@ -4,10 +4,18 @@
 //! the [`PageTable`]; every byte access walks that table and lands in [`PhysMemory`], so what is
 //! written through one mapping is read back through any other mapping of the same frames.
 //!
+//! Byte access moves page by page through the page table, never through a buffer sized by the
+//! request: a copy pairs source and destination pages and hands each physically contiguous piece
+//! to [`PhysMemory`], so copying gigabytes costs no host memory beyond the destination chunks that
+//! receive written bytes, and copying (or reading, or zeroing) never-written memory allocates
+//! nothing. Overlapping copies behave as `memmove` (overlap judged on device addresses; two
+//! mappings of the same frames that overlap physically are as undefined as on the device).
+//!
 //! Invariants: each physical allocation owns `size / page` frames of its page size; a frame is
 //! owned by at most one allocation; `mapped` of an allocation counts its live mappings and its
 //! frames return to the allocator only when it is freed and `mapped == 0`; every mapping lies in a
-//! reservation and no reservation with a live mapping is released.
+//! reservation and no reservation with a live mapping is released; a byte operation that fails
+//! (unmapped address, host out of memory) changes no byte.
 
 use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;
@@ -73,9 +81,6 @@ pub struct SimBackend {
     mappings: BTreeMap<u64, Mapping>,
     counters: BackendCounters,
 }
-
-/// Largest piece a device-to-device copy moves through its bounce buffer at once.
-const COPY_CHUNK: usize = 4 << 20;
 
 impl SimBackend {
     pub fn new(config: SimConfig) -> Result<Self> {
@@ -160,24 +165,75 @@ impl SimBackend {
         )
     }
 
-    /// Walks `[va, va + len)` page by page, calling `f(pa, offset_in_range, piece_len)`.
-    fn for_each_piece(&self, va: u64, len: u64, mut f: impl FnMut(u64, usize, usize)) -> Result<()> {
-        let end = va.checked_add(len).ok_or_else(|| AclError::rt_param("address range overflows"))?;
-        let mut at = va;
-        while at < end {
-            let t = self.page_table.translate(at).ok_or_else(|| {
-                AclError::rt_param(format!(
-                    "device address {at:#x} is not mapped; it was freed or never allocated (use after free?)"
-                ))
-            })?;
-            // Within one page the physical range is contiguous (a 64 KiB page's 16 frames too).
-            let page = t.page_size.bytes();
-            let n = (page - (at % page)).min(end - at);
-            f(t.pa, (at - va) as usize, n as usize);
-            at += n;
-        }
-        Ok(())
+    /// Checks that `[va, va + len)` is mapped and creates the memory chunks a store there needs,
+    /// so that the store cannot fail half-way; on an error nothing changed.
+    fn stage(&mut self, va: u64, len: u64) -> Result<()> {
+        for_each_piece(&self.page_table, va, len, |_, _, _| Ok(()))?;
+        let table = &self.page_table;
+        self.memory.all_or_nothing(|m, created| {
+            for_each_piece(table, va, len, |pa, _, n| m.materialise(pa, n as u64, created))
+        })
     }
+}
+
+/// An error for an access to an unmapped device address.
+fn unmapped(va: u64) -> AclError {
+    AclError::rt_param(format!(
+        "device address {va:#x} is not mapped; it was freed or never allocated (use after free?)"
+    ))
+}
+
+/// Walks `[va, va + len)` page by page, calling `f(pa, offset_in_range, piece_len)`; stops at
+/// the first unmapped page or error of `f`.
+fn for_each_piece(
+    table: &PageTable,
+    va: u64,
+    len: u64,
+    mut f: impl FnMut(u64, usize, usize) -> Result<()>,
+) -> Result<()> {
+    let end = va.checked_add(len).ok_or_else(|| AclError::rt_param("address range overflows"))?;
+    let mut at = va;
+    while at < end {
+        let t = table.translate(at).ok_or_else(|| unmapped(at))?;
+        // Within one page the physical range is contiguous (a 64 KiB page's 16 frames too).
+        let page = t.page_size.bytes();
+        let n = (page - (at % page)).min(end - at);
+        f(t.pa, (at - va) as usize, n as usize)?;
+        at += n;
+    }
+    Ok(())
+}
+
+/// Walks a copy of `len` bytes from `src` to `dst` (both mapped) in pieces that are physically
+/// contiguous on both sides, calling `f(dst_pa, src_pa, piece_len)`: from the low end, or from
+/// the high end when `backward`.
+fn for_each_pair(
+    table: &PageTable,
+    dst: u64,
+    src: u64,
+    len: u64,
+    backward: bool,
+    mut f: impl FnMut(u64, u64, u64) -> Result<()>,
+) -> Result<()> {
+    let translate = |va: u64| table.translate(va).ok_or_else(|| unmapped(va));
+    let (mut lo, mut hi) = (0u64, len);
+    while lo < hi {
+        if backward {
+            // The pages holding the last byte left on each side.
+            let (d, s) = (translate(dst + hi - 1)?, translate(src + hi - 1)?);
+            let left = |va: u64, t: Translation| va % t.page_size.bytes() + 1;
+            let n = left(dst + hi - 1, d).min(left(src + hi - 1, s)).min(hi - lo);
+            hi -= n;
+            f(d.pa + 1 - n, s.pa + 1 - n, n)?;
+        } else {
+            let (d, s) = (translate(dst + lo)?, translate(src + lo)?);
+            let room = |va: u64, t: Translation| t.page_size.bytes() - va % t.page_size.bytes();
+            let n = room(dst + lo, d).min(room(src + lo, s)).min(hi - lo);
+            f(d.pa, s.pa, n)?;
+            lo += n;
+        }
+    }
+    Ok(())
 }
 
 impl Backend for SimBackend {
@@ -234,7 +290,15 @@ impl Backend for SimBackend {
         if size > available {
             return Err(AclError::oom(self.oom_message(size, kind, page)));
         }
-        let mut frames = Vec::with_capacity(count as usize);
+        // The frame list is sized by the request (bounded by the free memory checked above):
+        // taken fallibly, so a host short of memory refuses instead of aborting.
+        let mut frames = Vec::new();
+        frames.try_reserve_exact(count as usize).map_err(|_| {
+            AclError::oom(format!(
+                "the host has no memory left to track {count} frames of a {} allocation",
+                format_size(size)
+            ))
+        })?;
         for _ in 0..count {
             let got = match kind {
                 PageKind::Giant => self.frames.alloc_giant(),
@@ -336,50 +400,56 @@ impl Backend for SimBackend {
 
     fn read(&mut self, va: u64, out: &mut [u8]) -> Result<()> {
         let memory = &self.memory;
-        self.for_each_piece(va, out.len() as u64, |pa, off, n| memory.read(pa, &mut out[off..off + n]))?;
+        for_each_piece(&self.page_table, va, out.len() as u64, |pa, off, n| {
+            memory.read(pa, &mut out[off..off + n]);
+            Ok(())
+        })?;
         self.counters.bytes_read += out.len() as u64;
         Ok(())
     }
 
     fn write(&mut self, va: u64, data: &[u8]) -> Result<()> {
-        // Collect (and so validate) every piece first, so a failed write changes nothing.
-        let mut pieces = Vec::new();
-        self.for_each_piece(va, data.len() as u64, |pa, off, n| pieces.push((pa, off, n)))?;
-        for (pa, off, n) in pieces {
-            self.memory.write(pa, &data[off..off + n]);
-        }
+        self.stage(va, data.len() as u64)?;
+        let memory = &mut self.memory;
+        for_each_piece(&self.page_table, va, data.len() as u64, |pa, off, n| {
+            memory.store(pa, &data[off..off + n]);
+            Ok(())
+        })?;
         self.counters.bytes_written += data.len() as u64;
         Ok(())
     }
 
     fn fill(&mut self, va: u64, value: u8, count: u64) -> Result<()> {
-        let mut pieces = Vec::new();
-        self.for_each_piece(va, count, |pa, _, n| pieces.push((pa, n)))?;
-        for (pa, n) in pieces {
-            self.memory.fill(pa, value, n as u64);
+        if value == 0 {
+            // Zeroing needs no host memory (and frees the chunks it covers whole).
+            for_each_piece(&self.page_table, va, count, |_, _, _| Ok(()))?;
+        } else {
+            self.stage(va, count)?;
         }
+        let memory = &mut self.memory;
+        for_each_piece(&self.page_table, va, count, |pa, _, n| {
+            memory.set(pa, value, n as u64);
+            Ok(())
+        })?;
         self.counters.bytes_written += count;
         Ok(())
     }
 
     fn copy(&mut self, dst: u64, src: u64, count: u64) -> Result<()> {
-        // Validate both ranges before moving a byte.
-        self.for_each_piece(src, count, |_, _, _| {})?;
-        self.for_each_piece(dst, count, |_, _, _| {})?;
-        let overlap = src < dst.saturating_add(count) && dst < src.saturating_add(count);
-        if overlap {
-            let mut buf = vec![0u8; count as usize];
-            self.read(src, &mut buf)?;
-            return self.write(dst, &buf);
-        }
-        let mut buf = vec![0u8; (count as usize).min(COPY_CHUNK)];
-        let mut done = 0u64;
-        while done < count {
-            let n = (count - done).min(COPY_CHUNK as u64) as usize;
-            self.read(src + done, &mut buf[..n])?;
-            self.write(dst + done, &buf[..n])?;
-            done += n as u64;
-        }
+        // Validate both ranges, then create the destination chunks that will hold written
+        // source bytes, before moving a byte: a failure changes nothing.
+        for_each_piece(&self.page_table, src, count, |_, _, _| Ok(()))?;
+        for_each_piece(&self.page_table, dst, count, |_, _, _| Ok(()))?;
+        let table = &self.page_table;
+        self.memory.all_or_nothing(|m, created| {
+            for_each_pair(table, dst, src, count, false, |d, s, n| m.materialise_for_copy(d, s, n, created))
+        })?;
+        // memmove: when the destination starts inside the source, copy from the high end.
+        let backward = dst > src && dst - src < count;
+        let memory = &mut self.memory;
+        for_each_pair(table, dst, src, count, backward, |d, s, n| memory.copy(d, s, n))?;
+        self.counters.bytes_read += count;
+        self.counters.bytes_written += count;
         Ok(())
     }
 
@@ -422,6 +492,7 @@ impl Backend for SimBackend {
 mod tests {
     use super::*;
     use crate::units::KIB;
+    use proptest::strategy::Strategy;
 
     fn sim(capacity: u64, giant: u64) -> SimBackend {
         SimBackend::new(SimConfig { capacity, normal_page: PageSize::Size4K, giant_frames: giant }).unwrap()
@@ -485,6 +556,93 @@ mod tests {
         let mut out = vec![0u8; 10_000];
         b.read(va + 1000, &mut out).unwrap();
         assert_eq!(out, data);
+    }
+
+    #[test]
+    fn copying_unwritten_gigabytes_costs_no_host_memory() {
+        let mut b = sim(20 * GIB, 0);
+        let map = |b: &mut SimBackend| {
+            let h = b.create_physical(8 * GIB, PageKind::Huge).unwrap();
+            let va = b.reserve(8 * GIB, 2 * MIB, None).unwrap();
+            b.map(va, h).unwrap();
+            va
+        };
+        let (src, dst) = (map(&mut b), map(&mut b));
+        b.copy(dst, src, 8 * GIB).unwrap();
+        b.fill(dst, 0, 8 * GIB).unwrap();
+        let mut out = vec![1u8; 4096];
+        b.read(dst + 5 * GIB, &mut out).unwrap();
+        assert!(out.iter().all(|&x| x == 0));
+        assert_eq!(b.resident_bytes(), 0, "nothing was materialised");
+        // Written bytes move; only the chunks that receive them are stored.
+        b.write(src + 3 * GIB, b"payload").unwrap();
+        b.copy(dst, src, 8 * GIB).unwrap();
+        b.read(dst + 3 * GIB, &mut out[..7]).unwrap();
+        assert_eq!(&out[..7], b"payload");
+        assert_eq!(b.resident_bytes(), 2 * 64 * KIB);
+        let c = b.counters();
+        assert_eq!((c.bytes_read, c.bytes_written), (16 * GIB + 4096 + 7, 24 * GIB + 7));
+    }
+
+    #[test]
+    fn failed_byte_operations_change_nothing() {
+        let mut b = sim(64 * MIB, 0);
+        let h = b.create_physical(64 * KIB, PageKind::Normal).unwrap();
+        let va = b.reserve(2 * MIB, 4096, None).unwrap();
+        b.map(va, h).unwrap();
+        b.write(va, &[5; 100]).unwrap();
+        let before = b.resident_bytes();
+        assert!(b.write(va + 60 * KIB, &[1; 8 * KIB as usize]).is_err(), "runs past the mapping");
+        assert!(b.fill(va + 60 * KIB, 3, 8 * KIB).is_err());
+        assert!(b.copy(va + 60 * KIB, va, 8 * KIB).is_err());
+        assert!(b.copy(va, va + 60 * KIB, 8 * KIB).is_err());
+        assert_eq!(b.resident_bytes(), before);
+        let mut out = vec![0u8; 64 * KIB as usize];
+        b.read(va, &mut out).unwrap();
+        assert!(out[..100].iter().all(|&x| x == 5) && out[100..].iter().all(|&x| x == 0));
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// Copies, fills and writes over 4 KiB pages mapped onto scattered frames behave as on
+        /// one flat buffer (memmove for overlapping copies), in either direction.
+        #[test]
+        fn scattered_pages_match_a_flat_buffer(
+            order in proptest::sample::subsequence((0..32u64).collect::<Vec<_>>(), 32).prop_shuffle(),
+            ops in proptest::collection::vec((0u8..3, 0u64..128 * KIB, 0u64..128 * KIB, 0u64..64 * KIB), 1..12),
+        ) {
+            const PAGES: u64 = 32;
+            let mut b = sim(64 * MIB, 0);
+            let handles: Vec<_> = (0..PAGES).map(|_| b.create_physical(4 * KIB, PageKind::Normal).unwrap()).collect();
+            let va = b.reserve(PAGES * 4 * KIB, 4096, None).unwrap();
+            for (slot, &page) in order.iter().enumerate() {
+                b.map(va + slot as u64 * 4 * KIB, handles[page as usize]).unwrap();
+            }
+            let size = PAGES * 4 * KIB;
+            let mut model = vec![0u8; size as usize];
+            for (i, (kind, dst, src, len)) in ops.into_iter().enumerate() {
+                let len = len.min(size - dst).min(size - src);
+                let (d, s, n) = (dst as usize, src as usize, len as usize);
+                match kind {
+                    0 => {
+                        let data: Vec<u8> = (0..n).map(|k| (k * 31 + i) as u8).collect();
+                        b.write(va + dst, &data).unwrap();
+                        model[d..d + n].copy_from_slice(&data);
+                    }
+                    1 => {
+                        b.fill(va + dst, (src % 3) as u8, len).unwrap();
+                        model[d..d + n].fill((src % 3) as u8);
+                    }
+                    _ => {
+                        b.copy(va + dst, va + src, len).unwrap();
+                        model.copy_within(s..s + n, d);
+                    }
+                }
+                let mut all = vec![0u8; size as usize];
+                b.read(va, &mut all).unwrap();
+                proptest::prop_assert_eq!(&all, &model);
+            }
+        }
     }
 
     #[test]

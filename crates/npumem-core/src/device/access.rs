@@ -274,9 +274,10 @@ impl Device {
             return Err(AclError::rt_param("write with a stream targets device memory; this is host memory"));
         }
         self.sched.tail_ns(stream)?;
+        let ns = self.sched.cost.copy_ns(count, false, true, false);
+        self.sched.plan_enqueue(stream, ns, "copy H2D (pageable)")?;
         let clock = self.sched.next_clock(stream);
         self.stream_op(stream, &clock, &[(ptr, count, true)])?;
-        let ns = self.sched.cost.copy_ns(count, false, true, false);
         let span = self.sched.enqueue(stream, ns, "copy H2D (pageable)", count, None)?;
         self.sched.wait_for(stream, span.1);
         self.settle();
@@ -295,9 +296,10 @@ impl Device {
             return Err(AclError::rt_param("read with a stream reads device memory; this is host memory"));
         }
         self.sched.tail_ns(stream)?;
+        let ns = self.sched.cost.copy_ns(count, true, false, false);
+        self.sched.plan_enqueue(stream, ns, "copy D2H (pageable)")?;
         let clock = self.sched.next_clock(stream);
         self.stream_op(stream, &clock, &[(ptr, count, false)])?;
-        let ns = self.sched.cost.copy_ns(count, true, false, false);
         let span = self.sched.enqueue(stream, ns, "copy D2H (pageable)", count, None)?;
         self.sched.wait_for(stream, span.1);
         self.settle();

@@ -66,7 +66,22 @@ impl Device {
             i += 1;
         }
         let undone = match failed {
-            Some(e) => ptrs.drain(..).try_for_each(|p| self.free_uncharged(p, None)).and(Err(e)),
+            Some(mut e) => {
+                // Undo: every block this call made is freed (a free the driver fails is tried
+                // once more); one that still cannot be freed stays live, and the error says so.
+                let stuck: Vec<u64> = ptrs
+                    .drain(..)
+                    .filter(|&p| self.free_uncharged(p, None).is_err() && self.free_uncharged(p, None).is_err())
+                    .collect();
+                if !stuck.is_empty() {
+                    let list: Vec<String> = stuck.iter().map(|p| format!("{p:#x}")).collect();
+                    e.message += &format!(
+                        "; undoing the batch, the driver failed to free {}, which stay live: free them later",
+                        list.join(", ")
+                    );
+                }
+                Err(e)
+            }
             None => Ok(()),
         };
         self.charge_driver();
@@ -75,8 +90,10 @@ impl Device {
 
     /// Frees every pointer, after checking that all are live and distinct (nothing is freed when
     /// one is not): the pointers are taken out of the live table first (a pointer that is not
-    /// live, or appears twice, puts the ones taken back), then freed.
+    /// live, or appears twice, puts the ones taken back), then freed. Should the driver fail part
+    /// way (nothing else can), the pointers not yet freed stay live.
     pub fn free_many(&mut self, ptrs: &[u64]) -> Result<()> {
+        self.settle();
         // Taken out of the live table and sorted on the way: frees that complete now (no
         // recorded stream, the block's stream idle) go to the allocator's batch path; the
         // others follow the stream rules one by one.

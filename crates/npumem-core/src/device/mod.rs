@@ -579,6 +579,7 @@ impl Device {
         if ptr == 0 {
             return Err(AclError::invalid_param("free_host(NULL): pass a pointer returned by malloc_host"));
         }
+        self.settle();
         if self.host.block_start(ptr) == Some(ptr) && self.sanitizer.tracks(ptr) {
             let clock = self.sched.host_clock().clone();
             self.sanitizer.check_free(ptr, 0, HOST, &clock, &[], None)?;

@@ -88,6 +88,8 @@ impl Device {
     /// once that stream reaches this point, e.g. after it waited on an event recorded behind
     /// the last use), else after the block's own stream and recorded streams.
     pub fn free_on(&mut self, ptr: u64, stream: Option<StreamId>) -> Result<()> {
+        // Work that completed lands before its memory can go back.
+        self.settle();
         let result = self.free_uncharged(ptr, stream);
         self.charge_driver();
         result
@@ -318,11 +320,17 @@ impl Device {
             .map(|(&k, _)| k)
             .collect();
         for key in due {
+            let point = self.pending_frees[&key].point.clone();
             let a = self.take_pending(key);
-            self.forget_memory(a.ptr);
-            if self.allocator.free(self.backend.as_mut(), a.ptr).is_ok() {
-                self.trace(Action::FreeCompleted, a.ptr, a.granted);
+            if self.allocator.free(self.backend.as_mut(), a.ptr).is_err() {
+                // The driver failed: the block stays pending (the next settle tries again).
+                self.pending_frees.insert(key, PendingFree { allocation: a, point });
+                self.pending_by_addr.insert(a.ptr, key);
+                self.stats.pending_frees += 1;
+                continue;
             }
+            self.forget_memory(a.ptr);
+            self.trace(Action::FreeCompleted, a.ptr, a.granted);
         }
     }
 
@@ -361,8 +369,6 @@ impl Device {
         let Some((dst_side, src_side)) = self.check_copy(dst, dst_max, src, count, kind)? else {
             return self.sched.enqueue(stream, 0, "memcpy", 0, None);
         };
-        let clock = self.sched.next_clock(stream);
-        self.stream_op(stream, &clock, &[(src, count, false), (dst, count, true)])?;
         let ns = self.sched.cost.copy_ns(count, src_side == Side::Device, dst_side == Side::Device, true);
         let label = match (src_side, dst_side) {
             (Side::Host, Side::Device) => "copy H2D",
@@ -370,6 +376,10 @@ impl Device {
             (Side::Device, Side::Device) => "copy D2D",
             (Side::Host, Side::Host) => "copy H2H",
         };
+        // Checked before the sanitizer records the accesses of an operation that may not run.
+        self.sched.plan_enqueue(stream, ns, label)?;
+        let clock = self.sched.next_clock(stream);
+        self.stream_op(stream, &clock, &[(src, count, false), (dst, count, true)])?;
         let span = self.sched.enqueue(stream, ns, label, count, Some(Effect::Copy { dst, src, count }))?;
         self.note_busy(stream, span.1, &[src, dst]);
         Ok(span)
@@ -394,9 +404,10 @@ impl Device {
         if count > 0 {
             self.side(ptr, count, "destination")?;
         }
+        let ns = self.sched.cost.fill_ns(count);
+        self.sched.plan_enqueue(stream, ns, "memset")?;
         let clock = self.sched.next_clock(stream);
         self.stream_op(stream, &clock, &[(ptr, count, true)])?;
-        let ns = self.sched.cost.fill_ns(count);
         let effect = (count > 0).then_some(Effect::Fill { dst: ptr, value: value as u8, count });
         let span = self.sched.enqueue(stream, ns, "memset", count, effect)?;
         if count > 0 {
@@ -422,6 +433,7 @@ impl Device {
             *touched.entry(range).or_default() |= write;
         }
         let accesses: Vec<(u64, u64, bool)> = touched.into_iter().map(|((base, len), w)| (base, len, w)).collect();
+        self.sched.plan_enqueue(stream, duration_ns, "kernel")?;
         self.stream_op(stream, &clock, &accesses)?;
         let span = self.sched.enqueue(stream, duration_ns, "kernel", 0, None)?;
         let bases: Vec<u64> = accesses.iter().map(|&(base, _, _)| base).collect();

@@ -220,10 +220,12 @@ impl CachingAllocator {
         Ok(idx)
     }
 
-    /// Returns a whole cached segment (a free block with no neighbours) to the backend.
+    /// Returns a whole cached segment (a free block with no neighbours) to the backend. A driver
+    /// failure leaves it cached, as it was.
     fn release_segment(&mut self, backend: &mut dyn Backend, idx: u32) -> Result<()> {
-        self.remove_free(idx);
         let b = *self.b(idx);
+        self.segments.get(&b.segment).expect("segment of a live block").segment.unmap(backend)?;
+        self.remove_free(idx);
         self.drop_block(idx);
         let info = self.segments.remove(&b.segment).expect("segment of a live block");
         self.stats.on_segment_free(info.pool, info.segment.size);
@@ -231,7 +233,7 @@ impl CachingAllocator {
             self.stats.oversize_segments.sub(1);
         }
         self.events.push(Action::SegmentFree, info.segment.ptr, info.segment.size);
-        info.segment.unmap(backend)
+        Ok(())
     }
 
     fn whole_free_segments(&self, pool: Option<PoolKind>) -> Vec<u32> {

@@ -66,15 +66,18 @@ impl Allocator for DirectAllocator {
     }
 
     fn free(&mut self, backend: &mut dyn Backend, ptr: u64) -> Result<()> {
-        let (segment, requested) = self
+        let &(segment, requested) = self
             .blocks
-            .remove(&ptr)
+            .get(&ptr)
             .ok_or_else(|| AclError::internal(format!("direct allocator does not own {ptr:#x}")))?;
+        // A driver failure leaves the block live, as it was.
+        segment.unmap(backend)?;
+        self.blocks.remove(&ptr);
         let pool = pool_of(requested);
         self.stats.on_free(pool, segment.size, requested);
         self.stats.on_segment_free(pool, segment.size);
         self.events.push(Action::SegmentFree, segment.ptr, segment.size);
-        segment.unmap(backend)
+        Ok(())
     }
 
     fn empty_cache(&mut self, _backend: &mut dyn Backend) -> Result<()> {

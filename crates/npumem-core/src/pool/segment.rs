@@ -50,7 +50,9 @@ impl Segment {
         Err(last_err.unwrap_or_else(|| AclError::internal("empty page plan")))
     }
 
-    /// Unmaps the segment and returns its memory and VA to the backend.
+    /// Unmaps the segment and returns its memory and VA to the backend. A failed unmap changes
+    /// nothing (the segment stays mapped and can be released later); freeing the memory and the
+    /// VA of an unmapped segment cannot fail under the backend contract.
     pub fn unmap(self, backend: &mut dyn Backend) -> Result<()> {
         backend.unmap(self.ptr)?;
         backend.free_physical(self.handle)?;

@@ -355,8 +355,9 @@ impl VmmAllocator {
 
     /// Returns one cached page of `kind`'s pool to the device.
     fn free_cached(&mut self, backend: &mut dyn Backend, kind: PoolKind) -> Result<bool> {
-        let Some((h, _)) = self.cache[kind as usize].pop() else { return Ok(false) };
+        let Some(&(h, _)) = self.cache[kind as usize].last() else { return Ok(false) };
         backend.free_physical(h)?;
+        self.cache[kind as usize].pop();
         self.stats.on_segment_free(kind, page_bytes(kind));
         Ok(true)
     }
@@ -455,15 +456,13 @@ impl VmmAllocator {
                     done.push(i);
                 }
                 Err(e) => {
+                    // The pages mapped for the failed request stay mapped, idle (no driver call
+                    // that could fail again); the caller gives back what the pool gained.
+                    let clock = self.clock;
+                    let pool = self.pool_mut(kind);
                     for &j in &done {
-                        let pool = self.pool_mut(kind);
-                        let slot = pool.slot(j);
-                        pool.slot_mut(j).handle = NO_HANDLE;
-                        pool.mapped -= 1;
-                        let (va, page) = (pool.page_va(j), pool.page);
-                        backend.unmap(va)?;
-                        self.events.push(Action::SegmentUnmap, va, page);
-                        self.cache[kind as usize].push((slot.handle, slot.page));
+                        pool.slot_mut(j).idle_since = clock;
+                        pool.idle.insert((clock, j as u32));
                     }
                     return Err(e);
                 }
@@ -522,16 +521,17 @@ impl VmmAllocator {
         placed
     }
 
-    /// Unmaps the mapped page `i` of `kind`'s pool that holds no block and caches its handle.
+    /// Unmaps the mapped page `i` of `kind`'s pool that holds no block and caches its handle. A
+    /// driver failure leaves it mapped and idle, as it was.
     fn unmap_page(&mut self, backend: &mut dyn Backend, kind: PoolKind, i: usize) -> Result<()> {
         let pool = self.pools[kind as usize].as_mut().expect("pool exists");
         let slot = pool.slot(i);
         debug_assert!(slot.handle != NO_HANDLE && slot.live == 0);
+        let (va, page) = (pool.page_va(i), pool.page);
+        backend.unmap(va)?;
         pool.idle.remove(&(slot.idle_since, i as u32));
         pool.slot_mut(i).handle = NO_HANDLE;
         pool.mapped -= 1;
-        let (va, page) = (pool.page_va(i), pool.page);
-        backend.unmap(va)?;
         self.events.push(Action::SegmentUnmap, va, page);
         self.cache[kind as usize].push((slot.handle, slot.page));
         Ok(())
@@ -541,8 +541,8 @@ impl VmmAllocator {
     fn free_cached_normal(&mut self, backend: &mut dyn Backend, kind: PoolKind) -> Result<bool> {
         let cache = &mut self.cache[kind as usize];
         let Some(at) = cache.iter().rposition(|&(_, pte)| pte != PageSize::Size2M) else { return Ok(false) };
-        let (h, _) = cache.swap_remove(at);
-        backend.free_physical(h)?;
+        backend.free_physical(cache[at].0)?;
+        cache.swap_remove(at);
         self.stats.on_segment_free(kind, page_bytes(kind));
         Ok(true)
     }
@@ -659,9 +659,9 @@ impl VmmAllocator {
             Ok(p) => p,
             Err(e) => {
                 self.pool_mut(kind).space.release(ptr)?;
-                // Pages obtained for the failed request go back to the device: a failure must
-                // not grow the pool.
-                while self.reserved() > reserved_before && self.free_cached(backend, kind)? {}
+                // Pages obtained for the failed request go back to the device, as far as the
+                // driver lets them: a failure must not grow the pool.
+                while self.reserved() > reserved_before && matches!(self.release_one(backend, kind), Ok(true)) {}
                 return Err(if e.code.is_out_of_memory() { self.oom(e, request) } else { e });
             }
         };
@@ -713,14 +713,20 @@ impl VmmAllocator {
     }
 
     fn free_bypass(&mut self, backend: &mut dyn Backend, ptr: u64) -> Result<()> {
-        let Bypass { segment, requested } =
-            self.bypass.remove(&ptr).ok_or_else(|| AclError::internal(format!("npumem pool does not own {ptr:#x}")))?;
+        let segment = self
+            .bypass
+            .get(&ptr)
+            .ok_or_else(|| AclError::internal(format!("npumem pool does not own {ptr:#x}")))?
+            .segment;
+        // A driver failure leaves the block live, as it was.
+        segment.unmap(backend)?;
+        let Bypass { segment, requested } = self.bypass.remove(&ptr).expect("present");
         self.stats.on_free(PoolKind::Large, segment.size, requested);
         self.stats.oversize_allocations.sub(1);
         self.stats.on_segment_free(PoolKind::Large, segment.size);
         self.stats.oversize_segments.sub(1);
         self.events.push(Action::SegmentFree, segment.ptr, segment.size);
-        segment.unmap(backend)
+        Ok(())
     }
 
     fn oom(&mut self, e: AclError, request: &Request) -> AclError {

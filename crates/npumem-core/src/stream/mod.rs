@@ -16,10 +16,16 @@
 //! and starts no earlier than its stream's previous operation ended; pending effects are applied
 //! in (completion time, enqueue order), each exactly once; an event's time is the completion
 //! time of all the work its stream had when it was recorded.
+//!
+//! No time wraps: the host clock, stream tails and event times are `u64` nanoseconds (584
+//! years). Queuing work whose end would pass `u64::MAX` is refused with an error naming the
+//! operation, before anything changes; host-side charges ([`Scheduler::advance`]) saturate there
+//! instead (the cost model's bounds put that beyond 10^10 calls). Counters that move by one per
+//! call (operation epochs, ids) cannot reach 2^64.
 
 pub mod cost;
 
-pub use cost::CostModel;
+pub use cost::{CostModel, duration_from_us};
 
 use std::collections::BTreeMap;
 
@@ -129,9 +135,10 @@ impl Scheduler {
         self.now_ns
     }
 
-    /// Moves the host clock forward by `ns` (host-side work).
+    /// Moves the host clock forward by `ns` (host-side work), saturating at `u64::MAX`: the clock
+    /// never wraps back, and work queued once it is there is refused.
     pub fn advance(&mut self, ns: u64) {
-        self.now_ns += ns;
+        self.now_ns = self.now_ns.saturating_add(ns);
     }
 
     fn stream(&mut self, id: StreamId) -> Result<&mut StreamState> {
@@ -192,8 +199,30 @@ impl Scheduler {
         ids
     }
 
+    /// Where `duration_ns` of work queued on `stream` now would land: (host clock after the
+    /// launch cost, start, end), or the error [`enqueue`](Self::enqueue) would give (an unknown
+    /// stream, or an end past the clock's limit). Changes nothing: a caller that records
+    /// something about the operation before queuing it (the sanitizer) checks here first.
+    pub fn plan_enqueue(&self, stream: StreamId, duration_ns: u64, label: &str) -> Result<(u64, u64, u64)> {
+        let tail = self.tail_ns(stream)?;
+        let overflow = |what: &str, at: u64, by: u64| {
+            AclError::invalid_param(format!(
+                "{label} on stream {stream}: {what} would pass the simulated clock's limit of 2^64-1 ns \
+                 (584 years) ({at} ns + {by} ns); use shorter durations or smaller costs"
+            ))
+        };
+        // The launch cost is within the cost model's bounds; `as` saturates (and maps NaN to 0)
+        // for a field set directly.
+        let launch = self.cost.launch_ns as u64;
+        let now = self.now_ns.checked_add(launch).ok_or_else(|| overflow("the host clock", self.now_ns, launch))?;
+        let start = tail.max(now);
+        let end = start.checked_add(duration_ns).ok_or_else(|| overflow("its end", start, duration_ns))?;
+        Ok((now, start, end))
+    }
+
     /// Queues `duration_ns` of work on `stream` (after the host-side launch cost); returns
-    /// (start, end) on the device clock.
+    /// (start, end) on the device clock. Refused, with nothing changed, where a clock would pass
+    /// `u64::MAX` ([`plan_enqueue`](Self::plan_enqueue)).
     pub fn enqueue(
         &mut self,
         stream: StreamId,
@@ -202,13 +231,9 @@ impl Scheduler {
         bytes: u64,
         effect: Option<Effect>,
     ) -> Result<(u64, u64)> {
-        self.stream(stream)?;
-        self.now_ns += self.cost.launch_ns as u64;
-        let now = self.now_ns;
-        let s = self.stream(stream)?;
-        let start = s.tail_ns.max(now);
-        let end = start + duration_ns;
-        s.tail_ns = end;
+        let (now, start, end) = self.plan_enqueue(stream, duration_ns, label)?;
+        self.now_ns = now;
+        self.stream(stream)?.tail_ns = end;
         self.clocks.insert(stream, self.next_clock(stream));
         if let Some(effect) = effect {
             self.seq += 1;
@@ -353,7 +378,10 @@ impl Scheduler {
         if self.pending.first_key_value().is_none_or(|(&(t, _), _)| t > self.now_ns) {
             return Vec::new();
         }
-        let rest = self.pending.split_off(&(self.now_ns + 1, 0));
+        let rest = match self.now_ns.checked_add(1) {
+            Some(after) => self.pending.split_off(&(after, 0)),
+            None => BTreeMap::new(), // the clock is at its limit: everything is due
+        };
         let due = std::mem::replace(&mut self.pending, rest);
         due.into_values().collect()
     }
@@ -404,6 +432,40 @@ mod tests {
         assert!(s.enqueue(a, 1, "x", 0, None).is_err());
         let fresh = s.create_event();
         assert!(s.event_time(fresh).is_err());
+    }
+
+    #[test]
+    fn clocks_never_wrap() {
+        let mut s = sched();
+        let st = s.create_stream();
+        let limit = cost::MAX_DURATION_NS;
+        // Back-to-back maximal kernels fill the stream's timeline up to the 64-bit limit ...
+        let mut last = (0, 0);
+        while let Ok(span) = s.enqueue(st, limit, "kernel", 0, None) {
+            assert!(span.1 > last.1, "the stream's tail only grows");
+            last = span;
+        }
+        // ... and the one that would pass it is refused, naming it, with nothing changed.
+        let now = s.now_ns();
+        let err = s.enqueue(st, limit, "kernel", 0, Some(Effect::Fill { dst: 1, value: 1, count: 1 })).unwrap_err();
+        assert_eq!(err.code, ErrorCode::InvalidParam);
+        assert!(err.message.contains("kernel on stream") && err.message.contains("2^64-1 ns"), "{}", err.message);
+        assert_eq!((s.now_ns(), s.tail_ns(st).unwrap(), s.pending_effects()), (now, last.1, 0));
+        assert_eq!(s.plan_enqueue(st, limit, "kernel"), Err(err), "the check a caller can make first");
+        let (_, start, end) = s.plan_enqueue(DEFAULT_STREAM, 7, "kernel").unwrap();
+        assert_eq!(s.enqueue(DEFAULT_STREAM, 7, "kernel", 0, None), Ok((start, end)));
+        // Host-side charges saturate: the clock stops at the limit, never runs backwards.
+        s.advance(u64::MAX);
+        s.advance(u64::MAX);
+        assert_eq!(s.now_ns(), u64::MAX);
+        let err = s.enqueue(DEFAULT_STREAM, 0, "memset", 0, None).unwrap_err();
+        assert!(err.message.contains("the host clock would pass"), "{}", err.message);
+        // Effects that complete at the last nanosecond are still applied.
+        let mut s = sched();
+        s.enqueue(DEFAULT_STREAM, u64::MAX - 1, "copy", 8, Some(Effect::Fill { dst: 1, value: 7, count: 8 })).unwrap();
+        s.synchronize_device();
+        assert_eq!(s.now_ns(), u64::MAX);
+        assert_eq!(s.take_due().len(), 1);
     }
 
     #[test]

@@ -8,12 +8,74 @@
 //! tagged with (page size, virtual page number), so what the allocator mapped — 4 KiB, 64 KiB,
 //! 2 MiB or 1 GiB pages — is exactly what the TLB caches.
 //!
+//! Every size and cycle count of a configuration is checked against the bounds in [`limits`]
+//! before anything is allocated: they sit far above every real part, and keep a hierarchy within
+//! 64 MiB of host memory and one lookup within a few thousand compares.
+//!
 //! Invariants: a set never holds two entries with the same tag nor more than `ways` entries;
 //! fills are inclusive (a walk fills every level that holds the page size); per-array counters
-//! satisfy hits + misses = lookups.
+//! satisfy hits + misses = lookups; the cycle counter saturates at `u64::MAX`, never wraps.
+
+use std::ops::RangeInclusive;
 
 use super::{PageSize, Translation};
 use crate::error::{AclError, Result};
+
+/// The accepted range of every size and cycle count of a [`TlbConfig`].
+pub mod limits {
+    use std::ops::RangeInclusive;
+
+    /// Levels of the hierarchy: one more than any real part (gem5's GPU model has 3).
+    pub const LEVELS: RangeInclusive<u64> = 1..=4;
+    /// Arrays per level: the level-1 arrays holding a page are tracked in an 8-bit mask
+    /// (Skylake's L1 has 3: 4 KiB, 2 MiB and 1 GiB).
+    pub const ARRAYS_PER_LEVEL: RangeInclusive<u64> = 1..=8;
+    /// Entries of one array: 128 times the largest preset (8,192), 16 MiB of host memory.
+    pub const ENTRIES: RangeInclusive<u64> = 1..=1 << 20;
+    /// Ways of one array (a lookup compares every way of a set): enough to make any preset array
+    /// fully associative.
+    pub const WAYS: RangeInclusive<u64> = 1..=8192;
+    /// Ways of a tree-pseudo-LRU array: its tree bits live in one 64-bit word per set.
+    pub const PLRU_WAYS: RangeInclusive<u64> = 1..=64;
+    /// Entries of one page-walk cache (fully associative, searched in full on every walk): 16
+    /// times the largest preset (256).
+    pub const WALK_CACHE_ENTRIES: RangeInclusive<u64> = 0..=4096;
+    /// Entries of the whole hierarchy, walk caches included: 64 MiB of host memory.
+    pub const TOTAL_ENTRIES: RangeInclusive<u64> = 1..=1 << 22;
+    /// Cycles of one hit or one walk step: a thousand times the slowest preset (gem5's 188-cycle
+    /// walk step), low enough that no run of a realistic length saturates the cycle counter.
+    pub const CYCLES: RangeInclusive<u64> = 0..=1_000_000;
+    /// Pages one coalesced entry may cover (a power of two): a 2 MiB run of 4 KiB pages.
+    pub const COALESCE: RangeInclusive<u64> = 1..=512;
+}
+
+/// The accepted range of a configuration field, by the last part of its override key
+/// (`entries`, `ways`, `hit_cycles`, `walk_step_cycles`, `walk_cache_entries`, `coalesce`).
+pub fn field_range(field: &str) -> Option<RangeInclusive<u64>> {
+    Some(match field {
+        "entries" => limits::ENTRIES,
+        "ways" => limits::WAYS,
+        "hit_cycles" | "walk_step_cycles" => limits::CYCLES,
+        "walk_cache_entries" => limits::WALK_CACHE_ENTRIES,
+        "coalesce" => limits::COALESCE,
+        _ => return None,
+    })
+}
+
+/// The error for `field = value` outside `range` (`why` adds a further condition): it names the
+/// field, the value and the accepted range.
+pub fn out_of_range(field: &str, value: impl std::fmt::Display, range: &RangeInclusive<u64>, why: &str) -> AclError {
+    AclError::invalid_param(format!(
+        "TLB {field} = {value} is out of range: accepted {} to {}{why}",
+        range.start(),
+        range.end()
+    ))
+}
+
+/// Checks `value` of `field` against `range`.
+fn check(field: &str, value: u64, range: RangeInclusive<u64>) -> Result<()> {
+    if range.contains(&value) { Ok(()) } else { Err(out_of_range(field, value, &range, "")) }
+}
 
 /// Replacement policy of a TLB array.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -194,29 +256,44 @@ impl TlbConfig {
         })
     }
 
-    fn validate(&self) -> Result<()> {
-        if !self.coalesce.is_power_of_two() || self.coalesce > 512 {
-            return Err(AclError::invalid_param(format!(
-                "coalesce must be a power of two up to 512, got {}",
-                self.coalesce
-            )));
-        }
-        if self.levels.is_empty() || self.levels.iter().any(Vec::is_empty) {
-            return Err(AclError::invalid_param("a TLB needs at least one level, each with at least one array"));
-        }
-        for a in self.levels.iter().flatten() {
-            if a.entries == 0 || a.ways == 0 || a.entries % a.ways != 0 {
-                return Err(AclError::invalid_param(format!(
-                    "TLB array {:?}: entries ({}) must be a positive multiple of ways ({})",
-                    a.name, a.entries, a.ways
-                )));
+    /// Checks every size and cycle count against [`limits`], and the geometry (ways dividing
+    /// entries, power-of-two pseudo-LRU ways and coalescing) — before anything is allocated.
+    pub fn validate(&self) -> Result<()> {
+        use limits::*;
+        let count = |n: usize| n as u64;
+        check("levels (number of levels)", count(self.levels.len()), LEVELS)?;
+        let mut total = 0u64;
+        for (l, level) in self.levels.iter().enumerate() {
+            check(&format!("level {l} (number of arrays)"), count(level.len()), ARRAYS_PER_LEVEL)?;
+            for (i, a) in level.iter().enumerate() {
+                let key = |field: &str| format!("{l}.{i}.{field} (array {:?})", a.name);
+                check(&key("entries"), count(a.entries), ENTRIES)?;
+                check(&key("ways"), count(a.ways), WAYS)?;
+                check(&key("hit_cycles"), a.hit_cycles, CYCLES)?;
+                if a.entries % a.ways != 0 {
+                    return Err(AclError::invalid_param(format!(
+                        "TLB {}: entries ({}) must be a multiple of ways ({})",
+                        key("ways"),
+                        a.entries,
+                        a.ways
+                    )));
+                }
+                if a.replacement == Replacement::Plru
+                    && (!a.ways.is_power_of_two() || !PLRU_WAYS.contains(&count(a.ways)))
+                {
+                    return Err(out_of_range(&key("ways"), a.ways, &PLRU_WAYS, " and a power of two for pseudo-LRU"));
+                }
+                total += count(a.entries);
             }
-            if a.replacement == Replacement::Plru && !a.ways.is_power_of_two() {
-                return Err(AclError::invalid_param(format!(
-                    "TLB array {:?}: pseudo-LRU needs power-of-two ways",
-                    a.name
-                )));
-            }
+        }
+        for (i, &n) in self.walk_cache_entries.iter().enumerate() {
+            check(&format!("walk_cache_entries[{i}]"), count(n), WALK_CACHE_ENTRIES)?;
+            total += count(n);
+        }
+        check("total entries (all arrays and walk caches)", total, TOTAL_ENTRIES)?;
+        check("walk_step_cycles", self.walk_step_cycles, CYCLES)?;
+        if !self.coalesce.is_power_of_two() || !COALESCE.contains(&u64::from(self.coalesce)) {
+            return Err(out_of_range("coalesce", self.coalesce, &COALESCE, " and a power of two"));
         }
         Ok(())
     }
@@ -243,7 +320,7 @@ pub struct TlbStats {
     /// Walk steps skipped thanks to the walk caches, and steps taken.
     pub walk_steps_skipped: u64,
     pub walk_steps: u64,
-    /// Translation cycles: hit costs beyond L1 plus walk steps.
+    /// Translation cycles: hit costs beyond L1 plus walk steps (saturating at `u64::MAX`).
     pub cycles: u64,
 }
 
@@ -478,7 +555,7 @@ impl Tlb {
                 s.lookups += 1;
                 if a.lookup(tag, vpn, self.now) {
                     s.hits += 1;
-                    self.stats.cycles += a.cfg.hit_cycles;
+                    self.stats.cycles = self.stats.cycles.saturating_add(a.cfg.hit_cycles);
                     hit = true;
                 } else {
                     s.misses += 1;
@@ -523,7 +600,7 @@ impl Tlb {
         let steps = depth as u64 - skipped;
         self.stats.walk_steps_skipped += skipped;
         self.stats.walk_steps += steps;
-        self.stats.cycles += steps * self.config.walk_step_cycles;
+        self.stats.cycles = self.stats.cycles.saturating_add(steps * self.config.walk_step_cycles);
     }
 
     /// Runs `addresses` through the TLB, translating each through `translate` (the device's page
@@ -735,6 +812,83 @@ mod tests {
         let mut bad = TlbConfig::preset("zen4").unwrap();
         bad.coalesce = 3;
         assert!(Tlb::new(bad).is_err());
+    }
+
+    /// The message of the error `Tlb::new` gives for `cfg`, which must be refused as an
+    /// invalid parameter.
+    fn refusal(cfg: TlbConfig) -> String {
+        let err = Tlb::new(cfg).unwrap_err();
+        assert_eq!(err.code, crate::ErrorCode::InvalidParam);
+        err.message
+    }
+
+    #[test]
+    fn sizes_and_cycles_are_bounded_before_anything_is_allocated() {
+        let zen4 = || TlbConfig::preset("zen4").unwrap();
+        // Sizes that would ask for terabytes of host memory, or overflow the capacity.
+        for n in [1usize << 40, 1 << 62, usize::MAX] {
+            let mut cfg = zen4();
+            cfg.walk_cache_entries = [n, 1, 1];
+            let msg = refusal(cfg);
+            assert!(msg.contains("walk_cache_entries[0]") && msg.contains(&n.to_string()), "{msg}");
+            assert!(msg.contains("0 to 4096"), "{msg}");
+            let mut cfg = zen4();
+            cfg.levels[0][0].entries = n;
+            cfg.levels[0][0].ways = 1;
+            let msg = refusal(cfg);
+            assert!(
+                msg.contains("0.0.entries") && msg.contains(&n.to_string()) && msg.contains("1 to 1048576"),
+                "{msg}"
+            );
+        }
+        let mut cfg = zen4();
+        cfg.walk_step_cycles = u64::MAX;
+        assert!(refusal(cfg).contains("walk_step_cycles = 18446744073709551615"));
+        let mut cfg = zen4();
+        cfg.levels[1][0].hit_cycles = 1_000_001;
+        assert!(refusal(cfg).contains("1.0.hit_cycles"));
+        let mut cfg = zen4();
+        cfg.levels[0][0] = array("huge FA", 16384, 16384, &[], Replacement::Lru, 0);
+        assert!(refusal(cfg).contains("0.0.ways"));
+        let mut cfg = zen4();
+        cfg.levels[0][0] = array("wide PLRU", 128, 128, &[], Replacement::Plru, 0);
+        assert!(refusal(cfg).contains("power of two for pseudo-LRU"));
+        let mut cfg = zen4();
+        cfg.levels[0] = (0..9).map(|_| array("x", 4, 4, &[], Replacement::Lru, 0)).collect();
+        assert!(refusal(cfg).contains("level 0 (number of arrays) = 9"));
+        let mut cfg = zen4();
+        cfg.levels = (0..5).map(|_| vec![array("x", 4, 4, &[], Replacement::Lru, 0)]).collect();
+        assert!(refusal(cfg).contains("levels (number of levels) = 5"));
+        let mut cfg = zen4();
+        cfg.levels = vec![vec![array("big", 1 << 20, 8, &[], Replacement::Lru, 0)]; 4];
+        cfg.walk_cache_entries = [1, 1, 1];
+        assert!(refusal(cfg).contains("total entries (all arrays and walk caches) = 4194307"));
+        let mut cfg = zen4();
+        cfg.coalesce = 1024;
+        assert!(refusal(cfg).contains("coalesce = 1024"));
+        // The largest accepted hierarchy builds.
+        let mut cfg = zen4();
+        cfg.levels = vec![vec![array("big", 1 << 20, 8192, &[], Replacement::Lru, 1_000_000)]; 4];
+        cfg.levels[3][0].entries = (1 << 20) - 3 * 4096;
+        cfg.levels[3][0].ways = 4096;
+        cfg.walk_cache_entries = [4096; 3];
+        cfg.walk_step_cycles = 1_000_000;
+        Tlb::new(cfg).unwrap();
+        for field in ["entries", "ways", "hit_cycles", "walk_step_cycles", "walk_cache_entries", "coalesce"] {
+            assert!(field_range(field).is_some(), "{field}");
+        }
+        assert!(field_range("name").is_none());
+    }
+
+    #[test]
+    fn the_cycle_counter_saturates_instead_of_wrapping() {
+        let mut cfg = TlbConfig::preset("gem5_gpu").unwrap();
+        cfg.walk_step_cycles = 1_000_000;
+        let mut tlb = Tlb::new(cfg).unwrap();
+        tlb.stats.cycles = u64::MAX - 5;
+        tlb.run(&[0, 1 << 30, 2 << 30], |_| Some(t(PageSize::Size4K)));
+        assert_eq!(tlb.stats().cycles, u64::MAX);
+        assert_eq!(tlb.stats().walks, 3);
     }
 
     #[test]
