@@ -443,9 +443,11 @@ impl Device {
 
     /// Applies the data effects of async work that has completed on the host clock. An effect
     /// whose memory was freed meanwhile is dropped and counted in `lost_effects`.
-    #[inline]
+    #[inline(always)]
     pub(super) fn settle(&mut self) {
-        self.reap_effects();
+        if self.sched.has_due() {
+            self.reap_effects();
+        }
         // Only reaping frees memory here; every other call charges its own driver calls.
         if !self.pending_frees.is_empty() {
             self.reap();

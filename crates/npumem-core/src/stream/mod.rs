@@ -371,11 +371,16 @@ impl Scheduler {
         self.streams.get(&stream).is_some_and(|s| s.tail_ns > self.now_ns)
     }
 
+    /// Whether an effect's operation has completed by the host clock (one comparison when
+    /// nothing is queued: the common case on the malloc/free path).
+    #[inline(always)]
+    pub fn has_due(&self) -> bool {
+        self.pending.first_key_value().is_some_and(|(&(t, _), _)| t <= self.now_ns)
+    }
+
     /// The effects whose operations have completed by the host clock, in completion order.
-    #[inline]
     pub fn take_due(&mut self) -> Vec<Effect> {
-        // The common case on the malloc/free path: nothing queued, or nothing due yet.
-        if self.pending.first_key_value().is_none_or(|(&(t, _), _)| t > self.now_ns) {
+        if !self.has_due() {
             return Vec::new();
         }
         let rest = match self.now_ns.checked_add(1) {
