@@ -292,6 +292,7 @@ CASES = [
         "C-contiguous",
     ),
     case("read_into-str", lambda c: c.dev.read_into(c.ptr, "abc"), TypeError, "buffer", "str"),
+    case("read_into-numpy-scalar", lambda c: c.dev.read_into(c.ptr, np.int64(3)), InvalidParamError, "read-only"),
     case("to_numpy-negative-shape", lambda c: c.dev.to_numpy(c.ptr, (-1,)), InvalidParamError, "shape[0]", "-1"),
     case("to_numpy-huge", lambda c: c.dev.to_numpy(c.ptr, (2**40,)), InvalidParamError, "shape", "1,099,511,627,776"),
     case("to_numpy-dtype", lambda c: c.dev.to_numpy(c.ptr, (4,), "notadtype"), TypeError, "dtype", "notadtype"),
@@ -362,6 +363,21 @@ CASES = [
     case("launch-negative", lambda c: c.dev.launch(c.stream, -5.0), InvalidParamError, "duration", "-5"),
     case("launch-1e300", lambda c: c.dev.launch(c.stream, 1e300), InvalidParamError, "duration", xfail=HARDENING),
     case("launch-reads-str", lambda c: c.dev.launch(c.stream, 1.0, reads=["x"]), TypeError, "reads", xfail=BINDING),
+    case(
+        "launch-writes-negative",
+        lambda c: c.dev.launch(c.stream, 1.0, writes=[-1]),
+        InvalidParamError,
+        "writes",
+        "-1",
+        xfail=BINDING,
+    ),
+    case(
+        "set_pool_attr-array",
+        lambda c: c.dev.set_pool_attr(MemPoolAttr.REUSE_ALLOW_OPPORTUNISTIC, np.ones(2)),
+        TypeError,
+        "value",
+        xfail=BINDING,
+    ),
     # -- Static planning --------------------------------------------------------------------
     case("Problem-buffers-str", lambda c: plan.Problem.from_buffers("abc"), TypeError, "buffers", "'abc'"),
     case(
@@ -634,6 +650,13 @@ CASES = [
         "event 0",
         "[1]",
     ),
+    case(
+        "replay-action-array",
+        lambda c: replay.replay([(np.ones((2, 2)), 1, 8)], c.dev),
+        InvalidParamError,
+        "event 0",
+        "action",
+    ),
     case("replay-policy-99", lambda c: replay.replay(EVENTS, c.dev, policy=99), InvalidParamError, "policy", "99"),
     case("replay-stop_on_oom", lambda c: replay.replay(EVENTS, c.dev, stop_on_oom="yes"), TypeError, "stop_on_oom"),
     case(
@@ -679,6 +702,12 @@ CASES = [
         InvalidParamError,
         "size",
         "'x'",
+    ),
+    case(
+        "snapshot_trace-traces-array",
+        lambda c: importers.snapshot_trace({"device_traces": np.ones((2, 2))}),
+        InvalidParamError,
+        "device_traces",
     ),
     case("snapshot_trace-source-list", lambda c: importers.snapshot_trace([1, 2]), TypeError, "source", "[1, 2]"),
     case("snapshot_trace-malicious-pickle", malicious_snapshot, InvalidParamError, "evil.pickle", "system"),

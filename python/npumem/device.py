@@ -17,15 +17,18 @@ _BYTES_LIKE = (bytes, bytearray, memoryview)
 
 
 def _exported(buffer: Any) -> memoryview:
-    """A memoryview of any object that exports the buffer protocol (a ctypes array, an
-    array.array, an mmap, ...). The memoryview fills in the strides that some exporters (ctypes)
-    leave out for contiguous memory."""
+    """A flat byte view of any object that exports the buffer protocol (a ctypes array or
+    scalar, an array.array, an mmap, a numpy scalar, ...): the memoryview fills in the shape and
+    strides that some exporters (ctypes) leave out for contiguous memory."""
     try:
-        return memoryview(buffer)
+        view = memoryview(buffer)
     except TypeError:
         raise _args.type_error(
             "buffer", buffer, "a bytes-like object (bytes, bytearray, memoryview, numpy array, ctypes array)"
         ) from None
+    if not view.c_contiguous:
+        raise invalid_param("the buffer is not C-contiguous; pass numpy.ascontiguousarray(x)")
+    return view.cast("B") if view.ndim != 1 or view.format != "B" else view
 
 
 def _bytes_of(array: Any) -> np.ndarray:
@@ -72,7 +75,7 @@ class Device(_native.Device):
             if not buffer.flags.c_contiguous:
                 raise invalid_param("the array is not C-contiguous; read into numpy.empty_like(x) and copy")
             buffer = buffer.reshape(-1).view(np.uint8)
-        elif not isinstance(buffer, _BYTES_LIKE):
+        elif not isinstance(buffer, (bytearray, memoryview)):
             buffer = _exported(buffer)
         super().read_into(ptr, buffer, stream)
 

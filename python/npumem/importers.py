@@ -155,7 +155,8 @@ def snapshot_trace(source: str | Path | Mapping[str, Any], *, device: int = 0) -
         snap = _files.read_snapshot(where)
         if not isinstance(snap, Mapping):
             raise invalid_param(f"{where}: a memory snapshot is a dict, got {type(snap).__name__}")
-    traces = snap.get("device_traces") or []
+    traces = snap.get("device_traces")
+    traces = [] if traces is None else traces
     if not isinstance(traces, list) or not all(isinstance(t, list) for t in traces):
         raise invalid_param(f"{where}: device_traces is not a list of per-device lists of trace entries")
     if device >= len(traces):

@@ -36,6 +36,8 @@ def event_fields(ev: Any, n: int) -> tuple[Any, Any, Any]:
         size = ev[2] if len(ev) == 3 else 0
     else:
         raise invalid_param(f"event {n} is {_args.show(ev)}; use ('alloc', id, size) or ('free', id)")
+    if not isinstance(action, str):
+        raise invalid_param(f"event {n}: action {_args.show(action)} is not a string; use 'alloc' or 'free'")
     try:
         hash(key)
     except TypeError:
@@ -77,7 +79,7 @@ def normalize(events: Iterable[Event]) -> list[tuple[bool, Any, int]]:
             if key not in sizes:
                 raise invalid_param(f"event {n}: free of unknown id {key!r}")
             out.append((False, key, sizes.pop(key)))
-        elif isinstance(action, str) and action in _IGNORED_ACTIONS:
+        elif action in _IGNORED_ACTIONS:
             continue
         else:
             raise invalid_param(f"event {n}: unknown action {_args.show(action)}; use 'alloc' or 'free'")

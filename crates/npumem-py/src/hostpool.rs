@@ -20,6 +20,9 @@ use pyo3::types::{PyCapsule, PyDict};
 use crate::convert::{size_arg, uint_arg};
 use crate::errors::{guard, to_py};
 
+/// The most alloc+free pairs one `churn` call runs.
+const MAX_CHURN: u64 = 1 << 32;
+
 #[pyclass(name = "HostPool", module = "npumem._native", frozen, subclass)]
 pub struct PyHostPool {
     pool: HostPool,
@@ -215,9 +218,14 @@ impl PyHostPool {
         }
     }
 
-    /// Allocates and frees one block of `nbytes` `n` times (the pool's own cost, for benchmarks).
+    /// Allocates and frees one block of `nbytes` `n` times (the pool's own cost, for benchmarks);
+    /// `n` is at most 2**32 (about a minute: the loop runs without the GIL and cannot be
+    /// interrupted).
     fn churn(&self, py: Python<'_>, nbytes: &Bound<'_, PyAny>, n: &Bound<'_, PyAny>) -> PyResult<()> {
         let (nbytes, n) = (size_arg(nbytes, "nbytes")?, uint_arg(n, "n")?);
+        if n > MAX_CHURN {
+            return Err(to_py(py, AclError::invalid_param(format!("n must be an int from 0 to 2**32, got {n}"))));
+        }
         py.detach(|| {
             for _ in 0..n {
                 let p = self.pool.alloc(nbytes)?;
