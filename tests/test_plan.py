@@ -201,7 +201,7 @@ def test_bad_csv_and_strategy_raise(tmp_path):
     with pytest.raises(InvalidParamError, match="id,lower,upper,size"):
         Problem.from_csv(bad)
     bad.write_text("id,lower,upper,size\n0,1,x,4\n")
-    with pytest.raises(InvalidParamError, match=":2: lower, upper, size must be integers"):
+    with pytest.raises(InvalidParamError, match=r":2: lower, upper, size \(and offset\) must be integers"):
         Problem.from_csv(bad)
     bad.write_text("id,lower,upper,size\nconv1,0,4,64\nrelu1,5,5,64\n")
     with pytest.raises(InvalidParamError, match="buffer 'relu1': lifetime \\[5, 5\\) is empty"):

@@ -217,7 +217,7 @@ class Graph:
         for key in ("tensors", "ops"):
             if not isinstance(d[key], list):
                 raise invalid_param(f"{shape}; {key!r} is {_args.show(d[key])}, not a list")
-        with _entry("alignment"):
+        with _entry(""):
             g = cls(alignment=d["alignment"])
         tensors = d["tensors"]
         for i, t in enumerate(tensors):
@@ -554,10 +554,11 @@ class _entry:
         return None
 
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: Any) -> None:
+        prefix = f"{self.where}: " if self.where else ""
         if isinstance(err, AclError):
-            raise invalid_param(f"{self.where}: {err.message}") from None
+            raise invalid_param(f"{prefix}{err.message}") from None
         if isinstance(err, (TypeError, ValueError)):
-            raise invalid_param(f"{self.where}: {err}") from None
+            raise invalid_param(f"{prefix}{err}") from None
 
 
 def _op_seconds(graph: Graph, op: _Op, cost: dict) -> float:

@@ -53,7 +53,9 @@ def _csv_int(cell: str | None, where: str, column: str) -> int:
     try:
         v = int(cell)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        raise invalid_param(f"{where}: lower, upper, size must be integers; {column} is {_args.show(cell)}") from None
+        raise invalid_param(
+            f"{where}: lower, upper, size (and offset) must be integers; {column} is {_args.show(cell)}"
+        ) from None
     return _args.integer(v, f"{where}: {column}")
 
 
