@@ -21,6 +21,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from typing import Any
 
 EXIT_OK = 0
 EXIT_NO = 1
@@ -307,22 +308,30 @@ def _plan(args: argparse.Namespace) -> int:
     return _plan_csv(args, names, time_limit, work_limit)
 
 
+def _bytes_option(value: str | None, option: str) -> int | None:
+    from . import _args
+
+    return None if value is None else _args.size(value, option, 0)
+
+
+def _print_json(plans: Sequence[Any], best: Any) -> None:
+    import json
+
+    print(json.dumps([p.report() for p in plans] if len(plans) > 1 else best.report(), indent=2))
+
+
 def _plan_csv(
     args: argparse.Namespace, names: tuple[str, ...], time_limit: float | None, work_limit: int | None
 ) -> int:
-    import json
+    from . import plan
 
-    from . import _args, plan
-
-    capacity = None
-    if args.capacity is not None:
-        capacity = _args.size(args.capacity, "--capacity", 0)
+    capacity = _bytes_option(args.capacity, "--capacity")
     alignment = 1 if args.alignment is None else args.alignment
     problem = plan.Problem.from_csv(args.file, alignment=alignment)
     plans = [problem.solve(s, capacity=capacity, time_limit=time_limit, work_limit=work_limit) for s in names]
     best = min(plans, key=lambda p: (p.peak, p.strategy != plan.DEFAULT_STRATEGY))
     if args.json:
-        print(json.dumps([p.report() for p in plans] if len(plans) > 1 else best.report(), indent=2))
+        _print_json(plans, best)
     else:
         print(f"{args.file}: {len(problem)} buffers, lower bound {problem.lower_bound:,} B")
         print(f"{'strategy':<24} {'peak':>14} {'vs bound':>9} {'reuse':>7} {'seconds':>8}  order / exact search")
@@ -337,31 +346,20 @@ def _plan_csv(
             print(best.verdict)
         elif best.bound > problem.lower_bound:
             print(f"proven: no plan below {best.bound:,} B (exact search)")
-    return _plan_outputs(
-        args,
-        best.to_csv,
-        lambda path: best.plot(path, title=f"{os.path.basename(args.file)}: {best.strategy}"),
-        best.strategy,
-        best.fits,
-    )
+    return _plan_outputs(args, best, best.fits)
 
 
 def _plan_graph(
     args: argparse.Namespace, names: tuple[str, ...], time_limit: float | None, work_limit: int | None
 ) -> int:
-    import json
-
-    from . import _args
     from .graph import Graph
 
-    limit = None
-    if args.mem_limit is not None:
-        limit = _args.size(args.mem_limit, "--mem-limit", 0)
+    limit = _bytes_option(args.mem_limit, "--mem-limit")
     graph = Graph.load(args.file)
     plans = [graph.plan(s, mem_limit=limit, time_limit=time_limit, work_limit=work_limit) for s in names]
     best = min(plans, key=lambda p: (p.peak_memory, p.arena.strategy != "npumem"))
     if args.json:
-        print(json.dumps([p.report() for p in plans] if len(plans) > 1 else best.report(), indent=2))
+        _print_json(plans, best)
     else:
         print(f"{args.file}: {len(graph)} tensors, {len(graph.ops)} ops")
         if len(plans) > 1:
@@ -376,29 +374,21 @@ def _plan_graph(
             over = best.peak_memory - limit
             verdict = "fits" if best.fits else f"does NOT fit: peak {best.peak_memory:,} B is {over:,} B over"
             print(f"mem_limit {limit:,} B: {verdict}")
-    arena = best.arena
-    return _plan_outputs(
-        args,
-        arena.to_csv,
-        lambda path: arena.plot(path, title=f"{args.file}: {arena.strategy}"),
-        arena.strategy,
-        best.fits,
-    )
+    return _plan_outputs(args, best.arena, best.fits)
 
 
-def _plan_outputs(
-    args: argparse.Namespace, to_csv: Callable[[str], None], plot: Callable[[str], None], strategy: str, fits: bool
-) -> int:
-    """Writes --out first, then --plot (a missing matplotlib never costs the CSV); the exit status."""
+def _plan_outputs(args: argparse.Namespace, best: Any, fits: bool) -> int:
+    """Writes the best plan (a :class:`npumem.plan.Plan`; a graph's arena) to --out first, then
+    --plot (a missing matplotlib never costs the CSV); returns the exit status."""
     notes = sys.stderr if args.json else sys.stdout
     if args.out:
-        to_csv(args.out)
-        print(f"plan ({strategy}) -> {args.out}", file=notes)
+        best.to_csv(args.out)
+        print(f"plan ({best.strategy}) -> {args.out}", file=notes)
     missing = False
     if args.plot:
 
         def draw() -> None:
-            plot(args.plot)
+            best.plot(args.plot, title=f"{os.path.basename(args.file)}: {best.strategy}")
             print(f"placement -> {args.plot}", file=notes)
 
         missing = _try_plot(draw, explicit=True)
