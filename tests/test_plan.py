@@ -277,3 +277,10 @@ def test_shared_object_strategy_and_positional_bound():
     r = Problem.from_csv(RESNET)
     assert r.positional_bound >= r.lower_bound
     assert r.solve("tflite_greedy_by_breadth").peak >= r.positional_bound
+
+
+def test_sizes_up_to_2_pow_64_are_valid():
+    # numpy reads [2**63, 10] as float64: each value is checked as an int instead, and kept exact.
+    p = Problem.of(["a", "b"], [0, 0], [1, 1], [2**63, 10])
+    assert p.size.tolist() == [2**63, 10] and p.lower_bound == 2**63 + 10
+    assert Problem.of(["a"], [0], [2**64 - 1], [2**64 - 512], alignment=512).lower_bound == 2**64 - 512
