@@ -11,7 +11,6 @@ called, so a crafted file cannot run code.
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import os
 import pickle
@@ -68,11 +67,10 @@ class _PlainUnpickler(pickle.Unpickler):
 def read_snapshot(path: Any) -> Any:
     """The object pickled in ``path`` by ``_dump_snapshot``, loaded with :class:`_PlainUnpickler`."""
     name = path_arg(path)
-    with open(name, "rb") as f:
-        data = f.read()
-    try:
-        return _PlainUnpickler(io.BytesIO(data)).load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, MemoryError) as e:
-        raise invalid_param(f"{name}: not a memory snapshot pickle that npumem loads: {e}") from None
-    except RecursionError:
-        raise invalid_param(f"{name}: pickle nested too deeply to be a memory snapshot") from None
+    with open(name, "rb") as f:  # read as it is unpickled: snapshots can be gigabytes
+        try:
+            return _PlainUnpickler(f).load()
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, MemoryError) as e:
+            raise invalid_param(f"{name}: not a memory snapshot pickle that npumem loads: {e}") from None
+        except RecursionError:
+            raise invalid_param(f"{name}: pickle nested too deeply to be a memory snapshot") from None
