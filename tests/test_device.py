@@ -1167,7 +1167,8 @@ class DeviceMachine(RuleBasedStateMachine):
         if ptr is None:
             return
         size = self.model[ptr]["size"]
-        # Starting inside the block (at its end the next block may start: a valid write there).
+        # Start inside the block: a write that starts at its end may start the next allocation
+        # (an unpadded block of whole pages has its neighbour right there), which is valid.
         off = data.draw(st.integers(0, size - 1))
         with unchanged(self.d), raises_acl(InvalidParamError, 107000):
             self.d.write(ptr + off, b"\xa5" * (size - off + extra))

@@ -66,8 +66,11 @@ def test_builder_and_graph_errors_name_tensors_and_ops():
         g.input("x", 8)
     with pytest.raises(InvalidParamError, match="unknown tensor 'nope'"):
         g.op("f", ["nope"], [("y", 8)])
-    for bad in (0, -1, 1.5, True):
+    for bad in (0, -1, 2**64):
         with pytest.raises(InvalidParamError, match="size"):
+            g.tensor(f"t{bad}", bad)
+    for bad in (1.5, True, "8"):
+        with pytest.raises(TypeError, match="size must be an int"):
             g.tensor(f"t{bad}", bad)
     with pytest.raises(InvalidParamError, match="power of two"):
         Graph(alignment=3)

@@ -120,7 +120,7 @@ def test_tlb_bad_overrides_name_the_field(dev: Device) -> None:
     with pytest.raises(TypeError, match="walk_cache_entries must be a list of 3 ints"):
         Tlb.preset("zen4", dev, walk_cache_entries=7)
     tlb = Tlb.preset("zen4", dev)
-    with raises_acl(InvalidParamError, 100000, match=r"page_size must be an integer from 0 to 2\*\*64-1"):
+    with raises_acl(InvalidParamError, 100000, match=r"page_size must be .*18446744073709551616"):
         tlb.nominal_reach(2**64)
     with raises_acl(InvalidParamError, 100000, match="page_size must be 4096, .* got 4097"):
         tlb.nominal_reach(4097)

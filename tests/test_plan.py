@@ -17,6 +17,9 @@ DSA = os.path.join(os.path.dirname(__file__), "..", "benches", "dsa")
 CHALLENGING = sorted(glob.glob(os.path.join(DSA, "minimalloc", "*.csv")))
 RESNET = os.path.join(DSA, "somas", "resnet50.csv")
 CAPACITY = 1_048_576
+#: Exact searches in these tests are bounded by work (search nodes per portfolio thread), not
+#: by time: their outcome is the same on a loaded CI machine as on a quiet one.
+WORK = {"time_limit": None, "work_limit": 2_000_000}
 
 
 def check(problem: Problem, plan) -> None:
@@ -60,8 +63,8 @@ def test_challenging_instances_every_strategy_valid(path):
     assert plans["npumem"].peak < best_baseline
     assert 0.05 <= plans["npumem"].gap <= 0.36
     # The exact search places every instance within MiniMalloc's capacity (well under a second
-    # here; the limit is generous for slow CI machines).
-    exact = p.solve(capacity=CAPACITY, time_limit=30)
+    # each; bounded by work, so the outcome does not depend on the machine's load).
+    exact = p.solve(capacity=CAPACITY, **WORK)
     check(p, exact)
     assert exact.peak <= CAPACITY and exact.fits
     assert exact.exact == "reached capacity"
@@ -71,7 +74,7 @@ def test_challenging_instances_every_strategy_valid(path):
 def test_exact_search_proves_optimality_without_a_capacity(name):
     # A's bound equals the capacity; C's bound (1,039,360) is below it and is reached too.
     p = Problem.from_csv(next(c for c in CHALLENGING if os.path.basename(c)[0] == name))
-    plan = p.solve(time_limit=30)
+    plan = p.solve(**WORK)
     check(p, plan)
     assert plan.optimal and plan.exact == "optimal"
     assert plan.peak == plan.bound == p.lower_bound
@@ -87,9 +90,39 @@ def test_exact_search_outcomes_and_bad_limits():
     for bad in (-1.0, float("nan"), float("inf")):
         with pytest.raises(InvalidParamError, match="time_limit"):
             p.solve(time_limit=bad)
-    for bad in (-5, 1.5, True):
-        with pytest.raises(InvalidParamError, match="capacity"):
+    with pytest.raises(InvalidParamError, match=r"time_limit None .* needs a work_limit"):
+        p.solve(time_limit=None)
+    with pytest.raises(InvalidParamError, match="work_limit"):
+        p.solve(work_limit=-1)
+    with pytest.raises(InvalidParamError, match="capacity"):
+        p.solve(capacity=-5)
+    for bad in (1.5, True):
+        with pytest.raises(TypeError, match="capacity"):
             p.solve(capacity=bad)
+
+
+def test_capacity_below_the_bound_reports_the_best_plan_found():
+    # C's optimum is its max-live bound, 1,039,360 B: a capacity 360 B below it is impossible, and
+    # the plan says so with the bound and the best plan the exact search found, not the greedy one.
+    c = Problem.from_csv(next(p for p in CHALLENGING if os.path.basename(p)[0] == "C"))
+    plan = c.solve(capacity=1_039_000, **WORK)
+    check(c, plan)
+    assert (plan.exact, plan.peak, plan.bound, plan.optimal, plan.fits) == (
+        "infeasible",
+        1_039_360,
+        1_039_360,
+        True,
+        False,
+    )
+    assert "impossible: 1,039,360 B are live at once" in plan.verdict
+    assert "best plan found 1,039,360 B (360 B over, optimal)" in plan.verdict
+    # The work limit makes the search repeatable: the same plan and node count every time, and
+    # "work limit reached" (not "timed out") when it is too small.
+    again = c.solve(capacity=1_039_000, **WORK)
+    assert np.array_equal(again.offsets, plan.offsets) and again.search_nodes == plan.search_nodes > 0
+    short = c.solve(time_limit=None, work_limit=10)
+    assert (short.exact, short.optimal, short.search_nodes) == ("work limit reached", False, 10)
+    assert short.report()["search_nodes"] == 10
 
 
 def test_resnet50_matches_published_baselines():
@@ -114,7 +147,7 @@ def test_resnet50_matches_published_baselines():
 def test_random_problems_every_strategy_valid(rows, alignment):
     p = Problem.from_buffers([(lo, lo + d, s) for lo, d, s in rows], alignment=alignment)
     for s in STRATEGIES:
-        plan = solve(p, s, time_limit=0.2)
+        plan = solve(p, s, time_limit=None, work_limit=20_000)
         check(p, plan)
         assert plan.lower_bound <= plan.bound <= plan.peak
         assert plan.optimal == (plan.peak == plan.bound)
@@ -152,8 +185,8 @@ def test_validate_names_overlapping_buffers():
         ([(3, 3, 8)], 1, "is empty"),
         ([(0, 1, 0)], 1, "size is 0"),
         ([(0, 1, 8)], 3, "power of two"),
-        ([(0, 1, 8)], 0, "power of two"),
-        ([(0, 1, -8)], 1, "non-negative"),
+        ([(0, 1, 8)], 0, "alignment must be an int from 1"),
+        ([(0, 1, -8)], 1, r"size\[0\] must be an int from 0 to 2\*\*64-1, got -8"),
         ([(0, 1, 2**63), (0, 1, 2**63)], 1, "2\\^64"),
     ],
 )
@@ -168,12 +201,12 @@ def test_bad_csv_and_strategy_raise(tmp_path):
     with pytest.raises(InvalidParamError, match="id,lower,upper,size"):
         Problem.from_csv(bad)
     bad.write_text("id,lower,upper,size\n0,1,x,4\n")
-    with pytest.raises(InvalidParamError, match=":2: lower, upper, size must be integers"):
+    with pytest.raises(InvalidParamError, match=r":2: lower, upper, size \(and offset\) must be integers"):
         Problem.from_csv(bad)
     bad.write_text("id,lower,upper,size\nconv1,0,4,64\nrelu1,5,5,64\n")
     with pytest.raises(InvalidParamError, match="buffer 'relu1': lifetime \\[5, 5\\) is empty"):
         Problem.from_csv(bad)
-    with pytest.raises(InvalidParamError, match="unknown planning strategy"):
+    with pytest.raises(InvalidParamError, match=r"strategy .magic. is unknown; use one of naive"):
         Problem.from_buffers([(0, 1, 8)]).solve("magic")
 
 
@@ -184,7 +217,7 @@ def test_cli_plan(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "does NOT fit" in text and all(s in text for s in STRATEGIES)
     assert Problem.from_csv(out).offsets is not None
-    assert cli.main([*args, "--time-limit", "30"]) == 0
+    assert cli.main([*args, "--work-limit", "2000000"]) == 0
     text = capsys.readouterr().out
     assert "exact: reached capacity" in text and "npumem fits" in text
     assert Problem.from_csv(out).validate(Problem.from_csv(out).offsets) <= CAPACITY
@@ -224,7 +257,9 @@ def test_planning_the_demo_trace_reaches_the_bound():
 def test_plot_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "a.png"
-    assert cli.main(["plan", CHALLENGING[0], "--capacity", "1048576", "--plot", str(out), "--time-limit", "30"]) == 0
+    assert (
+        cli.main(["plan", CHALLENGING[0], "--capacity", "1048576", "--plot", str(out), "--work-limit", "2000000"]) == 0
+    )
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     Problem.from_csv(RESNET).solve().plot(tmp_path / "r.png")
     assert (tmp_path / "r.png").stat().st_size > 10_000
@@ -242,3 +277,10 @@ def test_shared_object_strategy_and_positional_bound():
     r = Problem.from_csv(RESNET)
     assert r.positional_bound >= r.lower_bound
     assert r.solve("tflite_greedy_by_breadth").peak >= r.positional_bound
+
+
+def test_sizes_up_to_2_pow_64_are_valid():
+    # numpy reads [2**63, 10] as float64: each value is checked as an int instead, and kept exact.
+    p = Problem.of(["a", "b"], [0, 0], [1, 1], [2**63, 10])
+    assert p.size.tolist() == [2**63, 10] and p.lower_bound == 2**63 + 10
+    assert Problem.of(["a"], [0], [2**64 - 1], [2**64 - 512], alignment=512).lower_bound == 2**64 - 512

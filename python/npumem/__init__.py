@@ -1,9 +1,19 @@
 """npumem: the memory system of an Ascend-style NPU (VA space, page tables, frames, allocators),
-in Rust, driven from Python."""
+in Rust, driven from Python.
+
+``import npumem`` loads the device and its errors; the other modules (``npumem.plan``,
+``npumem.graph``, ``npumem.replay``, ``npumem.tlb``, ``npumem.traces``, ``npumem.importers``,
+``npumem.patterns``, ``npumem.hostpool``, ...) load on first use, so ``npumem.plan.Problem``
+works without an import of its own and the package stays quick to import.
+"""
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 from ._native import VA_WINDOW_END, VA_WINDOW_START, __version__, format_size, parse_size
+from ._optional import MissingDependencyError
 from .device import Device
 from .enums import MemAttr, MemcpyKind, MemPoolAttr, Policy
 from .errors import (
@@ -29,6 +39,7 @@ __all__ = [
     "MemPoolAttr",
     "MemcpyKind",
     "MemoryFreeError",
+    "MissingDependencyError",
     "OutOfMemoryError",
     "Policy",
     "SanitizerError",
@@ -37,3 +48,36 @@ __all__ = [
     "format_size",
     "parse_size",
 ]
+
+#: Submodules loaded on first attribute access (PEP 562).
+_SUBMODULES = frozenset(
+    {
+        "cli",
+        "demo",
+        "device",
+        "enums",
+        "errors",
+        "graph",
+        "hostpool",
+        "importers",
+        "patterns",
+        "pipelines",
+        "plan",
+        "replay",
+        "sanitizer",
+        "tlb",
+        "torch_graphs",
+        "traces",
+        "units",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'npumem' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _SUBMODULES)

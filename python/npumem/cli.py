@@ -1,34 +1,132 @@
-"""The ``npumem`` command line: ``npumem demo`` runs the main job on the simulated device."""
+"""The ``npumem`` command line (also ``python -m npumem``): ``npumem demo`` runs the main job on
+the simulated device, ``npumem tlb sweep`` tabulates the TLB model, ``npumem plan`` plans a
+problem CSV or a saved graph.
+
+Exit status, one meaning each:
+  0    done
+  1    the answer is no: the plan does not fit --capacity, or the graph does not meet --mem-limit
+  2    usage or input error (an unknown option, a bad value, a file that cannot be read or is not
+       what the command reads); a one-line message says which
+  3    a requested output (--plot) needs an optional dependency that is not installed; a one-line
+       hint says how to install it, and everything else (report, CSV) was written
+  4    internal error: a bug in npumem (set NPUMEM_DEBUG=1 for the traceback; please report it)
+  130  interrupted (Ctrl-C)
+  141  the output pipe was closed (as in ``npumem tlb sweep | head``)
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from . import demo
+EXIT_OK = 0
+EXIT_NO = 1
+EXIT_USAGE = 2
+EXIT_MISSING_DEPENDENCY = 3
+EXIT_INTERNAL = 4
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141
+
+#: Where ``npumem demo`` writes its TLB plot when --plot is not given.
+DEMO_PLOT = os.path.join("target", "npumem-demo", "tlb_sweep.png")
+
+
+class UsageError(Exception):
+    """A bad command line or input: reported in one line, exit status 2."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="npumem", description=__doc__)
+    """Runs the command line; returns the exit status (it never raises, never prints a traceback
+    for a user's mistake)."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse: usage errors exit 2 (message printed), --help/--version 0
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+    command: Callable[[argparse.Namespace], int] = args.run
+    name = f"npumem {args.command}"
+    try:
+        return command(args)
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # Nothing more can be written; keep the interpreter from complaining at exit too.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return EXIT_BROKEN_PIPE
+    except Exception as e:
+        code = _classify(e)
+        if code == EXIT_INTERNAL:
+            print(
+                f"{name}: internal error ({type(e).__name__}: {e}); this is a bug in npumem, please report it "
+                "with the command line (NPUMEM_DEBUG=1 shows the traceback)",
+                file=sys.stderr,
+            )
+            if os.environ.get("NPUMEM_DEBUG"):
+                traceback.print_exc()
+        else:
+            print(f"{name}: {e}", file=sys.stderr)
+        return code
+
+
+def _classify(e: Exception) -> int:
+    """The exit status of an exception that ended a command."""
+    from ._optional import MissingDependencyError
+    from .errors import AclError, InternalError
+
+    if isinstance(e, MissingDependencyError):
+        return EXIT_MISSING_DEPENDENCY
+    if isinstance(e, (UsageError, OSError)) or (isinstance(e, AclError) and not isinstance(e, InternalError)):
+        return EXIT_USAGE
+    return EXIT_INTERNAL
+
+
+def _parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="npumem",
+        description="The memory system of an Ascend-style NPU, on a simulated device.",
+        epilog=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"npumem {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+
     d = sub.add_parser("demo", help="page mix per policy and the fragmentation story, on the simulated device")
-    d.add_argument("--capacity", default="1GiB", help="device size for the fragmentation story (default 1GiB)")
+    d.add_argument(
+        "--capacity", default="1GiB", help="device size for the fragmentation story (256MiB-64GiB, default 1GiB)"
+    )
     d.add_argument("--seed", type=int, default=7, help="seed of the allocation churn (default 7)")
     d.add_argument(
-        "--plot", default="target/npumem-demo/tlb_sweep.png", help="where to write the TLB plot ('' for none)"
+        "--plot",
+        default=None,
+        help=f"where to write the TLB plot (default {DEMO_PLOT} when matplotlib is installed; '' for none)",
     )
+    d.set_defaults(run=_demo)
+
     t = sub.add_parser("tlb", help="the TLB model")
     tsub = t.add_subparsers(dest="tlb_command", required=True)
     sw = tsub.add_parser("sweep", help="presets x page sizes x patterns x footprints into a CSV table and a PNG plot")
     sw.add_argument("--presets", default="zen4,ascend_like", help="comma-separated TLB presets (Tlb.presets())")
     sw.add_argument("--pages", default="4KiB,2MiB,1GiB", help="comma-separated page sizes: 4KiB, 2MiB, 1GiB")
     sw.add_argument("--patterns", default="sequential,uniform,chase,gemm,gather", help="comma-separated patterns")
-    sw.add_argument("--footprints", default="4MiB,64MiB,256MiB,1GiB", help="comma-separated footprints")
+    sw.add_argument("--footprints", default="4MiB,64MiB,256MiB,1GiB", help="comma-separated footprints (4KiB-64GiB)")
     sw.add_argument("--accesses", type=int, default=500_000, help="accesses per run (default 500000)")
     sw.add_argument("--seed", type=int, default=0)
     sw.add_argument("--csv", default="tlb_sweep.csv", help="output table (default tlb_sweep.csv)")
-    sw.add_argument("--plot", default="tlb_sweep.png", help="output PNG ('' for none)")
+    sw.add_argument(
+        "--plot", default=None, help="output PNG (default tlb_sweep.png when matplotlib is installed; '' for none)"
+    )
+    sw.set_defaults(run=_tlb_sweep)
+
     pl = sub.add_parser(
         "plan", help="static memory planning of a MiniMalloc CSV (id,lower,upper,size) or an npumem graph (.json[.gz])"
     )
@@ -38,133 +136,104 @@ def main(argv: Sequence[str] | None = None) -> int:
         "npumem.graph.Graph.save (.json / .json.gz)",
     )
     pl.add_argument("--strategy", default="npumem", help="a strategy name, or 'all' to compare every one")
-    pl.add_argument("--capacity", default=None, help="arena size the plan must fit (e.g. 1048576 or 64MiB)")
+    pl.add_argument(
+        "--capacity", default=None, help="CSV problems: arena size the plan must fit (e.g. 1048576 or 64MiB)"
+    )
     pl.add_argument(
         "--time-limit",
         type=float,
         default=None,
-        help="seconds for the exact search of the npumem strategy (default 1; 0 = greedy only)",
+        help="seconds for the exact search of the npumem strategy (default 1, or none with --work-limit; "
+        "0 = greedy only)",
+    )
+    pl.add_argument(
+        "--work-limit",
+        type=int,
+        default=None,
+        help="search nodes for the exact search (per portfolio thread): the same plan on every run, however "
+        "busy the machine",
     )
     pl.add_argument(
         "--mem-limit",
         default=None,
         help="graphs: device bytes for weights + I/O + arena; offload / recompute moves are chosen to fit",
     )
-    pl.add_argument("--alignment", type=int, default=1, help="offset alignment in bytes (power of two, default 1)")
+    pl.add_argument(
+        "--alignment", type=int, default=None, help="CSV problems: offset alignment in bytes (power of two, default 1)"
+    )
     pl.add_argument("--out", default=None, help="write the plan as CSV (id,lower,upper,size,offset)")
     pl.add_argument("--json", action="store_true", help="print the report as JSON")
     pl.add_argument("--plot", default=None, help="write the best plan's placement (step x offset) as a PNG")
-    args = parser.parse_args(argv)
-    if args.command == "demo":
-        if args.plot:
-            import os
-
-            os.makedirs(os.path.dirname(args.plot) or ".", exist_ok=True)
-        demo.run(capacity=args.capacity, seed=args.seed, out=sys.stdout, plot_path=args.plot or None)
-    elif args.command == "tlb":
-        return _tlb_sweep(args)
-    elif args.command == "plan":
-        return _plan(args)
-    return 0
+    pl.set_defaults(run=_plan)
+    return parser
 
 
-def _plan(args: argparse.Namespace) -> int:
-    """Plans the file; exit status 1 when a capacity is given and the (best) plan exceeds it."""
-    import json
-    import os
-
-    from . import plan
-    from .errors import AclError
-    from .units import parse_size
-
-    if args.file.endswith((".json", ".json.gz")):
-        return _plan_graph(args)
-    try:
-        problem = plan.Problem.from_csv(args.file, alignment=args.alignment)
-        capacity = None if args.capacity is None else parse_size(args.capacity)
-        names = plan.STRATEGIES if args.strategy == "all" else (args.strategy,)
-        limit = plan.DEFAULT_TIME_LIMIT if args.time_limit is None else args.time_limit
-        plans = [problem.solve(s, capacity=capacity, time_limit=limit) for s in names]
-    except (AclError, OSError) as e:
-        print(f"npumem plan: {e}", file=sys.stderr)
-        return 2
-    best = min(plans, key=lambda p: (p.peak, p.strategy != plan.DEFAULT_STRATEGY))
-    if args.json:
-        print(json.dumps([p.report() for p in plans] if len(plans) > 1 else best.report(), indent=2))
-    else:
-        print(f"{args.file}: {len(problem)} buffers, lower bound {problem.lower_bound:,} B")
-        print(f"{'strategy':<24} {'peak':>14} {'vs bound':>9} {'reuse':>7} {'seconds':>8}  order / exact search")
-        for p in plans:
-            r = p.report()
-            how = p.order if p.exact == "not run" else f"{p.order}; exact: {p.exact}"
-            print(
-                f"{p.strategy:<24} {p.peak:>14,} {100 * p.gap:>8.2f}% {100 * r['reuse_ratio']:>6.1f}% "
-                f"{p.solve_seconds:>8.3f}  {how}"
-            )
-        if best.bound > problem.lower_bound:
-            print(f"proven: no plan below {best.bound:,} B (exact search)")
-        if capacity is not None:
-            verdict = "fits" if best.fits else f"does NOT fit (over by {best.peak - capacity:,} B)"
-            print(f"capacity {capacity:,} B: {best.strategy} {verdict}")
-    if args.plot:
-        best.plot(args.plot, title=f"{os.path.basename(args.file)}: {best.strategy}")
-        print(f"placement -> {args.plot}", file=sys.stderr if args.json else sys.stdout)
-    if args.out:
-        best.to_csv(args.out)
-        print(f"plan ({best.strategy}) -> {args.out}", file=sys.stderr if args.json else sys.stdout)
-    return 0 if best.fits else 1
+# -- helpers ----------------------------------------------------------------------------------
 
 
-def _plan_graph(args: argparse.Namespace) -> int:
-    """Plans a saved graph; exit status 1 when a memory limit is given and not met."""
-    import json
+def _output_path(path: str, option: str) -> str:
+    """Checks, before any work, that an output file can be created where asked."""
+    folder = os.path.dirname(path) or "."
+    if os.path.isdir(path):
+        raise UsageError(f"{option} {path!r} is a directory; give a file name")
+    if not os.path.isdir(folder):
+        raise UsageError(f"{option} {path!r}: the folder {folder!r} does not exist")
+    return path
 
-    from .errors import AclError
-    from .graph import Graph
-    from .plan import DEFAULT_TIME_LIMIT, STRATEGIES
-    from .units import parse_size
+
+def _split(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _try_plot(draw: Callable[[], None], explicit: bool) -> bool:
+    """Draws a plot; a missing matplotlib is a one-line hint on stderr. Returns whether a plot
+    the user asked for is missing (exit status 3)."""
+    from ._optional import MissingDependencyError
 
     try:
-        graph = Graph.load(args.file)
-        limit = None if args.mem_limit is None else parse_size(args.mem_limit)
-        names = STRATEGIES if args.strategy == "all" else (args.strategy,)
-        time_limit = DEFAULT_TIME_LIMIT if args.time_limit is None else args.time_limit
-        plans = [graph.plan(s, mem_limit=limit, time_limit=time_limit) for s in names]
-    except (AclError, OSError) as e:
-        print(f"npumem plan: {e}", file=sys.stderr)
-        return 2
-    best = min(plans, key=lambda p: (p.peak_memory, p.arena.strategy != "npumem"))
-    if args.json:
-        print(json.dumps([p.report() for p in plans] if len(plans) > 1 else best.report(), indent=2))
-    else:
-        print(f"{args.file}: {len(graph)} tensors, {len(graph.ops)} ops")
-        if len(plans) > 1:
-            for p in plans:
-                print(f"  {p.arena.strategy:<26} arena {p.arena.peak:>14,} B  {100 * p.arena.gap:+.2f}% vs bound")
-        print(best.table())
-        for m in best.moves[:20]:
-            print(f"  move: {m.kind:<18} {m.tensor:<32} {m.bytes:>14,} B  {1e3 * m.seconds:.3f} ms")
-        if len(best.moves) > 20:
-            print(f"  ... {len(best.moves) - 20} more moves")
-    if args.plot:
-        best.arena.plot(args.plot, title=f"{args.file}: {best.arena.strategy}")
-    if args.out:
-        best.arena.to_csv(args.out)
-    return 0 if best.fits else 1
+        draw()
+    except MissingDependencyError as e:
+        print(f"npumem: no plot: {e}", file=sys.stderr)
+        return explicit
+    return False
+
+
+# -- demo -------------------------------------------------------------------------------------
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from . import _args, demo
+
+    capacity = _args.size(args.capacity, "--capacity", *demo.CAPACITY_RANGE)
+    plot = DEMO_PLOT if args.plot is None else args.plot
+    if plot:
+        if args.plot is None:
+            os.makedirs(os.path.dirname(plot) or ".", exist_ok=True)
+        _output_path(plot, "--plot")
+    missing = demo.run(capacity=capacity, seed=args.seed, out=sys.stdout, plot_path=plot or None)
+    for hint in missing:
+        print(f"npumem demo: no plot: {hint}", file=sys.stderr)
+    return EXIT_MISSING_DEPENDENCY if missing and args.plot else EXIT_OK
+
+
+# -- tlb sweep --------------------------------------------------------------------------------
 
 
 def _tlb_sweep(args: argparse.Namespace) -> int:
-    from . import tlb
-    from .units import fmt, parse_size
+    from . import _args, tlb
+    from .units import fmt
 
-    def split(text: str) -> list[str]:
-        return [x.strip() for x in text.split(",") if x.strip()]
+    footprints = [_args.size(f, "--footprints", 4096, tlb.MAX_FOOTPRINT) for f in _split(args.footprints)]
+    plot = "tlb_sweep.png" if args.plot is None else args.plot
+    _output_path(args.csv, "--csv")
+    if plot:
+        _output_path(plot, "--plot")
 
     rows = tlb.sweep(
-        presets=split(args.presets),
-        pages=split(args.pages),
-        patterns=split(args.patterns),
-        footprints=[parse_size(f) for f in split(args.footprints)],
+        presets=_split(args.presets),
+        pages=_split(args.pages),
+        patterns=_split(args.patterns),
+        footprints=footprints,
         accesses=args.accesses,
         seed=args.seed,
     )
@@ -180,12 +249,152 @@ def _tlb_sweep(args: argparse.Namespace) -> int:
             f"{r['preset']:<12} {r['page']:<5} {r['pattern']:<10} {fmt(r['footprint']):>9} {r['L1_mpka']:8.2f} "
             f"{walks:9.2f} {r['cycles_per_access']:8.3f} {r['accesses_per_s'] / 1e6:7.1f}"
         )
-    if args.plot:
-        tlb.plot(rows, args.plot)
-        tradeoff = args.plot.removesuffix(".png") + "_tradeoff.png"
+    if not plot:
+        return EXIT_OK
+    tradeoff = plot.removesuffix(".png") + "_tradeoff.png"
+
+    def draw() -> None:
+        tlb.plot(rows, plot)
         tlb.plot_tradeoff(rows, tradeoff)
-        print(f"plots -> {args.plot}, {tradeoff}")
-    return 0
+        print(f"plots -> {plot}, {tradeoff}")
+
+    return EXIT_MISSING_DEPENDENCY if _try_plot(draw, args.plot is not None) else EXIT_OK
+
+
+# -- plan -------------------------------------------------------------------------------------
+
+
+def _limits(args: argparse.Namespace) -> tuple[float | None, int | None]:
+    """--time-limit and --work-limit: with only a work limit, there is no time limit (the plan is
+    then the same on every run)."""
+    from .plan import DEFAULT_TIME_LIMIT
+
+    if args.time_limit is None:
+        return (None if args.work_limit is not None else DEFAULT_TIME_LIMIT), args.work_limit
+    return args.time_limit, args.work_limit
+
+
+def _strategies(name: str) -> tuple[str, ...]:
+    from .plan import STRATEGIES
+
+    if name == "all":
+        return STRATEGIES
+    if name not in STRATEGIES:
+        raise UsageError(f"--strategy {name!r} is not one of all, {', '.join(STRATEGIES)}")
+    return (name,)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    """Plans the file; exit status 1 when the (best) plan misses --capacity / --mem-limit."""
+    from . import _args
+
+    graph = args.file.endswith((".json", ".json.gz"))
+    if graph and (args.capacity is not None or args.alignment is not None):
+        raise UsageError(
+            "--capacity and --alignment apply to CSV problems; a graph has --mem-limit and its own alignment"
+        )
+    if not graph and args.mem_limit is not None:
+        raise UsageError("--mem-limit applies to graphs (.json / .json.gz); a CSV problem has --capacity")
+    names = _strategies(args.strategy)
+    time_limit, work_limit = _limits(args)
+    _args.optional_integer(work_limit, "--work-limit")
+    if time_limit is not None:
+        _args.real(time_limit, "--time-limit", 0.0, 1e9, unit=" seconds")
+    for option in ("out", "plot"):
+        if getattr(args, option):
+            _output_path(getattr(args, option), f"--{option}")
+    if graph:
+        return _plan_graph(args, names, time_limit, work_limit)
+    return _plan_csv(args, names, time_limit, work_limit)
+
+
+def _bytes_option(value: str | None, option: str) -> int | None:
+    from . import _args
+
+    return None if value is None else _args.size(value, option, 0)
+
+
+def _print_json(plans: Sequence[Any], best: Any) -> None:
+    import json
+
+    print(json.dumps([p.report() for p in plans] if len(plans) > 1 else best.report(), indent=2))
+
+
+def _plan_csv(
+    args: argparse.Namespace, names: tuple[str, ...], time_limit: float | None, work_limit: int | None
+) -> int:
+    from . import plan
+
+    capacity = _bytes_option(args.capacity, "--capacity")
+    alignment = 1 if args.alignment is None else args.alignment
+    problem = plan.Problem.from_csv(args.file, alignment=alignment)
+    plans = [problem.solve(s, capacity=capacity, time_limit=time_limit, work_limit=work_limit) for s in names]
+    best = min(plans, key=lambda p: (p.peak, p.strategy != plan.DEFAULT_STRATEGY))
+    if args.json:
+        _print_json(plans, best)
+    else:
+        print(f"{args.file}: {len(problem)} buffers, lower bound {problem.lower_bound:,} B")
+        print(f"{'strategy':<24} {'peak':>14} {'vs bound':>9} {'reuse':>7} {'seconds':>8}  order / exact search")
+        for p in plans:
+            r = p.report()
+            how = p.order if p.exact == "not run" else f"{p.order}; exact: {p.exact} ({p.search_nodes:,} nodes)"
+            print(
+                f"{p.strategy:<24} {p.peak:>14,} {100 * p.gap:>8.2f}% {100 * r['reuse_ratio']:>6.1f}% "
+                f"{p.solve_seconds:>8.3f}  {how}"
+            )
+        if capacity is not None:
+            print(best.verdict)
+        elif best.bound > problem.lower_bound:
+            print(f"proven: no plan below {best.bound:,} B (exact search)")
+    return _plan_outputs(args, best, best.fits)
+
+
+def _plan_graph(
+    args: argparse.Namespace, names: tuple[str, ...], time_limit: float | None, work_limit: int | None
+) -> int:
+    from .graph import Graph
+
+    limit = _bytes_option(args.mem_limit, "--mem-limit")
+    graph = Graph.load(args.file)
+    plans = [graph.plan(s, mem_limit=limit, time_limit=time_limit, work_limit=work_limit) for s in names]
+    best = min(plans, key=lambda p: (p.peak_memory, p.arena.strategy != "npumem"))
+    if args.json:
+        _print_json(plans, best)
+    else:
+        print(f"{args.file}: {len(graph)} tensors, {len(graph.ops)} ops")
+        if len(plans) > 1:
+            for p in plans:
+                print(f"  {p.arena.strategy:<26} arena {p.arena.peak:>14,} B  {100 * p.arena.gap:+.2f}% vs bound")
+        print(best.table())
+        for m in best.moves[:20]:
+            print(f"  move: {m.kind:<18} {m.tensor:<32} {m.bytes:>14,} B  {1e3 * m.seconds:.3f} ms")
+        if len(best.moves) > 20:
+            print(f"  ... {len(best.moves) - 20} more moves")
+        if limit is not None:
+            over = best.peak_memory - limit
+            verdict = "fits" if best.fits else f"does NOT fit: peak {best.peak_memory:,} B is {over:,} B over"
+            print(f"mem_limit {limit:,} B: {verdict}")
+    return _plan_outputs(args, best.arena, best.fits)
+
+
+def _plan_outputs(args: argparse.Namespace, best: Any, fits: bool) -> int:
+    """Writes the best plan (a :class:`npumem.plan.Plan`; a graph's arena) to --out first, then
+    --plot (a missing matplotlib never costs the CSV); returns the exit status."""
+    notes = sys.stderr if args.json else sys.stdout
+    if args.out:
+        best.to_csv(args.out)
+        print(f"plan ({best.strategy}) -> {args.out}", file=notes)
+    missing = False
+    if args.plot:
+
+        def draw() -> None:
+            best.plot(args.plot, title=f"{os.path.basename(args.file)}: {best.strategy}")
+            print(f"placement -> {args.plot}", file=notes)
+
+        missing = _try_plot(draw, explicit=True)
+    if missing:
+        return EXIT_MISSING_DEPENDENCY
+    return EXIT_OK if fits else EXIT_NO
 
 
 if __name__ == "__main__":

@@ -9,10 +9,13 @@ falls back to 4 KiB pages (hundreds of times more page-table entries).
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Sequence
 from typing import TextIO
 
+from . import _args
+from ._optional import MissingDependencyError
 from ._timing import best_of, per_call
 from .device import Device
 from .enums import MemAttr, MemcpyKind, Policy
@@ -24,6 +27,8 @@ from .traces import transformer_training
 from .units import fmt
 
 _RULE = "-" * 96
+#: Device sizes the fragmentation story runs on (it fills the device with small allocations).
+CAPACITY_RANGE = (256 << 20, 64 << 30)
 
 
 def _table(out: TextIO, header: Sequence[str], rows: list[Sequence[object]]) -> None:
@@ -71,7 +76,7 @@ def page_mix(out: TextIO) -> None:
     )
 
 
-def fragmentation(out: TextIO, capacity: str, seed: int) -> None:
+def fragmentation(out: TextIO, capacity: str | int, seed: int) -> None:
     dev = Device(capacity, allocator="direct")
     total = dev.mem_info()[1]
     out.write(f"{_RULE}\n2. Fragmentation, honestly (Device {fmt(total)}, direct allocator, seed {seed})\n{_RULE}\n")
@@ -97,7 +102,8 @@ def fragmentation(out: TextIO, capacity: str, seed: int) -> None:
         f"  mem_info(HBM)      : {fmt(free)} free of {fmt(total)} ({100 * free / total:.0f}% free)\n"
         f"  mem_info(HBM_HUGE) : {fmt(huge_free)} free in blocks that can hold a 2 MiB page\n"
         f"  largest free block : {fmt(fs['largest_free_block'])}\n"
-        f"  external fragmentation (1 - largest/free): {1 - fs['largest_free_block'] / max(free, 1):.3f}\n\n"
+        f"  physical fragmentation of the device's free frames (1 - largest free block / free memory): "
+        f"{100 * (1 - fs['largest_free_block'] / max(free, 1)):.1f}%\n\n"
         "  free memory by buddy order (like /proc/buddyinfo):\n"
     )
     rows = [
@@ -113,6 +119,11 @@ def fragmentation(out: TextIO, capacity: str, seed: int) -> None:
         out.write("  HUGE_ONLY  : succeeded (the churn did not fragment this device)\n")
     except OutOfMemoryError as e:
         out.write(f"  HUGE_ONLY  : {e.name} ({e.code})\n               {e.message}\n")
+        out.write(
+            "               (The message's 'external fragmentation' is the allocator's: of the free memory\n"
+            "               inside what it has reserved, none here, as the direct allocator caches nothing.\n"
+            "               The free frames are what is fragmented: the physical figure above.)\n"
+        )
     before = dev.stats()["huge_fallbacks"]
     ptr = dev.malloc(request, Policy.HUGE_FIRST)
     a = dev.allocation(ptr)
@@ -175,9 +186,13 @@ def pools(out: TextIO) -> None:
     dev.record_memory_history()
     replay(trace[:400], dev)
     snap = dev.memory_snapshot()
+    st = dev.memory_stats()
     out.write(
         f"  memory_snapshot(): {len(snap['segments'])} segments, {len(snap['device_traces'][0])} trace entries in\n"
-        "  PyTorch's schema; dump_snapshot(path) writes a pickle that PyTorch's memory_viz reads.\n\n"
+        "  PyTorch's schema; dump_snapshot(path) writes a pickle that PyTorch's memory_viz reads. A segment\n"
+        "  of the npumem pool is a run of contiguous mapped pages, counted alike by memory_stats()\n"
+        f"  ({st['segment.all.current']}) and memory_summary(); its {st['num_device_alloc']} device allocs are "
+        "the 2 MiB pages mapped.\n\n"
     )
 
 
@@ -223,7 +238,7 @@ def racy(out: TextIO) -> None:
     out.write("\n")
 
 
-def tlb(out: TextIO, plot_path: str | None) -> None:
+def tlb(out: TextIO, plot_path: str | None) -> list[str]:
     from . import tlb as tlbmod
 
     out.write(f"{_RULE}\n5. Page sizes and the TLB: a GEMM and an embedding gather over 256 MiB\n{_RULE}\n")
@@ -253,29 +268,43 @@ def tlb(out: TextIO, plot_path: str | None) -> None:
         "\n  200k accesses each through the device's page table; 'ascend_like' is a labelled guess (Ascend\n"
         "  publishes no TLB geometry). Cycles are translation cycles beyond an L1 hit.\n"
     )
+    missing = []
     if plot_path:
         try:
             tlbmod.plot(rows, plot_path)
             out.write(f"  Walks per 1000 accesses against footprint: {plot_path}\n")
-        except ImportError:
-            out.write("  (install matplotlib for the plot)\n")
+        except MissingDependencyError as e:
+            out.write("  (no plot: matplotlib is not installed)\n")
+            missing.append(str(e))
     out.write("\n")
+    return missing
 
 
-def run(capacity: str = "1GiB", seed: int = 7, out: TextIO | None = None, plot_path: str | None = None) -> None:
+def run(
+    capacity: str | int = "1GiB", seed: int = 7, out: TextIO | None = None, plot_path: str | None = None
+) -> list[str]:
+    """Writes the demo report to ``out`` (stdout by default); the fragmentation story runs on a
+    device of ``capacity`` (256 MiB to 64 GiB) churned with ``seed``. Returns the one-line hints
+    for outputs skipped because an optional dependency is missing (the TLB plot without
+    matplotlib); the report itself never needs one."""
     import sys
 
+    capacity = _args.size(capacity, "capacity", *CAPACITY_RANGE)
+    seed = _args.integer(seed, "seed", -(2**63), 2**64 - 1)
+    if plot_path is not None:
+        plot_path = os.fspath(plot_path)
     out = out or sys.stdout
     out.write("npumem demo: the memory system of an Ascend-style NPU, on the simulated device\n\n")
     page_mix(out)
     fragmentation(out, capacity, seed)
     pools(out)
     streams(out)
-    tlb(out, plot_path)
+    missing = tlb(out, plot_path)
     planning(out)
     graph_limits(out)
     host_pool(out)
     fast_path(out)
+    return missing
 
 
 def planning(out: TextIO) -> None:

@@ -6,11 +6,29 @@ from typing import Any
 
 import numpy as np
 
-from . import _native
+from . import _args, _files, _native
 from .enums import Policy
 from .errors import invalid_param
 from .sanitizer import Finding
 from .units import fmt
+
+#: What write/read_into take without conversion.
+_BYTES_LIKE = (bytes, bytearray, memoryview)
+
+
+def _exported(buffer: Any) -> memoryview:
+    """A flat byte view of any object that exports the buffer protocol (a ctypes array or
+    scalar, an array.array, an mmap, a numpy scalar, ...): the memoryview fills in the shape and
+    strides that some exporters (ctypes) leave out for contiguous memory."""
+    try:
+        view = memoryview(buffer)
+    except TypeError:
+        raise _args.type_error(
+            "buffer", buffer, "a bytes-like object (bytes, bytearray, memoryview, numpy array, ctypes array)"
+        ) from None
+    if not view.c_contiguous:
+        raise invalid_param("the buffer is not C-contiguous; pass numpy.ascontiguousarray(x)")
+    return view.cast("B") if view.ndim != 1 or view.format != "B" else view
 
 
 def _bytes_of(array: Any) -> np.ndarray:
@@ -44,6 +62,8 @@ class Device(_native.Device):
         ``ptr``; with ``stream``, queued on it and completed before returning (pageable memory)."""
         if isinstance(buffer, (np.ndarray, np.generic)):
             buffer = _bytes_of(buffer)
+        elif not isinstance(buffer, _BYTES_LIKE):
+            buffer = _exported(buffer)
         super().write(ptr, buffer, stream)
 
     def read_into(self, ptr: int, buffer: Any, stream: int | None = None) -> None:
@@ -55,14 +75,33 @@ class Device(_native.Device):
             if not buffer.flags.c_contiguous:
                 raise invalid_param("the array is not C-contiguous; read into numpy.empty_like(x) and copy")
             buffer = buffer.reshape(-1).view(np.uint8)
+        elif not isinstance(buffer, (bytearray, memoryview)):
+            buffer = _exported(buffer)
         super().read_into(ptr, buffer, stream)
 
     def to_numpy(
         self, ptr: int, shape: int | tuple[int, ...], dtype: Any = np.uint8, stream: int | None = None
     ) -> np.ndarray:
         """Copies the bytes at ``ptr`` into a new array of ``shape`` and ``dtype`` (after
-        ``stream``'s queued work when given)."""
-        out = np.empty(shape, dtype=dtype)
+        ``stream``'s queued work when given). ``shape`` and ``dtype`` are checked before the
+        array is made: it cannot be larger than the memory it is read from."""
+        dims = (shape,) if _args.is_int(shape) else shape
+        if not isinstance(dims, (tuple, list)):
+            raise _args.type_error("shape", shape, "an int or a tuple of ints")
+        dims = tuple(_args.integer(d, f"shape[{i}]", 0, _args.U64_MAX) for i, d in enumerate(dims))
+        try:
+            dt = np.dtype(dtype)
+        except TypeError as e:
+            raise TypeError(f"dtype {_args.show(dtype)} is not a NumPy dtype ({e})") from None
+        nbytes = dt.itemsize
+        for d in dims:
+            nbytes *= d
+        window = _native.VA_WINDOW_START <= _args.integer(ptr, "ptr") < _native.VA_WINDOW_END
+        limit = self.capacity if window else 1 << 40
+        if nbytes > limit:
+            where = f"the device's capacity ({fmt(limit)})" if window else "1 TiB"
+            raise invalid_param(f"shape {dims} of {dt} is {nbytes:,} bytes: more than {where}")
+        out = np.empty(dims, dtype=dt)
         if out.nbytes:
             self.read_into(ptr, out, stream)
         return out
@@ -70,6 +109,8 @@ class Device(_native.Device):
     def from_numpy(self, array: np.ndarray, policy: int = Policy.HUGE_FIRST) -> int:
         """Allocates device memory for ``array``, copies it there and returns the pointer."""
         array = np.ascontiguousarray(array)
+        if array.dtype.hasobject:
+            raise invalid_param("the array holds Python object pointers, not data; convert it to a numeric dtype first")
         ptr = self.malloc(max(array.nbytes, 1), policy)
         try:
             self.write(ptr, array)
@@ -77,6 +118,26 @@ class Device(_native.Device):
             self.free(ptr)
             raise
         return ptr
+
+    def malloc_many(self, sizes: Any, policy: int | None = None, stream: int | None = None) -> np.ndarray:
+        """Allocates one block per size (a 1-D array or list of ints; all or nothing) and returns
+        their pointers as a uint64 array."""
+        if not (
+            type(sizes) is np.ndarray and sizes.dtype == np.uint64 and sizes.ndim == 1 and sizes.flags.c_contiguous
+        ):
+            sizes = _args.uint64_array(sizes, "sizes")
+        return super().malloc_many(sizes, policy, stream)
+
+    def free_many(self, ptrs: Any) -> None:
+        """Frees every pointer (a 1-D array or list of ints; all or nothing)."""
+        if not (type(ptrs) is np.ndarray and ptrs.dtype == np.uint64 and ptrs.ndim == 1 and ptrs.flags.c_contiguous):
+            ptrs = _args.uint64_array(ptrs, "ptrs")
+        super().free_many(ptrs)
+
+    def record_memory_history(self, enabled: bool = True, max_entries: int = 1_000_000) -> None:
+        """Starts (or stops) recording alloc/free/segment events for :meth:`memory_snapshot`'s
+        ``device_traces``, keeping the last ``max_entries``."""
+        super().record_memory_history(_args.flag(enabled, "enabled"), _args.integer(max_entries, "max_entries"))
 
     def sanitizer_reports(self) -> list[Finding]:  # type: ignore[override]
         """The sanitizer's findings so far, oldest first, as :class:`npumem.sanitizer.Finding`."""
@@ -105,6 +166,9 @@ class Device(_native.Device):
             vals = [st[f"{key}.all.{f}"] for f in ("current", "peak", "allocated", "freed")]
             lines.append(f"{label:<26}" + "".join(f"{v:>14}" for v in vals))
         lines.append(
+            "(a segment is what memory_snapshot() lists: for the npumem pool, a run of contiguous mapped pages)"
+        )
+        lines.append(
             f"device allocs/frees: {st['num_device_alloc']}/{st['num_device_free']}, "
             f"alloc retries: {st['num_alloc_retries']}, OOMs: {st['num_ooms']}"
         )
@@ -131,7 +195,7 @@ class Device(_native.Device):
         """Pickles :meth:`memory_snapshot` to ``path``, as ``torch.cuda.memory._dump_snapshot``."""
         import pickle
 
-        with open(path, "wb") as f:
+        with open(_files.path_arg(path), "wb") as f:
             pickle.dump(self.memory_snapshot(), f)
 
     def page_of(self, ptr: int) -> int:

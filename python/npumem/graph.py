@@ -33,15 +33,15 @@ import json
 import os
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from . import _native
-from .errors import AclError, invalid_param
-from .plan import DEFAULT_STRATEGY, DEFAULT_TIME_LIMIT, Plan, Problem
+from . import _args, _files, _native
+from .errors import AclError, InvalidParamError, invalid_param
+from .plan import DEFAULT_STRATEGY, DEFAULT_TIME_LIMIT, STRATEGIES, Plan, Problem, _limits
 
 ROLES = ("activation", "weight", "input", "output")
 
@@ -68,7 +68,8 @@ class Graph:
     :meth:`tensor`, :meth:`alias`, :meth:`op` and :meth:`mark_output`, then :meth:`plan` it."""
 
     def __init__(self, alignment: int = 512) -> None:
-        if not isinstance(alignment, int) or alignment < 1 or alignment & (alignment - 1):
+        alignment = _args.integer(alignment, "alignment", 1, 1 << 40)
+        if alignment & (alignment - 1):
             raise invalid_param(f"alignment {alignment!r} must be a power of two (e.g. 512, as CANN's graph engine)")
         self.alignment = alignment
         self._tensors: dict[str, _Tensor] = {}
@@ -76,14 +77,24 @@ class Graph:
 
     # -- building -----------------------------------------------------------------------------
 
-    def _add(self, name: str, size: int, role: str, alias_of: str | None = None) -> str:
-        if not isinstance(name, str) or not name:
-            raise invalid_param(f"tensor name {name!r} must be a non-empty string")
+    def _check_new(self, name: Any, size: Any) -> tuple[str, int]:
+        """A new tensor's name (a non-empty str, not yet defined) and size (an int from 1 to
+        2**64-1 bytes)."""
+        if not isinstance(name, str):
+            raise _args.type_error("tensor name", name, "a non-empty str")
+        if not name:
+            raise invalid_param("tensor name '' must be a non-empty string")
         if name in self._tensors:
             raise invalid_param(f"tensor {name!r} is already defined; names must be unique")
-        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size <= 0:
-            raise invalid_param(f"tensor {name!r}: size {size!r} must be a positive int of bytes")
-        self._tensors[name] = _Tensor(name, int(size), role, alias_of)
+        if not _args.is_int(size) or not 0 < size <= _args.U64_MAX:
+            if not _args.is_int(size):
+                raise _args.type_error(f"tensor {name!r}: size", size, "an int of bytes")
+            raise invalid_param(f"tensor {name!r}: size {size!r} must be a positive int of bytes below 2**64")
+        return name, int(size)
+
+    def _add(self, name: str, size: int, role: str, alias_of: str | None = None) -> str:
+        name, size = self._check_new(name, size)
+        self._tensors[name] = _Tensor(name, size, role, alias_of)
         return name
 
     def input(self, name: str, size: int) -> str:
@@ -116,25 +127,43 @@ class Graph:
         """Appends an op (ops run in the order they are added). ``outputs`` are tensor names or
         ``(name, size)`` pairs declaring new activations. Returns the first output's name (or the
         op's name when it has none). ``duration_us`` is the op's run time, used to price a
-        recompute (default: its operand bytes at HBM bandwidth)."""
-        ins = [self._get(t, f"op {name!r}").name for t in inputs]
+        recompute (default: its operand bytes at HBM bandwidth). Every argument is checked before
+        the graph changes."""
+        if not isinstance(name, str):
+            raise _args.type_error("op name", name, "a non-empty str")
+        if not name:
+            raise invalid_param("op name '' must be a non-empty string")
+        where = f"op {name!r}"
+        ins = [self._get(t, where).name for t in _listed(inputs, f"{where}: inputs", "a list of tensor names")]
         outs: list[str] = []
-        for o in outputs:
+        new: dict[str, int] = {}
+        for i, o in enumerate(_listed(outputs, f"{where}: outputs", "a list of tensor names or (name, size) pairs")):
             if isinstance(o, tuple):
-                outs.append(self.tensor(*o))
+                if len(o) != 2:
+                    raise invalid_param(f"{where}: outputs[{i}] {_args.show(o)} must be a (name, size) pair")
+                n, size = self._check_new(*o)
+                if n in new:
+                    raise invalid_param(f"tensor {n!r} is already defined; names must be unique")
+                new[n] = size
+                outs.append(n)
             else:
-                outs.append(self._get(o, f"op {name!r}").name)
-        if isinstance(workspace, bool) or not isinstance(workspace, (int, np.integer)) or workspace < 0:
-            raise invalid_param(f"op {name!r}: workspace {workspace!r} must be a non-negative int of bytes")
-        self._ops.append(_Op(name, ins, outs, int(workspace), duration_us))
+                outs.append(self._get(o, where).name)
+        workspace = _args.integer(workspace, f"{where}: workspace")
+        if duration_us is not None:
+            duration_us = _args.real(duration_us, f"{where}: duration_us", 0.0, 1e15, unit=" microseconds")
+        for n, size in new.items():
+            self._tensors[n] = _Tensor(n, size, "activation")
+        self._ops.append(_Op(name, ins, outs, workspace, duration_us))
         return outs[0] if outs else name
 
     def mark_output(self, *names: str) -> None:
         """Marks tensors as graph outputs (handed back to the caller: resident, live to the end)."""
-        for n in names:
-            self._get(n, "mark_output").role = "output"
+        for t in [self._get(n, "mark_output") for n in names]:
+            t.role = "output"
 
     def _get(self, name: str, where: str) -> _Tensor:
+        if not isinstance(name, str):
+            raise _args.type_error(f"{where}: tensor name", name, "a str")
         t = self._tensors.get(name)
         if t is None:
             raise invalid_param(f"{where}: unknown tensor {name!r}; declare it first")
@@ -173,33 +202,53 @@ class Graph:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Graph:
-        """Rebuilds a graph from :meth:`to_dict`'s form, checking every entry."""
-        if not isinstance(d, dict) or d.get("format") != cls.FORMAT:
+        """Rebuilds a graph from :meth:`to_dict`'s form, checking every entry: anything else
+        (a wrong type, a missing field, a string where a list of names belongs) raises
+        InvalidParamError naming the entry."""
+        if not isinstance(d, Mapping) or d.get("format") != cls.FORMAT:
             raise invalid_param(f"not an npumem graph: expected format {cls.FORMAT!r}")
-        try:
+        shape = (
+            "malformed npumem graph: tensors are [name, size, role, alias_of], ops are "
+            "[name, inputs, outputs, workspace, duration_us]"
+        )
+        for key in ("alignment", "tensors", "ops"):
+            if key not in d:
+                raise invalid_param(f"{shape}; the {key!r} field is missing")
+        for key in ("tensors", "ops"):
+            if not isinstance(d[key], list):
+                raise invalid_param(f"{shape}; {key!r} is {_args.show(d[key])}, not a list")
+        with _entry(""):
             g = cls(alignment=d["alignment"])
-            for name, size, role, alias_of in d["tensors"]:
+        tensors = d["tensors"]
+        for i, t in enumerate(tensors):
+            with _entry(f"tensors[{i}]"):
+                if not isinstance(t, list) or len(t) != 4:
+                    raise invalid_param(f"{shape}; got {_args.show(t)}")
+                name, size, role, alias_of = t
                 if role not in ROLES:
                     raise invalid_param(f"tensor {name!r}: unknown role {role!r}; use one of {', '.join(ROLES)}")
+                if alias_of is not None and not isinstance(alias_of, str):
+                    raise invalid_param(f"tensor {name!r}: alias_of {_args.show(alias_of)} must be a name or null")
                 g._add(name, size, role, alias_of)
-            for name, alias_of in [(t[0], t[3]) for t in d["tensors"]]:
-                if alias_of is not None:
+        for i, (name, _, _, alias_of) in enumerate(tensors):
+            if alias_of is not None:
+                with _entry(f"tensors[{i}]"):
                     g._get(alias_of, f"alias {name!r}")
-            for name, inputs, outputs, workspace, duration_us in d["ops"]:
+        for i, o in enumerate(d["ops"]):
+            with _entry(f"ops[{i}]"):
+                if not isinstance(o, list) or len(o) != 5:
+                    raise invalid_param(f"{shape}; got {_args.show(o)}")
+                name, inputs, outputs, workspace, duration_us = o
+                if not isinstance(outputs, list) or not all(isinstance(x, str) for x in outputs):
+                    raise invalid_param(f"op {name!r}: outputs {_args.show(outputs)} must be a list of tensor names")
                 g.op(name, inputs, outputs, workspace=workspace, duration_us=duration_us)
-        except AclError:
-            raise
-        except (KeyError, TypeError, ValueError):
-            raise invalid_param(
-                "malformed npumem graph: tensors are [name, size, role, alias_of], ops are "
-                "[name, inputs, outputs, workspace, duration_us]"
-            ) from None
         return g
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Writes :meth:`to_dict` as JSON (gzip-compressed when the name ends in ``.gz``)."""
+        path = _files.path_arg(path)
         text = json.dumps(self.to_dict(), separators=(",", ":"))
-        if os.fspath(path).endswith(".gz"):
+        if path.endswith(".gz"):
             with gzip.open(path, "wt") as f:
                 f.write(text)
         else:
@@ -208,14 +257,13 @@ class Graph:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Graph:
-        """Reads a graph written by :meth:`save`."""
-        opener = gzip.open if os.fspath(path).endswith(".gz") else open
+        """Reads a graph written by :meth:`save`. A file that is not one raises
+        InvalidParamError naming it; one that cannot be opened, OSError."""
+        d = _files.read_json(path, f"an npumem graph ({cls.FORMAT})")
         try:
-            with opener(path, "rt") as f:
-                d = json.load(f)
-        except json.JSONDecodeError as e:
-            raise invalid_param(f"{os.fspath(path)}: not JSON ({e})") from None
-        return cls.from_dict(d)
+            return cls.from_dict(d)
+        except InvalidParamError as e:
+            raise invalid_param(f"{os.fspath(path)}: {e.message}") from None
 
     # -- planning -----------------------------------------------------------------------------
 
@@ -223,25 +271,39 @@ class Graph:
         self,
         strategy: str = DEFAULT_STRATEGY,
         *,
-        time_limit: float = DEFAULT_TIME_LIMIT,
+        time_limit: float | None = DEFAULT_TIME_LIMIT,
         mem_limit: int | None = None,
         offload_weights: bool = True,
         offload_activations: bool = True,
         recompute: bool = True,
         preset: str = "ascend910b",
+        work_limit: int | None = None,
     ) -> GraphPlan:
         """Liveness, then (over ``mem_limit``) offload / recompute moves, then offsets for the
-        activation arena with ``strategy``. Transfer and recompute times use the ``preset`` cost
-        model of :class:`npumem.Device`."""
-        if mem_limit is not None and (isinstance(mem_limit, bool) or not isinstance(mem_limit, int) or mem_limit < 0):
-            raise invalid_param(f"mem_limit {mem_limit!r} must be a non-negative int of bytes (or None)")
-        cost = _native.cost_preset(preset)
+        activation arena with ``strategy`` (``time_limit`` and ``work_limit`` bound its exact
+        search as in :meth:`npumem.plan.Problem.solve`). Transfer and recompute times use the
+        ``preset`` cost model of :class:`npumem.Device`."""
+        strategy = _args.choice(strategy, "strategy", STRATEGIES)
+        time_limit, work_limit = _limits(time_limit, work_limit)
+        mem_limit = _args.optional_integer(mem_limit, "mem_limit")
+        offload_weights = _args.flag(offload_weights, "offload_weights")
+        offload_activations = _args.flag(offload_activations, "offload_activations")
+        recompute = _args.flag(recompute, "recompute")
+        cost = _native.cost_preset(_args.text(preset, "preset"))
         names = list(self._tensors)
         # A copy's fixed latency, in bytes it could have moved meanwhile: tiny moves pay for it.
         per_transfer = int(cost["pcie_latency_ns"] * 1e-9 * cost["pcie_pinned_bandwidth"])
         try:
             r = self._plan_native(
-                names, strategy, time_limit, mem_limit, offload_weights, offload_activations, recompute, per_transfer
+                names,
+                strategy,
+                time_limit,
+                work_limit,
+                mem_limit,
+                offload_weights,
+                offload_activations,
+                recompute,
+                per_transfer,
             )
         except AclError as e:
             # Name tensors and ops, not indices.
@@ -258,6 +320,7 @@ class Graph:
         names: list[str],
         strategy: str,
         time_limit: float,
+        work_limit: int | None,
         mem_limit: int | None,
         offload_weights: bool,
         offload_activations: bool,
@@ -292,6 +355,7 @@ class Graph:
             bool(offload_activations),
             bool(recompute),
             per_transfer,
+            work_limit,
         )
 
 
@@ -468,6 +532,33 @@ class GraphPlan:
                 text = f"{v:,}"
             lines.append(f"{k:<28} {text}")
         return "\n".join(lines)
+
+
+def _listed(values: Any, name: str, expected: str) -> list[Any]:
+    """An iterable argument as a list; a bare string is refused (it would be read as its
+    characters)."""
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
+        raise _args.type_error(name, values, expected)
+    return list(values)
+
+
+class _entry:
+    """Context manager that prefixes an error raised while reading one entry of a graph file
+    with the entry's place (``ops[3]: ...``) and makes a wrong type an InvalidParamError: in a
+    file it is a malformed value, not a programming error."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: Any) -> None:
+        prefix = f"{self.where}: " if self.where else ""
+        if isinstance(err, AclError):
+            raise invalid_param(f"{prefix}{err.message}") from None
+        if isinstance(err, (TypeError, ValueError)):
+            raise invalid_param(f"{prefix}{err}") from None
 
 
 def _op_seconds(graph: Graph, op: _Op, cost: dict) -> float:

@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from . import _native
+from . import _args, _native
+from .errors import invalid_param
 
 #: The name NumPy reports (``np.core.multiarray.get_handler_name``) for pool-served arrays.
 HANDLER_NAME: str = _native.HOST_POOL_HANDLER_NAME
@@ -52,8 +53,21 @@ class HostPool(_native.HostPool):
     pool when the last array or view of it is collected."""
 
     def full(self, shape: int | tuple[int, ...], fill_value: Any, dtype: Any = None, order: str = "C") -> np.ndarray:
-        """Like ``np.full``."""
-        a = self.array(shape, np.asarray(fill_value).dtype if dtype is None else dtype, order, False)
+        """Like ``np.full`` (a scalar ``fill_value``, checked against the dtype before a block is
+        taken)."""
+        dt = np.asarray(fill_value).dtype if dtype is None else dtype
+        try:
+            probe = np.empty((), dtype=dt)
+        except TypeError:
+            probe = None  # not a dtype: array() says so, before it takes a block
+        if probe is not None:
+            try:
+                probe.fill(fill_value)
+            except (TypeError, ValueError, OverflowError) as e:
+                raise invalid_param(
+                    f"fill_value {_args.show(fill_value)} cannot be stored as {probe.dtype}: {e}"
+                ) from None
+        a = self.array(shape, dt, order, False)
         a.fill(fill_value)
         return a
 
@@ -72,6 +86,8 @@ class HostPool(_native.HostPool):
     def handler_of(array: np.ndarray | None = None) -> str:
         """The NumPy allocator that owns ``array``'s data (or the current one): ``HANDLER_NAME``
         for pool memory."""
+        if array is not None and not isinstance(array, np.ndarray):
+            raise _args.type_error("array", array, "a numpy array or None")
         try:
             from numpy._core.multiarray import get_handler_name
         except ImportError:  # NumPy 1.x

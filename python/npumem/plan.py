@@ -15,6 +15,7 @@ validated in Rust (no two buffers live at the same step overlap in address).
 from __future__ import annotations
 
 import csv
+import math
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -23,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from . import _native
+from . import _args, _native
+from ._optional import require
 from .errors import AclError, invalid_param
 
 STRATEGIES: tuple[str, ...] = tuple(_native.plan_strategies())
@@ -35,14 +37,26 @@ SHARED_OBJECT = ("tflite_greedy_by_breadth",)
 DEFAULT_TIME_LIMIT = 1.0
 
 
-def _u64(values: Iterable[int], what: str) -> np.ndarray:
+def _limits(time_limit: float | None, work_limit: int | None) -> tuple[float, int | None]:
+    """The exact search's limits, checked: ``time_limit`` seconds (``None``: none, allowed only
+    with a ``work_limit``, so that every search ends) and ``work_limit`` search nodes."""
+    work = _args.optional_integer(work_limit, "work_limit")
+    if time_limit is None:
+        if work is None:
+            raise invalid_param("time_limit None (no time limit) needs a work_limit, so that the exact search ends")
+        return math.inf, work
+    return _args.real(time_limit, "time_limit", 0.0, 1e9, unit=" seconds (0 disables the exact search)"), work
+
+
+def _csv_int(cell: str | None, where: str, column: str) -> int:
+    """A CSV cell as a non-negative int below 2**64; ``where`` is ``file:line``."""
     try:
-        arr = np.asarray(list(values) if not isinstance(values, np.ndarray) else values)
-        if arr.size and (not np.issubdtype(arr.dtype, np.integer) or arr.min() < 0):
-            raise ValueError
-        return np.ascontiguousarray(arr, dtype=np.uint64)
-    except (ValueError, TypeError, OverflowError):
-        raise invalid_param(f"{what} must be non-negative integers") from None
+        v = int(cell)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise invalid_param(
+            f"{where}: lower, upper, size (and offset) must be integers; {column} is {_args.show(cell)}"
+        ) from None
+    return _args.integer(v, f"{where}: {column}")
 
 
 @dataclass(frozen=True)
@@ -62,9 +76,14 @@ class Problem:
         cls, buffers: Sequence[tuple[int, int, int]], *, ids: Sequence[str] | None = None, alignment: int = 1
     ) -> Problem:
         """From ``(lower, upper, size)`` triples; ids default to "0", "1", ..."""
+        if isinstance(buffers, (str, bytes)) or not isinstance(buffers, Iterable):
+            raise _args.type_error("buffers", buffers, "a list of (lower, upper, size) triples")
         rows = list(buffers)
-        if any(len(r) != 3 for r in rows):
-            raise invalid_param("each buffer is a (lower, upper, size) triple")
+        for i, r in enumerate(rows):
+            if isinstance(r, (str, bytes)) or not isinstance(r, Sequence) or len(r) != 3:
+                raise invalid_param(f"buffers[{i}] is {_args.show(r)}; each buffer is a (lower, upper, size) triple")
+        if ids is not None and (isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable)):
+            raise _args.type_error("ids", ids, "a list of buffer names")
         names = tuple(str(i) for i in (ids if ids is not None else range(len(rows))))
         if len(names) != len(rows):
             raise invalid_param(f"{len(names)} ids for {len(rows)} buffers")
@@ -82,19 +101,28 @@ class Problem:
         alignment: int = 1,
         offsets: Iterable[int] | None = None,
     ) -> Problem:
-        """From columns; checks them in Rust (non-empty lifetimes, sizes > 0, power-of-two alignment)."""
+        """From columns of non-negative ints below 2**64; checks them in Rust (non-empty
+        lifetimes, sizes > 0, power-of-two alignment, sums that fit in 64 bits)."""
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+            raise _args.type_error("ids", ids, "a list of buffer names")
+        alignment = _args.integer(alignment, "alignment", 1, 1 << 62)
+        if alignment & (alignment - 1):
+            raise invalid_param(f"alignment {alignment} is not a power of two; use 1 for none or e.g. 64 or 512")
         p = cls(
-            tuple(ids),
-            _u64(lower, "lower"),
-            _u64(upper, "upper"),
-            _u64(size, "size"),
-            int(alignment),
-            None if offsets is None else _u64(offsets, "offset"),
+            tuple(str(i) for i in ids),
+            _args.uint64_array(lower, "lower"),
+            _args.uint64_array(upper, "upper"),
+            _args.uint64_array(size, "size"),
+            alignment,
+            None if offsets is None else _args.uint64_array(offsets, "offsets"),
         )
         if not (len(p.ids) == len(p.lower) == len(p.upper) == len(p.size)):
-            raise invalid_param("ids, lower, upper and size must have the same length")
-        if alignment < 1:
-            raise invalid_param(f"alignment {alignment} is not a power of two; use 1 for none")
+            raise invalid_param(
+                f"ids, lower, upper and size must have the same length, got {len(p.ids)}, {len(p.lower)}, "
+                f"{len(p.upper)} and {len(p.size)}"
+            )
+        if p.offsets is not None and len(p.offsets) != len(p.ids):
+            raise invalid_param(f"offsets has {len(p.offsets)} entries for {len(p.ids)} buffers")
         try:
             _native.plan_lower_bound(p.lower, p.upper, p.size, p.alignment)  # checks every buffer
         except AclError as e:
@@ -107,27 +135,30 @@ class Problem:
 
     @classmethod
     def from_csv(cls, path: str | os.PathLike[str], *, alignment: int = 1) -> Problem:
-        """Reads MiniMalloc's CSV (``id,lower,upper,size`` and optionally ``offset``)."""
-        with open(path, newline="") as f:
-            reader = csv.DictReader(f)
-            need = {"id", "lower", "upper", "size"}
-            if reader.fieldnames is None or not need <= set(reader.fieldnames):
-                raise invalid_param(
-                    f"{os.fspath(path)}: expected a header with id,lower,upper,size (MiniMalloc CSV); got "
-                    f"{','.join(reader.fieldnames or [])!r}"
-                )
-            has_offset = "offset" in reader.fieldnames
-            ids, cols = [], ([], [], [], [])
-            for line, row in enumerate(reader, start=2):
-                try:
-                    vals = [int(row[k]) for k in ("lower", "upper", "size")]
-                    if has_offset:
-                        vals.append(int(row["offset"]))
-                except (TypeError, ValueError):
-                    raise invalid_param(f"{os.fspath(path)}:{line}: lower, upper, size must be integers") from None
-                ids.append(row["id"])
-                for c, v in zip(cols, vals, strict=False):
-                    c.append(v)
+        """Reads MiniMalloc's CSV (``id,lower,upper,size`` and optionally ``offset``). A file that
+        is not such a CSV raises InvalidParamError naming the file and line; one that cannot be
+        opened raises OSError."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise _args.type_error("path", path, "a file path")
+        name = os.fspath(path)
+        try:
+            with open(path, newline="", encoding="utf-8") as f:
+                reader = csv.DictReader(f)
+                need = {"id", "lower", "upper", "size"}
+                if reader.fieldnames is None or not need <= set(reader.fieldnames):
+                    raise invalid_param(
+                        f"{name}: expected a header with id,lower,upper,size (MiniMalloc CSV); got "
+                        f"{_args.show(','.join(reader.fieldnames or []))}"
+                    )
+                has_offset = "offset" in reader.fieldnames
+                ids, cols = [], ([], [], [], [])
+                for line, row in enumerate(reader, start=2):
+                    keys = ("lower", "upper", "size", "offset") if has_offset else ("lower", "upper", "size")
+                    for c, k in zip(cols, keys, strict=False):
+                        c.append(_csv_int(row.get(k), f"{name}:{line}", k))
+                    ids.append(row["id"])
+        except (UnicodeDecodeError, csv.Error) as e:
+            raise invalid_param(f"{name}: not a MiniMalloc CSV text file ({e})") from None
         return cls.of(ids, cols[0], cols[1], cols[2], alignment=alignment, offsets=cols[3] if has_offset else None)
 
     @classmethod
@@ -135,11 +166,16 @@ class Problem:
         """From an alloc/free trace (``("alloc"|"free", id, size)``, as :mod:`npumem.traces` and the
         importers give): each event is a step; a block lives from its alloc to its free, or to the
         end if never freed. What a graph compiler could plan offline for the same run."""
-        start: dict[int, tuple[int, int]] = {}
+        from .replay import event_fields
+
+        start: dict[Any, tuple[int, int]] = {}
         rows: list[tuple[int, int, int]] = []
         ids: list[str] = []
         step = -1
-        for step, (kind, ident, size) in enumerate(events):
+        if isinstance(events, (str, bytes)) or not isinstance(events, Iterable):
+            raise _args.type_error("events", events, "a list of ('alloc' | 'free', id, size) events")
+        for step, ev in enumerate(events):
+            kind, ident, size = event_fields(ev, step)
             if kind == "alloc":
                 if ident in start:
                     raise invalid_param(f"event {step}: id {ident} allocated twice without a free")
@@ -179,8 +215,9 @@ class Problem:
 
     def validate(self, offsets: Iterable[int]) -> int:
         """Checks a placement; returns its peak or raises naming two overlapping buffers."""
+        offsets = _args.uint64_array(offsets, "offsets")
         try:
-            return _native.plan_validate(self.lower, self.upper, self.size, _u64(offsets, "offset"), self.alignment)
+            return _native.plan_validate(self.lower, self.upper, self.size, offsets, self.alignment)
         except AclError as e:
             # Name the buffers by their ids, not their indices.
             named = re.sub(r"\bbuffers? (\d+)\b", lambda m: f"buffer {self.ids[int(m.group(1))]!r}", e.message)
@@ -194,20 +231,24 @@ class Problem:
         strategy: str = DEFAULT_STRATEGY,
         *,
         capacity: int | None = None,
-        time_limit: float = DEFAULT_TIME_LIMIT,
+        time_limit: float | None = DEFAULT_TIME_LIMIT,
+        work_limit: int | None = None,
     ) -> Plan:
         """Assigns offsets with ``strategy`` (one of :data:`STRATEGIES`).
 
         For the default ``"npumem"`` strategy, when the greedy portfolio's plan is above the
         lower bound (or above ``capacity``), an exact branch-and-bound search runs for up to
-        ``time_limit`` seconds: with a capacity it stops at the first plan that fits (or proves
-        none does), without one it searches for the optimum and stops once it is proven.
-        ``time_limit=0`` disables it. ``Plan.exact`` says how it ended."""
-        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0):
-            raise invalid_param(f"capacity {capacity!r} must be a non-negative int of bytes (or None)")
-        r = _native.plan_offsets(
-            self.lower, self.upper, self.size, strategy, self.alignment, capacity, float(time_limit)
-        )
+        ``time_limit`` seconds and ``work_limit`` search nodes (per portfolio thread): with a
+        capacity it stops at the first plan that fits; a capacity that it proves infeasible (or
+        that is below the max-live bound) is reported as such, and the search goes on lowering
+        the peak; without a capacity it searches for the optimum and stops once it is proven.
+        ``time_limit=0`` or ``work_limit=0`` disables it; ``time_limit=None`` leaves only the
+        work limit, which gives the same plan on a busy machine as on a quiet one.
+        ``Plan.exact`` says how it ended, ``Plan.search_nodes`` what it cost."""
+        strategy = _args.choice(strategy, "strategy", STRATEGIES)
+        capacity = _args.optional_integer(capacity, "capacity")
+        limit, work = _limits(time_limit, work_limit)
+        r = _native.plan_offsets(self.lower, self.upper, self.size, strategy, self.alignment, capacity, limit, work)
         return Plan._from_native(self, r, capacity)
 
 
@@ -228,9 +269,13 @@ class Plan:
     bound: int = 0
     #: Whether ``peak`` is proven optimal.
     optimal: bool = False
-    #: How the exact search ended: "not run", "optimal", "reached capacity", "infeasible",
-    #: "timed out" or "too large" (over 10,000 buffers or 4 million overlapping pairs).
+    #: How the exact search ended: "not run", "optimal", "reached capacity", "infeasible" (the
+    #: capacity is proven out of reach; ``peak`` is then the best plan the search found and
+    #: ``optimal`` says whether it is proven), "timed out", "work limit reached" or "too large"
+    #: (over 10,000 buffers or 4 million overlapping pairs).
     exact: str = "not run"
+    #: Search nodes the exact search visited (per portfolio thread, over all its tries).
+    search_nodes: int = 0
 
     @classmethod
     def _from_native(cls, problem: Problem, r: dict[str, Any], capacity: int | None) -> Plan:
@@ -247,6 +292,7 @@ class Plan:
             bound=r["bound"],
             optimal=r["optimal"],
             exact=r["exact"],
+            search_nodes=r["nodes"],
         )
 
     @property
@@ -277,10 +323,31 @@ class Plan:
             **({"shared_object_bound": self.problem.positional_bound} if self.strategy in SHARED_OBJECT else {}),
             "optimal": self.optimal,
             "exact": self.exact,
+            "search_nodes": self.search_nodes,
             "capacity": self.capacity,
             "fits": self.fits,
             "solve_seconds": self.solve_seconds,
         }
+
+    @property
+    def verdict(self) -> str:
+        """One line on the capacity: whether the plan fits, or what the search proved."""
+        if self.capacity is None:
+            return f"peak {self.peak:,} B" + (
+                " (optimal)" if self.optimal else f"; proven: no plan below {self.bound:,} B"
+            )
+        cap = self.capacity
+        if self.fits:
+            return f"capacity {cap:,} B: {self.strategy} fits (peak {self.peak:,} B)"
+        best = f"best plan found {self.peak:,} B ({self.peak - cap:,} B over{', optimal' if self.optimal else ''})"
+        if cap < self.lower_bound:
+            return f"capacity {cap:,} B: impossible: {self.lower_bound:,} B are live at once (the lower bound); {best}"
+        if self.exact == "infeasible":
+            return f"capacity {cap:,} B: does NOT fit: proven, no plan below {self.bound:,} B; {best}"
+        how = {"not run": "exact search not run", "too large": "too large for the exact search"}.get(
+            self.exact, f"exact search {self.exact}"
+        )
+        return f"capacity {cap:,} B: does NOT fit ({how}): {best}; proven: no plan below {self.bound:,} B"
 
     def to_csv(self, path: str | os.PathLike[str]) -> None:
         """Writes MiniMalloc's solution CSV: ``id,lower,upper,size,offset``."""
@@ -293,10 +360,9 @@ class Plan:
 
     def plot(self, path: str | os.PathLike[str], *, title: str | None = None) -> None:
         """The placement as a PNG: one rectangle per buffer (x = lifetime, y = offset .. offset +
-        size), with the lower bound and the capacity as lines (needs matplotlib)."""
-        import matplotlib
-
-        matplotlib.use("Agg")
+        size), with the lower bound and the capacity as lines (needs matplotlib: without it,
+        :class:`npumem.MissingDependencyError`, an ImportError, says how to install it)."""
+        require("matplotlib", "drawing a plan (Plan.plot)").use("Agg")
         import matplotlib.pyplot as plt
         from matplotlib.collections import PatchCollection
         from matplotlib.patches import Rectangle
@@ -331,10 +397,13 @@ def solve(
     strategy: str = DEFAULT_STRATEGY,
     *,
     capacity: int | None = None,
-    time_limit: float = DEFAULT_TIME_LIMIT,
+    time_limit: float | None = DEFAULT_TIME_LIMIT,
+    work_limit: int | None = None,
 ) -> Plan:
-    """``problem.solve(strategy, capacity=capacity, time_limit=time_limit)``."""
-    return problem.solve(strategy, capacity=capacity, time_limit=time_limit)
+    """``problem.solve(strategy, capacity=capacity, time_limit=time_limit, work_limit=work_limit)``."""
+    if not isinstance(problem, Problem):
+        raise _args.type_error("problem", problem, "a npumem.plan.Problem")
+    return problem.solve(strategy, capacity=capacity, time_limit=time_limit, work_limit=work_limit)
 
 
 __all__ = ["DEFAULT_STRATEGY", "DEFAULT_TIME_LIMIT", "STRATEGIES", "Plan", "Problem", "solve"]

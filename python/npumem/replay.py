@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _args
 from .device import Device
 from .enums import Policy
 from .errors import invalid_param
@@ -25,28 +26,49 @@ _FREE_ACTIONS = {"free", "free_requested", "free_completed"}
 _IGNORED_ACTIONS = {"segment_alloc", "segment_free", "segment_map", "segment_unmap", "snapshot", "oom"}
 
 
+def event_fields(ev: Any, n: int) -> tuple[Any, Any, Any]:
+    """``(action, id, size)`` of event number ``n`` (a tuple or a mapping, as the module doc
+    says); the id must be hashable. The size is checked by the caller, for allocations."""
+    if isinstance(ev, Mapping):
+        action, key, size = ev.get("action"), ev.get("id", ev.get("addr")), ev.get("size", 0)
+    elif isinstance(ev, Sequence) and not isinstance(ev, (str, bytes)) and len(ev) in (2, 3):
+        action, key = ev[0], ev[1]
+        size = ev[2] if len(ev) == 3 else 0
+    else:
+        raise invalid_param(f"event {n} is {_args.show(ev)}; use ('alloc', id, size) or ('free', id)")
+    if not isinstance(action, str):
+        raise invalid_param(f"event {n}: action {_args.show(action)} is not a string; use 'alloc' or 'free'")
+    try:
+        hash(key)
+    except TypeError:
+        raise invalid_param(f"event {n}: id {_args.show(key)} is not hashable; use an int, str or tuple") from None
+    return action, key, size
+
+
+def _events(events: Any) -> list[Any]:
+    if isinstance(events, (str, bytes, Mapping)) or not isinstance(events, Iterable):
+        raise _args.type_error("events", events, "a list of ('alloc', id, size) / ('free', id) events")
+    return list(events)
+
+
 def normalize(events: Iterable[Event]) -> list[tuple[bool, Any, int]]:
-    """Events as (is_alloc, id, size) triples; raises InvalidParamError on malformed input.
+    """Events as (is_alloc, id, size) triples; raises InvalidParamError on malformed input
+    (naming the event), TypeError when ``events`` is not a list of events.
 
     In a PyTorch device trace, which records both ``free_requested`` and ``free_completed``, the
     completed free is the one that returns memory; alone, either counts as the free."""
-    events = list(events)
+    events = _events(events)
     completed_marks = any(isinstance(e, Mapping) and e.get("action") == "free_completed" for e in events)
     out: list[tuple[bool, Any, int]] = []
     sizes: dict[Any, int] = {}
     for n, ev in enumerate(events):
-        if isinstance(ev, Mapping):
-            action = ev.get("action")
-            key = ev.get("id", ev.get("addr"))
-            size = ev.get("size", 0)
-        elif isinstance(ev, Sequence) and len(ev) in (2, 3):
-            action, key = ev[0], ev[1]
-            size = ev[2] if len(ev) == 3 else 0
-        else:
-            raise invalid_param(f"event {n} is {ev!r}; use ('alloc', id, size) or ('free', id)")
+        action, key, size = event_fields(ev, n)
         if action == "alloc":
-            if not isinstance(size, int) or size <= 0:
-                raise invalid_param(f"event {n}: alloc of {size!r} bytes; sizes must be positive ints")
+            if not _args.is_int(size) or not 0 < size <= _args.U64_MAX:
+                raise invalid_param(
+                    f"event {n}: alloc of {_args.show(size)} bytes; sizes must be ints from 1 to 2**64-1"
+                )
+            size = int(size)
             if key in sizes:
                 raise invalid_param(f"event {n}: id {key!r} allocated twice without a free")
             sizes[key] = size
@@ -60,7 +82,7 @@ def normalize(events: Iterable[Event]) -> list[tuple[bool, Any, int]]:
         elif action in _IGNORED_ACTIONS:
             continue
         else:
-            raise invalid_param(f"event {n}: unknown action {action!r}; use 'alloc' or 'free'")
+            raise invalid_param(f"event {n}: unknown action {_args.show(action)}; use 'alloc' or 'free'")
     return out
 
 
@@ -102,10 +124,29 @@ class ReplayResult:
         return asdict(self)
 
 
+#: The keyword arguments of :class:`Device`.
+_DEVICE_ARGS = frozenset(
+    {"capacity", "normal_page", "giant_frames", "backend", "allocator", "alloc_conf", "preset", "sanitizer"}
+)
+
+
+def _config(config: Mapping[str, Any] | None, name: str) -> dict[str, Any]:
+    """Keyword arguments of :class:`Device`, checked for names it does not take."""
+    if config is None:
+        return {}
+    cfg = dict(_args.mapping(config, name))
+    unknown = sorted(k for k in cfg if k not in _DEVICE_ARGS)
+    if unknown:
+        raise invalid_param(f"{name} has unknown Device arguments {unknown}; use {', '.join(sorted(_DEVICE_ARGS))}")
+    return cfg
+
+
 def _device(device_or_config: Device | Mapping[str, Any] | None) -> Device:
     if isinstance(device_or_config, Device):
         return device_or_config
-    return Device(**dict(device_or_config or {}))
+    if device_or_config is not None and not isinstance(device_or_config, Mapping):
+        raise _args.type_error("device_or_config", device_or_config, "a Device, a dict of Device arguments or None")
+    return Device(**_config(device_or_config, "device_or_config"))
 
 
 def replay(
@@ -119,9 +160,13 @@ def replay(
 
     An allocation that fails with out-of-memory is counted and skipped (its free is skipped too),
     unless ``stop_on_oom``. Live allocations are freed at the end, so a passed device is left as
-    it was found, apart from its cache and statistics.
+    it was found, apart from its cache and statistics. Arguments are checked before the device
+    is touched.
     """
-    return _replay(normalize(events), _device(device_or_config), policy, stop_on_oom)
+    evs = normalize(events)
+    policy = _args.member(policy, "policy", Policy)
+    stop_on_oom = _args.flag(stop_on_oom, "stop_on_oom")
+    return _replay(evs, _device(device_or_config), policy, stop_on_oom)
 
 
 def _replay(evs: list[tuple[bool, Any, int]], dev: Device, policy: int, stop_on_oom: bool) -> ReplayResult:
@@ -160,6 +205,10 @@ def _replay(evs: list[tuple[bool, Any, int]], dev: Device, policy: int, stop_on_
     )
 
 
+#: The largest device min_capacity tries: the simulator's limit (1 TiB).
+_MAX_CAPACITY = 1 << 40
+
+
 def min_capacity(
     events: Iterable[Event],
     config: Mapping[str, Any] | None = None,
@@ -172,9 +221,16 @@ def min_capacity(
     alloc_conf, normal_page, ...). Binary search between the trace's peak live bytes and 8x that
     (plus 64 granules): it assumes that a trace that fits on a device also fits on a larger one."""
     evs = normalize(events)
-    cfg = {k: v for k, v in dict(config or {}).items() if k != "capacity"}
+    cfg = {k: v for k, v in _config(config, "config").items() if k != "capacity"}
+    granularity = _args.size(granularity, "granularity", 1, 1 << 40)
+    policy = _args.member(policy, "policy", Policy)
     lo = max(1, _peak(evs) // granularity)
-    hi = 8 * lo + 64
+    hi = min(8 * lo + 64, _MAX_CAPACITY // granularity)
+    if lo > hi:
+        raise invalid_param(
+            f"the trace holds {_peak(evs):,} bytes live at once: more than the simulator's largest "
+            f"device ({_args.bound(_MAX_CAPACITY)} bytes)"
+        )
 
     def fits(units: int) -> bool:
         return _replay(evs, Device(units * granularity, **cfg), policy, True).completed

@@ -21,10 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from . import _native
+from . import _args, _files, _native
+from ._optional import require
 from .device import Device
 from .enums import Policy
-from .errors import OutOfMemoryError
+from .errors import OutOfMemoryError, invalid_param
 from .patterns import conv_nc1hwc0, gather, gemm, gemm_fractal, pointer_chase, sequential, strided, uniform
 
 
@@ -98,6 +99,14 @@ class Tlb:
     """A TLB hierarchy over a device's page table."""
 
     def __init__(self, preset: str, device: Device, **overrides: Any) -> None:
+        preset = _args.text(preset, "preset")
+        if not isinstance(device, _native.Device):
+            raise _args.type_error("device", device, "an npumem.Device")
+        for key, value in overrides.items():
+            if _args.is_int(value):
+                _args.integer(value, key)  # counts and cycles are ints from 0 to 2**64-1
+            elif isinstance(value, (bool, np.bool_)):
+                raise _args.type_error(key, value, "an int or a str")
         self._tlb = _native.Tlb(preset, device, overrides or None)
         self.device = device
 
@@ -116,8 +125,11 @@ class Tlb:
         return self._tlb.config()
 
     def run(self, addresses: Any) -> TlbStats:
-        """Feeds the addresses (any integer array-like) through the TLB; counters accumulate."""
-        arr = np.ascontiguousarray(addresses, dtype=np.uint64).reshape(-1)
+        """Feeds the addresses (any array-like of non-negative ints below 2**64, any shape)
+        through the TLB; counters accumulate."""
+        if isinstance(addresses, np.ndarray):
+            addresses = addresses.reshape(-1)
+        arr = _args.uint64_array(addresses, "addresses")
         return TlbStats._from(self._tlb.run(arr))
 
     def stats(self) -> TlbStats:
@@ -133,8 +145,11 @@ class Tlb:
 
     def nominal_reach(self, page_size: int) -> list[int]:
         """Bytes each level maps when every entry holds a page of ``page_size``."""
-        return self._tlb.nominal_reach(page_size)
+        return self._tlb.nominal_reach(_args.size(page_size, "page_size", 1, 1 << 40))
 
+
+#: The largest footprint :func:`sweep` maps (the simulated device keeps page tables for it).
+MAX_FOOTPRINT = 64 << 30
 
 #: Page size label -> the malloc policy that maps a footprint with pages of that size.
 PAGE_POLICIES: dict[str, Policy] = {
@@ -187,12 +202,18 @@ def sweep(
     """Runs every combination and returns one row (a dict) per run: the TLB counters per level
     (misses, MPKA), walks, walk-cache hit rate, translation cycles per access, nominal and
     effective reach, the page-table entries and internal waste of the mapping, and the simulated
-    accesses per second of the run."""
-    unknown = [p for p in pages if p not in PAGE_POLICIES] + [p for p in patterns if p not in PATTERNS]
-    if unknown:
-        raise ValueError(
-            f"unknown page sizes or patterns {unknown}; pages: {list(PAGE_POLICIES)}, patterns: {list(PATTERNS)}"
-        )
+    accesses per second of the run. Every argument is checked before the first run (footprints
+    from 4 KiB to 64 GiB, 1 to 2**28 accesses)."""
+    presets = _args.choices(presets, "presets", Tlb.presets())
+    pages = _args.choices(pages, "pages", PAGE_POLICIES)
+    patterns = _args.choices(patterns, "patterns", PATTERNS)
+    if isinstance(footprints, (str, bytes)) or not isinstance(footprints, Iterable):
+        raise _args.type_error("footprints", footprints, "a list of sizes")
+    footprints = [_args.size(f, f"footprints[{i}]", 4096, MAX_FOOTPRINT) for i, f in enumerate(footprints)]
+    if not footprints:
+        raise invalid_param("footprints is empty; give at least one size")
+    accesses = _args.integer(accesses, "accesses", 1, _args.MAX_ELEMENTS)
+    seed = _args.integer(seed, "seed", 0, _args.U64_MAX)
     rows = []
     biggest = max(footprints)
     for page in pages:
@@ -248,6 +269,12 @@ def huge_frame_rates(
     cumulative failure and fallback rates."""
     import random
 
+    capacity = _args.size(capacity, "capacity", 64 << 20, 64 << 30)
+    steps = _args.integer(steps, "steps", 1, 1 << 24)
+    huge_every = _args.integer(huge_every, "huge_every", 1, 1 << 24)
+    target_used = _args.real(target_used, "target_used", 0.0, 1.0)
+    seed = _args.integer(seed, "seed", -(2**63), _args.U64_MAX)
+
     rng = random.Random(seed)
     dev = Device(capacity, allocator="direct")
     live: list[int] = []
@@ -289,7 +316,13 @@ def huge_frame_rates(
 
 def write_csv(rows: Iterable[dict[str, Any]], path: str) -> None:
     """Writes sweep rows as a tidy CSV (one column per key, in first-seen order)."""
+    path = _files.path_arg(path)
+    if isinstance(rows, (str, bytes, dict)) or not isinstance(rows, Iterable):
+        raise _args.type_error("rows", rows, "a list of dicts (sweep rows)")
     rows = list(rows)
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict):
+            raise _args.type_error(f"rows[{i}]", r, "a dict")
     keys: list[str] = []
     for r in rows:
         keys.extend(k for k in r if k not in keys)
@@ -307,10 +340,10 @@ def _panels(
     ylabel: str,
 ) -> None:
     """One panel per (preset, pattern), one series per page size drawn by ``draw(ax, rows,
-    label)``, log x and symlog y axes; saved as a PNG (needs matplotlib)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
+    label)``, log x and symlog y axes; saved as a PNG (needs matplotlib; without it,
+    :class:`npumem.MissingDependencyError` says how to install it)."""
+    path = _files.path_arg(path)
+    require("matplotlib", "drawing the TLB plots").use("Agg")
     import matplotlib.pyplot as plt
 
     rows = list(rows)

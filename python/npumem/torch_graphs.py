@@ -27,6 +27,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import _args
+from ._optional import require
+from .errors import invalid_param
 from .graph import Graph
 
 # ATen / Python view ops: their result shares the first argument's memory.
@@ -192,9 +195,18 @@ def _walk(
     return g
 
 
+def _alignment(alignment: Any) -> int:
+    alignment = _args.integer(alignment, "alignment", 1, 1 << 40)
+    if alignment & (alignment - 1):
+        raise invalid_param(f"alignment {alignment} must be a power of two (e.g. 512)")
+    return alignment
+
+
 def from_fx(model: Any, *example_inputs: Any, fuse: bool = False, alignment: int = 512) -> Graph:
     """An inference graph by ``torch.fx.symbolic_trace`` and ``ShapeProp`` (module level)."""
-    import torch
+    alignment = _alignment(alignment)
+    fuse = _args.flag(fuse, "fuse")
+    torch = require("torch", "npumem.torch_graphs.from_fx")
     from torch.fx.passes.shape_prop import ShapeProp
 
     gm = torch.fx.symbolic_trace(model.eval())
@@ -205,7 +217,12 @@ def from_fx(model: Any, *example_inputs: Any, fuse: bool = False, alignment: int
 
 def from_export(model: Any, args: tuple = (), kwargs: dict | None = None, *, alignment: int = 512) -> Graph:
     """An ATen-level inference graph by ``torch.export.export(strict=False)``."""
-    import torch
+    alignment = _alignment(alignment)
+    if not isinstance(args, (tuple, list)):
+        raise _args.type_error("args", args, "a tuple of example inputs")
+    if kwargs is not None:
+        _args.mapping(kwargs, "kwargs")
+    torch = require("torch", "npumem.torch_graphs.from_export")
 
     with torch.no_grad():
         ep = torch.export.export(model.eval(), tuple(args), kwargs or {}, strict=False)
@@ -219,7 +236,10 @@ def from_training(model: Any, *example_inputs: Any, loss: Any = None, alignment:
     """The joint forward + backward graph of one training step, traced with fake tensors.
     ``loss(output)`` makes the scalar (default: ``output.float().square().mean()``); every
     parameter's gradient is a graph output."""
-    import torch
+    alignment = _alignment(alignment)
+    if loss is not None and not callable(loss):
+        raise _args.type_error("loss", loss, "a function of the model's output, or None")
+    torch = require("torch", "npumem.torch_graphs.from_training")
     from torch.func import functional_call
     from torch.fx.experimental.proxy_tensor import make_fx
 

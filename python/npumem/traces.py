@@ -13,6 +13,13 @@ from __future__ import annotations
 
 import random
 from itertools import count
+from typing import Any
+
+from . import _args, _files
+from .errors import invalid_param
+
+#: Most ``steps x layers`` a generated trace may have (about 25 events each).
+_MAX_WORK = 1 << 20
 
 
 def transformer_training(
@@ -31,7 +38,22 @@ def transformer_training(
 
     Batch and sequence length grow linearly from the first to the second value of each pair,
     with a little jitter (``seed``) in the sequence length, as with bucketed variable-length data.
+    Every argument is a positive int (sizes stay below 2**64 bytes).
     """
+    layers = _args.integer(layers, "layers", 1, 1 << 16)
+    hidden = _args.integer(hidden, "hidden", 1, 1 << 20)
+    heads = _args.integer(heads, "heads", 1, 1 << 16)
+    vocab = _args.integer(vocab, "vocab", 1, 1 << 24)
+    steps = _args.integer(steps, "steps", 1, 1 << 16)
+    batch = _pair_arg(batch, "batch")
+    seq = _pair_arg(seq, "seq")
+    dtype_bytes = _args.integer(dtype_bytes, "dtype_bytes", 1, 16)
+    seed = _args.integer(seed, "seed", -(2**63), 2**64 - 1)
+    if steps * layers > _MAX_WORK:
+        raise invalid_param(f"steps x layers = {steps * layers:,} would make too many events; at most {_MAX_WORK:,}")
+    biggest = max(batch) * (max(seq) + 64) * max(vocab * 4, heads * (max(seq) + 64), 4 * hidden) * dtype_bytes
+    if biggest > _args.U64_MAX or vocab * hidden * dtype_bytes * 4 > _args.U64_MAX:
+        raise invalid_param("batch, seq, hidden, heads and vocab make a tensor of 2**64 bytes or more")
     rng = random.Random(seed)
     ids = count()
     events: list[tuple[str, int, int]] = []
@@ -102,13 +124,34 @@ def transformer_training(
     return events
 
 
+def _pair_arg(value: Any, name: str) -> tuple[int, int]:
+    """A (first, last) pair of positive ints."""
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise _args.type_error(name, value, "a (first, last) pair of ints")
+    return (
+        _args.integer(value[0], f"{name}[0]", 1, 1 << 24),
+        _args.integer(value[1], f"{name}[1]", 1, 1 << 24),
+    )
+
+
 def load(path: str) -> list[tuple[str, int, int]]:
     """Events from a compact trace file (``.json`` or ``.json.gz``) holding
-    ``{"events": [[action, id, size], ...]}``, as ``benches/record_torch_traces.py`` writes."""
-    import gzip
-    import json
-
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt") as f:
-        data = json.load(f)
-    return [(a, k, s) for a, k, s in data["events"]]
+    ``{"events": [[action, id, size], ...]}``, as ``benches/record_torch_traces.py`` writes (the
+    bundled ``benches/traces/*.json.gz``). Anything else raises InvalidParamError naming the file
+    and the event."""
+    name = _files.path_arg(path)
+    data = _files.read_json(name, 'a compact trace ({"events": [[action, id, size], ...]})')
+    if not isinstance(data, dict) or not isinstance(data.get("events"), list):
+        hint = (
+            " (a torch.profiler trace: read it with npumem.importers.profiler_trace)"
+            if (isinstance(data, dict) and "traceEvents" in data)
+            else ""
+        )
+        raise invalid_param(f'{name}: expected {{"events": [[action, id, size], ...]}}{hint}')
+    out = []
+    for n, ev in enumerate(data["events"]):
+        if not isinstance(ev, list) or len(ev) != 3 or not isinstance(ev[0], str):
+            raise invalid_param(f"{name}: events[{n}] is {_args.show(ev)}, not [action, id, size]")
+        action, key, size = ev
+        out.append((action, tuple(key) if isinstance(key, list) else key, size))
+    return out

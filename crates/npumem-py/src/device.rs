@@ -92,15 +92,23 @@ impl PyDevice {
         size: &Bound<'_, PyAny>,
         policy: Option<&Bound<'_, PyAny>>,
         stream: Option<&Bound<'_, PyAny>>,
-        tag: Option<&str>,
+        tag: Option<&Bound<'_, PyAny>>,
         padded: bool,
     ) -> PyResult<u64> {
+        let tag = tag
+            .map(|t| {
+                t.cast::<pyo3::types::PyString>().map(|t| t.to_string()).map_err(|_| {
+                    let got = t.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+                    pyo3::exceptions::PyTypeError::new_err(format!("tag must be a str, got {got}"))
+                })
+            })
+            .transpose()?;
         let size = size_arg(size, "size")?;
         let policy = policy.map(|p| enum_arg(p, "policy")).transpose()?.unwrap_or(0);
         let stream = opt_stream(stream)?.unwrap_or(0);
         self.run(py, |d| {
             let ptr = d.malloc_on(size, Policy::from_raw(policy)?, padded, stream)?;
-            if let Some(tag) = tag {
+            if let Some(tag) = &tag {
                 d.set_tag(ptr, tag)?;
             }
             Ok(ptr)
@@ -214,7 +222,7 @@ impl PyDevice {
         size: &Bound<'_, PyAny>,
         policy: Option<&Bound<'_, PyAny>>,
         stream: Option<&Bound<'_, PyAny>>,
-        tag: Option<&str>,
+        tag: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<u64> {
         self.malloc_impl(py, size, policy, stream, tag, true)
     }
@@ -227,7 +235,7 @@ impl PyDevice {
         size: &Bound<'_, PyAny>,
         policy: Option<&Bound<'_, PyAny>>,
         stream: Option<&Bound<'_, PyAny>>,
-        tag: Option<&str>,
+        tag: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<u64> {
         self.malloc_impl(py, size, policy, stream, tag, false)
     }
@@ -573,7 +581,22 @@ impl PyDevice {
         } else {
             None
         };
-        let flag = value.is_truthy()?;
+        // A reuse rule is a bool (0 and 1 are accepted as such); anything else is refused
+        // rather than judged by its truthiness.
+        let flag = match value.extract::<bool>() {
+            Ok(flag) => flag,
+            Err(_) => match value.extract::<u8>() {
+                Ok(v @ (0 | 1)) => v == 1,
+                _ if threshold.is_some() => false,
+                _ => {
+                    let got = value.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+                    return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                        "value of {} must be a bool, got {got} {value}",
+                        attr.name()
+                    )));
+                }
+            },
+        };
         self.run(py, |d| {
             let mut p = d.reuse_policy();
             match attr {

@@ -17,8 +17,11 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyCapsule, PyDict};
 
-use crate::convert::size_arg;
+use crate::convert::{size_arg, uint_arg};
 use crate::errors::{guard, to_py};
+
+/// The most alloc+free pairs one `churn` call runs.
+const MAX_CHURN: u64 = 1 << 32;
 
 #[pyclass(name = "HostPool", module = "npumem._native", frozen, subclass)]
 pub struct PyHostPool {
@@ -138,9 +141,9 @@ impl PyHostPool {
         self.array(py, shape, dtype.unwrap_or(f64_dtype.as_any()), order, true)
     }
 
-    /// A numpy array of `shape` (an int or a sequence) and `dtype` (anything `np.dtype` takes)
-    /// in `order` "C" or "F", viewing a pool block (zero-filled when `zero`); the block returns
-    /// to the pool when the array and its views are gone.
+    /// A numpy array of `shape` (an int or a sequence) and `dtype` (anything `np.dtype` takes;
+    /// None is float64, as for NumPy) in `order` "C" or "F", viewing a pool block (zero-filled
+    /// when `zero`); the block returns to the pool when the array and its views are gone.
     #[pyo3(signature = (shape, dtype, order = "C", zero = false))]
     fn array<'py>(
         &self,
@@ -161,9 +164,11 @@ impl PyHostPool {
                 to_py(py, AclError::invalid_param(format!("shape {shape} must be an int or a sequence of ints")))
             })?,
         };
-        // NumPy's own converter (what `np.dtype(obj)` runs), without a Python-level call.
+        // NumPy's own converter (what `np.dtype(obj)` runs), without a Python-level call. Its C
+        // form leaves None unconverted (NumPy's Python API reads it as float64).
         let dtype = match dtype.cast::<PyArrayDescr>() {
             Ok(d) => d.clone(),
+            Err(_) if dtype.is_none() => numpy::dtype::<f64>(py),
             Err(_) => PyArrayDescr::new(py, dtype)
                 .map_err(|e| to_py(py, AclError::invalid_param(format!("dtype {dtype} is not a NumPy dtype ({e})"))))?,
         };
@@ -213,8 +218,14 @@ impl PyHostPool {
         }
     }
 
-    /// Allocates and frees one block of `nbytes` `n` times (the pool's own cost, for benchmarks).
-    fn churn(&self, py: Python<'_>, nbytes: u64, n: u64) -> PyResult<()> {
+    /// Allocates and frees one block of `nbytes` `n` times (the pool's own cost, for benchmarks);
+    /// `n` is at most 2**32 (about a minute: the loop runs without the GIL and cannot be
+    /// interrupted).
+    fn churn(&self, py: Python<'_>, nbytes: &Bound<'_, PyAny>, n: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (nbytes, n) = (size_arg(nbytes, "nbytes")?, uint_arg(n, "n")?);
+        if n > MAX_CHURN {
+            return Err(to_py(py, AclError::invalid_param(format!("n must be an int from 0 to 2**32, got {n}"))));
+        }
         py.detach(|| {
             for _ in 0..n {
                 let p = self.pool.alloc(nbytes)?;
@@ -240,9 +251,10 @@ impl PyHostPool {
     }
 
     /// Gives the pages of free blocks of at least `min_block` bytes back to the system.
-    #[pyo3(signature = (min_block = 1 << 20))]
-    fn trim(&self, py: Python<'_>, min_block: u64) -> u64 {
-        py.detach(|| self.pool.trim(min_block))
+    #[pyo3(signature = (min_block = None))]
+    fn trim(&self, py: Python<'_>, min_block: Option<&Bound<'_, PyAny>>) -> PyResult<u64> {
+        let min_block = min_block.map_or(Ok(1 << 20), |m| size_arg(m, "min_block"))?;
+        Ok(py.detach(|| self.pool.trim(min_block)))
     }
 
     /// Moves this thread's cached free blocks to the shared lists.

@@ -30,11 +30,24 @@ fn problem(
     Problem::new(buffers, alignment)
 }
 
-/// Plans offsets with `strategy` (npumem: then the exact search for up to `time_limit` seconds,
-/// stopping at `capacity` when given); returns a dict with offsets (uint64 array), peak,
-/// lower_bound (max live), bound (proven), optimal, exact, strategy, order and solve_seconds.
+/// The exact search's limits: `time_limit` seconds (finite and >= 0; infinite only beside a
+/// `work_limit`, so that a search always ends) and `work_limit` nodes per portfolio thread.
+fn check_limits(time_limit: f64, work_limit: Option<u64>) -> Result<(), AclError> {
+    if time_limit.is_nan() || time_limit < 0.0 || (time_limit.is_infinite() && work_limit.is_none()) {
+        return Err(AclError::invalid_param(format!(
+            "time_limit {time_limit} must be a finite number of seconds >= 0 (0 disables the exact search); \
+             it may be unlimited only with a work_limit"
+        )));
+    }
+    Ok(())
+}
+
+/// Plans offsets with `strategy` (npumem: then the exact search for up to `time_limit` seconds
+/// and `work_limit` nodes, stopping at `capacity` when given); returns a dict with offsets
+/// (uint64 array), peak, lower_bound (max live), bound (proven), optimal, exact, nodes,
+/// strategy, order and solve_seconds.
 #[pyfunction]
-#[pyo3(signature = (lower, upper, size, strategy, alignment, capacity=None, time_limit=0.0))]
+#[pyo3(signature = (lower, upper, size, strategy, alignment, capacity=None, time_limit=0.0, work_limit=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn plan_offsets<'py>(
     py: Python<'py>,
@@ -45,15 +58,12 @@ pub fn plan_offsets<'py>(
     alignment: u64,
     capacity: Option<u64>,
     time_limit: f64,
+    work_limit: Option<u64>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let strategy = Strategy::parse(strategy).map_err(|e| to_py(py, e))?;
-    if !(time_limit.is_finite() && time_limit >= 0.0) {
-        let msg =
-            format!("time_limit {time_limit} must be a finite number of seconds >= 0 (0 disables the exact search)");
-        return Err(to_py(py, AclError::invalid_param(msg)));
-    }
+    check_limits(time_limit, work_limit).map_err(|e| to_py(py, e))?;
     let problem = problem(&lower, &upper, &size, alignment).map_err(|e| to_py(py, e))?;
-    let options = PlanOptions { capacity, time_limit };
+    let options = PlanOptions { capacity, time_limit, work_limit };
     let plan = py.detach(|| catch_panics(|| Ok(problem.plan_with(strategy, options)))).map_err(|e| to_py(py, e))?;
     let d = PyDict::new(py);
     d.set_item("peak", plan.peak)?;
@@ -61,6 +71,7 @@ pub fn plan_offsets<'py>(
     d.set_item("bound", plan.bound)?;
     d.set_item("optimal", plan.optimal)?;
     d.set_item("exact", plan.exact.name())?;
+    d.set_item("nodes", plan.nodes)?;
     d.set_item("strategy", plan.strategy.name())?;
     d.set_item("order", plan.order)?;
     d.set_item("solve_seconds", plan.solve_seconds)?;
@@ -138,7 +149,7 @@ fn csr(ptr: &[u64], idx: &[u64], ops: usize, what: &str) -> Result<Vec<Vec<usize
 /// and output lists and workspace bytes). Returns the liveness, the moves under `mem_limit`, and
 /// the arena's plan as a dict.
 #[pyfunction]
-#[pyo3(signature = (sizes, roles, alias_of, in_ptr, in_idx, out_ptr, out_idx, workspace, alignment, strategy, time_limit, mem_limit, offload_weights, offload_activations, recompute, per_transfer=0))]
+#[pyo3(signature = (sizes, roles, alias_of, in_ptr, in_idx, out_ptr, out_idx, workspace, alignment, strategy, time_limit, mem_limit, offload_weights, offload_activations, recompute, per_transfer=0, work_limit=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn plan_graph<'py>(
     py: Python<'py>,
@@ -158,6 +169,7 @@ pub fn plan_graph<'py>(
     offload_activations: bool,
     recompute: bool,
     per_transfer: u64,
+    work_limit: Option<u64>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let built = (|| -> Result<(Graph, GraphOptions), AclError> {
         let sizes = slice(&sizes, "sizes")?;
@@ -179,16 +191,13 @@ pub fn plan_graph<'py>(
             .zip(workspace)
             .map(|((inputs, outputs), &workspace)| Op { inputs, outputs, workspace })
             .collect();
-        if !(time_limit.is_finite() && time_limit >= 0.0) {
-            return Err(AclError::invalid_param(format!(
-                "time_limit {time_limit} must be a finite number of seconds >= 0"
-            )));
-        }
+        check_limits(time_limit, work_limit)?;
         if alignment == 0 || !alignment.is_power_of_two() {
             return Err(AclError::invalid_param(format!("alignment {alignment} is not a power of two")));
         }
         let allow = MoveOptions { weights: offload_weights, activations: offload_activations, recompute, per_transfer };
-        let options = GraphOptions { alignment, strategy: Strategy::parse(strategy)?, time_limit, mem_limit, allow };
+        let strategy = Strategy::parse(strategy)?;
+        let options = GraphOptions { alignment, strategy, time_limit, work_limit, mem_limit, allow };
         Ok((Graph::new(tensors, ops)?, options))
     })();
     let (graph, options) = built.map_err(|e| to_py(py, e))?;
@@ -214,6 +223,7 @@ pub fn plan_graph<'py>(
     d.set_item("bound", gp.plan.bound)?;
     d.set_item("optimal", gp.plan.optimal)?;
     d.set_item("exact", gp.plan.exact.name())?;
+    d.set_item("nodes", gp.plan.nodes)?;
     d.set_item("order", gp.plan.order)?;
     d.set_item("strategy", gp.plan.strategy.name())?;
     d.set_item("solve_seconds", gp.plan.solve_seconds)?;

@@ -25,22 +25,26 @@ impl Device {
     /// and returns the error (naming the failing index).
     pub fn malloc_many(&mut self, sizes: &[u64], policy: Policy, stream: StreamId) -> Result<Vec<u64>> {
         self.sched.tail_ns(stream)?;
+        // Every size is checked before anything is allocated: a bad one changes nothing.
+        if let Some((i, e)) =
+            sizes.iter().enumerate().find_map(|(i, &s)| booked_size(s, policy, true).err().map(|e| (i, e)))
+        {
+            return Err(AclError::new(e.code, format!("malloc_many: size #{i} ({}): {}", sizes[i], e.message)));
+        }
         self.settle();
-        // Sizes up to the first invalid one (which the one-by-one path below reports).
-        let valid = sizes.iter().position(|&size| booked_size(size, policy, true).is_err()).unwrap_or(sizes.len());
         let mut ptrs = Vec::with_capacity(sizes.len());
-        let mut grants = Vec::with_capacity(valid);
+        let mut grants = Vec::with_capacity(sizes.len());
         let mut failed = None;
         let mut i = 0;
         while i < sizes.len() {
             // While no free is pending (stream-ordered reuse comes first), the allocator serves
             // what its front cache can in one call; the request it stops at goes through the
             // full rules (search, release-and-retry on out-of-memory).
-            if self.pending_frees.is_empty() && i < valid {
-                let served = self.allocator.malloc_cached(&sizes[i..valid], policy, &mut grants);
+            if self.pending_frees.is_empty() {
+                let served = self.allocator.malloc_cached(&sizes[i..], policy, &mut grants);
                 let mut tally = Tally::default();
                 for (grant, &size) in grants.drain(..).zip(&sizes[i..i + served]) {
-                    // Valid by `valid`: the booking cannot fail here (and an error would strand
+                    // Checked above: the booking cannot fail here (and an error would strand
                     // the blocks already recorded).
                     let booked = booked_size(size, policy, true).unwrap_or(size);
                     let a = self.allocation_of(grant, size, booked, policy, stream);

@@ -12,16 +12,20 @@
 //!   (that would leave a gap the lower one must fill later anyway);
 //! - **dynamic decomposition**: once no unplaced buffer spans the boundary between two sections,
 //!   the two sides are solved independently;
-//! - a **portfolio of preorders** (by lifetime length, area and section total), one thread each;
-//!   the first to finish wins and stops the others.
+//! - a **portfolio of preorders** (by lifetime length, area and section total), one thread each.
+//!   The answer is that of the thread that needed the fewest search nodes (ties: the first
+//!   preorder), so it does not depend on how fast the threads ran: a thread stops as soon as it
+//!   has visited more nodes than an answer already found needed.
 //!
 //! Invariants: sizes, offsets and the capacity are in units of the problem's alignment (every
 //! size rounded up), so aligned offsets come for free. [`Fit::Found`] offsets are a valid
 //! placement within the capacity; [`Fit::Infeasible`] is returned only after a whole canonical
 //! search tree was exhausted, which proves that no placement fits. The search is bounded by a
-//! deadline and a shared stop flag, checked every 16 nodes.
+//! deadline (checked every 16 nodes) and by a work limit in nodes per thread (checked at every
+//! node); within a work limit and without a deadline the answer and the node count are the same
+//! on every run.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use super::Problem;
@@ -33,8 +37,25 @@ pub(super) enum Fit {
     Found(Vec<u64>),
     /// Proven: no placement fits.
     Infeasible,
-    /// The deadline came first.
-    Unknown,
+    /// A limit came first.
+    Unknown(Cut),
+}
+
+/// The limit that ended a search without an answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Cut {
+    /// The wall-clock deadline.
+    Deadline,
+    /// The work limit (search nodes per portfolio thread).
+    Work,
+}
+
+/// Why one thread stopped without an answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stop {
+    Cut(Cut),
+    /// Another thread answered with fewer nodes than this one has visited: it cannot win.
+    Lost,
 }
 
 /// Above this many buffers, time-overlapping pairs or section memberships the model is not built:
@@ -135,40 +156,46 @@ impl Model {
         Some(m)
     }
 
-    /// Searches for a placement within `capacity` bytes with one thread per preorder.
-    pub(super) fn fit(&self, capacity: u64, deadline: Instant) -> Fit {
+    /// Searches for a placement within `capacity` bytes with one thread per preorder, each
+    /// visiting at most `work` nodes. Returns the answer and the nodes it took (the answering
+    /// thread's count; `work` when every thread ran out of it).
+    pub(super) fn fit(&self, capacity: u64, deadline: Instant, work: u64) -> (Fit, u64) {
         let cap = capacity / self.alignment;
-        let stop = AtomicBool::new(false);
-        let results: Vec<Fit> = std::thread::scope(|scope| {
+        // The fewest nodes an answer has needed so far.
+        let best = AtomicU64::new(u64::MAX);
+        let results: Vec<(Result<Fit, Stop>, u64)> = std::thread::scope(|scope| {
             let handles: Vec<_> = PREORDERS
                 .iter()
                 .map(|keys| {
-                    let stop = &stop;
+                    let best = &best;
                     std::thread::Builder::new()
                         // Recursion depth is at most the number of buffers.
                         .stack_size(64 << 20)
                         .spawn_scoped(scope, move || {
-                            let fit = Search::new(self, cap, keys, deadline, stop).run();
-                            if fit != Fit::Unknown {
-                                stop.store(true, Ordering::Relaxed);
+                            let (answer, nodes) = Search::new(self, cap, keys, deadline, work, best).run();
+                            if answer.is_ok() {
+                                best.fetch_min(nodes, Ordering::Relaxed);
                             }
-                            fit
+                            (answer, nodes)
                         })
                         .expect("spawning an exact-search thread")
                 })
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
         });
-        // Any thread's answer is a proof; prefer a placement.
-        let mut out = Fit::Unknown;
-        for r in results {
-            match r {
-                Fit::Found(o) => return Fit::Found(o.into_iter().map(|u| u * self.alignment).collect()),
-                Fit::Infeasible => out = Fit::Infeasible,
-                Fit::Unknown => {}
+        // Every answer is a proof (all agree: a problem cannot both fit and not fit); the one
+        // of the thread with the fewest nodes, the first preorder on a tie, is the same on every
+        // run, however the threads were scheduled.
+        let answered = results.iter().filter_map(|(a, n)| a.as_ref().ok().map(|f| (*n, f))).min_by_key(|&(n, _)| n);
+        match answered {
+            Some((n, Fit::Found(o))) => (Fit::Found(o.iter().map(|u| u * self.alignment).collect()), n),
+            Some((n, fit)) => (fit.clone(), n),
+            None => {
+                let deadline_hit = results.iter().any(|(a, _)| *a == Err(Stop::Cut(Cut::Deadline)));
+                let nodes = results.iter().map(|(_, n)| *n).max().unwrap_or(0).min(work);
+                (Fit::Unknown(if deadline_hit { Cut::Deadline } else { Cut::Work }), nodes)
             }
         }
-        out
     }
 }
 
@@ -189,7 +216,7 @@ const PREORDERS: [[Key; 3]; 3] =
 enum Status {
     Found,
     NotFound,
-    Stopped,
+    Stopped(Stop),
 }
 
 /// One search thread's mutable state; every change made while placing a buffer is undone on the
@@ -199,7 +226,10 @@ struct Search<'a> {
     cap: u64,
     keys: &'a [Key; 3],
     deadline: Instant,
-    stop: &'a AtomicBool,
+    /// Nodes this thread may visit.
+    work: u64,
+    /// The fewest nodes any thread's answer needed so far.
+    best: &'a AtomicU64,
     nodes: u64,
     offset: Vec<u64>,
     min_off: Vec<u64>,
@@ -213,7 +243,7 @@ struct Search<'a> {
 }
 
 impl<'a> Search<'a> {
-    fn new(m: &'a Model, cap: u64, keys: &'a [Key; 3], deadline: Instant, stop: &'a AtomicBool) -> Self {
+    fn new(m: &'a Model, cap: u64, keys: &'a [Key; 3], deadline: Instant, work: u64, best: &'a AtomicU64) -> Self {
         let ns = m.sections.len();
         let mut total = vec![0u64; ns];
         let mut cuts = vec![0u32; ns.saturating_sub(1)];
@@ -231,7 +261,8 @@ impl<'a> Search<'a> {
             cap,
             keys,
             deadline,
-            stop,
+            work,
+            best,
             nodes: 0,
             offset: vec![UNSET; n],
             min_off: vec![0; n],
@@ -244,16 +275,17 @@ impl<'a> Search<'a> {
         }
     }
 
-    fn run(mut self) -> Fit {
+    /// The answer (or why there is none) and the nodes visited.
+    fn run(mut self) -> (Result<Fit, Stop>, u64) {
         let m = self.m;
         for (buffers, range) in &m.partitions {
             match self.sub_solve(buffers, *range) {
                 Status::Found => {}
-                Status::NotFound => return Fit::Infeasible,
-                Status::Stopped => return Fit::Unknown,
+                Status::NotFound => return (Ok(Fit::Infeasible), self.nodes),
+                Status::Stopped(why) => return (Err(why), self.nodes),
             }
         }
-        Fit::Found(self.solution)
+        (Ok(Fit::Found(self.solution)), self.nodes)
     }
 
     /// Orders `buffers` by this thread's keys (section totals as they are now) and searches.
@@ -278,8 +310,16 @@ impl<'a> Search<'a> {
     /// `last` is the `(offset, rank)` of the buffer placed last (canonical order).
     fn search(&mut self, pre: &[u32], range: (u32, u32), orig: &[(u64, u32)], last: (u64, u32)) -> Status {
         self.nodes += 1;
-        if self.nodes % 16 == 0 && (self.stop.load(Ordering::Relaxed) || Instant::now() >= self.deadline) {
-            return Status::Stopped;
+        if self.nodes > self.work {
+            return Status::Stopped(Stop::Cut(Cut::Work));
+        }
+        if self.nodes % 16 == 0 {
+            if self.nodes > self.best.load(Ordering::Relaxed) {
+                return Status::Stopped(Stop::Lost);
+            }
+            if Instant::now() >= self.deadline {
+                return Status::Stopped(Stop::Cut(Cut::Deadline));
+            }
         }
         let mut ordering: Vec<(u64, u32)> = orig
             .iter()
@@ -444,7 +484,7 @@ mod tests {
     use std::time::Duration;
 
     fn fit(p: &Problem, capacity: u64) -> Fit {
-        Model::build(p).unwrap().fit(capacity, Instant::now() + Duration::from_secs(20))
+        Model::build(p).unwrap().fit(capacity, Instant::now() + Duration::from_secs(20), u64::MAX).0
     }
 
     /// The smallest peak over every order of first-fit-at-minimum-offset placements: brute force.
@@ -528,7 +568,7 @@ mod tests {
 
     #[test]
     fn the_npumem_strategy_with_a_time_limit_proves_optimality() {
-        let options = PlanOptions { capacity: None, time_limit: 20.0 };
+        let options = PlanOptions { capacity: None, time_limit: 20.0, work_limit: None };
         for (round, p) in random_problems(60).iter().enumerate() {
             let plan = p.plan_with(Strategy::Npumem, options);
             assert_eq!(p.validate(&plan.offsets).unwrap(), plan.peak, "round {round}");
@@ -542,13 +582,86 @@ mod tests {
     fn a_capacity_is_reached_or_proven_infeasible() {
         // Two overlapping 8-byte buffers: 16 bytes fit; below that the bound alone is the proof.
         let p = Problem::new(vec![Buffer::new(0, 2, 8), Buffer::new(1, 3, 8)], 1).unwrap();
-        let at = p.plan_with(Strategy::Npumem, PlanOptions { capacity: Some(16), time_limit: 5.0 });
+        let at = p.plan_with(Strategy::Npumem, PlanOptions { capacity: Some(16), time_limit: 5.0, work_limit: None });
         assert_eq!(at.peak, 16);
         assert_eq!(at.exact, ExactOutcome::NotRun, "the greedy plan already fits");
-        let below = p.plan_with(Strategy::Npumem, PlanOptions { capacity: Some(15), time_limit: 5.0 });
+        let below =
+            p.plan_with(Strategy::Npumem, PlanOptions { capacity: Some(15), time_limit: 5.0, work_limit: None });
         assert_eq!(below.exact, ExactOutcome::Infeasible);
         assert_eq!(below.bound, 16);
         assert!(below.optimal);
+    }
+
+    /// Random problems of 20-40 buffers (16-byte alignment) whose greedy plan is above the
+    /// max-live bound, so that the exact search has work to do.
+    fn greedy_misses(count: usize) -> Vec<Problem> {
+        let mut seed = 0xD5A_u64;
+        let mut next = |n: u64| {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 33) % n
+        };
+        let mut out = Vec::new();
+        while out.len() < count {
+            let n = 20 + next(21) as usize;
+            let buffers = (0..n)
+                .map(|_| {
+                    let lower = next(20);
+                    Buffer::new(lower, lower + 1 + next(8), 16 * (1 + next(16)))
+                })
+                .collect();
+            let p = Problem::new(buffers, 16).unwrap();
+            if p.plan(Strategy::Npumem).peak > p.lower_bound() {
+                out.push(p);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_work_limit_gives_the_same_plan_and_node_count_on_every_run() {
+        for (round, p) in greedy_misses(3).iter().enumerate() {
+            let greedy = p.plan(Strategy::Npumem).peak;
+            let options = PlanOptions { capacity: None, time_limit: f64::INFINITY, work_limit: Some(1 << 20) };
+            let plan = p.plan_with(Strategy::Npumem, options);
+            assert_eq!(plan.exact, ExactOutcome::Optimal, "round {round}");
+            assert!(plan.nodes > 0 && plan.peak < greedy, "round {round}");
+            for _ in 0..4 {
+                let again = p.plan_with(Strategy::Npumem, options);
+                assert_eq!((&again.offsets, again.nodes), (&plan.offsets, plan.nodes), "round {round}");
+            }
+            // Too few nodes to prove anything: the greedy plan stays, and the plan says why.
+            let cut = p.plan_with(Strategy::Npumem, PlanOptions { work_limit: Some(2), ..options });
+            assert_eq!((cut.exact, cut.peak, cut.optimal), (ExactOutcome::WorkLimit, greedy, false), "round {round}");
+            assert!(cut.nodes <= 2);
+            // Also the search's own nodes, thread by thread: the same answer and count each time.
+            let model = Model::build(p).unwrap();
+            let far = Instant::now() + Duration::from_secs(600);
+            let first = model.fit(p.lower_bound(), far, u64::MAX);
+            assert!(matches!(first.0, Fit::Found(_)), "round {round}");
+            for _ in 0..4 {
+                assert_eq!(model.fit(p.lower_bound(), far, u64::MAX), first, "round {round}");
+            }
+            assert_eq!(model.fit(p.lower_bound(), far, 1), (Fit::Unknown(Cut::Work), 1));
+        }
+    }
+
+    #[test]
+    fn a_capacity_out_of_reach_is_reported_with_the_best_plan_found() {
+        for (round, p) in greedy_misses(3).iter().enumerate() {
+            let bound = p.lower_bound();
+            // Below the max-live bound: impossible, and the search still lowers the peak (here
+            // to the bound, which it proves optimal).
+            let options =
+                PlanOptions { capacity: Some(bound - 16), time_limit: f64::INFINITY, work_limit: Some(1 << 20) };
+            let plan = p.plan_with(Strategy::Npumem, options);
+            assert_eq!(plan.exact, ExactOutcome::Infeasible, "round {round}");
+            assert_eq!((plan.peak, plan.bound, plan.optimal), (bound, bound, true), "round {round}");
+            assert_eq!(p.validate(&plan.offsets).unwrap(), bound);
+            // Without a search, the verdict stands on the bound alone.
+            let greedy = p.plan_with(Strategy::Npumem, PlanOptions { time_limit: 0.0, ..options });
+            assert_eq!((greedy.exact, greedy.optimal, greedy.nodes), (ExactOutcome::Infeasible, false, 0));
+            assert!(greedy.peak > bound);
+        }
     }
 
     #[test]

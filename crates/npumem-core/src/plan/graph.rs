@@ -130,8 +130,8 @@ impl Graph {
                 }
                 if matches!(tensors[t].role, Role::Weight | Role::Input) {
                     return bad(format!(
-                        "tensor {t} is a {} but op {k} produces it; mark it activation or output",
-                        tensors[t].role.name()
+                        "tensor {t} is {} but op {k} produces it; mark it activation or output",
+                        if tensors[t].role == Role::Input { "an input" } else { "a weight" }
                     ));
                 }
                 producer[t] = Some(k);
@@ -324,7 +324,7 @@ mod tests {
         let cases: Vec<(Vec<Tensor>, Vec<Op>, &str)> = vec![
             (vec![t(8, Role::Activation)], vec![op(&[0], &[], 0)], "no op produces"),
             (vec![t(8, Role::Input), t(8, Role::Activation)], vec![op(&[1], &[], 0), op(&[0], &[1], 0)], "before op 1"),
-            (vec![t(8, Role::Input)], vec![op(&[], &[0], 0)], "is a input"),
+            (vec![t(8, Role::Input)], vec![op(&[], &[0], 0)], "is an input"),
             (vec![t(8, Role::Activation)], vec![op(&[], &[0], 0), op(&[], &[0], 0)], "again by op 1"),
             (vec![t(8, Role::Activation)], vec![op(&[], &[3], 0)], "there are 1 tensors"),
             (vec![t(0, Role::Input)], vec![], "size 0"),

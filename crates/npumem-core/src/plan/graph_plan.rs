@@ -17,6 +17,8 @@ pub struct GraphOptions {
     pub strategy: Strategy,
     /// Seconds for the exact search (npumem strategy).
     pub time_limit: f64,
+    /// Search nodes for the exact search, per portfolio thread (see [`PlanOptions::work_limit`]).
+    pub work_limit: Option<u64>,
     /// Device bytes for weights + graph I/O + arena; moves are chosen when over it.
     pub mem_limit: Option<u64>,
     pub allow: MoveOptions,
@@ -52,7 +54,10 @@ impl Graph {
             let reduced = reduce(self, &live, align, target, options.allow);
             let problem = Problem::new(reduced.arena.clone(), align)?;
             let capacity = options.mem_limit.map(|m| m.saturating_sub(reduced.resident));
-            let plan = problem.plan_with(options.strategy, PlanOptions { capacity, time_limit: options.time_limit });
+            let plan = problem.plan_with(
+                options.strategy,
+                PlanOptions { capacity, time_limit: options.time_limit, work_limit: options.work_limit },
+            );
             let total = reduced.resident.saturating_add(plan.peak);
             round += 1;
             if total <= limit || round == ROUNDS || target == 0 {
@@ -107,8 +112,14 @@ mod tests {
         }
         let g = Graph::new(tensors, ops).unwrap();
         let none = MoveOptions { weights: false, activations: false, recompute: false, per_transfer: 0 };
-        let opts =
-            GraphOptions { alignment: 512, strategy: Strategy::Npumem, time_limit: 0.0, mem_limit: None, allow: none };
+        let opts = GraphOptions {
+            alignment: 512,
+            strategy: Strategy::Npumem,
+            time_limit: 0.0,
+            work_limit: None,
+            mem_limit: None,
+            allow: none,
+        };
         let free = g.plan(opts).unwrap();
         assert!(free.fits && free.reduced.moves.is_empty());
         assert_eq!(free.plan.peak, free.plan.lower_bound);

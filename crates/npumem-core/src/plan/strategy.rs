@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::exact::{Fit, Model};
+use super::exact::{Cut, Fit, Model};
 use super::{Buffer, Problem};
 use crate::error::{AclError, Result};
 
@@ -132,6 +132,10 @@ pub struct Plan {
     pub optimal: bool,
     /// What the exact search did.
     pub exact: ExactOutcome,
+    /// Search nodes the exact search visited, counted per portfolio thread over all its tries
+    /// (the count of the thread that answered each try): what [`PlanOptions::work_limit`]
+    /// bounds. The same on every run when no time limit cut the search.
+    pub nodes: u64,
 }
 
 /// Options of [`Problem::plan_with`].
@@ -140,9 +144,13 @@ pub struct PlanOptions {
     /// Stop as soon as a placement within this many bytes is found (MiniMalloc's decision
     /// problem); without it the exact search minimises the peak.
     pub capacity: Option<u64>,
-    /// Seconds the exact search may run after the greedy portfolio (npumem strategy only);
-    /// 0 disables it.
+    /// Seconds the exact search may run, counted from its start after the greedy portfolio
+    /// (npumem strategy only); 0 disables it, infinity means no time limit.
     pub time_limit: f64,
+    /// Search nodes the exact search may visit per portfolio thread, over all its tries; `None`
+    /// for no limit, 0 disables it. Unlike the time limit it gives the same plan on a busy
+    /// machine as on a quiet one.
+    pub work_limit: Option<u64>,
 }
 
 /// The exact search's result for a plan.
@@ -157,10 +165,13 @@ pub enum ExactOutcome {
     Optimal,
     /// A placement within the requested capacity was found.
     ReachedCapacity,
-    /// Proven, by the lower bound or by the search: nothing fits within the requested capacity.
+    /// Proven, by the lower bound or by the search: nothing fits within the requested capacity
+    /// (the search then went on lowering the peak: `optimal` says whether it reached the bound).
     Infeasible,
     /// The time limit ended the search before it proved optimality (the plan is the best found).
     TimedOut,
+    /// The work limit ended the search before it proved optimality (the plan is the best found).
+    WorkLimit,
 }
 
 impl ExactOutcome {
@@ -172,7 +183,16 @@ impl ExactOutcome {
             ExactOutcome::ReachedCapacity => "reached capacity",
             ExactOutcome::Infeasible => "infeasible",
             ExactOutcome::TimedOut => "timed out",
+            ExactOutcome::WorkLimit => "work limit reached",
         }
+    }
+}
+
+/// The outcome of a search that a limit ended before it proved optimality.
+fn outcome(cut: Cut) -> ExactOutcome {
+    match cut {
+        Cut::Deadline => ExactOutcome::TimedOut,
+        Cut::Work => ExactOutcome::WorkLimit,
     }
 }
 
@@ -183,7 +203,10 @@ impl Problem {
     }
 
     /// Assigns offsets with `strategy`; for npumem, then runs the exact search within
-    /// `options.time_limit` when the greedy plan is above the bound (or above the capacity).
+    /// `options.time_limit` and `options.work_limit` when the greedy plan is above the bound (or
+    /// above the capacity). A capacity proven infeasible (below the max-live bound, or by the
+    /// search) is reported as such, and the search goes on to lower the peak, so the plan says
+    /// how close one can get.
     pub fn plan_with(&self, strategy: Strategy, options: PlanOptions) -> Plan {
         let started = Instant::now();
         let lower_bound = self.lower_bound();
@@ -199,24 +222,32 @@ impl Problem {
             bound: lower_bound,
             optimal: peak == lower_bound,
             exact: ExactOutcome::NotRun,
+            nodes: 0,
         };
         let fits = options.capacity.is_some_and(|c| plan.peak <= c);
         if options.capacity.is_some_and(|c| c < plan.bound) {
             plan.exact = ExactOutcome::Infeasible; // the bound is the proof
-        } else if strategy == Strategy::Npumem && options.time_limit > 0.0 && !plan.optimal && !fits {
-            let deadline = started + Duration::from_secs_f64(options.time_limit.min(1e9));
-            self.search_exact(&mut plan, options.capacity, deadline);
+        }
+        let enabled = options.time_limit > 0.0 && options.work_limit != Some(0);
+        if strategy == Strategy::Npumem && enabled && !plan.optimal && !fits {
+            // The time limit is the search's own: the greedy portfolio before it does not use it up.
+            let deadline = Instant::now() + Duration::from_secs_f64(options.time_limit.min(1e9));
+            self.search_exact(&mut plan, options.capacity, deadline, options.work_limit.unwrap_or(u64::MAX));
         }
         plan.solve_seconds = started.elapsed().as_secs_f64();
         plan
     }
 
-    /// Improves `plan` with the exact search: the decision problem at the capacity, or a
-    /// search for the optimum from the bound upwards (the bound first, then bisection; each try
-    /// gets half the time left).
-    fn search_exact(&self, plan: &mut Plan, capacity: Option<u64>, deadline: Instant) {
+    /// Improves `plan` with the exact search: first the decision problem at the capacity (when
+    /// the bound does not already rule it out), then, without a capacity or when it is proven
+    /// infeasible, a search for the optimum from the bound upwards (the bound first, then
+    /// bisection; each try gets half the time and half the work left). `work` is in nodes per
+    /// portfolio thread.
+    fn search_exact(&self, plan: &mut Plan, capacity: Option<u64>, deadline: Instant, work: u64) {
         let Some(model) = Model::build(self) else {
-            plan.exact = ExactOutcome::TooLarge;
+            if plan.exact == ExactOutcome::NotRun {
+                plan.exact = ExactOutcome::TooLarge;
+            }
             return;
         };
         let align = self.alignment();
@@ -224,41 +255,64 @@ impl Problem {
             plan.peak = self.peak_of(&offsets);
             plan.offsets = offsets;
         };
-        if let Some(c) = capacity {
-            plan.exact = match model.fit(c, deadline) {
+        let mut left = work; // nodes per thread still to spend
+        if let Some(c) = capacity.filter(|&c| c >= plan.bound) {
+            let (fit, nodes) = model.fit(c, deadline, left);
+            plan.nodes += nodes;
+            left -= nodes;
+            match fit {
                 Fit::Found(o) => {
                     take(plan, o);
-                    ExactOutcome::ReachedCapacity
+                    plan.exact = ExactOutcome::ReachedCapacity;
+                    plan.optimal = plan.peak == plan.bound;
+                    return;
                 }
-                Fit::Infeasible => {
-                    plan.bound = plan.bound.max(c / align * align + align);
-                    ExactOutcome::Infeasible
+                Fit::Infeasible => plan.bound = plan.bound.max(c / align * align + align),
+                Fit::Unknown(cut) => {
+                    plan.exact = outcome(cut);
+                    return;
                 }
-                Fit::Unknown => ExactOutcome::TimedOut,
-            };
-            plan.optimal = plan.peak == plan.bound;
-            return;
+            }
+            plan.exact = ExactOutcome::Infeasible;
         }
         // Invariants: `plan.bound` is proven; `plan.peak` is achieved; capacities from `lo`
-        // up are still to try (those below it timed out or are infeasible).
+        // up are still to try (those below it were cut short or are infeasible).
         let mut lo = plan.bound;
+        let mut cut = None;
         while lo < plan.peak {
             let now = Instant::now();
             if now >= deadline {
+                cut = Some(Cut::Deadline);
+                break;
+            }
+            if left == 0 {
+                cut = Some(Cut::Work);
                 break;
             }
             let mid = if lo == plan.bound { lo } else { (lo + (plan.peak - lo) / 2) / align * align };
-            match model.fit(mid, now + (deadline - now) / 2) {
+            let (fit, nodes) = model.fit(mid, now + (deadline - now) / 2, left.div_ceil(2));
+            plan.nodes += nodes;
+            left -= nodes;
+            match fit {
                 Fit::Found(o) => take(plan, o),
                 Fit::Infeasible => {
                     plan.bound = plan.bound.max(mid + align);
                     lo = mid + align;
                 }
-                Fit::Unknown => lo = mid + align,
+                Fit::Unknown(why) => {
+                    cut = Some(why);
+                    lo = mid + align;
+                }
             }
         }
         plan.optimal = plan.peak == plan.bound;
-        plan.exact = if plan.optimal { ExactOutcome::Optimal } else { ExactOutcome::TimedOut };
+        if plan.exact != ExactOutcome::Infeasible {
+            plan.exact = match cut {
+                _ if plan.optimal => ExactOutcome::Optimal,
+                Some(cut) => outcome(cut),
+                None => ExactOutcome::TimedOut,
+            };
+        }
     }
 
     /// The greedy (and improved) placement of `strategy` and the order it started from;

@@ -5,6 +5,7 @@
 //! external fragmentation = 1 − largest free extent / total free (0 when nothing is free).
 
 use super::PoolStats;
+use super::snapshot::SegmentSnapshot;
 use crate::units::format_size;
 
 /// One segment's occupancy.
@@ -15,6 +16,22 @@ pub struct SegmentUse {
     pub allocated: u64,
     pub blocks: u32,
     pub free_blocks: u32,
+}
+
+impl SegmentUse {
+    /// The occupancy of a segment as the snapshot shows it.
+    pub fn of(s: &SegmentSnapshot) -> Self {
+        let (mut allocated, mut blocks, mut free_blocks) = (0, 0, 0);
+        for b in &s.blocks {
+            if b.allocated {
+                allocated += b.size;
+                blocks += 1;
+            } else {
+                free_blocks += 1;
+            }
+        }
+        SegmentUse { ptr: s.address, size: s.total_size, allocated, blocks, free_blocks }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -75,7 +92,8 @@ impl Fragmentation {
     pub fn summary(&self) -> String {
         format!(
             "{} allocated ({} requested, {} internal waste), {} reserved, {} reserved but unallocated \
-             in {} segments, largest free extent {}, external fragmentation {:.1}%",
+             in {} segments, largest free extent {}, external fragmentation of the free reserved memory \
+             {:.1}%",
             format_size(self.allocated),
             format_size(self.requested),
             format_size(self.internal_waste()),

@@ -174,12 +174,23 @@ impl PoolStats {
 
     pub fn on_segment_alloc(&mut self, pool: PoolKind, size: u64) {
         self.segment.add(pool, 1);
-        self.reserved_bytes.add(pool, size);
-        self.num_device_alloc += 1;
+        self.on_page_alloc(pool, size);
     }
 
     pub fn on_segment_free(&mut self, pool: PoolKind, size: u64) {
         self.segment.sub(pool, 1);
+        self.on_page_free(pool, size);
+    }
+
+    /// Physical memory obtained from the device for a page of an expandable segment: reserved
+    /// bytes and a device allocation, but no segment of its own (such a pool counts its
+    /// segments as runs of mapped pages, as its snapshot shows them).
+    pub fn on_page_alloc(&mut self, pool: PoolKind, size: u64) {
+        self.reserved_bytes.add(pool, size);
+        self.num_device_alloc += 1;
+    }
+
+    pub fn on_page_free(&mut self, pool: PoolKind, size: u64) {
         self.reserved_bytes.sub(pool, size);
         self.num_device_free += 1;
     }

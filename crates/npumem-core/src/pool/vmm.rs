@@ -193,6 +193,13 @@ impl VmmPool {
         self.slots.get(i).copied().unwrap_or(Slot::EMPTY)
     }
 
+    /// How many of page `i`'s two neighbours are mapped: mapping `i` starts a segment (a run of
+    /// mapped pages) when none is, joins two when both are; unmapping it does the reverse.
+    fn mapped_neighbours(&self, i: usize) -> u32 {
+        let mapped = |j: usize| (self.slot(j).handle != NO_HANDLE) as u32;
+        i.checked_sub(1).map_or(0, mapped) + mapped(i + 1)
+    }
+
     /// Gives the block `[ptr, ptr + size)` back to the free space; pages it leaves without a
     /// block become idle as of `clock`.
     fn release_block(&mut self, ptr: u64, size: u64, clock: u64) -> Result<()> {
@@ -290,6 +297,16 @@ impl VmmAllocator {
         Ok(())
     }
 
+    /// Counts the `segment` statistic as runs of mapped pages: a page with `neighbours` mapped
+    /// neighbours was just mapped (`mapped`) or unmapped.
+    fn count_runs(&mut self, kind: PoolKind, neighbours: u32, mapped: bool) {
+        match (neighbours, mapped) {
+            (0, true) | (2, false) => self.stats.segment.add(kind, 1),
+            (0, false) | (2, true) => self.stats.segment.sub(kind, 1),
+            _ => {}
+        }
+    }
+
     fn pool(&self, kind: PoolKind) -> &VmmPool {
         self.pools[kind as usize].as_ref().expect("pool exists")
     }
@@ -335,7 +352,7 @@ impl VmmAllocator {
                 Err(e) => return Err(e),
             },
         };
-        self.stats.on_segment_alloc(kind, page);
+        self.stats.on_page_alloc(kind, page);
         Ok((h, pte))
     }
 
@@ -358,7 +375,7 @@ impl VmmAllocator {
         let Some(&(h, _)) = self.cache[kind as usize].last() else { return Ok(false) };
         backend.free_physical(h)?;
         self.cache[kind as usize].pop();
-        self.stats.on_segment_free(kind, page_bytes(kind));
+        self.stats.on_page_free(kind, page_bytes(kind));
         Ok(true)
     }
 
@@ -452,6 +469,8 @@ impl VmmAllocator {
                     *pool.slot_mut(i) = Slot { handle: h, page: pte, live: 0, idle_since: 0 };
                     pool.mapped += 1;
                     let (va, page) = (pool.page_va(i), pool.page);
+                    let neighbours = pool.mapped_neighbours(i);
+                    self.count_runs(kind, neighbours, true);
                     self.events.push(Action::SegmentMap, va, page);
                     done.push(i);
                 }
@@ -532,6 +551,8 @@ impl VmmAllocator {
         pool.idle.remove(&(slot.idle_since, i as u32));
         pool.slot_mut(i).handle = NO_HANDLE;
         pool.mapped -= 1;
+        let neighbours = pool.mapped_neighbours(i);
+        self.count_runs(kind, neighbours, false);
         self.events.push(Action::SegmentUnmap, va, page);
         self.cache[kind as usize].push((slot.handle, slot.page));
         Ok(())
@@ -543,7 +564,7 @@ impl VmmAllocator {
         let Some(at) = cache.iter().rposition(|&(_, pte)| pte != PageSize::Size2M) else { return Ok(false) };
         backend.free_physical(cache[at].0)?;
         cache.swap_remove(at);
-        self.stats.on_segment_free(kind, page_bytes(kind));
+        self.stats.on_page_free(kind, page_bytes(kind));
         Ok(true)
     }
 
@@ -846,8 +867,6 @@ impl Allocator for VmmAllocator {
             if kind == PoolKind::Large {
                 large_idle = idle;
             }
-            let mut used =
-                SegmentUse { ptr: pool.base, size: pool.mapped * pool.page, allocated: 0, blocks: 0, free_blocks: 0 };
             // Free memory that is mapped: the parts of free VA extents over mapped pages.
             for (start, len) in extents {
                 let mut run = 0;
@@ -859,29 +878,16 @@ impl Allocator for VmmAllocator {
                         run += hi - lo;
                     } else if run > 0 {
                         f.add_free(run);
-                        used.free_blocks += 1;
                         run = 0;
                     }
                 }
                 if run > 0 {
                     f.add_free(run);
-                    used.free_blocks += 1;
                 }
             }
-            if pool.mapped > 0 {
-                f.segments.push(used);
-            }
         }
-        for pool in self.pools.iter().flatten() {
-            if let Some(seg) = f.segments.iter_mut().find(|s| s.ptr == pool.base) {
-                seg.allocated += pool.blocks.bytes();
-                seg.blocks += pool.blocks.len() as u32;
-            }
-        }
-        for (&ptr, b) in &self.bypass {
-            let size = b.segment.size;
-            f.segments.push(SegmentUse { ptr, size, allocated: size, blocks: 1, free_blocks: 0 });
-        }
+        // The segments are the snapshot's: one per run of mapped pages, one per bypass mapping.
+        f.segments = self.segments().iter().map(SegmentUse::of).collect();
         for kind in [PoolKind::Small, PoolKind::Large] {
             for _ in &self.cache[kind as usize] {
                 f.add_free(page_bytes(kind));
@@ -891,7 +897,6 @@ impl Allocator for VmmAllocator {
         // all of those of the large pool.
         let movable = large_idle * LARGE_PAGE + self.cache[PoolKind::Large as usize].len() as u64 * LARGE_PAGE;
         f.largest_free_extent = f.largest_free_extent.max(movable.min(f.free));
-        f.segments.sort_unstable_by_key(|s| s.ptr);
         f
     }
 
@@ -1177,10 +1182,16 @@ mod tests {
                     })
                     .sum();
                 prop_assert_eq!(a.reserved(), held + a.bypass.values().map(|b| b.segment.size).sum::<u64>());
+                // A segment is a run of mapped pages (or a bypass mapping): the statistic, the
+                // snapshot and the fragmentation report count the same ones.
+                let segs = a.segments();
+                prop_assert_eq!(a.stats.segment.all.current, segs.len() as u64);
+                prop_assert_eq!(a.fragmentation().segments.len(), segs.len());
             }
             for g in live { a.free(&mut sim, g.ptr).unwrap(); }
             a.empty_cache(&mut sim).unwrap();
             prop_assert_eq!(a.reserved(), 0);
+            prop_assert_eq!(a.stats.segment.all.current, 0);
             prop_assert_eq!(sim.frame_stats().unwrap(), frames);
         }
     }

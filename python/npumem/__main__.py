@@ -1,0 +1,5 @@
+"""``python -m npumem``: the ``npumem`` command line."""
+
+from .cli import main
+
+raise SystemExit(main())

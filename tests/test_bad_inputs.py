@@ -1,0 +1,1086 @@
+"""The bad-input matrix: every public entry point (Device methods, planning, graphs, replay,
+traces, importers, patterns, the TLB model, the host pool, units, the demo and the CLI) given
+wrong types, negatives, zero, huge ints, NaN, wrong shapes, malformed files.
+
+Each case asserts the exception type (``TypeError`` for a wrong type, ``InvalidParamError`` — or
+the AscendCL error that fits, such as ``MemoryFreeError`` — for a bad value, ``OSError`` for a
+file that cannot be opened), that the message names the argument and shows the value, and that
+the device (its state, statistics and sanitizer findings), the graph and the host pool are
+exactly as they were. CLI cases assert the exit status and that no traceback is printed. Inputs
+that abort the process today run in a subprocess under a memory limit, so they cannot take the
+test run down.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import pickle
+import resource
+import subprocess
+import sys
+import textwrap
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import MiB, snapshot
+
+import npumem
+from npumem import (
+    Device,
+    InvalidParamError,
+    MemoryFreeError,
+    MemPoolAttr,
+    cli,
+    importers,
+    patterns,
+    plan,
+    replay,
+    traces,
+    units,
+)
+from npumem import demo as demo_mod
+from npumem import graph as graph_mod
+from npumem import hostpool as hostpool_mod
+from npumem import tlb as tlb_mod
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+C_CSV = os.path.join(REPO, "benches", "dsa", "minimalloc", "C.1048576.csv")
+
+
+# --------------------------------------------------------------------------------------------
+# The context every case runs in, and what must not change
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Ctx:
+    dev: Device
+    ptr: int
+    host: int
+    stream: int
+    event: int
+    graph: graph_mod.Graph
+    tmp: Any
+    _pool: Any = None
+    files: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def pool(self) -> hostpool_mod.HostPool:
+        if self._pool is None:
+            self._pool = hostpool_mod.HostPool("256MiB")
+        return self._pool
+
+    def file(self, name: str, content: str | bytes, compress: bool = True) -> str:
+        """A file in the test's temporary folder (gzip-compressed when the name ends in .gz)."""
+        path = str(self.tmp / name)
+        data = content.encode() if isinstance(content, str) else content
+        if compress and name.endswith(".gz"):
+            data = gzip.compress(data)
+        with open(path, "wb") as f:
+            f.write(data)
+        return path
+
+    def state(self) -> dict[str, Any]:
+        stats = self.dev.memory_stats()
+        return {
+            "device": snapshot(self.dev),
+            "memory_stats": stats,
+            "fragmentation": self.dev.fragmentation(),
+            "findings": len(self.dev.sanitizer_reports()),
+            "now": self.dev.now_us(),
+            "graph": self.graph.to_dict(),
+            "pool": None if self._pool is None else {k: v for k, v in self._pool.stats().items() if k != "base"},
+        }
+
+
+@pytest.fixture
+def ctx(tmp_path) -> Ctx:
+    dev = Device("64MiB")
+    ptr = dev.malloc(4096)
+    dev.write(ptr, b"\x07" * 4096)
+    g = graph_mod.Graph(alignment=512)
+    g.input("x", 4096)
+    g.weight("w", 1024)
+    g.op("mm", ["x", "w"], [("h", 8192)])
+    return Ctx(
+        dev=dev,
+        ptr=ptr,
+        host=dev.malloc_host(4096),
+        stream=dev.create_stream(),
+        event=dev.create_event(),
+        graph=g,
+        tmp=tmp_path,
+    )
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    call: Callable[[Ctx], Any]
+    exc: type[BaseException]
+    words: tuple[str, ...]
+    #: The sanitizer finding the rejected call adds (an out-of-bounds access is reported, by design).
+    finding: str | None = None
+
+
+def case(
+    id: str,
+    call: Callable[[Ctx], Any],
+    exc: type[BaseException],
+    *words: str,
+    finding: str | None = None,
+):
+    return pytest.param(Case(id, call, exc, words, finding), id=id)
+
+
+EVENTS = [("alloc", 1, 4096), ("free", 1)]
+GRAPH_FORMAT = graph_mod.Graph.FORMAT
+
+
+def graph_doc(**op: Any) -> dict[str, Any]:
+    """A saved graph with one op, fields overridden."""
+    fields = {"name": "mm", "inputs": ["a"], "outputs": ["b"], "workspace": 0, "duration_us": None} | op
+    return {
+        "format": GRAPH_FORMAT,
+        "alignment": 512,
+        "tensors": [["a", 64, "input", None], ["b", 64, "activation", None]],
+        "ops": [list(fields.values())],
+    }
+
+
+class _Exploit:
+    """Unpickling this would run a shell command."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def malicious_snapshot(c: Ctx) -> list:
+    marker = str(c.tmp / "pwned")
+    path = c.file("evil.pickle", pickle.dumps({"device_traces": [[_Exploit(marker)]]}))
+    try:
+        return importers.snapshot_trace(path)
+    finally:
+        assert not os.path.exists(marker), "the crafted pickle ran code"
+
+
+def deep_json(levels: int = 100_000) -> str:
+    return '{"a":' * levels + "1" + "}" * levels
+
+
+def tlb(c: Ctx, **overrides: Any) -> tlb_mod.Tlb:
+    return tlb_mod.Tlb.preset("zen4", c.dev, **overrides)
+
+
+CASES = [
+    # -- Device construction ----------------------------------------------------------------
+    case("Device-capacity-negative", lambda c: Device(-1), InvalidParamError, "capacity", "-1"),
+    case("Device-capacity-float", lambda c: Device(1.5), TypeError, "capacity", "float"),
+    case("Device-capacity-2**64", lambda c: Device(2**64), InvalidParamError, "capacity", "18446744073709551616"),
+    case("Device-capacity-too-large", lambda c: Device("2TiB"), InvalidParamError, "capacity", "2 TiB"),
+    case("Device-capacity-text", lambda c: Device("lots"), InvalidParamError, '"lots"'),
+    case("Device-allocator", lambda c: Device("64MiB", allocator="x"), InvalidParamError, "allocator", '"x"'),
+    case("Device-preset", lambda c: Device("64MiB", preset="x"), InvalidParamError, "preset", '"x"'),
+    case("Device-sanitizer", lambda c: Device("64MiB", sanitizer="x"), InvalidParamError, "sanitizer", '"x"'),
+    case("Device-giant-negative", lambda c: Device("64MiB", giant_frames=-1), InvalidParamError, "giant_frames", "-1"),
+    case("Device-normal-page", lambda c: Device("64MiB", normal_page=3), InvalidParamError, "normal_page", "3"),
+    case(
+        "Device-alloc-conf",
+        lambda c: Device("64MiB", allocator="pytorch", alloc_conf="foo:1"),
+        InvalidParamError,
+        "alloc_conf",
+        '"foo"',
+    ),
+    # -- Device allocation ------------------------------------------------------------------
+    case("malloc-zero", lambda c: c.dev.malloc(0), InvalidParamError, "size", "0"),
+    case("malloc-negative", lambda c: c.dev.malloc(-1), InvalidParamError, "size", "-1"),
+    case("malloc-2**64", lambda c: c.dev.malloc(2**64), InvalidParamError, "size", "18446744073709551616"),
+    case("malloc-nan", lambda c: c.dev.malloc(float("nan")), TypeError, "size", "float"),
+    case("malloc-text", lambda c: c.dev.malloc("abc"), InvalidParamError, '"abc"', "size"),
+    case("malloc-policy-99", lambda c: c.dev.malloc(10, 99), InvalidParamError, "policy", "99"),
+    case("malloc-policy-negative", lambda c: c.dev.malloc(10, -1), InvalidParamError, "policy", "-1"),
+    case("malloc-stream-unknown", lambda c: c.dev.malloc(10, stream=999), InvalidParamError, "stream 999"),
+    case("malloc-tag-int", lambda c: c.dev.malloc(10, tag=5), TypeError, "tag"),
+    case("malloc_host-zero", lambda c: c.dev.malloc_host(0), InvalidParamError, "malloc_host size", "0"),
+    case("malloc_many-negative", lambda c: c.dev.malloc_many([4096, -1]), InvalidParamError, "sizes[1]", "-1"),
+    case("malloc_many-text", lambda c: c.dev.malloc_many("abc"), TypeError, "sizes", "'abc'"),
+    case("malloc_many-float", lambda c: c.dev.malloc_many([1.5]), TypeError, "sizes[0]", "1.5"),
+    case(
+        "malloc_many-2d",
+        lambda c: c.dev.malloc_many(np.ones((2, 2), dtype=np.uint64)),
+        InvalidParamError,
+        "sizes",
+        "(2, 2)",
+    ),
+    case(
+        "malloc_many-zero",
+        lambda c: c.dev.malloc_many([4096, 0]),
+        InvalidParamError,
+        "size",
+    ),
+    # -- Device frees -----------------------------------------------------------------------
+    case("free-null", lambda c: c.dev.free(0), InvalidParamError, "free(NULL)"),
+    case("free-negative", lambda c: c.dev.free(-1), InvalidParamError, "ptr", "-1"),
+    case("free-none", lambda c: c.dev.free(None), TypeError, "ptr", "NoneType"),
+    case("free-interior", lambda c: c.dev.free(c.ptr + 64), MemoryFreeError, hex(0x100000000040)),
+    case("free-unknown", lambda c: c.dev.free(0x5000), MemoryFreeError, "0x5000"),
+    case("free_many-negative", lambda c: c.dev.free_many([c.ptr, -5]), InvalidParamError, "ptrs[1]", "-5"),
+    case("free_many-unknown", lambda c: c.dev.free_many([c.ptr, 12345]), MemoryFreeError, "0x3039", "nothing"),
+    case("free_host-unknown", lambda c: c.dev.free_host(12345), MemoryFreeError, "0x3039"),
+    case("free-stream-unknown", lambda c: c.dev.free(c.ptr, stream=999), InvalidParamError, "stream 999"),
+    case("record_stream-unknown", lambda c: c.dev.record_stream(c.ptr, 999), InvalidParamError, "stream 999"),
+    # -- Device copies ----------------------------------------------------------------------
+    case("memcpy-count-negative", lambda c: c.dev.memcpy(c.ptr, 4096, c.ptr, -1), InvalidParamError, "count", "-1"),
+    case(
+        "memcpy-count-over-dst_max",
+        lambda c: c.dev.memcpy(c.ptr, 4096, c.host, 8192),
+        InvalidParamError,
+        "count 8192",
+        "dst_max 4096",
+    ),
+    case("memcpy-kind-99", lambda c: c.dev.memcpy(c.ptr, 4096, c.host, 16, 99), InvalidParamError, "memcpy kind", "99"),
+    case(
+        "memcpy_async-kind-99",
+        lambda c: c.dev.memcpy_async(c.ptr, 4096, c.host, 16, 99, c.stream),
+        InvalidParamError,
+        "memcpy kind",
+        "99",
+    ),
+    case("memset-count-over", lambda c: c.dev.memset(c.ptr, 4096, 0, 8192), InvalidParamError, "8192", "4096"),
+    case("write-str", lambda c: c.dev.write(c.ptr, "abc"), TypeError, "buffer", "str"),
+    case("write-none", lambda c: c.dev.write(c.ptr, None), TypeError, "buffer", "NoneType"),
+    case(
+        "write-past-end",
+        lambda c: c.dev.write(c.ptr, b"x" * 8192),
+        InvalidParamError,
+        "8192 bytes",
+        finding="out_of_bounds",
+    ),
+    case("write-objects", lambda c: c.dev.write(c.ptr, np.array([None])), InvalidParamError, "Python object"),
+    case("read-negative", lambda c: c.dev.read(c.ptr, -1), InvalidParamError, "count", "-1"),
+    case(
+        "read-huge",
+        lambda c: c.dev.read(c.ptr, 2**40),
+        InvalidParamError,
+        "1099511627776 bytes",
+        finding="out_of_bounds",
+    ),
+    case("read_into-readonly", lambda c: c.dev.read_into(c.ptr, b"abcd"), InvalidParamError, "read-only"),
+    case(
+        "read_into-strided",
+        lambda c: c.dev.read_into(c.ptr, np.zeros((4, 4))[:, ::2]),
+        InvalidParamError,
+        "C-contiguous",
+    ),
+    case("read_into-str", lambda c: c.dev.read_into(c.ptr, "abc"), TypeError, "buffer", "str"),
+    case("read_into-numpy-scalar", lambda c: c.dev.read_into(c.ptr, np.int64(3)), InvalidParamError, "read-only"),
+    case("to_numpy-negative-shape", lambda c: c.dev.to_numpy(c.ptr, (-1,)), InvalidParamError, "shape[0]", "-1"),
+    case("to_numpy-huge", lambda c: c.dev.to_numpy(c.ptr, (2**40,)), InvalidParamError, "shape", "1,099,511,627,776"),
+    case("to_numpy-dtype", lambda c: c.dev.to_numpy(c.ptr, (4,), "notadtype"), TypeError, "dtype", "notadtype"),
+    case("to_numpy-float-shape", lambda c: c.dev.to_numpy(c.ptr, 2.5), TypeError, "shape", "2.5"),
+    case("from_numpy-objects", lambda c: c.dev.from_numpy(np.array([None])), InvalidParamError, "Python object"),
+    # -- Device queries and settings --------------------------------------------------------
+    case("mem_info-99", lambda c: c.dev.mem_info(99), InvalidParamError, "memory attribute", "99"),
+    case("translate-null", lambda c: c.dev.translate(0), InvalidParamError, "0x0"),
+    case("walk-negative", lambda c: c.dev.walk(-1), InvalidParamError, "va", "-1"),
+    case("allocation-negative", lambda c: c.dev.allocation(-5), InvalidParamError, "ptr", "-5"),
+    case("page_of-unknown", lambda c: c.dev.page_of(5), InvalidParamError, "0x5"),
+    case("set_pool_attr-99", lambda c: c.dev.set_pool_attr(99, 1), InvalidParamError, "pool attribute", "99"),
+    case(
+        "set_pool_attr-threshold-negative",
+        lambda c: c.dev.set_pool_attr(MemPoolAttr.RELEASE_THRESHOLD, -1),
+        InvalidParamError,
+        "release threshold",
+        "-1",
+    ),
+    case("set_sanitizer", lambda c: c.dev.set_sanitizer("x"), InvalidParamError, "sanitizer mode", '"x"'),
+    case("use_preset", lambda c: c.dev.use_preset("x"), InvalidParamError, "preset", '"x"'),
+    case("set_cost-field", lambda c: c.dev.set_cost("x", 1.0), InvalidParamError, "cost field", '"x"'),
+    case("set_cost-nan", lambda c: c.dev.set_cost("launch_ns", float("nan")), InvalidParamError, "launch_ns", "NaN"),
+    case(
+        "set_cost-1e30",
+        lambda c: c.dev.set_cost("launch_ns", 1e30),
+        InvalidParamError,
+        "launch_ns",
+    ),
+    case("trim_to-negative", lambda c: c.dev.trim_to(-1), InvalidParamError, "bytes", "-1"),
+    case(
+        "memory-fraction-2",
+        lambda c: c.dev.set_per_process_memory_fraction(2.0),
+        InvalidParamError,
+        "fraction",
+        "2",
+    ),
+    case(
+        "memory-fraction-nan",
+        lambda c: c.dev.set_per_process_memory_fraction(float("nan")),
+        InvalidParamError,
+        "fraction",
+        "NaN",
+    ),
+    case(
+        "record_memory_history-negative",
+        lambda c: c.dev.record_memory_history(True, -1),
+        InvalidParamError,
+        "max_entries",
+        "-1",
+    ),
+    case("record_memory_history-enabled", lambda c: c.dev.record_memory_history("yes"), TypeError, "enabled", "'yes'"),
+    case("dump_snapshot-path", lambda c: c.dev.dump_snapshot(123), TypeError, "path", "123"),
+    # -- Streams and events -----------------------------------------------------------------
+    case("destroy_stream-unknown", lambda c: c.dev.destroy_stream(999), InvalidParamError, "stream 999"),
+    case("synchronize_stream-unknown", lambda c: c.dev.synchronize_stream(999), InvalidParamError, "stream 999"),
+    case("record_event-unknown", lambda c: c.dev.record_event(999), InvalidParamError, "event 999"),
+    case("stream_wait_event-unknown", lambda c: c.dev.stream_wait_event(c.stream, 999), InvalidParamError, "event 999"),
+    case("query_event-unknown", lambda c: c.dev.query_event(999), InvalidParamError, "event 999"),
+    case(
+        "event_elapsed_time-unknown",
+        lambda c: c.dev.event_elapsed_time(999, c.event),
+        InvalidParamError,
+        "event 999",
+    ),
+    case("launch-nan", lambda c: c.dev.launch(c.stream, float("nan")), InvalidParamError, "duration", "NaN"),
+    case("launch-negative", lambda c: c.dev.launch(c.stream, -5.0), InvalidParamError, "duration", "-5"),
+    case("launch-1e300", lambda c: c.dev.launch(c.stream, 1e300), InvalidParamError, "duration"),
+    case("launch-reads-str", lambda c: c.dev.launch(c.stream, 1.0, reads=["x"]), TypeError, "reads"),
+    case(
+        "launch-writes-negative",
+        lambda c: c.dev.launch(c.stream, 1.0, writes=[-1]),
+        InvalidParamError,
+        "writes",
+        "-1",
+    ),
+    case(
+        "set_pool_attr-array",
+        lambda c: c.dev.set_pool_attr(MemPoolAttr.REUSE_ALLOW_OPPORTUNISTIC, np.ones(2)),
+        TypeError,
+        "value",
+    ),
+    # -- Static planning --------------------------------------------------------------------
+    case("Problem-buffers-str", lambda c: plan.Problem.from_buffers("abc"), TypeError, "buffers", "'abc'"),
+    case(
+        "Problem-buffer-pair", lambda c: plan.Problem.from_buffers([(0, 1)]), InvalidParamError, "buffers[0]", "(0, 1)"
+    ),
+    case(
+        "Problem-alignment-3",
+        lambda c: plan.Problem.from_buffers([(0, 1, 8)], alignment=3),
+        InvalidParamError,
+        "alignment 3",
+    ),
+    case(
+        "Problem-alignment-float",
+        lambda c: plan.Problem.from_buffers([(0, 1, 8)], alignment=2.0),
+        TypeError,
+        "alignment",
+        "2.0",
+    ),
+    case(
+        "Problem-size-negative",
+        lambda c: plan.Problem.from_buffers([(0, 1, -8)]),
+        InvalidParamError,
+        "size[0]",
+        "-8",
+    ),
+    case(
+        "Problem-size-2**64",
+        lambda c: plan.Problem.from_buffers([(0, 1, 2**64)]),
+        InvalidParamError,
+        "size[0]",
+        "18446744073709551616",
+    ),
+    case(
+        "Problem-size-float",
+        lambda c: plan.Problem.of(["a"], [0], [1], [1.5]),
+        TypeError,
+        "size[0]",
+        "1.5",
+    ),
+    case(
+        "Problem-empty-lifetime", lambda c: plan.Problem.from_buffers([(3, 3, 8)]), InvalidParamError, "'0'", "[3, 3)"
+    ),
+    case(
+        "Problem-lengths",
+        lambda c: plan.Problem.of(["a", "b"], [0], [1], [8]),
+        InvalidParamError,
+        "same length",
+        "2, 1",
+    ),
+    case("Problem-from_csv-path", lambda c: plan.Problem.from_csv(123), TypeError, "path", "123"),
+    case(
+        "Problem-from_csv-cell",
+        lambda c: plan.Problem.from_csv(c.file("bad.csv", "id,lower,upper,size\n0,1,x,4\n")),
+        InvalidParamError,
+        "bad.csv:2",
+        "upper",
+        "'x'",
+    ),
+    case(
+        "Problem-from_csv-2**64",
+        lambda c: plan.Problem.from_csv(c.file("big.csv", f"id,lower,upper,size\n0,0,1,{2**64}\n")),
+        InvalidParamError,
+        "big.csv:2: size",
+        "18446744073709551616",
+    ),
+    case(
+        "Problem-from_csv-binary",
+        lambda c: plan.Problem.from_csv(c.file("bin.csv", b"id,lower,upper,size\n\xff\xfe\x00\x81")),
+        InvalidParamError,
+        "bin.csv",
+        "not a MiniMalloc CSV",
+    ),
+    case(
+        "Problem-from_csv-missing",
+        lambda c: plan.Problem.from_csv(str(c.tmp / "missing.csv")),
+        FileNotFoundError,
+        "missing.csv",
+    ),
+    case(
+        "Problem-from_trace-kind",
+        lambda c: plan.Problem.from_trace([("malloc", 1, 8)]),
+        InvalidParamError,
+        "event 0",
+        "'malloc'",
+    ),
+    case("Problem-from_trace-str", lambda c: plan.Problem.from_trace("abc"), TypeError, "events", "'abc'"),
+    case(
+        "solve-strategy",
+        lambda c: plan.Problem.from_buffers([(0, 1, 8)]).solve("magic"),
+        InvalidParamError,
+        "strategy",
+        "'magic'",
+    ),
+    case(
+        "solve-capacity-negative",
+        lambda c: plan.Problem.from_buffers([(0, 1, 8)]).solve(capacity=-5),
+        InvalidParamError,
+        "capacity",
+        "-5",
+    ),
+    case(
+        "solve-capacity-float",
+        lambda c: plan.Problem.from_buffers([(0, 1, 8)]).solve(capacity=1.5),
+        TypeError,
+        "capacity",
+        "1.5",
+    ),
+    case(
+        "solve-time_limit-nan",
+        lambda c: plan.Problem.from_buffers([(0, 1, 8)]).solve(time_limit=float("nan")),
+        InvalidParamError,
+        "time_limit",
+        "nan",
+    ),
+    case(
+        "solve-no-limit",
+        lambda c: plan.Problem.from_buffers([(0, 1, 8)]).solve(time_limit=None),
+        InvalidParamError,
+        "time_limit None",
+        "work_limit",
+    ),
+    case(
+        "solve-work_limit-negative",
+        lambda c: plan.Problem.from_buffers([(0, 1, 8)]).solve(work_limit=-1),
+        InvalidParamError,
+        "work_limit",
+        "-1",
+    ),
+    case(
+        "validate-overlap",
+        lambda c: plan.Problem.from_buffers([(0, 2, 64), (1, 3, 64)], ids=["x", "y"]).validate([0, 0]),
+        InvalidParamError,
+        "'x'",
+        "'y'",
+    ),
+    case("validate-str", lambda c: plan.Problem.from_buffers([(0, 1, 8)]).validate("x"), TypeError, "offsets", "'x'"),
+    case("solve-not-a-problem", lambda c: plan.solve("problem"), TypeError, "problem", "'problem'"),
+    # -- Graphs -----------------------------------------------------------------------------
+    case("Graph-alignment-3", lambda c: graph_mod.Graph(alignment=3), InvalidParamError, "alignment", "3"),
+    case("Graph-alignment-bool", lambda c: graph_mod.Graph(alignment=True), TypeError, "alignment", "True"),
+    case("Graph-size-zero", lambda c: c.graph.tensor("t", 0), InvalidParamError, "'t'", "size 0"),
+    case("Graph-size-float", lambda c: c.graph.tensor("t", 1.5), TypeError, "'t'", "size", "1.5"),
+    case("Graph-name-empty", lambda c: c.graph.tensor("", 8), InvalidParamError, "tensor name"),
+    case("Graph-name-int", lambda c: c.graph.tensor(5, 8), TypeError, "tensor name", "5"),
+    case("Graph-duplicate", lambda c: c.graph.input("x", 8), InvalidParamError, "'x'", "already defined"),
+    case("Graph-op-inputs-str", lambda c: c.graph.op("o", "xw", [("y", 8)]), TypeError, "inputs", "'xw'"),
+    case(
+        "Graph-op-duration-text",
+        lambda c: c.graph.op("o", ["x"], [("y", 8)], duration_us="fast"),
+        TypeError,
+        "duration_us",
+        "'fast'",
+    ),
+    case(
+        "Graph-op-duration-negative",
+        lambda c: c.graph.op("o", ["x"], [("y", 8)], duration_us=-5),
+        InvalidParamError,
+        "duration_us",
+        "-5",
+    ),
+    case(
+        "Graph-op-duration-nan",
+        lambda c: c.graph.op("o", ["x"], [("y", 8)], duration_us=float("nan")),
+        InvalidParamError,
+        "duration_us",
+        "nan",
+    ),
+    case(
+        "Graph-op-workspace-negative",
+        lambda c: c.graph.op("o", ["x"], [("y", 8)], workspace=-1),
+        InvalidParamError,
+        "workspace",
+        "-1",
+    ),
+    case("Graph-op-unknown-input", lambda c: c.graph.op("o", ["nope"]), InvalidParamError, "'nope'", "op 'o'"),
+    case(
+        "Graph-op-output-triple",
+        lambda c: c.graph.op("o", ["x"], [("y", 8, 1)]),
+        InvalidParamError,
+        "outputs[0]",
+        "('y', 8, 1)",
+    ),
+    case("Graph-mark_output-unknown", lambda c: c.graph.mark_output("h", "nope"), InvalidParamError, "'nope'"),
+    case("Graph-role-int", lambda c: c.graph.role(5), TypeError, "tensor name", "5"),
+    case("Graph-plan-mem_limit", lambda c: c.graph.plan(mem_limit=-5), InvalidParamError, "mem_limit", "-5"),
+    case("Graph-plan-strategy", lambda c: c.graph.plan("magic"), InvalidParamError, "strategy", "'magic'"),
+    case("Graph-plan-preset", lambda c: c.graph.plan(preset="nope"), InvalidParamError, "preset", '"nope"'),
+    case("Graph-plan-flag", lambda c: c.graph.plan(recompute="yes"), TypeError, "recompute", "'yes'"),
+    case(
+        "Graph-json-inputs-str",
+        lambda c: graph_mod.Graph.from_dict(graph_doc(inputs="ab")),
+        InvalidParamError,
+        "ops[0]",
+        "inputs",
+        "'ab'",
+    ),
+    case(
+        "Graph-json-duration-text",
+        lambda c: graph_mod.Graph.from_dict(graph_doc(duration_us="fast")),
+        InvalidParamError,
+        "ops[0]",
+        "duration_us",
+        "'fast'",
+    ),
+    case(
+        "Graph-json-duration-negative",
+        lambda c: graph_mod.Graph.from_dict(graph_doc(duration_us=-5)),
+        InvalidParamError,
+        "duration_us",
+        "-5",
+    ),
+    case(
+        "Graph-json-size-2**64",
+        lambda c: graph_mod.Graph.from_dict(graph_doc() | {"tensors": [["a", 2**64, "input", None]], "ops": []}),
+        InvalidParamError,
+        "tensors[0]",
+        "18446744073709551616",
+    ),
+    case(
+        "Graph-json-tensors-not-list",
+        lambda c: graph_mod.Graph.from_dict(graph_doc() | {"tensors": "abc"}),
+        InvalidParamError,
+        "tensors",
+        "'abc'",
+    ),
+    case(
+        "Graph-load-deep",
+        lambda c: graph_mod.Graph.load(c.file("deep.json", deep_json())),
+        InvalidParamError,
+        "deep.json",
+        "nested too deeply",
+    ),
+    case(
+        "Graph-load-not-gzip",
+        lambda c: graph_mod.Graph.load(c.file("fake.json.gz", b"{}", compress=False)),
+        InvalidParamError,
+        "fake.json.gz",
+        "not a gzip file",
+    ),
+    case(
+        "Graph-load-binary",
+        lambda c: graph_mod.Graph.load(c.file("bin.json", b"\xff\xfe\x00\x81")),
+        InvalidParamError,
+        "bin.json",
+        "not valid JSON",
+    ),
+    case(
+        "Graph-load-inputs-str",
+        lambda c: graph_mod.Graph.load(c.file("g.json", json.dumps(graph_doc(inputs="ab")))),
+        InvalidParamError,
+        "g.json",
+        "'ab'",
+    ),
+    # -- Replay -----------------------------------------------------------------------------
+    case("replay-events-str", lambda c: replay.replay("abc", c.dev), TypeError, "events", "'abc'"),
+    case(
+        "replay-size-zero", lambda c: replay.replay([("alloc", 1, 0)], c.dev), InvalidParamError, "event 0", "0 bytes"
+    ),
+    case(
+        "replay-size-2**64",
+        lambda c: replay.replay([("alloc", 1, 2**64)], c.dev),
+        InvalidParamError,
+        "event 0",
+        "18446744073709551616",
+    ),
+    case(
+        "replay-id-unhashable",
+        lambda c: replay.replay([("alloc", [1], 8)], c.dev),
+        InvalidParamError,
+        "event 0",
+        "[1]",
+    ),
+    case(
+        "replay-action-array",
+        lambda c: replay.replay([(np.ones((2, 2)), 1, 8)], c.dev),
+        InvalidParamError,
+        "event 0",
+        "action",
+    ),
+    case("replay-policy-99", lambda c: replay.replay(EVENTS, c.dev, policy=99), InvalidParamError, "policy", "99"),
+    case("replay-stop_on_oom", lambda c: replay.replay(EVENTS, c.dev, stop_on_oom="yes"), TypeError, "stop_on_oom"),
+    case(
+        "replay-config-key",
+        lambda c: replay.replay(EVENTS, {"capacit": "64MiB"}),
+        InvalidParamError,
+        "device_or_config",
+        "capacit",
+    ),
+    case("replay-config-type", lambda c: replay.replay(EVENTS, 5), TypeError, "device_or_config", "5"),
+    case(
+        "min_capacity-granularity-0",
+        lambda c: replay.min_capacity(EVENTS, granularity=0),
+        InvalidParamError,
+        "granularity",
+        "0",
+    ),
+    case(
+        "min_capacity-huge-trace",
+        lambda c: replay.min_capacity([("alloc", 1, 2**50)]),
+        InvalidParamError,
+        "1,125,899,906,842,624",
+    ),
+    case("peak_live_bytes-unknown-free", lambda c: replay.peak_live_bytes([("free", 1)]), InvalidParamError, "event 0"),
+    # -- Importers and traces ---------------------------------------------------------------
+    case(
+        "snapshot_trace-device-negative",
+        lambda c: importers.snapshot_trace({"device_traces": [[]]}, device=-1),
+        InvalidParamError,
+        "device",
+        "-1",
+    ),
+    case(
+        "snapshot_trace-entry-without-addr",
+        lambda c: importers.snapshot_trace({"device_traces": [[{"action": "alloc", "size": 8}]]}),
+        InvalidParamError,
+        "device_traces[0][0]",
+        "addr",
+    ),
+    case(
+        "snapshot_trace-size-text",
+        lambda c: importers.snapshot_trace({"device_traces": [[{"action": "alloc", "addr": 1, "size": "x"}]]}),
+        InvalidParamError,
+        "size",
+        "'x'",
+    ),
+    case(
+        "snapshot_trace-traces-array",
+        lambda c: importers.snapshot_trace({"device_traces": np.ones((2, 2))}),
+        InvalidParamError,
+        "device_traces",
+    ),
+    case("snapshot_trace-source-list", lambda c: importers.snapshot_trace([1, 2]), TypeError, "source", "[1, 2]"),
+    case("snapshot_trace-malicious-pickle", malicious_snapshot, InvalidParamError, "evil.pickle", "system"),
+    case(
+        "snapshot_trace-garbage",
+        lambda c: importers.snapshot_trace(c.file("junk.pickle", b"\x80\x05junk")),
+        InvalidParamError,
+        "junk.pickle",
+    ),
+    case(
+        "profiler_trace-events-int",
+        lambda c: importers.profiler_trace({"traceEvents": 5}),
+        InvalidParamError,
+        "traceEvents",
+        "5",
+    ),
+    case(
+        "profiler_trace-addr-text",
+        lambda c: importers.profiler_trace(
+            {"traceEvents": [{"name": "[memory]", "ts": 1, "args": {"Addr": "x", "Bytes": 8}}]}
+        ),
+        InvalidParamError,
+        "traceEvents[0]",
+        "Addr",
+        "'x'",
+    ),
+    case(
+        "profiler_trace-compact-trace",
+        lambda c: importers.profiler_trace(os.path.join(REPO, "benches", "traces", "torch_cpu_convnet.json.gz")),
+        InvalidParamError,
+        "torch_cpu_convnet.json.gz",
+        "npumem.traces.load",
+    ),
+    case(
+        "profiler_trace-deep",
+        lambda c: importers.profiler_trace(c.file("deep.json", deep_json())),
+        InvalidParamError,
+        "nested too deeply",
+    ),
+    case(
+        "profiler_trace-device_type",
+        lambda c: importers.profiler_trace({"traceEvents": []}, device_type=-1),
+        InvalidParamError,
+        "device_type",
+        "-1",
+    ),
+    case(
+        "traces-load-profiler-file",
+        lambda c: traces.load(c.file("p.json", json.dumps({"traceEvents": []}))),
+        InvalidParamError,
+        "p.json",
+        "profiler_trace",
+    ),
+    case(
+        "traces-load-bad-event",
+        lambda c: traces.load(c.file("t.json", json.dumps({"events": [["alloc", 1]]}))),
+        InvalidParamError,
+        "events[0]",
+    ),
+    case(
+        "traces-load-deep",
+        lambda c: traces.load(c.file("deep.json.gz", deep_json())),
+        InvalidParamError,
+        "nested too deeply",
+    ),
+    case("transformer-layers-0", lambda c: traces.transformer_training(layers=0), InvalidParamError, "layers", "0"),
+    case("transformer-batch", lambda c: traces.transformer_training(batch=(1,)), TypeError, "batch", "(1,)"),
+    case(
+        "transformer-hidden-huge",
+        lambda c: traces.transformer_training(hidden=2**40),
+        InvalidParamError,
+        "hidden",
+        "1099511627776",
+    ),
+    # -- Access patterns --------------------------------------------------------------------
+    case("sequential-step-0", lambda c: patterns.sequential(0, 4096, 0), InvalidParamError, "step", "0"),
+    case("sequential-too-many", lambda c: patterns.sequential(0, 2**40, 1), InvalidParamError, "would make", "2**28"),
+    case("sequential-wraps", lambda c: patterns.sequential(2**64 - 10, 4096), InvalidParamError, "base", "2**64"),
+    case(
+        "pointer_chase-below-page", lambda c: patterns.pointer_chase(0, 100, 10), InvalidParamError, "footprint", "100"
+    ),
+    case(
+        "pointer_chase-page-1000",
+        lambda c: patterns.pointer_chase(0, MiB, 10, page=1000),
+        InvalidParamError,
+        "page 1000",
+    ),
+    case("uniform-footprint-0", lambda c: patterns.uniform(0, 0, 10), InvalidParamError, "footprint", "0"),
+    case("strided-count-negative", lambda c: patterns.strided(0, MiB, 64, -1), InvalidParamError, "count", "-1"),
+    case("gemm-tile-0", lambda c: patterns.gemm(0, 0, 0, 64, 64, 64, tile=(0, 64, 64)), InvalidParamError, "tile[0]"),
+    case("gemm-order", lambda c: patterns.gemm(0, 0, 0, 64, 64, 64, order="mmk"), InvalidParamError, "order", "'mmk'"),
+    case(
+        "gemm-unbounded",
+        lambda c: patterns.gemm(0, 0, 0, 2**20, 2**20, 2**20),
+        InvalidParamError,
+        "gemm",
+        "limit",
+    ),
+    case("gather-rows-0", lambda c: patterns.gather(0, 0, 64, 10), InvalidParamError, "rows", "0"),
+    case("gather-zipf-1", lambda c: patterns.gather(0, 10, 64, 10, zipf=1.0), InvalidParamError, "zipf", "1.0"),
+    case("interleave-chunk-0", lambda c: patterns.interleave(np.arange(3), chunk=0), InvalidParamError, "chunk", "0"),
+    case("interleave-stream-float", lambda c: patterns.interleave([0.5]), TypeError, "streams[0][0]", "0.5"),
+    case("conv-kernel-too-big", lambda c: patterns.conv_nc1hwc0(0, 1, 1, 2, 2), InvalidParamError, "kernel", "2 x 2"),
+    case(
+        "gemm_fractal-frac-0",
+        lambda c: patterns.gemm_fractal(0, 0, 0, 16, 16, 16, frac=0),
+        InvalidParamError,
+        "frac",
+        "0",
+    ),
+    # -- The TLB model ----------------------------------------------------------------------
+    case("Tlb-preset", lambda c: tlb_mod.Tlb.preset("nope", c.dev), InvalidParamError, "TLB preset", '"nope"'),
+    case("Tlb-device", lambda c: tlb_mod.Tlb.preset("zen4", "dev"), TypeError, "device", "'dev'"),
+    case("Tlb-override-negative", lambda c: tlb(c, walk_step_cycles=-1), InvalidParamError, "walk_step_cycles", "-1"),
+    case("Tlb-override-unknown", lambda c: tlb(c, bogus=1), InvalidParamError, "bogus"),
+    case("Tlb-run-negative", lambda c: tlb(c).run([-1]), InvalidParamError, "addresses[0]", "-1"),
+    case("Tlb-run-str", lambda c: tlb(c).run("abc"), TypeError, "addresses", "'abc'"),
+    case("Tlb-nominal_reach-0", lambda c: tlb(c).nominal_reach(0), InvalidParamError, "page_size", "0"),
+    case(
+        "Tlb-walk_step_cycles-2**64-1",
+        lambda c: tlb(c, walk_step_cycles=2**64 - 1).run([c.ptr, c.ptr + 4096]),
+        InvalidParamError,
+        "walk_step_cycles",
+    ),
+    case("sweep-presets-str", lambda c: tlb_mod.sweep(presets="zen4"), TypeError, "presets", "'zen4'"),
+    case("sweep-page", lambda c: tlb_mod.sweep(pages=["8KiB"]), InvalidParamError, "pages[0]", "'8KiB'"),
+    case("sweep-footprint-0", lambda c: tlb_mod.sweep(footprints=[0]), InvalidParamError, "footprints[0]", "0"),
+    case("sweep-accesses-0", lambda c: tlb_mod.sweep(accesses=0), InvalidParamError, "accesses", "0"),
+    case(
+        "huge_frame_rates-target",
+        lambda c: tlb_mod.huge_frame_rates(target_used=2),
+        InvalidParamError,
+        "target_used",
+        "2",
+    ),
+    case("write_csv-rows", lambda c: tlb_mod.write_csv([1], str(c.tmp / "t.csv")), TypeError, "rows[0]", "1"),
+    # -- The host pool ----------------------------------------------------------------------
+    case("HostPool-capacity", lambda c: hostpool_mod.HostPool(-1), InvalidParamError, "capacity", "-1"),
+    case(
+        "HostPool-huge_pages", lambda c: hostpool_mod.HostPool("64MiB", huge_pages="x"), InvalidParamError, "huge_pages"
+    ),
+    case("HostPool-dtype", lambda c: c.pool.array(5, "notadtype"), InvalidParamError, "dtype", "notadtype"),
+    case("HostPool-shape-negative", lambda c: c.pool.array(-1, float), InvalidParamError, "shape", "-1"),
+    case("HostPool-shape-float", lambda c: c.pool.empty(2.5), InvalidParamError, "shape", "2.5"),
+    case("HostPool-order", lambda c: c.pool.empty(5, order="X"), InvalidParamError, "order", '"X"'),
+    case("HostPool-objects", lambda c: c.pool.empty(5, dtype=object), InvalidParamError, "objects"),
+    case("HostPool-buffer-negative", lambda c: c.pool.buffer(-1), InvalidParamError, "nbytes", "-1"),
+    case("HostPool-churn-negative", lambda c: c.pool.churn(-1, 1), InvalidParamError, "nbytes", "-1"),
+    case("HostPool-trim-negative", lambda c: c.pool.trim(-1), InvalidParamError, "min_block", "-1"),
+    case("HostPool-full-value", lambda c: c.pool.full(3, "abc", dtype=float), InvalidParamError, "fill_value", "'abc'"),
+    case("HostPool-handler_of", lambda c: hostpool_mod.HostPool.handler_of("x"), TypeError, "array", "'x'"),
+    # -- Units, the demo, model graphs ------------------------------------------------------
+    case("parse_size-text", lambda c: units.parse_size("abc"), InvalidParamError, '"abc"'),
+    case("parse_size-negative", lambda c: units.parse_size(-1), InvalidParamError, "size", "-1"),
+    case("format_size-float", lambda c: units.format_size(1.5), TypeError, "bytes", "float"),
+    case("fmt-negative", lambda c: units.fmt(-1), InvalidParamError, "bytes", "-1"),
+    case("demo-capacity", lambda c: demo_mod.run(capacity="1KiB"), InvalidParamError, "capacity", "'1KiB'"),
+    case("demo-seed", lambda c: demo_mod.run(seed="x"), TypeError, "seed", "'x'"),
+    case(
+        "torch_graphs-alignment",
+        lambda c: __import__("npumem.torch_graphs").torch_graphs.from_fx(None, alignment=3),
+        InvalidParamError,
+        "alignment 3",
+    ),
+]
+
+
+def test_the_matrix_is_large_and_covers_every_entry_point():
+    assert len(CASES) >= 80
+    groups = {p.values[0].id.split("-")[0] for p in CASES}
+    for entry in ("Device", "malloc", "free", "Problem", "solve", "Graph", "replay", "snapshot_trace", "sequential"):
+        assert entry in groups, entry
+    assert {"Tlb", "sweep", "HostPool", "parse_size", "demo"} <= groups
+
+
+@pytest.mark.parametrize("c", CASES)
+def test_bad_input(ctx, c: Case):
+    if c.id.startswith("HostPool"):
+        assert ctx.pool.stats()["carved"] == 0  # made before the call, so its state is compared
+    before = ctx.state()
+    with pytest.raises(c.exc) as info:
+        c.call(ctx)
+    err = info.value
+    if isinstance(err, npumem.AclError):
+        assert err.code in (100000, 107000, 207002), err.code
+    message = str(err)
+    for word in c.words:
+        assert word in message, f"{word!r} not in {message!r}"
+    after = ctx.state()
+    if c.finding:
+        assert [f.kind for f in ctx.dev.sanitizer_reports()[before["findings"] :]] == [c.finding]
+        after["findings"] = before["findings"]
+    assert after == before
+    # The device still works.
+    p = ctx.dev.malloc(8192)
+    ctx.dev.write(p, b"ok")
+    assert ctx.dev.read(p, 2) == b"ok" and ctx.dev.read(ctx.ptr, 1) == b"\x07"
+    ctx.dev.free(p)
+
+
+def test_ctypes_and_other_buffer_exporters_are_taken(ctx):
+    import array
+    import ctypes
+
+    data = (ctypes.c_int32 * 4)(1, 2, 3, 4)
+    ctx.dev.write(ctx.ptr, data)
+    back = (ctypes.c_int32 * 4)()
+    ctx.dev.read_into(ctx.ptr, back)
+    assert list(back) == [1, 2, 3, 4]
+    ctx.dev.write(ctx.ptr, array.array("h", [7, 8]))
+    assert ctx.dev.to_numpy(ctx.ptr, 2, np.int16).tolist() == [7, 8]
+
+
+def test_a_real_snapshot_pickle_still_loads(ctx, tmp_path):
+    ctx.dev.record_memory_history()
+    p = ctx.dev.malloc(MiB)
+    ctx.dev.free(p)
+    path = tmp_path / "snap.pickle"
+    ctx.dev.dump_snapshot(path)
+    events = importers.snapshot_trace(path)
+    assert [e[0] for e in events] == ["alloc", "free"] and events[0][2] == MiB
+
+
+@pytest.mark.parametrize("target", ["builtins eval", "subprocess Popen", "os system", "npumem.device Device"])
+def test_snapshot_unpickler_refuses_every_global_but_plain_types(tmp_path, target):
+    module, name = target.split()
+    # A protocol-2 pickle that calls module.name("1"): GLOBAL, a one-tuple, REDUCE.
+    crafted = b"\x80\x02c" + f"{module}\n{name}\n".encode() + b"X\x01\x00\x00\x001\x85R."
+    path = tmp_path / "crafted.pickle"
+    path.write_bytes(crafted)
+    with pytest.raises(InvalidParamError, match=f"refers to {module}.{name}"):
+        importers.snapshot_trace(path)
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs that abort the process today: each in its own process, under a memory limit
+# --------------------------------------------------------------------------------------------
+
+ABORTING = {
+    "walk_cache_entries-2**40": "Tlb.preset('zen4', d, walk_cache_entries=[2**40, 1, 1])",
+    "entries-2**40": "Tlb.preset('skylake', d, **{'0.0.entries': 2**40})",
+}
+
+
+def _limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+
+@pytest.mark.parametrize("name", sorted(ABORTING))
+def test_tlb_sizes_that_aborted_are_refused(name):
+    code = textwrap.dedent(
+        f"""
+        import npumem
+        from npumem.tlb import Tlb
+        d = npumem.Device("64MiB")
+        try:
+            {ABORTING[name]}
+        except npumem.InvalidParamError as e:
+            print("InvalidParamError", e)
+        """
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], preexec_fn=_limit_memory, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr[-500:]
+    assert "InvalidParamError" in r.stdout and "entries" in r.stdout
+
+
+# --------------------------------------------------------------------------------------------
+# The command line: exit status, one line, no traceback
+# --------------------------------------------------------------------------------------------
+
+GRAPH_JSON_AB = json.dumps(graph_doc(inputs="ab"))
+
+CLI_CASES = [
+    ("plan-missing-file", ["plan", "{tmp}/missing.csv"], 2, "missing.csv"),
+    ("plan-strategy", ["plan", C_CSV, "--strategy", "magic"], 2, "--strategy 'magic'"),
+    ("plan-capacity-text", ["plan", C_CSV, "--capacity", "abc"], 2, '"abc"'),
+    ("plan-capacity-negative", ["plan", C_CSV, "--capacity", "-5"], 2, "--capacity"),
+    ("plan-time-limit-nan", ["plan", C_CSV, "--time-limit", "nan"], 2, "--time-limit"),
+    ("plan-time-limit-text", ["plan", C_CSV, "--time-limit", "soon"], 2, "--time-limit"),
+    ("plan-work-limit-negative", ["plan", C_CSV, "--work-limit", "-3"], 2, "--work-limit"),
+    ("plan-work-limit-text", ["plan", C_CSV, "--work-limit", "lots"], 2, "--work-limit"),
+    ("plan-alignment-3", ["plan", C_CSV, "--alignment", "3"], 2, "alignment 3"),
+    ("plan-mem-limit-on-csv", ["plan", C_CSV, "--mem-limit", "1GiB"], 2, "--mem-limit"),
+    ("plan-capacity-on-graph", ["plan", "{tmp}/g.json", "--capacity", "1GiB"], 2, "--capacity"),
+    ("plan-out-folder-missing", ["plan", C_CSV, "--out", "/nonexistent/x.csv"], 2, "/nonexistent"),
+    ("plan-plot-is-folder", ["plan", C_CSV, "--plot", "{tmp}"], 2, "directory"),
+    ("plan-not-a-csv", ["plan", "/etc/hostname"], 2, "id,lower,upper,size"),
+    ("plan-binary-file", ["plan", "{tmp}/bin.csv"], 2, "not a MiniMalloc CSV"),
+    ("plan-bad-json", ["plan", "{tmp}/bad.json"], 2, "not valid JSON"),
+    ("plan-graph-inputs-str", ["plan", "{tmp}/g.json"], 2, "'ab'"),
+    ("tlb-preset", ["tlb", "sweep", "--presets", "nope"], 2, "'nope'"),
+    ("tlb-page", ["tlb", "sweep", "--pages", "8KiB"], 2, "'8KiB'"),
+    ("tlb-footprint-0", ["tlb", "sweep", "--footprints", "0"], 2, "--footprints"),
+    ("tlb-accesses-0", ["tlb", "sweep", "--accesses", "0"], 2, "accesses"),
+    ("tlb-csv-folder", ["tlb", "sweep", "--csv", "/nonexistent/t.csv"], 2, "/nonexistent"),
+    ("demo-capacity-small", ["demo", "--capacity", "1KiB"], 2, "--capacity"),
+    ("demo-capacity-text", ["demo", "--capacity", "lots"], 2, '"lots"'),
+    ("demo-seed-text", ["demo", "--seed", "x"], 2, "--seed"),
+    ("unknown-command", ["bogus"], 2, "bogus"),
+    ("no-command", [], 2, "required"),
+]
+
+
+@pytest.mark.parametrize(("argv", "status", "word"), [c[1:] for c in CLI_CASES], ids=[c[0] for c in CLI_CASES])
+def test_cli_bad_input(tmp_path, capsys, argv, status, word):
+    (tmp_path / "bin.csv").write_bytes(b"id,lower,upper,size\n\xff\xfe\x00\x81")
+    (tmp_path / "bad.json").write_text('{"a":')
+    (tmp_path / "g.json").write_text(GRAPH_JSON_AB)
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert cli.main(argv) == status
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    assert word in err
+    # One line (argparse prints its usage above it).
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith(("usage:", " "))]
+    assert len(lines) == 1, err
+
+
+def run_cli(*argv: str, block_matplotlib: bool = False, cwd: str | None = None) -> subprocess.CompletedProcess:
+    """``python -m npumem ...`` in a subprocess (optionally as if matplotlib were not installed)."""
+    prelude = "import sys; sys.modules['matplotlib'] = None; " if block_matplotlib else ""
+    code = (
+        prelude
+        + "import runpy, sys; sys.argv = ['npumem', *sys.argv[1:]]; runpy.run_module('npumem', run_name='__main__')"
+    )
+    return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+def test_cli_version_and_python_dash_m():
+    r = subprocess.run([sys.executable, "-m", "npumem", "--version"], capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout.strip()) == (0, f"npumem {npumem.__version__}")
+    r = subprocess.run([sys.executable, "-m", "npumem", "plan"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "file" in r.stderr
+
+
+def test_cli_plot_without_matplotlib_writes_everything_else(tmp_path):
+    out, png = tmp_path / "plan.csv", tmp_path / "p.png"
+    r = run_cli("plan", C_CSV, "--work-limit", "100000", "--out", str(out), "--plot", str(png), block_matplotlib=True)
+    assert r.returncode == 3, r.stderr
+    assert "Traceback" not in r.stderr and "pip install 'npumem[plot]'" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert out.exists() and not png.exists() and "exact: optimal" in r.stdout
+    assert plan.Problem.from_csv(out).validate(plan.Problem.from_csv(out).offsets) == 1_039_360
+    # The default plot of tlb sweep is skipped with the hint; the CSV is written, status 0.
+    r = run_cli(
+        "tlb", "sweep", "--presets", "zen4", "--pages", "4KiB", "--patterns", "sequential", "--footprints", "4MiB",
+        "--accesses", "1000", block_matplotlib=True, cwd=str(tmp_path),
+    )  # fmt: skip
+    assert r.returncode == 0 and "Traceback" not in r.stderr and "matplotlib" in r.stderr
+    assert (tmp_path / "tlb_sweep.csv").exists() and not (tmp_path / "tlb_sweep.png").exists()
+    # Asked for explicitly, the missing plot is status 3.
+    r = run_cli(
+        "tlb", "sweep", "--presets", "zen4", "--pages", "4KiB", "--patterns", "sequential", "--footprints", "4MiB",
+        "--accesses", "1000", "--plot", str(tmp_path / "t.png"), block_matplotlib=True, cwd=str(tmp_path),
+    )  # fmt: skip
+    assert r.returncode == 3 and "Traceback" not in r.stderr
+
+
+def test_cli_capacity_below_the_bound_is_called_impossible(capsys):
+    assert cli.main(["plan", C_CSV, "--capacity", "1039000", "--work-limit", "100000"]) == 1
+    out = capsys.readouterr().out
+    assert "impossible: 1,039,360 B are live at once (the lower bound)" in out
+    assert "best plan found 1,039,360 B (360 B over, optimal)" in out and "303,464" not in out
+    assert cli.main(["plan", C_CSV, "--capacity", "1039360", "--work-limit", "100000"]) == 0
+
+
+def test_cli_internal_error_is_status_4_without_traceback(monkeypatch, capsys):
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated bug")
+
+    monkeypatch.setattr(plan.Problem, "solve", broken)
+    monkeypatch.delenv("NPUMEM_DEBUG", raising=False)
+    assert cli.main(["plan", C_CSV]) == 4
+    err = capsys.readouterr().err
+    assert "internal error (RuntimeError: simulated bug)" in err and "Traceback" not in err
+    monkeypatch.setenv("NPUMEM_DEBUG", "1")
+    assert cli.main(["plan", C_CSV]) == 4
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_submodules_come_with_import_npumem():
+    code = "import npumem; print(npumem.plan.Problem, npumem.tlb.Tlb, npumem.replay.replay, npumem.traces.load)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert isinstance(npumem.importers, types.ModuleType) and "hostpool" in dir(npumem)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        npumem.nope  # noqa: B018
