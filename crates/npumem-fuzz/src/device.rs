@@ -1,7 +1,8 @@
 //! The allocator families under action sequences: one decoded program of mallocs (size,
 //! policy, stream), frees (plain, on a stream, bad pointers, batches), cache trims, copies,
-//! memsets, kernel launches, events, waits and synchronisations, run on a small simulated
-//! `Device` of each family ("npumem", "pytorch", "torch_npu", "direct").
+//! memsets, kernel launches, events, waits, synchronisations and stream replacements (destroy,
+//! create), run on a small simulated `Device` of each family ("npumem", "pytorch",
+//! "torch_npu", "direct").
 //!
 //! Checked after every step, against a model of the live pointers the harness keeps:
 //! - the device's live allocations are exactly the model's, never overlap (`[ptr, ptr +
@@ -13,7 +14,10 @@
 //!   for calls other than mallocs, which may release cached memory before they give up, the
 //!   memory counters, frames, page tables and pool statistics) are as before;
 //! - bytes written synchronously while no async work is queued read back as written;
-//! - no panic.
+//! - no panic;
+//!
+//! and at the end, once everything is freed, the device synchronised and the cache emptied:
+//! no free is pending, nothing is allocated or reserved, and every byte of the device is free.
 
 use arbitrary::{Arbitrary, Unstructured};
 use npumem_core::backend::SimConfig;
@@ -146,6 +150,9 @@ enum Action {
     SynchronizeStream(u8),
     SynchronizeEvent(u8),
     SynchronizeDevice,
+    /// Destroys one of the created streams (its queued work still completes) and creates a
+    /// new one in its place.
+    ReplaceStream(u8),
     /// Fills a live allocation (the model remembers the byte when no async work is queued).
     Fill {
         slot: u16,
@@ -452,6 +459,13 @@ impl Harness {
             Action::SynchronizeEvent(e) => {
                 let e = self.event(*e);
                 (self.d.synchronize_event(e).is_err(), false)
+            }
+            Action::ReplaceStream(k) => {
+                let k = usize::from(*k) % STREAMS;
+                let r = self.d.scheduler().destroy_stream(self.streams[k]);
+                assert!(r.is_ok(), "destroy_stream of a live stream: {r:?}");
+                self.streams[k] = self.d.scheduler().create_stream();
+                (false, false)
             }
             Action::SynchronizeDevice => {
                 self.d.synchronize_device();
