@@ -49,6 +49,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?=
 fuzz: build
 	python -m pip install -q -r fuzz/requirements.txt
+	@cargo +nightly fuzz --version >/dev/null 2>&1 || { echo "installing cargo-fuzz (once)"; cargo install -q --locked cargo-fuzz; }
 	cargo +nightly fuzz build
 	fuzz/run.sh $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 
