@@ -8,7 +8,7 @@ STAMP := $(VENV)/.deps-stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run test build lint test-rust test-loom test-python bench bench-replay bench-streams bench-plan bench-fastpath bench-pools validate-tlb clean
+.PHONY: run test build lint test-rust test-loom test-python fuzz miri bench bench-replay bench-streams bench-plan bench-fastpath bench-pools validate-tlb clean
 
 run: build
 	npumem demo
@@ -28,11 +28,12 @@ build: $(STAMP)
 lint: $(STAMP)
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -q -- -D warnings
-	ruff check python tests benches
-	ruff format --check python tests benches
+	ruff check python tests benches fuzz
+	ruff format --check python tests benches fuzz
 
+# npumem-fuzz replays the kept fuzz inputs (fuzz/regressions) through the fuzz harnesses.
 test-rust:
-	cargo test -p npumem-core -p npumem-sync -q
+	cargo test -p npumem-core -p npumem-sync -p npumem-fuzz -q
 
 # Model checks of the lock-free structures (a separate build with --cfg loom).
 test-loom:
@@ -41,6 +42,26 @@ test-loom:
 # pytest exits 5 when it collects no test: that must fail, never pass vacuously.
 test-python: build
 	python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+# Fuzzing (nightly + cargo-fuzz, and atheris for the Python readers; not part of `make test`):
+# every target for FUZZ_SECONDS seconds, one job. See docs/fuzzing.md.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?=
+fuzz: build
+	python -m pip install -q -r fuzz/requirements.txt
+	@cargo +nightly fuzz --version >/dev/null 2>&1 || { echo "installing cargo-fuzz (once)"; cargo install -q --locked cargo-fuzz; }
+	cargo +nightly fuzz build
+	fuzz/run.sh $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
+# Miri (nightly) over the unsafe and lock-free code: npumem-sync's tests under several thread
+# schedules; the host pool's link tables (a test sized for the interpreter) and the device's
+# host heap, whose addresses are integers (hence permissive provenance). See docs/fuzzing.md.
+MIRI_SEEDS ?= 0..4
+miri:
+	rustup +nightly component add miri rust-src
+	MIRIFLAGS="-Zmiri-many-seeds=$(MIRI_SEEDS)" cargo +nightly miri test -p npumem-sync --lib
+	MIRIFLAGS="-Zmiri-permissive-provenance" cargo +nightly miri test -p npumem-core --lib -- \
+		hostpool::tests::link_tables_hand_blocks_over_once host::tests::
 
 bench: build
 	python benches/bench_malloc.py
@@ -66,4 +87,4 @@ validate-tlb: build
 	python benches/validate_tlb.py
 
 clean:
-	rm -rf $(VENV) target python/npumem/*.so
+	rm -rf $(VENV) target python/npumem/*.so fuzz/target

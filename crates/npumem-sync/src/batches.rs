@@ -110,4 +110,46 @@ mod tests {
         assert!(!b.has_full(1));
         assert!(b.give(0, &items).is_ok(), "slots came back");
     }
+
+    #[test]
+    fn batches_cross_threads_whole_and_once() {
+        // Each thread gives batches of its own indices and takes whatever batches it finds;
+        // in the end every index was taken once or is still in a batch, and each batch arrived
+        // with the contents and length it was given (Miri checks the orderings that publish it).
+        const THREADS: u32 = 3;
+        const ROUNDS: u32 = if cfg!(miri) { 40 } else { 4000 };
+        let b = Batches::new(4, 2);
+        let taken: Vec<Vec<u32>> = std::thread::scope(|scope| {
+            let hs: Vec<_> = (0..THREADS)
+                .map(|t| {
+                    let b = &b;
+                    scope.spawn(move || {
+                        let mut got = Vec::new();
+                        for round in 0..ROUNDS {
+                            let len = (round % 5 + 1) as usize;
+                            let first = (t * ROUNDS + round) * 8;
+                            let items: Vec<u32> = (first..first + len as u32).collect();
+                            while b.give((round % 2) as usize, &items).is_err() {
+                                b.take((round % 2) as usize, &mut got);
+                                b.take(((round + 1) % 2) as usize, &mut got);
+                            }
+                            b.take(((round + t) % 2) as usize, &mut got);
+                        }
+                        got
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let mut all: Vec<u32> = taken.into_iter().flatten().collect();
+        for class in 0..2 {
+            while b.take(class, &mut all) > 0 {}
+        }
+        all.sort_unstable();
+        let mut want: Vec<u32> = (0..THREADS)
+            .flat_map(|t| (0..ROUNDS).flat_map(move |r| (0..r % 5 + 1).map(move |k| (t * ROUNDS + r) * 8 + k)))
+            .collect();
+        want.sort_unstable();
+        assert_eq!(all, want);
+    }
 }

@@ -14,6 +14,15 @@ use crate::units::format_size;
 /// Granule of the region and of the chunk → class table.
 pub const CHUNK: u64 = 64 << 10;
 
+/// Flags of the lazily committed mappings. Miri (`make miri`) emulates only
+/// `MAP_PRIVATE | MAP_ANONYMOUS`: under it the pages are committed at once, which no program
+/// can tell apart.
+const LAZY_ANONYMOUS: libc::c_int = if cfg!(miri) {
+    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS
+} else {
+    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE
+};
+
 /// How the region is backed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HugePages {
@@ -83,7 +92,7 @@ impl Region {
             HugePages::Giant => {
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB | (30 << libc::MAP_HUGE_SHIFT)
             }
-            _ => libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            _ => LAZY_ANONYMOUS,
         };
         // SAFETY: an anonymous private mapping at an address of the kernel's choice.
         let base =
@@ -102,7 +111,8 @@ impl Region {
             HugePages::None => libc::MADV_NOHUGEPAGE,
             HugePages::Giant => 0,
         };
-        if advice != 0 {
+        // (Miri has no madvise; the advice changes no contents.)
+        if advice != 0 && !cfg!(miri) {
             // SAFETY: advice on the mapping just created; failure (no THP support) is harmless.
             unsafe { libc::madvise(base, len as usize, advice) };
         }
@@ -186,6 +196,12 @@ impl Region {
     /// Drops the pages of `[index, index + bytes)` (they read as zero and are committed again
     /// when touched).
     pub fn release_pages(&self, index: u32, bytes: u64) {
+        if cfg!(miri) {
+            // Miri has no madvise: zero the block, as the dropped pages would read.
+            // SAFETY: the range is a free block of this mapping, which nobody else uses.
+            unsafe { self.ptr(index).write_bytes(0, bytes as usize) };
+            return;
+        }
         // SAFETY: the range is a free block of this mapping; MADV_DONTNEED keeps the mapping.
         unsafe { libc::madvise(self.ptr(index).cast(), bytes as usize, libc::MADV_DONTNEED) };
     }
@@ -195,16 +211,8 @@ impl Region {
 fn map_links(len: u64) -> Result<*mut AtomicU32> {
     let bytes = (len / super::classes::MIN_BLOCK * 4) as usize;
     // SAFETY: an anonymous private mapping at an address of the kernel's choice.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            bytes,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
+    let p =
+        unsafe { libc::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ | libc::PROT_WRITE, LAZY_ANONYMOUS, -1, 0) };
     if p == libc::MAP_FAILED {
         return Err(AclError::oom(format!(
             "cannot map the host pool's link table ({}): {}",

@@ -168,8 +168,9 @@ impl Graph {
                         return bad(format!("tensor {t} is in an alias cycle"));
                     }
                     match tensors[cur].alias_of {
-                        Some(next) => cur = next,
-                        None => break,
+                        // An index out of range is that tensor's own error, reported in its turn.
+                        Some(next) if next < n => cur = next,
+                        _ => break,
                     }
                 }
             }

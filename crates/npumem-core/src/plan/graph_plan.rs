@@ -8,7 +8,7 @@
 use super::graph::{Graph, Liveness, Role};
 use super::limit::{MoveOptions, Reduced, reduce};
 use super::{Plan, PlanOptions, Problem, Strategy};
-use crate::error::Result;
+use crate::error::{AclError, Result};
 
 /// Options of [`Graph::plan`].
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -45,8 +45,14 @@ const ROUNDS: usize = 8;
 
 impl Graph {
     pub fn plan(&self, options: GraphOptions) -> Result<GraphPlan> {
-        let live = self.liveness();
         let align = options.alignment;
+        // The moves add sizes rounded to the alignment (resident bytes, bytes live at a step)
+        // before any problem checks them: check the alignment, and that all the graph's buffers
+        // together fit in 64 bits, which bounds every such sum.
+        Problem::new(Vec::new(), align)?;
+        let live = self.liveness();
+        Problem::new(live.buffers.iter().map(|b| b.buffer).collect(), align)
+            .map_err(|e| AclError::new(e.code, format!("the graph's tensors and workspaces: {}", e.message)))?;
         let limit = options.mem_limit.unwrap_or(u64::MAX);
         let mut target = limit;
         let mut round = 0;

@@ -109,15 +109,17 @@ pub fn reduce(graph: &Graph, live: &Liveness, alignment: u64, target: u64, allow
         }
     }
     loop {
-        let excess = |profile: &[u64], resident: u64| -> u64 {
-            profile.iter().map(|&l| (resident + l).saturating_sub(target)).sum()
+        // `resident + l` fits (`Graph::plan` checks the sum of all sizes); the sum over the
+        // steps may not: u128.
+        let excess = |profile: &[u64], resident: u64| -> u128 {
+            profile.iter().map(|&l| u128::from((resident + l).saturating_sub(target))).sum()
         };
         let now = excess(&profile, resident);
         if now == 0 {
             break;
         }
         // (bytes per excess removed, removed, move, new pieces, resident saved)
-        let mut best: Option<(f64, u64, Move, Vec<Buffer>, u64)> = None;
+        let mut best: Option<(f64, u128, Move, Vec<Buffer>, u64)> = None;
         for b in 0..nb {
             if moved[b] {
                 continue;
@@ -136,7 +138,7 @@ pub fn reduce(graph: &Graph, live: &Liveness, alignment: u64, target: u64, allow
                     continue;
                 }
                 let removed = now - after;
-                let cost = mv.bytes + mv.transfers as u64 * allow.per_transfer;
+                let cost = mv.bytes.saturating_add(u64::from(mv.transfers).saturating_mul(allow.per_transfer));
                 let ratio = cost as f64 / removed as f64;
                 if best.as_ref().is_none_or(|(r, rem, ..)| ratio < *r || (ratio == *r && removed > *rem)) {
                     best = Some((ratio, removed, mv, new_pieces, saved));
@@ -216,7 +218,8 @@ fn candidates(
                 }
             }
             let copies = new.len() as u32;
-            out.push((mv(MoveKind::OffloadWeight, size * copies as u64, copies, None, None), new, size));
+            let bytes = size.saturating_mul(u64::from(copies));
+            out.push((mv(MoveKind::OffloadWeight, bytes, copies, None, None), new, size));
         }
         Some(Role::Activation) => {
             let (lo, hi) = (gb.buffer.lower, gb.buffer.upper);
@@ -224,7 +227,7 @@ fn candidates(
                 && let Some((s, t)) = longest_gap(uses, 4)
             {
                 let new = vec![Buffer::new(lo, s + 2, size), Buffer::new(t - 1, hi, size)];
-                out.push((mv(MoveKind::OffloadActivation, 2 * size, 2, Some((s, t)), None), new, 0));
+                out.push((mv(MoveKind::OffloadActivation, size.saturating_mul(2), 2, Some((s, t)), None), new, 0));
             }
             if allow.recompute
                 && members[b] == 1

@@ -73,10 +73,11 @@ impl Problem {
     }
 
     /// `size` rounded up to the alignment (a power of two: a mask, not a division; cannot
-    /// overflow for sizes and offsets of a plan: checked in `new`).
+    /// overflow for sizes and offsets of a plan, whose rounded value `new` checked: adding
+    /// `alignment - 1` first would overflow for a size of `u64::MAX` with alignment 1).
     #[inline]
     pub(crate) fn aligned(&self, size: u64) -> u64 {
-        (size + self.alignment - 1) & !(self.alignment - 1)
+        (size + (self.alignment - 1)) & !(self.alignment - 1)
     }
 
     /// Checks that `offsets` are a valid placement: aligned, and no two buffers that are live at
