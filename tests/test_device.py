@@ -883,7 +883,9 @@ def test_empty_cache_is_a_noop_for_the_direct_allocator(dev):
 def test_concurrent_malloc_and_free():
     import threading
 
-    d = Device("64MiB", allocator="direct")
+    # Room for every thread's worst case (up to 150 live blocks of 2 MiB each), so that no
+    # interleaving of the threads runs it out of 2 MiB frames.
+    d = Device("2GiB", allocator="direct")
     fs0 = d.frame_stats()
     seen: list[tuple[int, int]] = []
     lock = threading.Lock()

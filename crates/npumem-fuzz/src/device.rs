@@ -21,6 +21,7 @@
 
 use arbitrary::{Arbitrary, Unstructured};
 use npumem_core::backend::SimConfig;
+use npumem_core::policy;
 use npumem_core::pool::PoolStats;
 use npumem_core::sanitizer::SanitizerMode;
 use npumem_core::stream::{DEFAULT_STREAM, EventId, StreamId};
@@ -211,6 +212,8 @@ struct Harness {
     streams: Vec<StreamId>,
     events: Vec<EventId>,
     host: [u64; 2],
+    /// The sanitizer is in raise mode: a free that is a hazard is refused (and frees nothing).
+    raise: bool,
 }
 
 fn policy(p: u8) -> Policy {
@@ -237,15 +240,14 @@ impl Harness {
             1 => SimConfig { capacity: 48 * MIB, normal_page: PageSize::Size64K, giant_frames: 0 },
             _ => SimConfig { capacity: 32 * MIB, normal_page: PageSize::Size4K, giant_frames: 0 },
         };
-        let config = DeviceConfig { sim, allocator: kind, alloc_conf: conf(kind, p.conf).to_string() };
+        let config = DeviceConfig { sim, allocator: kind, alloc_conf: conf(kind, p.conf).to_string(), faults: false };
         let mut d = Device::new(config).expect("a valid device");
-        d.set_sanitizer(
-            [SanitizerMode::Collect, SanitizerMode::Off, SanitizerMode::Raise][usize::from(p.sanitizer % 3)],
-        );
+        let mode = [SanitizerMode::Collect, SanitizerMode::Off, SanitizerMode::Raise][usize::from(p.sanitizer % 3)];
+        d.set_sanitizer(mode);
         let streams = (0..STREAMS).map(|_| d.scheduler().create_stream()).collect();
         let events = (0..EVENTS).map(|_| d.scheduler().create_event()).collect();
         let host = [d.malloc_host(HOST_BLOCK).expect("host"), d.malloc_host(HOST_BLOCK).expect("host")];
-        Harness { d, live: Vec::new(), freed: Vec::new(), streams, events, host }
+        Harness { d, live: Vec::new(), freed: Vec::new(), streams, events, host, raise: mode == SanitizerMode::Raise }
     }
 
     fn stream(&self, s: u8) -> StreamId {
@@ -316,6 +318,11 @@ impl Harness {
         }
     }
 
+    /// Whether `e` is the sanitizer refusing a free that is a use-after-free hazard (raise mode).
+    fn hazard(&self, e: &npumem_core::AclError) -> bool {
+        self.raise && e.finding == Some("use_after_free")
+    }
+
     /// Runs one action; returns whether it failed and whether it was a malloc.
     fn step(&mut self, action: &Action) -> (bool, bool) {
         match action {
@@ -332,9 +339,14 @@ impl Harness {
             Action::Free(slot) => {
                 let Some(i) = self.slot(*slot) else { return (false, false) };
                 let ptr = self.live[i].ptr;
-                self.d.free(ptr).unwrap_or_else(|e| panic!("free of live {ptr:#x}: {e}"));
-                self.remove(ptr);
-                (false, false)
+                match self.d.free(ptr) {
+                    Ok(()) => {
+                        self.remove(ptr);
+                        (false, false)
+                    }
+                    Err(e) if self.hazard(&e) => (true, false),
+                    Err(e) => panic!("free of live {ptr:#x}: {e}"),
+                }
             }
             Action::FreeOn { slot, stream } => {
                 let Some(i) = self.slot(*slot) else { return (false, false) };
@@ -345,7 +357,10 @@ impl Harness {
                         (false, false)
                     }
                     Err(e) => {
-                        assert_eq!(stream, BOGUS_ID, "free_on({ptr:#x}, {stream}) of a live pointer: {e}");
+                        assert!(
+                            stream == BOGUS_ID || self.hazard(&e),
+                            "free_on({ptr:#x}, {stream}) of a live pointer: {e}"
+                        );
                         (true, false)
                     }
                 }
@@ -389,11 +404,12 @@ impl Harness {
                 distinct.dedup();
                 let valid = distinct.len() == ptrs.len() && ptrs.iter().all(|p| self.live.iter().any(|l| l.ptr == *p));
                 let r = self.d.free_many(&ptrs);
-                assert_eq!(r.is_ok(), valid, "free_many({ptrs:x?}) = {r:?}");
-                if valid {
+                let refused = r.as_ref().is_err_and(|e| self.hazard(e));
+                assert_eq!(r.is_ok(), valid && !refused, "free_many({ptrs:x?}) = {r:?}");
+                if r.is_ok() {
                     ptrs.iter().for_each(|&p| self.remove(p));
                 }
-                (!valid, false)
+                (r.is_err(), false)
             }
             Action::EmptyCache => (self.d.empty_cache().is_err(), false),
             Action::TrimTo(bytes) => (self.d.trim_to(bytes.bytes()).is_err(), false),
@@ -530,9 +546,19 @@ impl Harness {
             let size = self.live.iter().find(|l| l.ptr == a.ptr).expect("in the model").size;
             assert_eq!(a.size, size, "{context}: size of {:#x}", a.ptr);
             assert!(a.ptr % 64 == 0 && a.granted >= a.size, "{context}: {a:x?}");
-            for p in [a.ptr, a.ptr + a.granted - 1] {
-                assert!(self.d.translate(p).is_ok(), "{context}: {p:#x} of {a:x?} is not mapped");
+            // Mapped end to end, on pages the policy promises (one translation per 2 MiB window:
+            // a 2 MiB or 1 GiB page covers its whole window), the smallest of them reported.
+            let mut smallest = PageSize::Size1G;
+            let mut at = a.ptr;
+            while at < a.ptr + a.granted {
+                let t = self.d.translate(at).unwrap_or_else(|_| panic!("{context}: {at:#x} of {a:x?} is not mapped"));
+                assert!(policy::honours(a.policy, t.page_size), "{context}: {a:x?} on {:?} pages", t.page_size);
+                smallest = smallest.min(t.page_size);
+                let window = t.page_size.bytes().max(2 * MIB);
+                at = (at / window + 1) * window;
             }
+            assert!(self.d.translate(a.ptr + a.granted - 1).is_ok(), "{context}: the end of {a:x?} is not mapped");
+            assert_eq!(a.page, smallest, "{context}: {a:x?} reports its smallest page");
         }
         let s = self.d.stats();
         let requested: u64 = sorted.iter().map(|a| a.size).sum();

@@ -81,6 +81,7 @@ pub fn run(data: &[u8]) {
         alignment: input.alignment.value(),
         strategy: Strategy::ALL[usize::from(input.strategy) % Strategy::ALL.len()],
         time_limit: 0.0,
+        work_limit: None,
         mem_limit: input.mem_limit.map(Num::value),
         allow: MoveOptions {
             weights: input.allow.0,

@@ -113,7 +113,8 @@ pub fn run(data: &[u8]) {
     }
     if input.exact && buffers.len() <= 12 {
         let capacity = input.capacity.map(|c| c.value());
-        let plan = problem.plan_with(Strategy::Npumem, PlanOptions { capacity, time_limit: 0.005 });
+        let plan =
+            problem.plan_with(Strategy::Npumem, PlanOptions { capacity, time_limit: 1.0, work_limit: Some(2_000) });
         check_plan(&problem, Strategy::Npumem, &plan);
         if plan.exact == ExactOutcome::ReachedCapacity {
             assert!(plan.peak <= capacity.expect("a capacity"), "reached capacity: {plan:?}");

@@ -157,7 +157,7 @@ impl TlbConfig {
         "ascend_like",
     ];
 
-    /// A preset geometry (see ../shared/reference/tlb-and-pages.md §6.1 for the sources).
+    /// A preset geometry; its `source` names the public documents the figures come from.
     pub fn preset(name: &str) -> Result<Self> {
         use PageSize::*;
         use Replacement::*;
