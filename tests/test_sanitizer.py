@@ -164,3 +164,16 @@ def test_leak_report(dev):
     dev.destroy_stream(s)
     dev.destroy_event(e)
     assert dev.leak_report()["allocations"] == [] and dev.leak_report()["streams"] == []
+
+
+def test_findings_are_capped_and_counted_by_kind(dev):
+    x = dev.malloc(100)
+    for _ in range(10_005):
+        with pytest.raises(npumem.InvalidParamError):
+            dev.read(x + 90, 20)
+    assert len(dev.sanitizer_reports()) == 10_000, "only the first findings are kept"
+    counts = dev.sanitizer_counts()
+    assert counts["out_of_bounds"] == 10_005 and counts["dropped"] == 5
+    assert sum(v for k, v in counts.items() if k != "dropped") == 10_005
+    dev.clear_sanitizer_reports()
+    assert dev.sanitizer_reports() == [] and dev.sanitizer_counts()["out_of_bounds"] == 0
