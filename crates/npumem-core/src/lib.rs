@@ -21,6 +21,6 @@ pub mod policy;
 pub mod pool;
 
 pub use acl::{MemAttr, MemcpyKind, Policy};
-pub use device::{Allocation, AllocatorKind, Device, DeviceConfig, DeviceStats, ReusePolicy};
+pub use device::{Allocation, AllocatorKind, BackendKind, Device, DeviceConfig, DeviceStats, ReusePolicy};
 pub mod sanitizer;
 pub mod stream;

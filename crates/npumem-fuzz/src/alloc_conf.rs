@@ -175,10 +175,11 @@ fn check_vmm(conf: &str) -> bool {
 /// A small device with the conf: a few mallocs (sizes from the input), frees, a trim.
 fn exercise(kind: AllocatorKind, conf: &str, sizes: &[u64]) {
     let sim = SimConfig { capacity: 64 * MIB, ..Default::default() };
-    let mut d = match Device::new(DeviceConfig { sim, allocator: kind, alloc_conf: conf.to_string(), faults: false }) {
-        Ok(d) => d,
-        Err(e) => panic!("{conf:?} parsed but the device refuses it: {e}"),
-    };
+    let mut d =
+        match Device::new(DeviceConfig { sim, allocator: kind, alloc_conf: conf.to_string(), ..Default::default() }) {
+            Ok(d) => d,
+            Err(e) => panic!("{conf:?} parsed but the device refuses it: {e}"),
+        };
     let mut live = Vec::new();
     for (i, &size) in sizes.iter().take(16).enumerate() {
         let policy = Policy::ALL[i % Policy::ALL.len()];

@@ -240,7 +240,8 @@ impl Harness {
             1 => SimConfig { capacity: 48 * MIB, normal_page: PageSize::Size64K, giant_frames: 0 },
             _ => SimConfig { capacity: 32 * MIB, normal_page: PageSize::Size4K, giant_frames: 0 },
         };
-        let config = DeviceConfig { sim, allocator: kind, alloc_conf: conf(kind, p.conf).to_string(), faults: false };
+        let config =
+            DeviceConfig { sim, allocator: kind, alloc_conf: conf(kind, p.conf).to_string(), ..Default::default() };
         let mut d = Device::new(config).expect("a valid device");
         let mode = [SanitizerMode::Collect, SanitizerMode::Off, SanitizerMode::Raise][usize::from(p.sanitizer % 3)];
         d.set_sanitizer(mode);

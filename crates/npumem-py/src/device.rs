@@ -11,7 +11,7 @@ use npumem_core::sanitizer::{FindingKind, HOST, SanitizerMode};
 use npumem_core::stream::{CostModel, duration_from_us};
 use npumem_core::units::format_size;
 use npumem_core::vm::PageSize;
-use npumem_core::{AclError, AllocatorKind, Device, DeviceConfig, MemAttr, Policy};
+use npumem_core::{AclError, AllocatorKind, BackendKind, Device, DeviceConfig, MemAttr, Policy};
 use numpy::{PyArray1, PyReadonlyArray1};
 use parking_lot::Mutex;
 use pyo3::buffer::PyUntypedBuffer;
@@ -155,11 +155,7 @@ impl PyDevice {
         let giant_frames = giant_frames.map(|g| uint_arg(g, "giant_frames")).transpose()?.unwrap_or(0);
         let normal_page = normal_page.map(|p| size_arg(p, "normal_page")).transpose()?;
         guard(py, || {
-            if backend != "sim" {
-                return Err(AclError::invalid_param(format!(
-                    "unknown backend {backend:?}; available: \"sim\" (the simulated device)"
-                )));
-            }
+            let backend = BackendKind::parse(backend)?;
             let defaults = SimConfig::default();
             let normal_page = match normal_page {
                 None => defaults.normal_page,
@@ -172,9 +168,14 @@ impl PyDevice {
                         ))
                     })?,
             };
-            let sim = SimConfig { capacity: capacity.unwrap_or(defaults.capacity), normal_page, giant_frames };
+            let default_capacity = match backend {
+                BackendKind::Sim => defaults.capacity,
+                BackendKind::Host => npumem_core::backend::host::default_capacity(),
+            };
+            let sim = SimConfig { capacity: capacity.unwrap_or(default_capacity), normal_page, giant_frames };
             let config = DeviceConfig {
                 sim,
+                backend,
                 allocator: AllocatorKind::parse(allocator)?,
                 alloc_conf: alloc_conf.unwrap_or_default().to_string(),
                 faults,
@@ -1043,8 +1044,12 @@ impl PyDevice {
         } else {
             format!(", alloc_conf={:?}", self.config.alloc_conf)
         };
+        let backend = match self.config.backend {
+            BackendKind::Sim => "sim",
+            BackendKind::Host => "host",
+        };
         format!(
-            "Device(capacity={}, normal_page={:?}, giant_frames={}, backend=\"sim\", allocator={:?}{conf})",
+            "Device(capacity={}, normal_page={:?}, giant_frames={}, backend={backend:?}, allocator={:?}{conf})",
             capacity,
             c.normal_page.label(),
             c.giant_frames,

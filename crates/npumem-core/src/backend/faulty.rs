@@ -165,6 +165,10 @@ impl Backend for FaultyBackend {
         self.inner.counters()
     }
 
+    fn owns(&self, va: u64) -> bool {
+        self.inner.owns(va)
+    }
+
     fn driver_calls(&self) -> u64 {
         self.inner.driver_calls()
     }

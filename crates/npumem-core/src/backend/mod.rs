@@ -13,9 +13,11 @@
 //! touches only mapped addresses and fails, never crashes, elsewhere.
 
 pub mod faulty;
+pub mod host;
 pub mod sim;
 
 pub use faulty::{FaultCounts, FaultPlan, FaultyBackend};
+pub use host::{HostBackend, HostConfig};
 pub use sim::{SimBackend, SimConfig};
 
 use crate::acl::MemScope;
@@ -83,6 +85,13 @@ pub trait Backend: Send {
 
     /// Where `va` is mapped.
     fn translate(&self, va: u64) -> Result<Translation>;
+
+    /// Whether `va` is device memory of this backend (inside one of its reservations, or its
+    /// address window): what the device checks an address against before treating it as host
+    /// memory.
+    fn owns(&self, va: u64) -> bool {
+        crate::vm::is_device_address(va)
+    }
 
     fn counters(&self) -> BackendCounters;
 

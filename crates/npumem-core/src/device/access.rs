@@ -37,7 +37,7 @@ impl Device {
         if addr == 0 {
             return Err((AclError::invalid_param(format!("{role} is NULL")), None));
         }
-        if is_device_address(addr) {
+        if self.backend.owns(addr) {
             let a = self.live.containing(addr, |a| a.size);
             let Some(a) = a else {
                 let (why, kind) = if self.containing(addr).is_some() {

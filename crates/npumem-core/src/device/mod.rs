@@ -26,7 +26,9 @@ use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;
 
 use crate::acl::{MemAttr, MemcpyKind, Policy};
-use crate::backend::{Backend, BackendCounters, FaultCounts, FaultPlan, FaultyBackend, SimBackend, SimConfig};
+use crate::backend::{
+    Backend, BackendCounters, FaultCounts, FaultPlan, FaultyBackend, HostBackend, HostConfig, SimBackend, SimConfig,
+};
 use crate::error::{AclError, ErrorCode, Result};
 use crate::host::HostHeap;
 use crate::policy::{HUGE_FIRST_NORMAL_LIMIT, START_ALIGN, booked_size};
@@ -37,7 +39,7 @@ use crate::pool::{
 use crate::sanitizer::{Finding, FindingKind, HOST, Sanitizer, SanitizerMode, Touch};
 use crate::stream::{Clock, CostModel, DEFAULT_STREAM, Effect, EventId, Scheduler, StreamId};
 use crate::units::format_size;
-use crate::vm::{FrameStats, PageSize, PageTableStats, Translation, is_device_address};
+use crate::vm::{FrameStats, PageSize, PageTableStats, Translation};
 
 /// Which allocator family a device uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,10 +86,34 @@ impl AllocatorKind {
     }
 }
 
-/// Everything needed to build a simulated device.
+/// The memory a device's allocators run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    /// The simulated device (frames, page table and bytes in the simulator).
+    Sim,
+    /// Real host memory through the VMM calls (`HostBackend`): pointers can be dereferenced.
+    Host,
+}
+
+impl BackendKind {
+    pub const NAMES: &'static str = "\"sim\" (the simulated device), \"host\" (real host memory)";
+
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "sim" => Ok(BackendKind::Sim),
+            "host" => Ok(BackendKind::Host),
+            other => Err(AclError::invalid_param(format!("unknown backend {other:?}; available: {}", Self::NAMES))),
+        }
+    }
+}
+
+/// Everything needed to build a device.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceConfig {
+    /// The device's shape: capacity (for the host backend, the most it may hold), normal page
+    /// and giant frames (the simulator's; the host backend takes its pages from the kernel).
     pub sim: SimConfig,
+    pub backend: BackendKind,
     pub allocator: AllocatorKind,
     /// Settings of the allocator, in the PYTORCH_NPU_ALLOC_CONF grammar.
     pub alloc_conf: String,
@@ -100,6 +126,7 @@ impl Default for DeviceConfig {
     fn default() -> Self {
         DeviceConfig {
             sim: SimConfig::default(),
+            backend: BackendKind::Sim,
             allocator: AllocatorKind::Npumem,
             alloc_conf: String::new(),
             faults: false,
@@ -287,13 +314,33 @@ pub struct Device {
 }
 
 impl Device {
-    /// A simulated device.
+    /// A device on the simulator or on real host memory.
     pub fn new(config: DeviceConfig) -> Result<Self> {
-        let backend = SimBackend::new(config.sim)?;
+        let backend: Box<dyn Backend> = match config.backend {
+            BackendKind::Sim => Box::new(SimBackend::new(config.sim)?),
+            BackendKind::Host => {
+                if config.sim.giant_frames > 0 {
+                    return Err(AclError::invalid_param(format!(
+                        "giant_frames={} sets 1 GiB frames aside in the simulator; the host backend takes 1 GiB \
+                         pages from the kernel's hugetlb pool (/sys/kernel/mm/hugepages/hugepages-1048576kB)",
+                        config.sim.giant_frames
+                    )));
+                }
+                let host = HostBackend::new(HostConfig { capacity: config.sim.capacity })?;
+                let system = host.page_size(crate::vm::PageKind::Normal);
+                if config.sim.normal_page != system {
+                    return Err(AclError::invalid_param(format!(
+                        "normal_page={} but this host's pages are {}; the host backend uses the system's",
+                        config.sim.normal_page.label(),
+                        system.label()
+                    )));
+                }
+                Box::new(host)
+            }
+        };
         let (_, capacity) = backend.mem_info(crate::acl::MemScope::All);
         let allocator = config.allocator.build(&config.alloc_conf, capacity)?;
-        let backend: Box<dyn Backend> =
-            if config.faults { Box::new(FaultyBackend::new(Box::new(backend))) } else { Box::new(backend) };
+        let backend: Box<dyn Backend> = if config.faults { Box::new(FaultyBackend::new(backend)) } else { backend };
         Ok(Self::with_parts(backend, allocator))
     }
 
@@ -596,7 +643,7 @@ impl Device {
 
     /// Where a device VA is mapped.
     pub fn translate(&self, va: u64) -> Result<Translation> {
-        if !is_device_address(va) {
+        if !self.backend.owns(va) {
             return Err(AclError::rt_param(format!("{va:#x} is not a device address")));
         }
         self.backend.translate(va)

@@ -1,0 +1,602 @@
+//! `HostBackend`: the VMM API over real Linux memory, in the shape of `aclrtReserveMemAddress` /
+//! `aclrtMallocPhysical` / `aclrtMapMem`, so that every allocator family runs on memory a program
+//! can dereference.
+//!
+//! - reserve: an anonymous `PROT_NONE | MAP_NORESERVE` mapping (address space only), aligned by
+//!   over-reserving and trimming; at a hint only if that range is free (`MAP_FIXED_NOREPLACE`);
+//! - physical allocation: a `memfd_create` file of that size (`MFD_HUGETLB | MFD_HUGE_2MB` /
+//!   `MFD_HUGE_1GB` for huge / giant pages), its memory committed at once with `fallocate`, so
+//!   a shortage is an out-of-memory error here, never a `SIGBUS` on first touch;
+//! - map: `mmap(MAP_FIXED | MAP_SHARED)` of the memfd into the reservation (normal pages are
+//!   advised `MADV_NOHUGEPAGE`, so the page size reported is the one in force); unmap: a fresh
+//!   `PROT_NONE` reservation mapped over it; several mappings of one allocation alias;
+//! - byte access: plain memory access, after checking every byte lies in a mapping.
+//!
+//! Invariants: every mapping lies inside one live reservation and no two overlap; a reservation
+//! with a mapping is not released; a physical allocation's memory (its memfd) is released when it
+//! is freed and no longer mapped (freeing a mapped one defers to its last unmap); bytes in use
+//! never pass the configured capacity; a failed call changes nothing. Dropping the backend
+//! unmaps and closes everything.
+
+use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use rustc_hash::FxHashMap;
+
+use super::{Backend, BackendCounters, PhysHandle};
+use crate::acl::MemScope;
+use crate::error::{AclError, ErrorCode, Result};
+use crate::units::{GIB, MIB, format_size};
+use crate::vm::{PageKind, PageSize, Translation};
+
+/// Configuration of a host backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostConfig {
+    /// Bytes of physical memory the backend may hold at once (its "device" capacity).
+    pub capacity: u64,
+}
+
+#[derive(Debug)]
+struct HostPhys {
+    fd: OwnedFd,
+    size: u64,
+    kind: PageKind,
+    page: PageSize,
+    mapped: u32,
+    free_requested: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Mapping {
+    handle: PhysHandle,
+    size: u64,
+}
+
+#[derive(Debug)]
+pub struct HostBackend {
+    config: HostConfig,
+    normal: PageSize,
+    /// Reservations by start → length.
+    reservations: BTreeMap<u64, u64>,
+    allocs: FxHashMap<PhysHandle, HostPhys>,
+    next_handle: PhysHandle,
+    mappings: BTreeMap<u64, Mapping>,
+    /// Bytes of live physical allocations (counted until their memory is released).
+    in_use: u64,
+    counters: BackendCounters,
+}
+
+/// A field of /proc/meminfo, in bytes.
+fn meminfo(field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with(field) && l[field.len()..].starts_with(':'))?;
+    let mut words = line[field.len() + 1..].split_whitespace();
+    let value: u64 = words.next()?.parse().ok()?;
+    Some(if words.next() == Some("kB") { value * 1024 } else { value })
+}
+
+/// (free, total) pages of the kernel's hugetlb pool of `page` pages.
+fn hugetlb_pool(page: PageSize) -> (u64, u64) {
+    let dir = format!("/sys/kernel/mm/hugepages/hugepages-{}kB", page.bytes() / 1024);
+    let read = |name: &str| {
+        std::fs::read_to_string(format!("{dir}/{name}")).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+    };
+    (read("free_hugepages"), read("nr_hugepages"))
+}
+
+/// The path that reserves pages of `page` in the kernel's hugetlb pool, for messages.
+fn nr_hugepages_path(page: PageSize) -> String {
+    match page {
+        PageSize::Size2M => "/proc/sys/vm/nr_hugepages".to_string(),
+        _ => format!("/sys/kernel/mm/hugepages/hugepages-{}kB/nr_hugepages", page.bytes() / 1024),
+    }
+}
+
+fn errno() -> std::io::Error {
+    std::io::Error::last_os_error()
+}
+
+impl HostBackend {
+    /// A backend that may hold `config.capacity` bytes at once.
+    pub fn new(config: HostConfig) -> Result<Self> {
+        if config.capacity == 0 {
+            return Err(AclError::invalid_param("the host backend's capacity must be greater than 0"));
+        }
+        // SAFETY: sysconf only reads a system constant.
+        let system_page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        let normal = match system_page {
+            4096 => PageSize::Size4K,
+            65536 => PageSize::Size64K,
+            other => {
+                return Err(AclError::new(
+                    ErrorCode::FeatureUnsupported,
+                    format!("the host backend needs 4 KiB or 64 KiB system pages; this system's are {other} bytes"),
+                ));
+            }
+        };
+        Ok(HostBackend {
+            config,
+            normal,
+            reservations: BTreeMap::new(),
+            allocs: FxHashMap::default(),
+            next_handle: 1,
+            mappings: BTreeMap::new(),
+            in_use: 0,
+            counters: BackendCounters::default(),
+        })
+    }
+
+    /// The memory this process could take now (`MemAvailable`), the default capacity.
+    pub fn available_memory() -> u64 {
+        meminfo("MemAvailable").unwrap_or(0)
+    }
+
+    pub fn config(&self) -> HostConfig {
+        self.config
+    }
+
+    /// The reservation holding `[va, va + len)`, as (start, len).
+    fn reservation_of(&self, va: u64, len: u64) -> Option<(u64, u64)> {
+        self.reservations
+            .range(..=va)
+            .next_back()
+            .map(|(&s, &l)| (s, l))
+            .filter(|&(s, l)| va.checked_add(len).is_some_and(|end| end <= s + l))
+    }
+
+    /// Checks that every byte of `[va, va + len)` is mapped.
+    fn check_mapped(&self, va: u64, len: u64) -> Result<()> {
+        let end = va.checked_add(len).ok_or_else(|| {
+            AclError::rt_param(format!("{len} bytes at {va:#x} run past the end of the address space"))
+        })?;
+        let mut at = va;
+        while at < end {
+            let covering = self.mappings.range(..=at).next_back().filter(|&(&m, mp)| at < m + mp.size);
+            let Some((&m, mp)) = covering else {
+                return Err(AclError::rt_param(format!("device address {at:#x} is not mapped")));
+            };
+            at = m + mp.size;
+        }
+        Ok(())
+    }
+
+    fn release_memory(&mut self, handle: PhysHandle) {
+        if let Some(alloc) = self.allocs.remove(&handle) {
+            self.in_use -= alloc.size;
+            self.counters.physical_frees += 1;
+            // Closing the memfd (dropping `fd`) gives its memory back.
+        }
+    }
+}
+
+impl Backend for HostBackend {
+    fn name(&self) -> &'static str {
+        "host"
+    }
+
+    fn page_size(&self, kind: PageKind) -> PageSize {
+        match kind {
+            PageKind::Normal => self.normal,
+            PageKind::Huge => PageSize::Size2M,
+            PageKind::Giant => PageSize::Size1G,
+        }
+    }
+
+    fn reserve(&mut self, size: u64, align: u64, hint: Option<u64>) -> Result<u64> {
+        if size == 0 || !align.is_power_of_two() || size % self.normal.bytes() != 0 {
+            return Err(AclError::invalid_param(format!(
+                "cannot reserve {size} bytes aligned to {align}: the size must be a non-zero multiple of the \
+                 {} page and the alignment a power of two",
+                self.normal.label()
+            )));
+        }
+        let align = align.max(self.normal.bytes());
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+        let start = if let Some(at) = hint {
+            if at % align != 0 {
+                return Err(AclError::invalid_param(format!("the expected address {at:#x} is not aligned to {align}")));
+            }
+            // SAFETY: MAP_FIXED_NOREPLACE maps only if nothing is mapped in the range, so no
+            // existing mapping of this process is touched.
+            let p = unsafe {
+                libc::mmap(at as *mut _, size as usize, libc::PROT_NONE, flags | libc::MAP_FIXED_NOREPLACE, -1, 0)
+            };
+            if p == libc::MAP_FAILED || p as u64 != at {
+                if p != libc::MAP_FAILED {
+                    // SAFETY: an old kernel placed the mapping elsewhere; it is ours to undo.
+                    unsafe { libc::munmap(p, size as usize) };
+                }
+                return Err(AclError::invalid_param(format!(
+                    "the range {at:#x}+{} is not free in this process; pass no address to let the kernel choose",
+                    format_size(size)
+                )));
+            }
+            at
+        } else {
+            let span = size
+                .checked_add(align - self.normal.bytes())
+                .ok_or_else(|| AclError::invalid_param(format!("cannot reserve {size} bytes")))?;
+            // SAFETY: a new anonymous PROT_NONE mapping anywhere the kernel chooses.
+            let p = unsafe { libc::mmap(std::ptr::null_mut(), span as usize, libc::PROT_NONE, flags, -1, 0) };
+            if p == libc::MAP_FAILED {
+                return Err(AclError::oom(format!(
+                    "the host has no {} of free address space ({})",
+                    format_size(span),
+                    errno()
+                )));
+            }
+            let base = p as u64;
+            let start = base.next_multiple_of(align);
+            // Trim the slack before and after the aligned range.
+            // SAFETY: both pieces lie inside the mapping just made and nothing else uses them.
+            unsafe {
+                if start > base {
+                    libc::munmap(base as *mut _, (start - base) as usize);
+                }
+                let end = start + size;
+                if base + span > end {
+                    libc::munmap(end as *mut _, (base + span - end) as usize);
+                }
+            }
+            start
+        };
+        self.reservations.insert(start, size);
+        self.counters.reserves += 1;
+        Ok(start)
+    }
+
+    fn release(&mut self, va: u64) -> Result<()> {
+        let Some(&len) = self.reservations.get(&va) else {
+            return Err(AclError::invalid_param(format!(
+                "{va:#x} is not the start of a VA reservation; pass the address reserve returned"
+            )));
+        };
+        if let Some((&m, _)) = self.mappings.range(va..va + len).next() {
+            return Err(AclError::rt_param(format!(
+                "the reservation at {va:#x} still has a mapping at {m:#x}; unmap it before releasing"
+            )));
+        }
+        // SAFETY: the range is one of our reservations, with no mapping left in it.
+        if unsafe { libc::munmap(va as *mut _, len as usize) } != 0 {
+            return Err(AclError::new(ErrorCode::RtDrvInternal, format!("munmap of {va:#x} failed: {}", errno())));
+        }
+        self.reservations.remove(&va);
+        self.counters.releases += 1;
+        Ok(())
+    }
+
+    fn create_physical(&mut self, size: u64, kind: PageKind) -> Result<PhysHandle> {
+        let page = self.page_size(kind);
+        if size == 0 || size % page.bytes() != 0 {
+            return Err(AclError::invalid_param(format!(
+                "physical allocation size {size} must be a non-zero multiple of the {} page granularity",
+                page.label()
+            )));
+        }
+        if self.in_use.saturating_add(size) > self.config.capacity {
+            return Err(AclError::oom(format!(
+                "the host backend holds {} of its capacity of {}; {} more would pass it",
+                format_size(self.in_use),
+                format_size(self.config.capacity),
+                format_size(size)
+            )));
+        }
+        let flags = libc::MFD_CLOEXEC
+            | match kind {
+                PageKind::Normal => 0,
+                PageKind::Huge => libc::MFD_HUGETLB | libc::MFD_HUGE_2MB,
+                PageKind::Giant => libc::MFD_HUGETLB | libc::MFD_HUGE_1GB,
+            };
+        let shortage = |why: &str| {
+            let (free, total) = hugetlb_pool(page);
+            AclError::oom(format!(
+                "cannot allocate {} of {} pages: {why} (the kernel's pool of {} pages has {free} of {total} free); \
+                 reserve more with `echo N > {}` as root, or use HUGE_FIRST to accept normal pages",
+                format_size(size),
+                page.label(),
+                page.label(),
+                nr_hugepages_path(page)
+            ))
+        };
+        // SAFETY: the name is a valid C string; the result is checked.
+        let raw = unsafe { libc::memfd_create(c"npumem".as_ptr(), flags) };
+        if raw < 0 {
+            let e = errno();
+            return Err(match kind {
+                PageKind::Normal => AclError::oom(format!("memfd_create failed: {e}")),
+                _ => shortage(&format!("memfd_create refused hugetlb pages ({e})")),
+            });
+        }
+        // SAFETY: `raw` is a new descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: plain system calls on our descriptor; results are checked.
+        let committed = unsafe {
+            libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) == 0
+                && libc::fallocate(fd.as_raw_fd(), 0, 0, size as libc::off_t) == 0
+        };
+        if !committed {
+            let e = errno();
+            return Err(match kind {
+                PageKind::Normal => AclError::oom(format!(
+                    "the host could not commit {} of memory ({e}); MemAvailable is {}",
+                    format_size(size),
+                    format_size(Self::available_memory())
+                )),
+                _ => shortage(&format!("the kernel could not commit them ({e})")),
+            });
+        }
+        let handle = self.next_handle;
+        self.next_handle += 1;
+        self.allocs.insert(handle, HostPhys { fd, size, kind, page, mapped: 0, free_requested: false });
+        self.in_use += size;
+        self.counters.physical_allocs += 1;
+        Ok(handle)
+    }
+
+    fn free_physical(&mut self, handle: PhysHandle) -> Result<()> {
+        let alloc = self.allocs.get_mut(&handle).filter(|a| !a.free_requested).ok_or_else(|| {
+            AclError::new(ErrorCode::RtInvalidHandle, format!("physical handle {handle} is unknown or already freed"))
+        })?;
+        if alloc.mapped > 0 {
+            alloc.free_requested = true;
+            return Ok(());
+        }
+        self.release_memory(handle);
+        Ok(())
+    }
+
+    fn map(&mut self, va: u64, handle: PhysHandle) -> Result<()> {
+        let alloc = self.allocs.get(&handle).filter(|a| !a.free_requested).ok_or_else(|| {
+            AclError::new(ErrorCode::RtInvalidHandle, format!("physical handle {handle} is unknown or already freed"))
+        })?;
+        let (size, page, kind) = (alloc.size, alloc.page, alloc.kind);
+        if self.reservation_of(va, size).is_none() {
+            return Err(AclError::rt_param(format!(
+                "cannot map {} at {va:#x}: the range is not inside one VA reservation",
+                format_size(size)
+            )));
+        }
+        if va % page.bytes() != 0 {
+            return Err(AclError::new(
+                ErrorCode::RtAddrUnaligned,
+                format!("cannot map {} pages at {va:#x}: the address is not page aligned", page.label()),
+            ));
+        }
+        if let Some((&m, mp)) = self.mappings.range(..va + size).next_back() {
+            if m + mp.size > va {
+                return Err(AclError::rt_param(format!(
+                    "cannot map at {va:#x}: the range overlaps the mapping at {m:#x}; unmap it first"
+                )));
+            }
+        }
+        let fd = alloc.fd.as_raw_fd();
+        // SAFETY: [va, va + size) lies inside one of our PROT_NONE reservations with no mapping
+        // in it (checked above), so MAP_FIXED replaces only our own reserved pages.
+        let p = unsafe {
+            libc::mmap(
+                va as *mut _,
+                size as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(AclError::new(ErrorCode::RtDrvInternal, format!("mapping at {va:#x} failed: {}", errno())));
+        }
+        if kind == PageKind::Normal {
+            // Normal pages stay normal: no transparent huge pages behind the reported size.
+            // SAFETY: advice on the mapping just made; failure only leaves the kernel's default.
+            unsafe { libc::madvise(va as *mut _, size as usize, libc::MADV_NOHUGEPAGE) };
+        }
+        self.allocs.get_mut(&handle).expect("present").mapped += 1;
+        self.mappings.insert(va, Mapping { handle, size });
+        self.counters.maps += 1;
+        self.counters.pages_mapped += size / page.bytes();
+        Ok(())
+    }
+
+    fn unmap(&mut self, va: u64) -> Result<()> {
+        let Some(&mapping) = self.mappings.get(&va) else {
+            return Err(AclError::rt_param(format!(
+                "nothing is mapped starting at {va:#x}; pass the address given to map"
+            )));
+        };
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED;
+        // SAFETY: the range is our own mapping; a fresh PROT_NONE mapping replaces it, so the
+        // reservation stays whole and the memfd's pages are no longer reachable through it.
+        let p = unsafe { libc::mmap(va as *mut _, mapping.size as usize, libc::PROT_NONE, flags, -1, 0) };
+        if p == libc::MAP_FAILED {
+            return Err(AclError::new(ErrorCode::RtDrvInternal, format!("unmapping {va:#x} failed: {}", errno())));
+        }
+        self.mappings.remove(&va);
+        let alloc = self.allocs.get_mut(&mapping.handle).expect("mapped handles are live");
+        alloc.mapped -= 1;
+        self.counters.unmaps += 1;
+        self.counters.pages_unmapped += mapping.size / alloc.page.bytes();
+        if alloc.mapped == 0 && alloc.free_requested {
+            self.release_memory(mapping.handle);
+        }
+        Ok(())
+    }
+
+    fn read(&mut self, va: u64, out: &mut [u8]) -> Result<()> {
+        self.check_mapped(va, out.len() as u64)?;
+        // SAFETY: every byte of the source is in a live read-write mapping of ours (checked), and
+        // `out` is a distinct Rust buffer.
+        unsafe { std::ptr::copy_nonoverlapping(va as *const u8, out.as_mut_ptr(), out.len()) };
+        self.counters.bytes_read += out.len() as u64;
+        Ok(())
+    }
+
+    fn write(&mut self, va: u64, data: &[u8]) -> Result<()> {
+        self.check_mapped(va, data.len() as u64)?;
+        // SAFETY: every byte of the destination is in a live read-write mapping of ours.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), va as *mut u8, data.len()) };
+        self.counters.bytes_written += data.len() as u64;
+        Ok(())
+    }
+
+    fn fill(&mut self, va: u64, value: u8, count: u64) -> Result<()> {
+        self.check_mapped(va, count)?;
+        // SAFETY: every byte of the range is in a live read-write mapping of ours.
+        unsafe { std::ptr::write_bytes(va as *mut u8, value, count as usize) };
+        self.counters.bytes_written += count;
+        Ok(())
+    }
+
+    fn copy(&mut self, dst: u64, src: u64, count: u64) -> Result<()> {
+        self.check_mapped(src, count)?;
+        self.check_mapped(dst, count)?;
+        // SAFETY: both ranges are in live read-write mappings of ours; `copy` allows overlap
+        // (memmove), and ranges that alias through two mappings of one memfd behave the same.
+        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, count as usize) };
+        self.counters.bytes_read += count;
+        self.counters.bytes_written += count;
+        Ok(())
+    }
+
+    fn mem_info(&self, scope: MemScope) -> (u64, u64) {
+        let cap = self.config.capacity;
+        let free = cap - self.in_use.min(cap);
+        let available = Self::available_memory();
+        match scope {
+            MemScope::Ddr => (0, 0),
+            MemScope::All | MemScope::Normal => (free.min(available), cap),
+            MemScope::Huge | MemScope::Giant => {
+                let page = if scope == MemScope::Huge { PageSize::Size2M } else { PageSize::Size1G };
+                let (pool_free, pool_total) = hugetlb_pool(page);
+                ((pool_free * page.bytes()).min(free), (pool_total * page.bytes()).min(cap))
+            }
+        }
+    }
+
+    fn translate(&self, va: u64) -> Result<Translation> {
+        let (&m, mp) = self
+            .mappings
+            .range(..=va)
+            .next_back()
+            .filter(|&(&m, mp)| va < m + mp.size)
+            .ok_or_else(|| AclError::rt_param(format!("device address {va:#x} is not mapped")))?;
+        let alloc = &self.allocs[&mp.handle];
+        // Physical addresses are not visible to an unprivileged process: the allocation's handle
+        // and the offset in it stand for one (equal for two mappings of the same byte).
+        let pa = (mp.handle << 40) | (va - m);
+        let depth = match alloc.page {
+            PageSize::Size1G => 2,
+            PageSize::Size2M => 3,
+            _ => 4,
+        };
+        Ok(Translation { pa, page_size: alloc.page, depth })
+    }
+
+    fn counters(&self) -> BackendCounters {
+        self.counters
+    }
+
+    fn owns(&self, va: u64) -> bool {
+        self.reservations.range(..=va).next_back().is_some_and(|(&s, &l)| va < s + l)
+    }
+}
+
+impl Drop for HostBackend {
+    fn drop(&mut self) {
+        for (&va, &len) in &self.reservations {
+            // SAFETY: our own reservations (with whatever is mapped in them); nothing refers to
+            // them once the backend is gone.
+            unsafe { libc::munmap(va as *mut _, len as usize) };
+        }
+        // The memfds close with `allocs`.
+    }
+}
+
+/// The bytes `HostConfig::capacity` defaults to: what the process could take now, or 1 GiB
+/// where /proc/meminfo cannot be read.
+pub fn default_capacity() -> u64 {
+    match HostBackend::available_memory() {
+        0 => GIB,
+        bytes => bytes.max(64 * MIB),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host(capacity: u64) -> HostBackend {
+        HostBackend::new(HostConfig { capacity }).unwrap()
+    }
+
+    #[test]
+    fn two_mappings_of_one_allocation_alias() {
+        let mut b = host(64 * MIB);
+        let h = b.create_physical(64 * 1024, PageKind::Normal).unwrap();
+        let va = b.reserve(4 * MIB, 2 * MIB, None).unwrap();
+        assert_eq!(va % (2 * MIB), 0);
+        assert!(b.owns(va) && b.owns(va + 4 * MIB - 1) && !b.owns(va + 4 * MIB));
+        b.map(va, h).unwrap();
+        b.map(va + MIB, h).unwrap();
+        b.write(va + 10, b"npumem").unwrap();
+        let mut out = [0u8; 6];
+        b.read(va + MIB + 10, &mut out).unwrap();
+        assert_eq!(&out, b"npumem");
+        assert_eq!(b.translate(va + 10).unwrap().pa, b.translate(va + MIB + 10).unwrap().pa);
+        assert_eq!(b.translate(va).unwrap().page_size, b.page_size(PageKind::Normal));
+        assert!(b.read(va + 64 * 1024, &mut out).is_err(), "past the mapping");
+        assert!(b.release(va).is_err(), "a reservation with mappings stays");
+        b.free_physical(h).unwrap();
+        assert_eq!(b.mem_info(MemScope::All).1, 64 * MIB);
+        assert_eq!(b.in_use, 64 * 1024, "freed while mapped: kept until the last unmap");
+        b.unmap(va).unwrap();
+        b.read(va + MIB + 10, &mut out).unwrap();
+        b.unmap(va + MIB).unwrap();
+        assert_eq!(b.in_use, 0);
+        assert!(b.read(va + MIB + 10, &mut out).is_err());
+        b.release(va).unwrap();
+        assert!(b.reservations.is_empty());
+    }
+
+    #[test]
+    fn capacity_and_bad_calls_are_errors() {
+        let mut b = host(MIB);
+        let err = b.create_physical(2 * MIB, PageKind::Normal).unwrap_err();
+        assert!(err.code.is_out_of_memory(), "{}", err.message);
+        assert!(b.create_physical(1000, PageKind::Normal).is_err());
+        assert!(b.map(0x1000, 7).is_err());
+        let h = b.create_physical(MIB, PageKind::Normal).unwrap();
+        assert!(b.map(0x1000, h).is_err(), "no reservation there");
+        let va = b.reserve(MIB, 4096, None).unwrap();
+        assert!(b.map(va + 4096, h).is_err(), "runs past the reservation");
+        b.map(va, h).unwrap();
+        let other = b.reserve(MIB, 4096, None).unwrap();
+        b.copy(va + 8, va, 100).unwrap();
+        assert!(b.copy(other, va, 8).is_err(), "the destination is not mapped");
+        b.fill(va, 7, MIB).unwrap();
+        let mut out = [0u8; 2];
+        b.read(va + MIB - 2, &mut out).unwrap();
+        assert_eq!(out, [7, 7]);
+        b.unmap(va).unwrap();
+        b.free_physical(h).unwrap();
+        assert!(b.free_physical(h).is_err());
+    }
+
+    #[test]
+    fn huge_pages_come_from_the_hugetlb_pool_or_fail_naming_it() {
+        let mut b = host(64 * MIB);
+        match b.create_physical(2 * MIB, PageKind::Huge) {
+            Ok(h) => {
+                let va = b.reserve(2 * MIB, 2 * MIB, None).unwrap();
+                b.map(va, h).unwrap();
+                assert_eq!(b.translate(va).unwrap().page_size, PageSize::Size2M);
+                b.write(va + 2 * MIB - 1, &[1]).unwrap();
+                b.unmap(va).unwrap();
+                b.free_physical(h).unwrap();
+            }
+            Err(e) => {
+                assert!(e.code.is_out_of_memory(), "{}", e.message);
+                assert!(e.message.contains("/proc/sys/vm/nr_hugepages"), "{}", e.message);
+            }
+        }
+    }
+}
