@@ -60,6 +60,7 @@ _SUBMODULES = frozenset(
         "graph",
         "hostpool",
         "importers",
+        "kernels",
         "patterns",
         "pipelines",
         "plan",

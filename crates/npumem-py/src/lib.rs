@@ -5,6 +5,7 @@ mod convert;
 mod device;
 mod errors;
 mod hostpool;
+mod kernels;
 mod plan;
 mod tlb;
 
@@ -30,6 +31,9 @@ mod _native {
 
     #[pymodule_export]
     use crate::device::cost_preset;
+
+    #[pymodule_export]
+    use crate::kernels::{chase, gemm_tiled};
 
     /// Parses a size such as "32GiB", "64KiB" or 4096 into bytes.
     #[pyfunction]
