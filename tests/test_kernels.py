@@ -96,7 +96,8 @@ def test_bad_arguments_are_refused_before_any_access():
         chase(np.array([0, 1, 9, 0], np.uint64), 1)
 
     f = np.zeros((4, 4), np.float32)
-    with pytest.raises(TypeError, match=r"b must be a C-contiguous 2-D numpy array of float32, got a 2-D array of float64"):
+    wrong_dtype = r"b must be a C-contiguous 2-D numpy array of float32, got a 2-D array of float64"
+    with pytest.raises(TypeError, match=wrong_dtype):
         gemm_tiled(f, np.zeros((4, 4)), f.copy())
     with pytest.raises(TypeError, match=r"a must be .*, got tuple"):
         gemm_tiled((1,), f, f.copy())
