@@ -8,7 +8,7 @@ STAMP := $(VENV)/.deps-stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run test build lint test-rust test-loom test-python fuzz miri bench bench-replay bench-streams bench-plan bench-fastpath bench-pools validate-tlb clean
+.PHONY: run test build lint test-rust test-loom test-python fuzz miri bench bench-replay bench-streams bench-plan bench-fastpath bench-pools bench-host bench-pagesize validate-tlb clean
 
 run: build
 	npumem demo
@@ -85,6 +85,16 @@ bench-plan: build
 
 validate-tlb: build
 	python benches/validate_tlb.py
+
+# Real memory (issue #13): pooled allocation on the host backend against a mapping per call,
+# glibc malloc and numpy; and 4 KiB against 2 MiB pages under a pointer chase and GEMMs. The
+# page-size run reserves 2 MiB pages through /proc/sys/vm/nr_hugepages when it can (as root)
+# and gives them back; otherwise it uses transparent huge pages, and says which.
+bench-host: build
+	python benches/bench_host.py
+
+bench-pagesize: build
+	python benches/bench_pagesize.py
 
 clean:
 	rm -rf $(VENV) target python/npumem/*.so fuzz/target

@@ -5,15 +5,16 @@ from __future__ import annotations
 import io
 import re
 
-from npumem import demo
+from npumem import Policy, demo
+from npumem.errors import OutOfMemoryError
 
 
 def test_demo_runs_every_section():
     out = io.StringIO()
     demo.run(out=out)
     text = out.getvalue()
-    sections = re.findall(r"^(\d)\. ", text, re.M)
-    assert sections == [str(i) for i in range(1, 10)]
+    sections = re.findall(r"^(\d+)\. ", text, re.M)
+    assert sections == [str(i) for i in range(1, 11)]
     assert "7. Graph planning" in text and "8. Host memory pool" in text
     assert "owned by 'npumem_host_pool' (ok)" in text
     assert "9. Device allocation at Python speed" in text and "is caught as use after free" in text
@@ -29,3 +30,44 @@ def test_mlp_training_graph_shape():
     r = p.report()
     assert r["weight_memory"] == 3 * 1024 and r["activation_memory"] == r["lower_bound"]
     assert all(p.resident(f"dW{i}") for i in (1, 2, 3))
+
+
+def host_section() -> str:
+    out = io.StringIO()
+    demo.host_memory(out)
+    return out.getvalue()
+
+
+def test_host_section_counts_the_system_calls_and_shows_aliases():
+    text = host_section()
+    assert text.splitlines()[1].startswith("10. Real memory")
+    allocs = int(re.search(r"A training trace \((\d+) mallocs", text)[1])
+    rows = {
+        (m[1], m[2]): [int(v) for v in m.groups()[2:]]
+        for m in re.finditer(r"^\s+(\w+)\s+(first|second)\s+[\d.]+\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)$", text, re.M)
+    }
+    # direct: one reservation, memfd, mmap and unmap per malloc, on every pass
+    assert rows["direct", "first"] == rows["direct", "second"] == [allocs] * 4
+    # the pool: pages mapped on the first pass, none unmapped; no system call on the second
+    assert rows["npumem", "first"][2] > 0 and rows["npumem", "first"][3] == 0
+    assert rows["npumem", "second"] == [0, 0, 0, 0]
+    assert "b'written at the device pointer', b'alias' (ok)" in text
+    assert ("hugetlb pool has" in text) != ("echo 64 > /proc/sys/vm/nr_hugepages" in text)
+
+
+def test_host_section_without_huge_pages_or_a_second_mapping(monkeypatch):
+    class NoHugePages(demo.Device):
+        def malloc(self, size, policy=None, stream=None):
+            if policy == Policy.HUGE_ONLY:
+                raise OutOfMemoryError(207001, "ACL_ERROR_RT_MEMORY_ALLOCATION", "no free 2 MiB pages")
+            return super().malloc(size, policy, stream)
+
+    def no_alias(ptr):
+        raise OSError("no /proc here")
+
+    monkeypatch.setattr(demo, "Device", NoHugePages)
+    monkeypatch.setattr(demo, "_second_mapping", no_alias)
+    text = host_section()
+    assert "(aliases not shown: no /proc here)" in text
+    assert "HUGE_ONLY fails (out of memory)" in text and "echo 64 > /proc/sys/vm/nr_hugepages" in text
+    assert re.search(r"^\s+npumem\s+second\s+[\d.]+\s+0\s+0\s+0\s+0$", text, re.M)

@@ -1,0 +1,431 @@
+"""Issue #13: page size measured on real memory, beside the TLB model's prediction.
+
+The host backend maps one block with 4 KiB pages (``NORMAL_ONLY``: a memfd of normal pages,
+``MADV_NOHUGEPAGE``) and one with 2 MiB pages (``HUGE_ONLY``: a hugetlb memfd). When the kernel's
+pool has too few free 2 MiB pages, the shortfall is reserved through ``/proc/sys/vm/nr_hugepages``
+(as root) and given back afterwards, also when the run fails; where that is impossible (or with
+``--thp``) the 2 MiB side is an anonymous mapping with ``MADV_HUGEPAGE`` (transparent huge
+pages), labelled so. What is in force is read from ``/proc/self/smaps`` for each range.
+
+Kernels (``npumem.kernels``, Rust, over zero-copy numpy views of that memory):
+
+1. pointer chase: one 64 B line per 4 KiB page in a random cycle (``npumem.patterns.pointer_chase``),
+   footprints doubling from 128 KiB, so the data stays cache-resident long after the
+   translations stop fitting the TLBs;
+2. GEMM: ``gemm_tiled`` (float32, 64 x 64 x 64 tiles, no packing: every row of a B tile is read
+   where it lies) and numpy's ``matmul`` (OpenBLAS, one thread, which packs tiles into its own
+   buffers) on the same views.
+
+Beside each measurement, the TLB model (``npumem.tlb.Tlb``) runs the same addresses through the
+same device's ``translate`` (so it sees the page size in force): the preset closest to this CPU
+(from ``/proc/cpuinfo``) with its published costs, and a calibrated one whose costs (cycles of
+an L2 TLB hit and of a walk step) are fitted to the chase measurements by least squares. GEMM
+predictions are the translation cycles of the kernel's own row-segment trace over the first
+block row of tiles, scaled to the whole product.
+
+Run: make bench-pagesize   (or: .venv/bin/python benches/bench_pagesize.py [--quick] [--thp]
+[--max-footprint MIB])
+"""
+
+from __future__ import annotations
+
+import os
+
+# numpy's BLAS threads spin on this 2-core machine and steal time from what is measured.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import argparse
+import contextlib
+import ctypes
+import mmap
+import re
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+import npumem
+from npumem import Policy
+from npumem.errors import OutOfMemoryError
+from npumem.kernels import chase, gemm_tiled
+from npumem.patterns import pointer_chase
+from npumem.tlb import Tlb, TlbStats
+from npumem.units import fmt
+
+KIB, MIB = 1 << 10, 1 << 20
+HUGE = 2 * MIB
+NR_HUGEPAGES = "/proc/sys/vm/nr_hugepages"
+GEMM_SIDES = (1024, 2048)
+TILE = 64
+
+
+# -- the machine -------------------------------------------------------------------------------
+
+
+def cpu() -> tuple[str, str, float]:
+    """(description, closest TLB preset, clock in GHz) from /proc/cpuinfo."""
+    info: dict[str, str] = {}
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if not line.strip():
+                break
+            key, _, value = line.partition(":")
+            info[key.strip()] = value.strip()
+    vendor, family = info.get("vendor_id", "?"), int(info.get("cpu family", "0"))
+    model = int(info.get("model", "0"))
+    if vendor == "GenuineIntel":
+        preset = "skylake"  # the Intel preset: split L1 DTLB by page size, 12-way STLB
+    elif vendor == "AuthenticAMD":
+        preset = {25: "zen4", 26: "zen5"}.get(family, "zen4")
+    else:
+        preset = "champsim_default"
+    ghz = float(info.get("cpu MHz", "2000")) / 1000
+    desc = f"{info.get('model name', '?')} ({vendor} family {family} model {model}, {ghz:.2f} GHz)"
+    return desc, preset, ghz
+
+
+def smaps_pages(start: int, nbytes: int) -> str:
+    """What backs ``[start, start + nbytes)``, from /proc/self/smaps."""
+    fields: dict[str, int] = {}
+    kernel_pages: set[int] = set()
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = re.match(r"^([0-9a-f]+)-([0-9a-f]+) ", line)
+            if head:
+                lo, hi = int(head[1], 16), int(head[2], 16)
+                inside = lo < start + nbytes and start < hi
+                continue
+            if inside:
+                key, _, value = line.partition(":")
+                if value.strip().endswith("kB"):
+                    kb = int(value.split()[0])
+                    if key == "KernelPageSize":
+                        kernel_pages.add(kb)
+                    else:
+                        fields[key] = fields.get(key, 0) + kb
+    pages = "/".join(f"{kb} kB" for kb in sorted(kernel_pages)) or "?"
+    hugetlb = fields.get("Private_Hugetlb", 0) + fields.get("Shared_Hugetlb", 0)
+    thp = sum(fields.get(k, 0) for k in ("AnonHugePages", "ShmemPmdMapped", "FilePmdMapped"))
+    if 2048 in kernel_pages:
+        return f"hugetlb (smaps KernelPageSize {pages}, {hugetlb // 1024} MiB Hugetlb)"
+    if thp:
+        return f"THP (smaps {thp // 1024} of {fields.get('Rss', 0) // 1024} MiB resident in 2 MiB pages)"
+    return f"4 KiB pages (smaps KernelPageSize {pages}, no huge pages)"
+
+
+def _read_int(path: str) -> int:
+    with open(path) as f:
+        return int(f.read().split()[0])
+
+
+def _meminfo(field: str) -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+@contextlib.contextmanager
+def hugetlb_pages(need: int) -> Iterator[str | None]:
+    """Makes ``need`` 2 MiB pages free in the kernel's pool, reserving the shortfall through
+    /proc/sys/vm/nr_hugepages; yields None when they are there, else why not. Gives back exactly
+    the pages it added (other programs may hold some of the pool), also when the body fails."""
+    added = 0
+    shortfall = need - _meminfo("HugePages_Free")
+    try:
+        if shortfall > 0:
+            before = _read_int(NR_HUGEPAGES)
+            try:
+                with open(NR_HUGEPAGES, "w") as f:
+                    f.write(str(before + shortfall))
+            except OSError as e:
+                yield f"cannot reserve {shortfall} more 2 MiB pages through {NR_HUGEPAGES} ({e.strerror})"
+                return
+            added = _read_int(NR_HUGEPAGES) - before
+            print(f"reserved {added} 2 MiB pages ({NR_HUGEPAGES}: {before} -> {before + added})")
+            if added < shortfall:
+                yield f"the kernel found only {added} of {shortfall} more 2 MiB pages (memory fragmented)"
+                return
+        yield None
+    finally:
+        if added > 0:
+            now = _read_int(NR_HUGEPAGES)
+            with open(NR_HUGEPAGES, "w") as f:
+                f.write(str(max(0, now - added)))
+            print(f"gave back {added} 2 MiB pages ({NR_HUGEPAGES}: {now} -> {_read_int(NR_HUGEPAGES)})")
+
+
+# -- memory under test -------------------------------------------------------------------------
+
+
+def device_view(dev: npumem.Device, ptr: int, nbytes: int) -> np.ndarray:
+    """A zero-copy uint8 view of device memory: the device's own where it has one, else a raw
+    view (this script frees the block only after dropping every view)."""
+    try:
+        return dev.to_numpy(ptr, nbytes, np.uint8, copy=False)  # type: ignore[call-arg]
+    except TypeError:
+        return np.frombuffer((ctypes.c_uint8 * nbytes).from_address(ptr), np.uint8)
+
+
+@dataclass
+class Region:
+    """Memory under test: a uint8 view of it, and where the TLB model finds its translations."""
+
+    label: str
+    memory: np.ndarray
+    model_dev: npumem.Device
+    model_base: int
+    in_force: str = ""
+
+    @property
+    def base(self) -> int:
+        return self.memory.ctypes.data
+
+    def model_addresses(self, addresses: np.ndarray) -> np.ndarray:
+        return addresses - np.uint64(self.base) + np.uint64(self.model_base)
+
+
+def host_region(label: str, nbytes: int, policy: Policy) -> Region:
+    dev = npumem.Device(nbytes + 64 * MIB, backend="host", allocator="direct")
+    ptr = dev.malloc(nbytes, policy)
+    return Region(label, device_view(dev, ptr, nbytes), dev, ptr)
+
+
+def thp_region(nbytes: int) -> Region:
+    """An anonymous mapping advised MADV_HUGEPAGE (2 MiB aligned), modelled on a simulated device
+    mapped with 2 MiB pages at the same offsets."""
+    m = mmap.mmap(-1, nbytes + HUGE)
+    whole = np.frombuffer(m, np.uint8)
+    skip = -whole.ctypes.data % HUGE
+    m.madvise(mmap.MADV_HUGEPAGE)
+    sim = npumem.Device(nbytes + 64 * MIB, allocator="direct")
+    return Region(
+        "2 MiB THP (anonymous mmap, MADV_HUGEPAGE)",
+        whole[skip : skip + nbytes],
+        sim,
+        sim.malloc(nbytes, Policy.HUGE_ONLY),
+    )
+
+
+# -- the model ---------------------------------------------------------------------------------
+
+
+def features(st: TlbStats) -> tuple[float, float]:
+    """Per access: L2 TLB hits (L1 misses that did not walk) and walk steps taken."""
+    l2_hits = st.levels[1].hits if len(st.levels) > 1 else 0
+    return l2_hits / st.accesses, st.walk_steps / st.accesses
+
+
+def model_run(preset: str, region: Region, addresses: np.ndarray, overrides: dict | None = None) -> TlbStats:
+    """The preset on the region's translations: one pass to warm, one counted."""
+    tlb = Tlb.preset(preset, region.model_dev, **(overrides or {}))
+    addrs = region.model_addresses(addresses)
+    tlb.run(addrs)
+    tlb.reset_stats()
+    return tlb.run(addrs)
+
+
+def nonnegative_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, ...]:
+    """Least squares ``y ~ x @ c`` with every coefficient >= 0 (the best of the fits on each
+    subset of the columns whose coefficients come out non-negative)."""
+    best, best_err = np.zeros(x.shape[1]), float(np.sum(y**2))
+    for mask in range(1, 1 << x.shape[1]):
+        cols = [i for i in range(x.shape[1]) if mask >> i & 1]
+        c, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
+        if (c >= 0).all():
+            err = float(np.sum((x[:, cols] @ c - y) ** 2))
+            if err < best_err:
+                best, best_err = np.zeros(x.shape[1]), err
+                best[cols] = c
+    return tuple(float(v) for v in best)
+
+
+def calibrated_overrides(preset: str, l2_ns: float, step_ns: float, ghz: float) -> dict:
+    cfg = Tlb.preset(preset, npumem.Device("64MiB")).config
+    out = {"walk_step_cycles": round(step_ns * ghz)}
+    for i in range(len(cfg["levels"][1]) if len(cfg["levels"]) > 1 else 0):
+        out[f"1.{i}.hit_cycles"] = round(l2_ns * ghz)
+    return out
+
+
+# -- kernels -----------------------------------------------------------------------------------
+
+
+def chase_cycle(region: Region, footprint: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Writes a random cycle over one line per 4 KiB page of the region's first ``footprint``
+    bytes; returns the u64 view and the cycle's addresses (one lap)."""
+    pages = footprint // (4 * KIB)
+    addrs = pointer_chase(region.base, footprint, pages + 1, seed=seed)
+    nxt = region.memory[:footprint].view(np.uint64)
+    nxt.fill(0)
+    idx = (addrs - np.uint64(region.base)) // np.uint64(8)
+    nxt[idx[:-1]] = idx[1:]
+    return nxt, addrs[:-1]
+
+
+def gemm_trace(a: int, b: int, c: int, side: int) -> np.ndarray:
+    """The addresses ``gemm_tiled`` reads and writes, one per row segment (a segment never crosses
+    a page), over the first block row of tiles (i0 = 0: every (j0, k0) tile)."""
+    t = TILE
+    i = np.arange(t, dtype=np.uint64)[:, None]
+    kk = np.arange(t, dtype=np.uint64)[None, :]
+    row = np.uint64(side * 4)
+    out = []
+    for j0 in range(0, side, t):
+        for k0 in range(0, side, t):
+            a_seg = np.uint64(a) + i * row + np.uint64(k0 * 4)
+            b_seg = np.uint64(b) + (kk + np.uint64(k0)) * row + np.uint64(j0 * 4)
+            c_seg = np.uint64(c) + i * row + np.uint64(j0 * 4)
+            inner = np.stack([np.broadcast_to(b_seg, (t, t)), np.broadcast_to(c_seg, (t, t))], axis=2).reshape(t, 2 * t)
+            out.append(np.concatenate([a_seg, inner], axis=1).reshape(-1))
+    return np.concatenate(out)
+
+
+# -- the benchmark -----------------------------------------------------------------------------
+
+
+def measure_chase(regions: list[Region], footprints: list[int], rounds: int, seed: int) -> dict[tuple[str, int], float]:
+    best: dict[tuple[str, int], float] = {}
+    for _ in range(rounds):
+        for fp in footprints:
+            for r in regions:
+                nxt, addrs = chase_cycle(r, fp, seed)
+                start = int((addrs[0] - np.uint64(r.base)) // np.uint64(8))
+                pages = fp // (4 * KIB)
+                chase(nxt, pages, start)  # warm: one lap
+                _, ns = chase(nxt, max(4 * pages, 2_000_000), start)
+                best[r.label, fp] = min(best.get((r.label, fp), float("inf")), ns)
+    return best
+
+
+def _exit_on_term(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds, so the huge pages are given back
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="fewer footprints and rounds (a smoke test)")
+    ap.add_argument("--thp", action="store_true", help="use transparent huge pages for the 2 MiB side")
+    ap.add_argument("--max-footprint", type=int, default=512, help="largest chase footprint, MiB")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the best of each is kept")
+    args = ap.parse_args()
+    signal.signal(signal.SIGTERM, _exit_on_term)
+
+    desc, preset, ghz = cpu()
+    max_fp = (32 if args.quick else args.max_footprint) * MIB
+    sides = GEMM_SIDES[:1] if args.quick else GEMM_SIDES
+    rounds = 1 if args.quick else args.rounds
+    nbytes = max(max_fp, 3 * 4 * max(sides) ** 2)
+    footprints = [128 * KIB << i for i in range(20) if 128 * KIB << i <= max_fp]
+    print(f"CPU: {desc}; TLB preset: {preset}")
+    print(f"THP: {open('/sys/kernel/mm/transparent_hugepage/enabled').read().strip()}")
+
+    need = -(-(nbytes + 64) // HUGE) + 1
+    with hugetlb_pages(0 if args.thp else need) as why_not:
+        small = host_region("4 KiB (host backend, NORMAL_ONLY)", nbytes, Policy.NORMAL_ONLY)
+        big = None
+        if not args.thp and why_not is None:
+            try:
+                big = host_region("2 MiB hugetlb (host backend, HUGE_ONLY)", nbytes, Policy.HUGE_ONLY)
+            except OutOfMemoryError as e:
+                why_not = str(e).split(" (device:")[0]
+        if big is None:
+            print(f"hugetlb not used: {why_not or '--thp'}; 2 MiB side: transparent huge pages")
+            big = thp_region(nbytes)
+        regions = [small, big]
+        for r in regions:
+            r.memory[::4096] = 0  # every page present before anything is timed
+            r.in_force = smaps_pages(r.base, nbytes)
+            print(f"{r.label}: {fmt(nbytes)} at {r.base:#x}: {r.in_force}")
+        run(regions, footprints, sides, rounds, preset, ghz)
+        del regions, small, big  # views before their devices
+
+
+def run(
+    regions: list[Region], footprints: list[int], sides: tuple[int, ...], rounds: int, preset: str, ghz: float
+) -> None:
+    small, big = regions
+    seed = 1
+    t0 = time.perf_counter()
+    measured = measure_chase(regions, footprints, rounds, seed)
+    print(f"(chase measured in {time.perf_counter() - t0:.0f} s)")
+
+    # The model on the same cycles; then costs fitted to every (footprint, page) point.
+    feats: dict[tuple[str, int], tuple[float, float]] = {}
+    pub: dict[tuple[str, int], float] = {}
+    for fp in footprints:
+        for r in regions:
+            _, addrs = chase_cycle(r, fp, seed)
+            st = model_run(preset, r, addrs)
+            feats[r.label, fp] = features(st)
+            pub[r.label, fp] = st.cycles / st.accesses
+    # Calibration on the differences (4 KiB minus 2 MiB at each footprint): the data lines are the
+    # same in both runs, so cache effects cancel and what is left is what the page size changes.
+    dx = np.array([np.subtract(feats[small.label, fp], feats[big.label, fp]) for fp in footprints])
+    dy = np.array([measured[small.label, fp] - measured[big.label, fp] for fp in footprints])
+    l2_ns, step_ns = nonnegative_fit(dx, dy)
+    cal = calibrated_overrides(preset, l2_ns, step_ns, ghz)
+
+    print(
+        f"\nPointer chase, ns per step (one line per 4 KiB page, random cycle; best of {rounds}); "
+        f"model: {preset} translation cycles per step, and calibrated to this machine: "
+        f"{l2_ns:.1f} ns per L2 TLB hit, {step_ns:.1f} ns per walk step"
+    )
+    head = ["footprint", "4K ns", "2M ns", "4K-2M ns", f"{preset} 4K cyc", f"{preset} 2M cyc"]
+    head += [f"{preset} 4K-2M ns", "calibrated 4K-2M ns"]
+    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+    for fp, (d_l2, d_steps) in zip(footprints, dx, strict=True):
+        m4, m2 = measured[small.label, fp], measured[big.label, fp]
+        c4, c2 = pub[small.label, fp], pub[big.label, fp]
+        cells = [fmt(fp), f"{m4:.1f}", f"{m2:.1f}", f"{m4 - m2:+.1f}", f"{c4:.1f}", f"{c2:.1f}"]
+        cells += [f"{(c4 - c2) / ghz:+.1f}", f"{l2_ns * d_l2 + step_ns * d_steps:+.1f}"]
+        print("| " + " | ".join(cells) + " |")
+
+    print(f"\nGEMM, float32, C += A @ B (best of {rounds}); model: translation time of the kernel's trace")
+    head = ["n", "kernel", "4K ms", "2M ms", "4K-2M", f"{preset} pred. 4K-2M ms", "calibrated pred. ms"]
+    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+    for side in sides:
+        size = 4 * side * side
+        mats = {}
+        for r in regions:
+            f32 = r.memory[: 3 * size].view(np.float32)
+            a, b, c = (f32[i * side * side : (i + 1) * side * side].reshape(side, side) for i in range(3))
+            rng = np.random.default_rng(side)
+            a[:] = rng.standard_normal((side, side), dtype=np.float32)
+            b[:] = rng.standard_normal((side, side), dtype=np.float32)
+            mats[r.label] = (a, b, c)
+        times: dict[tuple[str, str], float] = {}
+        for _ in range(rounds):
+            for r in regions:
+                a, b, c = mats[r.label]
+                c.fill(0)
+                ns = gemm_tiled(a, b, c, TILE)
+                times["tiled", r.label] = min(times.get(("tiled", r.label), float("inf")), ns / 1e6)
+                t0 = time.perf_counter()
+                np.matmul(a, b, out=c)
+                ms = (time.perf_counter() - t0) * 1e3
+                times["numpy", r.label] = min(times.get(("numpy", r.label), float("inf")), ms)
+        # The model: the kernel's trace over the first block row of tiles, scaled to all of them.
+        pred: dict[str, float] = {}
+        for name, over in ((preset, None), ("calibrated", cal)):
+            cyc = {}
+            for r in regions:
+                trace = gemm_trace(r.base, r.base + size, r.base + 2 * size, side)
+                st = model_run(preset, r, trace, over)
+                cyc[r.label] = st.cycles * (side // TILE)
+            pred[name] = (cyc[small.label] - cyc[big.label]) / ghz / 1e6
+        for kernel in ("tiled", "numpy"):
+            t4, t2 = times[kernel, small.label], times[kernel, big.label]
+            model = (f"{pred[preset]:.2f}", f"{pred['calibrated']:.2f}") if kernel == "tiled" else ("-", "-")
+            name = f"gemm_tiled ({TILE}^3 tiles)" if kernel == "tiled" else "numpy matmul (OpenBLAS)"
+            print(f"| {side} | {name} | {t4:.1f} | {t2:.1f} | {100 * (t4 - t2) / t4:+.1f}% | {model[0]} | {model[1]} |")
+        del mats
+    print(f"\n4K = {small.label}: {small.in_force}\n2M = {big.label}: {big.in_force}")
+
+
+if __name__ == "__main__":
+    main()
