@@ -7,6 +7,7 @@ mod errors;
 mod hostpool;
 mod plan;
 mod tlb;
+mod view;
 
 use pyo3::prelude::*;
 
@@ -19,6 +20,9 @@ mod _native {
 
     #[pymodule_export]
     use crate::tlb::PyTlb;
+
+    #[pymodule_export]
+    use crate::view::DeviceView;
 
     #[pymodule_export]
     use crate::hostpool::{HostBlock, PyHostPool};
