@@ -126,7 +126,9 @@ class Device(_native.Device):
         try:
             source = self._view(ptr, nbytes) if view else self._check_range(ptr, nbytes)
         except InvalidParamError as e:
-            raise type(e)(e.code, e.name, f"shape {dims} of {dt} is {nbytes:,} bytes at {ptr:#x}: {e.message}") from None
+            raise type(e)(
+                e.code, e.name, f"shape {dims} of {dt} is {nbytes:,} bytes at {ptr:#x}: {e.message}"
+            ) from None
         if view:
             return np.frombuffer(source, dtype=dt, count=count).reshape(dims)
         out = np.empty(dims, dtype=dt)
