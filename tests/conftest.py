@@ -69,16 +69,24 @@ def booked(size: int, policy: int = npumem.Policy.HUGE_FIRST, *, padded: bool = 
 
 
 def snapshot(dev: npumem.Device) -> dict:
-    """Everything observable about a device's state (the counter of failed mallocs aside)."""
+    """Everything observable about a device's state (the counter of failed mallocs aside; frames
+    and the page table where the backend has them)."""
     stats = dev.stats()
     stats.pop("failed_mallocs")
+    sim = dev.backend == "sim"
     return {
         "mem_info": {attr: dev.mem_info(attr) for attr in MemAttr},
-        "frames": dev.frame_stats(),
-        "page_table": dev.page_table_stats(),
+        "frames": dev.frame_stats() if sim else None,
+        "page_table": dev.page_table_stats() if sim else None,
         "stats": stats,
         "allocations": dev.allocations(),
     }
+
+
+def held_memory(dev: npumem.Device) -> object:
+    """What a device holds below its allocator, to compare before and after: the simulator's
+    frames (exact buddy state), or on other backends the memory information."""
+    return dev.frame_stats() if dev.backend == "sim" else dev.mem_info()
 
 
 @contextlib.contextmanager
@@ -125,9 +133,98 @@ def fragment(d: npumem.Device) -> set[int]:
     return kept
 
 
+# --------------------------------------------------------------------------------------------
+# Both backends: a module marked `pytestmark = BOTH_BACKENDS` runs each of its tests on the
+# simulator and on real host memory (`backend="host"`): `Device` (imported or as
+# `npumem.Device`) defaults to the backend of the run. A test of what only the simulator has
+# (frames, the page table, its VA window, giant frames, a fragmented buddy) is marked
+# `@pytest.mark.sim_only("why")` and skipped on the host with that reason.
+# --------------------------------------------------------------------------------------------
+
+BACKENDS = ("sim", "host")
+BOTH_BACKENDS = [pytest.mark.usefixtures("npumem_backend")]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "sim_only(reason): needs the simulator; skipped on the host backend")
+    config.addinivalue_line(
+        "markers", "huge_pages: expects 2 MiB pages; on the host backend, skipped when no hugetlb pages can be had"
+    )
+
+
+#: 2 MiB pages the test session reserves for the host backend (as root), given back at its end.
+HUGE_PAGES_WANTED = 1024
+_NR_HUGEPAGES = "/proc/sys/vm/nr_hugepages"
+
+
+def free_huge_pages() -> int:
+    """Free 2 MiB pages in the kernel's hugetlb pool."""
+    try:
+        with open("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages") as f:
+            return int(f.read())
+    except OSError:
+        return 0
+
+
+@pytest.fixture(scope="session")
+def host_huge_pages():
+    """Reserves 2 MiB pages for the host backend's tests where this process may (root), and
+    gives them back at the end of the session; yields how many are free."""
+    old = None
+    try:
+        with open(_NR_HUGEPAGES) as f:
+            old = int(f.read())
+        if free_huge_pages() < HUGE_PAGES_WANTED:
+            with open(_NR_HUGEPAGES, "w") as f:
+                f.write(str(old + HUGE_PAGES_WANTED - free_huge_pages()))
+    except (OSError, ValueError):
+        old = None  # not root, or no hugetlb: the tests that need huge pages skip
+    try:
+        yield free_huge_pages()
+    finally:
+        if old is not None:
+            with contextlib.suppress(OSError), open(_NR_HUGEPAGES, "w") as f:
+                f.write(str(old))
+
+
+def pytest_generate_tests(metafunc):
+    if "npumem_backend" in metafunc.fixturenames:
+        metafunc.parametrize("npumem_backend", BACKENDS, indirect=True)
+
+
+class _HostDevice(npumem.Device):
+    """`npumem.Device` with `backend="host"` unless another is asked for."""
+
+    def __new__(cls, *args, **kwargs):
+        kwargs.setdefault("backend", "host")
+        return super().__new__(cls, *args, **kwargs)
+
+
 @pytest.fixture
-def dev() -> npumem.Device:
-    """A small, fresh device with 4 KiB normal pages."""
+def npumem_backend(request, monkeypatch) -> str:
+    backend = getattr(request, "param", "sim")  # unittest-style tests (state machines) run on the simulator
+    if backend == "host":
+        marker = request.node.get_closest_marker("sim_only")
+        if marker is not None:
+            pytest.skip(f"simulator only: {marker.args[0] if marker.args else 'needs the simulator'}")
+        huge = request.getfixturevalue("host_huge_pages")
+        if request.node.get_closest_marker("huge_pages") is not None and huge < HUGE_PAGES_WANTED:
+            pytest.skip(
+                f"needs 2 MiB huge pages: {huge} free; reserve {HUGE_PAGES_WANTED} as root with "
+                f"`echo {HUGE_PAGES_WANTED} > {_NR_HUGEPAGES}`"
+            )
+        monkeypatch.setattr(npumem, "Device", _HostDevice)
+        if getattr(request.module, "Device", None) is not None:
+            monkeypatch.setattr(request.module, "Device", _HostDevice)
+    return backend
+
+
+@pytest.fixture
+def dev(request) -> npumem.Device:
+    """A small, fresh device with 4 KiB normal pages (on the run's backend in a module that runs
+    on both)."""
+    if "npumem_backend" in request.fixturenames:
+        request.getfixturevalue("npumem_backend")
     return npumem.Device("64MiB", allocator="direct")
 
 

@@ -6,11 +6,14 @@ import random
 
 import numpy as np
 import pytest
-from conftest import run_in_threads
+from conftest import BOTH_BACKENDS, run_in_threads
 
 import npumem
 
 MiB = 1 << 20
+
+
+pytestmark = BOTH_BACKENDS
 
 
 @pytest.mark.parametrize("allocator", ["npumem", "pytorch", "direct"])

@@ -5,11 +5,13 @@ allocator keeps (no overlap, data integrity, stats equal to a recount, everythin
 from __future__ import annotations
 
 import pytest
-from conftest import GiB, KiB, MiB, align_up, booked, raises_acl
+from conftest import BOTH_BACKENDS, GiB, KiB, MiB, align_up, booked, held_memory, raises_acl
 from hypothesis import event, given
 from hypothesis import strategies as st
 
 from npumem import Device, InvalidParamError, OutOfMemoryError, Policy, UnsupportedError
+
+pytestmark = BOTH_BACKENDS
 
 ALLOCATORS = ("npumem", "direct", "pytorch", "torch_npu")
 CACHING = ("pytorch", "torch_npu")
@@ -457,6 +459,7 @@ def test_round_size(allocator, size, expected):
     assert d.memory_stats()["requested_bytes.all.current"] == size
 
 
+@pytest.mark.huge_pages
 @pytest.mark.parametrize(
     ("allocator", "size", "pool", "reserved"),
     [
@@ -891,6 +894,7 @@ def test_roundup_power2_divisions_applies_after_the_torch_npu_pad():
     assert grant_of(d, 5 * MiB - 31) == 6 * MiB
 
 
+@pytest.mark.sim_only("giant frames are set aside in the simulator; the host takes 1 GiB pages from hugetlb")
 def test_torch_npu_page_size_1g_with_giant_frames():
     d = Device("4GiB", allocator="torch_npu", alloc_conf="page_size:1g", giant_frames=1)
     g = d.malloc(3 * MiB)
@@ -909,6 +913,7 @@ def test_torch_npu_page_size_1g_with_giant_frames():
     assert d.frame_stats()["giant_free"] == 0
 
 
+@pytest.mark.huge_pages
 def test_torch_npu_page_size_1g_without_giant_frames_falls_back():
     d = Device("4GiB", allocator="torch_npu", alloc_conf="page_size:1g")
     g = d.malloc(3 * MiB)
@@ -950,6 +955,7 @@ def test_npumem_pools_split_at_1mib():
     assert s["reserved_bytes.large_pool.current"] == LARGE_PAGE
 
 
+@pytest.mark.huge_pages
 def test_npumem_maps_large_pages_on_demand():
     d = Device("64MiB")
     x = d.malloc(3 * MiB)
@@ -1084,6 +1090,7 @@ def test_direct_allocator_maps_fresh_memory_for_the_stitching_pattern():
     assert d.stats()["maps"] == before["maps"] + 1
 
 
+@pytest.mark.sim_only("giant frames are set aside in the simulator; the host takes 1 GiB pages from hugetlb")
 def test_npumem_bypass_prefers_giant_pages():
     d = Device("4GiB", giant_frames=1)
     g = d.malloc(GiB)
@@ -1130,7 +1137,7 @@ def test_npumem_large_threshold_mb():
 
 
 def test_npumem_empty_cache_returns_every_frame():
-    fresh = Device("64MiB").frame_stats()
+    fresh = held_memory(Device("64MiB"))
     d = Device("64MiB")
     ptrs = [d.malloc(s) for s in (100, 5000, MiB, MiB + 1, 7 * MiB, 20 * MiB)]
     for p in ptrs:
@@ -1139,7 +1146,7 @@ def test_npumem_empty_cache_returns_every_frame():
     d.empty_cache()
     assert d.memory_reserved() == 0
     assert d.mem_info() == (64 * MiB, 64 * MiB)
-    assert d.frame_stats() == fresh
+    assert held_memory(d) == fresh
     s = d.memory_stats()
     assert s["num_device_alloc"] == s["num_device_free"]
     assert s["segment.all.current"] == 0
@@ -1201,6 +1208,7 @@ def test_npumem_memory_fraction():
     d.free(b)
 
 
+@pytest.mark.sim_only("giant frames are set aside in the simulator; the host takes 1 GiB pages from hugetlb")
 def test_npumem_bypass_respects_the_memory_fraction():
     d = Device("4GiB", giant_frames=1, alloc_conf="per_process_memory_fraction:0.2")
     limit = int(4 * GiB * 0.2)
@@ -1277,7 +1285,7 @@ def test_data_survives_reuse(allocator):
 
 @pytest.mark.parametrize("allocator", ALLOCATORS)
 def test_free_everything_then_empty_cache_returns_the_device(allocator):
-    fresh = Device("256MiB", allocator=allocator).frame_stats()
+    fresh = held_memory(Device("256MiB", allocator=allocator))
     d = Device("256MiB", allocator=allocator)
     ptrs = [d.malloc(s) for s in (1, 1000, MiB, MiB + 1, 5 * MiB, 12 * MiB + 1, 64 * MiB)]
     ptrs += [d.malloc_align32(s) for s in (2 * MiB, 700 * KiB)]
@@ -1287,7 +1295,7 @@ def test_free_everything_then_empty_cache_returns_the_device(allocator):
     s = check_stats_consistent(d)
     assert d.memory_reserved() == 0 and d.memory_allocated() == 0
     assert d.mem_info() == (256 * MiB, 256 * MiB)
-    assert d.frame_stats() == fresh
+    assert held_memory(d) == fresh
     assert s["num_device_alloc"] == s["num_device_free"] > 0
     assert s["segment.all.current"] == 0
     assert d.fragmentation()["segments"] == []
@@ -1332,7 +1340,7 @@ ops = st.lists(
 @given(ops=ops, capacity=st.sampled_from([24 * MiB, 64 * MiB]))
 def test_random_malloc_free_write(allocator, ops, capacity):
     d = Device(capacity, allocator=allocator)
-    fresh_frames = d.frame_stats()
+    fresh_frames = held_memory(d)
     live: dict[int, int] = {}
     data: dict[int, tuple[bytes, bytes]] = {}
     for n, (op, arg) in enumerate(ops):
@@ -1379,9 +1387,10 @@ def test_random_malloc_free_write(allocator, ops, capacity):
     check_recount(d, {})
     assert d.memory_reserved() == 0
     assert d.mem_info() == (capacity, capacity)
-    assert d.frame_stats() == fresh_frames
+    assert held_memory(d) == fresh_frames
 
 
+@pytest.mark.sim_only("giant frames are set aside in the simulator; the host takes 1 GiB pages from hugetlb")
 def test_npumem_pool_pages_follow_the_malloc_policy():
     d = Device("4GiB", allocator="npumem", giant_frames=1)
     cases = [

@@ -8,7 +8,7 @@ import numpy as np
 
 from . import _args, _files, _native
 from .enums import Policy
-from .errors import invalid_param
+from .errors import InvalidParamError, invalid_param
 from .sanitizer import Finding
 from .units import fmt
 
@@ -80,11 +80,22 @@ class Device(_native.Device):
         super().read_into(ptr, buffer, stream)
 
     def to_numpy(
-        self, ptr: int, shape: int | tuple[int, ...], dtype: Any = np.uint8, stream: int | None = None
+        self,
+        ptr: int,
+        shape: int | tuple[int, ...],
+        dtype: Any = np.uint8,
+        stream: int | None = None,
+        *,
+        copy: bool = True,
     ) -> np.ndarray:
-        """Copies the bytes at ``ptr`` into a new array of ``shape`` and ``dtype`` (after
-        ``stream``'s queued work when given). ``shape`` and ``dtype`` are checked before the
-        array is made: it cannot be larger than the memory it is read from."""
+        """The bytes at ``ptr`` as an array of ``shape`` and ``dtype``.
+
+        By default a copy (after ``stream``'s queued work when given). With ``copy=False``
+        (``backend="host"`` only) the array *is* the device memory: no copy, writes land in the
+        allocation, and the allocation cannot be freed while the array or any view of it lives
+        (``free`` raises ``MemoryFreeError``); synchronise the streams that write it first — the
+        sanitizer does not see accesses made through the array. ``shape`` and ``dtype`` are
+        checked against the allocation before anything is made."""
         dims = (shape,) if _args.is_int(shape) else shape
         if not isinstance(dims, (tuple, list)):
             raise _args.type_error("shape", shape, "an int or a tuple of ints")
@@ -93,14 +104,33 @@ class Device(_native.Device):
             dt = np.dtype(dtype)
         except TypeError as e:
             raise TypeError(f"dtype {_args.show(dtype)} is not a NumPy dtype ({e})") from None
-        nbytes = dt.itemsize
+        if dt.hasobject:
+            raise invalid_param("dtype holds Python object pointers; use a numeric dtype")
+        count = 1
         for d in dims:
-            nbytes *= d
-        window = _native.VA_WINDOW_START <= _args.integer(ptr, "ptr") < _native.VA_WINDOW_END
-        limit = self.capacity if window else 1 << 40
+            count *= d
+        nbytes = count * dt.itemsize
+        if nbytes > _args.U64_MAX:
+            raise invalid_param(f"shape {dims} of {dt} is {nbytes:,} bytes: more than any allocation")
+        ptr = _args.integer(ptr, "ptr", 0, _args.U64_MAX)
+        # A shape larger than any allocation is refused before the device is asked.
+        device = self.backend != "sim" or _native.VA_WINDOW_START <= ptr < _native.VA_WINDOW_END
+        limit = self.capacity if device else 1 << 40
         if nbytes > limit:
-            where = f"the device's capacity ({fmt(limit)})" if window else "1 TiB"
+            where = f"the device's capacity ({fmt(limit)})" if device else "1 TiB"
             raise invalid_param(f"shape {dims} of {dt} is {nbytes:,} bytes: more than {where}")
+        view = not _args.flag(copy, "copy")
+        if view and stream is not None:
+            raise invalid_param("to_numpy(copy=False) reads no stream: synchronize the stream, then view")
+        # The range is checked before the array is made: it cannot be larger than its source.
+        try:
+            source = self._view(ptr, nbytes) if view else self._check_range(ptr, nbytes)
+        except InvalidParamError as e:
+            raise type(e)(
+                e.code, e.name, f"shape {dims} of {dt} is {nbytes:,} bytes at {ptr:#x}: {e.message}"
+            ) from None
+        if view:
+            return np.frombuffer(source, dtype=dt, count=count).reshape(dims)
         out = np.empty(dims, dtype=dt)
         if out.nbytes:
             self.read_into(ptr, out, stream)

@@ -21,6 +21,7 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::convert::{array_slice, enum_arg, i32_arg, size_arg, uint_arg};
 use crate::errors::{catch_panics, guard, to_py};
+use crate::view::DeviceView;
 
 /// Transfers at least this large release the GIL while they copy.
 const DETACH_BYTES: usize = 1 << 20;
@@ -370,6 +371,22 @@ impl PyDevice {
                 None => d.write(ptr, data),
             }
         })
+    }
+
+    /// Checks that `count` bytes at `ptr` may be read or written (without touching them).
+    fn _check_range(&self, py: Python<'_>, ptr: &Bound<'_, PyAny>, count: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (ptr, count) = (uint_arg(ptr, "ptr")?, size_arg(count, "count")?);
+        self.run(py, |d| d.check_range(ptr, count))
+    }
+
+    /// A direct view of `nbytes` at `ptr` (host backend): an object exporting that memory through
+    /// the buffer protocol; the allocation cannot be freed while it lives.
+    fn _view(slf: &Bound<'_, Self>, ptr: &Bound<'_, PyAny>, nbytes: &Bound<'_, PyAny>) -> PyResult<DeviceView> {
+        let (ptr, nbytes) = (uint_arg(ptr, "ptr")?, size_arg(nbytes, "nbytes")?);
+        let py = slf.py();
+        let len = usize::try_from(nbytes).map_err(|_| to_py(py, AclError::invalid_param("nbytes too large")))?;
+        let base = slf.get().run(py, |d| d.pin(ptr, nbytes))?;
+        Ok(DeviceView::new(slf.clone().unbind(), base, ptr, len))
     }
 
     /// Reads `count` bytes at `ptr` into a new `bytes`.

@@ -8,6 +8,7 @@ mod hostpool;
 mod kernels;
 mod plan;
 mod tlb;
+mod view;
 
 use pyo3::prelude::*;
 
@@ -20,6 +21,9 @@ mod _native {
 
     #[pymodule_export]
     use crate::tlb::PyTlb;
+
+    #[pymodule_export]
+    use crate::view::DeviceView;
 
     #[pymodule_export]
     use crate::hostpool::{HostBlock, PyHostPool};

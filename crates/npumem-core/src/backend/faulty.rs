@@ -169,6 +169,10 @@ impl Backend for FaultyBackend {
         self.inner.owns(va)
     }
 
+    fn host_accessible(&self) -> bool {
+        self.inner.host_accessible()
+    }
+
     fn driver_calls(&self) -> u64 {
         self.inner.driver_calls()
     }

@@ -2,8 +2,11 @@
 //! `aclrtMallocPhysical` / `aclrtMapMem`, so that every allocator family runs on memory a program
 //! can dereference.
 //!
-//! - reserve: an anonymous `PROT_NONE | MAP_NORESERVE` mapping (address space only), aligned by
-//!   over-reserving and trimming; at a hint only if that range is free (`MAP_FIXED_NOREPLACE`);
+//! - the backend's address window: one anonymous `PROT_NONE | MAP_NORESERVE` mapping of 8 TiB
+//!   (address space only), at 16–24 TiB as on the device when that range is free, else wherever
+//!   the kernel puts it; reservations are carved from it (best fit, as `VaSpace` does), so a
+//!   released range stays this device's (a later access is a use after free, never somebody
+//!   else's memory) and never collides with the process's other mappings;
 //! - physical allocation: a `memfd_create` file of that size (`MFD_HUGETLB | MFD_HUGE_2MB` /
 //!   `MFD_HUGE_1GB` for huge / giant pages), its memory committed at once with `fallocate`, so
 //!   a shortage is an out-of-memory error here, never a `SIGBUS` on first touch;
@@ -12,8 +15,9 @@
 //!   `PROT_NONE` reservation mapped over it; several mappings of one allocation alias;
 //! - byte access: plain memory access, after checking every byte lies in a mapping.
 //!
-//! Invariants: every mapping lies inside one live reservation and no two overlap; a reservation
-//! with a mapping is not released; a physical allocation's memory (its memfd) is released when it
+//! Invariants: reservations lie in the window and never overlap; every mapping lies inside one
+//! live reservation and no two overlap; whatever of the window is not mapped is `PROT_NONE`; a
+//! reservation with a mapping is not released; a physical allocation's memory (its memfd) is released when it
 //! is freed and no longer mapped (freeing a mapped one defers to its last unmap); bytes in use
 //! never pass the configured capacity; a failed call changes nothing. Dropping the backend
 //! unmaps and closes everything.
@@ -27,7 +31,13 @@ use super::{Backend, BackendCounters, PhysHandle};
 use crate::acl::MemScope;
 use crate::error::{AclError, ErrorCode, Result};
 use crate::units::{GIB, MIB, format_size};
-use crate::vm::{PageKind, PageSize, Translation};
+use crate::vm::{PageKind, PageSize, Translation, VA_WINDOW_END, VA_WINDOW_START, VaSpace};
+
+/// The smallest capacity a host backend takes: one page of the largest normal size.
+const HOST_MIN_CAPACITY: u64 = 64 * 1024;
+
+/// The size of a host backend's address window (as the device's: 8 TiB).
+const WINDOW: u64 = VA_WINDOW_END - VA_WINDOW_START;
 
 /// Configuration of a host backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,8 +66,10 @@ struct Mapping {
 pub struct HostBackend {
     config: HostConfig,
     normal: PageSize,
-    /// Reservations by start → length.
-    reservations: BTreeMap<u64, u64>,
+    /// The window's start (its whole `WINDOW` bytes are this backend's mapping).
+    window: u64,
+    /// Reservations inside the window.
+    va: VaSpace,
     allocs: FxHashMap<PhysHandle, HostPhys>,
     next_handle: PhysHandle,
     mappings: BTreeMap<u64, Mapping>,
@@ -99,8 +111,13 @@ fn errno() -> std::io::Error {
 impl HostBackend {
     /// A backend that may hold `config.capacity` bytes at once.
     pub fn new(config: HostConfig) -> Result<Self> {
-        if config.capacity == 0 {
-            return Err(AclError::invalid_param("the host backend's capacity must be greater than 0"));
+        if !(HOST_MIN_CAPACITY..=crate::backend::sim::MAX_CAPACITY).contains(&config.capacity) {
+            return Err(AclError::invalid_param(format!(
+                "capacity {} is out of range: the host backend holds from {} to {}",
+                format_size(config.capacity),
+                format_size(HOST_MIN_CAPACITY),
+                format_size(crate::backend::sim::MAX_CAPACITY)
+            )));
         }
         // SAFETY: sysconf only reads a system constant.
         let system_page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
@@ -114,16 +131,69 @@ impl HostBackend {
                 ));
             }
         };
+        let window = Self::map_window()?;
         Ok(HostBackend {
             config,
             normal,
-            reservations: BTreeMap::new(),
+            window,
+            va: VaSpace::with_granule(window, window + WINDOW, normal.bytes(), "host backend's address window"),
             allocs: FxHashMap::default(),
             next_handle: 1,
             mappings: BTreeMap::new(),
             in_use: 0,
             counters: BackendCounters::default(),
         })
+    }
+
+    /// Maps the address window: at the device's 16–24 TiB when that range is free, else where
+    /// the kernel chooses (aligned to 1 GiB, so giant pages fit).
+    fn map_window() -> Result<u64> {
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+        // SAFETY: MAP_FIXED_NOREPLACE maps only if nothing of this process is in the range.
+        let p = unsafe {
+            libc::mmap(
+                VA_WINDOW_START as *mut _,
+                WINDOW as usize,
+                libc::PROT_NONE,
+                flags | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        if p != libc::MAP_FAILED && p as u64 == VA_WINDOW_START {
+            return Ok(VA_WINDOW_START);
+        }
+        if p != libc::MAP_FAILED {
+            // SAFETY: an old kernel placed it elsewhere; it is ours to undo.
+            unsafe { libc::munmap(p, WINDOW as usize) };
+        }
+        let span = WINDOW + GIB;
+        // SAFETY: a new PROT_NONE mapping anywhere the kernel chooses.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), span as usize, libc::PROT_NONE, flags, -1, 0) };
+        if p == libc::MAP_FAILED {
+            return Err(AclError::oom(format!(
+                "the host has no {} of free address space for the device window ({})",
+                format_size(span),
+                errno()
+            )));
+        }
+        let base = p as u64;
+        let start = base.next_multiple_of(GIB);
+        // SAFETY: the slack before and after the aligned window is part of the mapping just made.
+        unsafe {
+            if start > base {
+                libc::munmap(base as *mut _, (start - base) as usize);
+            }
+            if base + span > start + WINDOW {
+                libc::munmap((start + WINDOW) as *mut _, (base + span - start - WINDOW) as usize);
+            }
+        }
+        Ok(start)
+    }
+
+    /// The backend's address window, `[start, end)`.
+    pub fn window(&self) -> (u64, u64) {
+        (self.window, self.window + WINDOW)
     }
 
     /// The memory this process could take now (`MemAvailable`), the default capacity.
@@ -137,11 +207,7 @@ impl HostBackend {
 
     /// The reservation holding `[va, va + len)`, as (start, len).
     fn reservation_of(&self, va: u64, len: u64) -> Option<(u64, u64)> {
-        self.reservations
-            .range(..=va)
-            .next_back()
-            .map(|(&s, &l)| (s, l))
-            .filter(|&(s, l)| va.checked_add(len).is_some_and(|end| end <= s + l))
+        self.va.reservation_containing(va).filter(|&(s, l)| va.checked_add(len).is_some_and(|end| end <= s + l))
     }
 
     /// Checks that every byte of `[va, va + len)` is mapped.
@@ -183,84 +249,28 @@ impl Backend for HostBackend {
     }
 
     fn reserve(&mut self, size: u64, align: u64, hint: Option<u64>) -> Result<u64> {
-        if size == 0 || !align.is_power_of_two() || size % self.normal.bytes() != 0 {
-            return Err(AclError::invalid_param(format!(
-                "cannot reserve {size} bytes aligned to {align}: the size must be a non-zero multiple of the \
-                 {} page and the alignment a power of two",
-                self.normal.label()
-            )));
-        }
+        // The window is PROT_NONE already: a reservation is bookkeeping only.
         let align = align.max(self.normal.bytes());
-        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
-        let start = if let Some(at) = hint {
-            if at % align != 0 {
-                return Err(AclError::invalid_param(format!("the expected address {at:#x} is not aligned to {align}")));
-            }
-            // SAFETY: MAP_FIXED_NOREPLACE maps only if nothing is mapped in the range, so no
-            // existing mapping of this process is touched.
-            let p = unsafe {
-                libc::mmap(at as *mut _, size as usize, libc::PROT_NONE, flags | libc::MAP_FIXED_NOREPLACE, -1, 0)
-            };
-            if p == libc::MAP_FAILED || p as u64 != at {
-                if p != libc::MAP_FAILED {
-                    // SAFETY: an old kernel placed the mapping elsewhere; it is ours to undo.
-                    unsafe { libc::munmap(p, size as usize) };
-                }
-                return Err(AclError::invalid_param(format!(
-                    "the range {at:#x}+{} is not free in this process; pass no address to let the kernel choose",
-                    format_size(size)
-                )));
-            }
-            at
-        } else {
-            let span = size
-                .checked_add(align - self.normal.bytes())
-                .ok_or_else(|| AclError::invalid_param(format!("cannot reserve {size} bytes")))?;
-            // SAFETY: a new anonymous PROT_NONE mapping anywhere the kernel chooses.
-            let p = unsafe { libc::mmap(std::ptr::null_mut(), span as usize, libc::PROT_NONE, flags, -1, 0) };
-            if p == libc::MAP_FAILED {
-                return Err(AclError::oom(format!(
-                    "the host has no {} of free address space ({})",
-                    format_size(span),
-                    errno()
-                )));
-            }
-            let base = p as u64;
-            let start = base.next_multiple_of(align);
-            // Trim the slack before and after the aligned range.
-            // SAFETY: both pieces lie inside the mapping just made and nothing else uses them.
-            unsafe {
-                if start > base {
-                    libc::munmap(base as *mut _, (start - base) as usize);
-                }
-                let end = start + size;
-                if base + span > end {
-                    libc::munmap(end as *mut _, (base + span - end) as usize);
-                }
-            }
-            start
+        let va = match hint {
+            Some(at) => self.va.reserve_at(at, size, align)?,
+            None => self.va.reserve(size, align)?,
         };
-        self.reservations.insert(start, size);
         self.counters.reserves += 1;
-        Ok(start)
+        Ok(va)
     }
 
     fn release(&mut self, va: u64) -> Result<()> {
-        let Some(&len) = self.reservations.get(&va) else {
+        let Some((start, len)) = self.va.reservation_containing(va).filter(|&(s, _)| s == va) else {
             return Err(AclError::invalid_param(format!(
                 "{va:#x} is not the start of a VA reservation; pass the address reserve returned"
             )));
         };
-        if let Some((&m, _)) = self.mappings.range(va..va + len).next() {
+        if let Some((&m, _)) = self.mappings.range(start..start + len).next() {
             return Err(AclError::rt_param(format!(
                 "the reservation at {va:#x} still has a mapping at {m:#x}; unmap it before releasing"
             )));
         }
-        // SAFETY: the range is one of our reservations, with no mapping left in it.
-        if unsafe { libc::munmap(va as *mut _, len as usize) } != 0 {
-            return Err(AclError::new(ErrorCode::RtDrvInternal, format!("munmap of {va:#x} failed: {}", errno())));
-        }
-        self.reservations.remove(&va);
+        self.va.release(start)?;
         self.counters.releases += 1;
         Ok(())
     }
@@ -496,18 +506,19 @@ impl Backend for HostBackend {
     }
 
     fn owns(&self, va: u64) -> bool {
-        self.reservations.range(..=va).next_back().is_some_and(|(&s, &l)| va < s + l)
+        (self.window..self.window + WINDOW).contains(&va)
+    }
+
+    fn host_accessible(&self) -> bool {
+        true
     }
 }
 
 impl Drop for HostBackend {
     fn drop(&mut self) {
-        for (&va, &len) in &self.reservations {
-            // SAFETY: our own reservations (with whatever is mapped in them); nothing refers to
-            // them once the backend is gone.
-            unsafe { libc::munmap(va as *mut _, len as usize) };
-        }
-        // The memfds close with `allocs`.
+        // SAFETY: the window is ours (with whatever is mapped in it); nothing refers to it once
+        // the backend is gone. The memfds close with `allocs`.
+        unsafe { libc::munmap(self.window as *mut _, WINDOW as usize) };
     }
 }
 
@@ -534,7 +545,8 @@ mod tests {
         let h = b.create_physical(64 * 1024, PageKind::Normal).unwrap();
         let va = b.reserve(4 * MIB, 2 * MIB, None).unwrap();
         assert_eq!(va % (2 * MIB), 0);
-        assert!(b.owns(va) && b.owns(va + 4 * MIB - 1) && !b.owns(va + 4 * MIB));
+        let (start, end) = b.window();
+        assert!(b.owns(va) && b.owns(start) && !b.owns(end) && end - start == WINDOW);
         b.map(va, h).unwrap();
         b.map(va + MIB, h).unwrap();
         b.write(va + 10, b"npumem").unwrap();
@@ -554,11 +566,15 @@ mod tests {
         assert_eq!(b.in_use, 0);
         assert!(b.read(va + MIB + 10, &mut out).is_err());
         b.release(va).unwrap();
-        assert!(b.reservations.is_empty());
+        assert_eq!(b.va.reservation_count(), 0);
+        assert!(b.owns(va), "a released range stays in the window");
     }
 
     #[test]
     fn capacity_and_bad_calls_are_errors() {
+        for bad in [0, 4095, 1 << 41] {
+            assert!(HostBackend::new(HostConfig { capacity: bad }).is_err(), "capacity {bad}");
+        }
         let mut b = host(MIB);
         let err = b.create_physical(2 * MIB, PageKind::Normal).unwrap_err();
         assert!(err.code.is_out_of_memory(), "{}", err.message);

@@ -112,6 +112,12 @@ pub trait Backend: Send {
         None
     }
 
+    /// Whether this backend's device addresses are this process's own memory, which a program
+    /// may read and write directly (the host backend); the simulator's are not.
+    fn host_accessible(&self) -> bool {
+        false
+    }
+
     /// The fault injector, when this backend is wrapped in one.
     fn faults(&mut self) -> Option<&mut FaultyBackend> {
         None

@@ -105,10 +105,16 @@ impl Device {
         let mut last: Option<(StreamId, bool)> = None;
         let (mut at_once, mut ordered) = (Vec::with_capacity(ptrs.len()), Vec::new());
         for (i, &p) in ptrs.iter().enumerate() {
-            let Some(a) = self.live.remove(p) else {
+            let pinned = if self.pins.is_empty() { None } else { self.pinned(p) };
+            let taken = if pinned.is_some() { None } else { self.live.remove(p) };
+            let Some(a) = taken else {
                 let twice = at_once.iter().chain(&ordered).any(|a: &Allocation| a.ptr == p);
                 at_once.drain(..).chain(ordered).for_each(|a| self.live.insert(a));
-                let why = if twice { "appears twice in the batch".to_string() } else { self.bad_pointer(p).message };
+                let why = match pinned {
+                    Some(e) => e.message,
+                    None if twice => "appears twice in the batch".to_string(),
+                    None => self.bad_pointer(p).message,
+                };
                 return Err(AclError::bad_free(format!("free_many: pointer #{i} ({p:#x}): {why}; nothing was freed")));
             };
             let idle = match last {

@@ -311,6 +311,9 @@ pub struct Device {
     charged_calls: u64,
     /// Allocation-site tags of live allocations (for sanitizer and leak reports).
     tags: FxHashMap<u64, String>,
+    /// Live allocations with direct views of their memory (host backend), by start: how many.
+    /// A pinned allocation cannot be freed.
+    pins: FxHashMap<u64, u32>,
 }
 
 impl Device {
@@ -367,6 +370,7 @@ impl Device {
             charged: BackendCounters::default(),
             charged_calls: 0,
             tags: FxHashMap::default(),
+            pins: FxHashMap::default(),
         }
     }
 
@@ -586,6 +590,44 @@ impl Device {
 
     fn containing(&mut self, addr: u64) -> Option<Allocation> {
         self.live.containing(addr, |a| a.granted)
+    }
+
+    /// Pins the live allocation holding `[ptr, ptr + len)` for a direct view of its memory
+    /// (backends whose memory is this process's, i.e. the host backend): it cannot be freed until
+    /// `unpin`. Returns the allocation's start.
+    pub fn pin(&mut self, ptr: u64, len: u64) -> Result<u64> {
+        if !self.backend.host_accessible() {
+            return Err(self.unsupported(
+                "memory of this process: its bytes live in the simulator (copy them, or use backend=\"host\")",
+            ));
+        }
+        if self.side(ptr, len.max(1), "view")? != Side::Device {
+            return Err(AclError::rt_param(format!(
+                "{ptr:#x} is malloc_host memory, already a host address: view it directly"
+            )));
+        }
+        let base = self.containing(ptr).map(|a| a.ptr).expect("classified as a live device allocation");
+        *self.pins.entry(base).or_default() += 1;
+        Ok(base)
+    }
+
+    /// Releases one pin of the allocation at `base`.
+    pub fn unpin(&mut self, base: u64) {
+        if let Some(n) = self.pins.get_mut(&base) {
+            *n -= 1;
+            if *n == 0 {
+                self.pins.remove(&base);
+            }
+        }
+    }
+
+    /// The error for a free of a pinned allocation.
+    fn pinned(&self, ptr: u64) -> Option<AclError> {
+        let n = *self.pins.get(&ptr)?;
+        Some(AclError::bad_free(format!(
+            "the allocation at {ptr:#x} has {n} live view(s) of its memory (to_numpy(copy=False)); delete them \
+             before freeing it"
+        )))
     }
 
     /// Tags the live allocation at `ptr` with where it came from (a call site, a tensor name);

@@ -128,6 +128,12 @@ impl Device {
     #[inline]
     pub(super) fn free_removed(&mut self, allocation: Allocation, stream: Option<StreamId>) -> Result<()> {
         let ptr = allocation.ptr;
+        if !self.pins.is_empty() {
+            if let Some(e) = self.pinned(ptr) {
+                self.live.insert(allocation);
+                return Err(e);
+            }
+        }
         if let Some(Err(e)) = stream.map(|s| self.sched.tail_ns(s)) {
             self.live.insert(allocation);
             return Err(e);

@@ -1,0 +1,63 @@
+//! `npumem._native.DeviceView`: a direct view of a host-backend allocation's memory, exported
+//! through the buffer protocol (`numpy.frombuffer` makes the zero-copy arrays of
+//! `Device.to_numpy(..., copy=False)`).
+//!
+//! Invariant: while a view lives, its allocation is pinned in the device (a free is refused), so
+//! the memory it exports stays mapped; the view holds its device, so the device outlives it.
+
+use std::ffi::{c_int, c_void};
+
+use pyo3::exceptions::PyBufferError;
+use pyo3::ffi;
+use pyo3::prelude::*;
+
+use crate::device::PyDevice;
+
+#[pyclass(name = "DeviceView", module = "npumem._native", frozen)]
+pub struct DeviceView {
+    device: Py<PyDevice>,
+    /// The pinned allocation's start.
+    base: u64,
+    ptr: u64,
+    len: usize,
+}
+
+impl DeviceView {
+    /// A view of `len` bytes at `ptr`, inside an allocation already pinned at `base`.
+    pub fn new(device: Py<PyDevice>, base: u64, ptr: u64, len: usize) -> Self {
+        DeviceView { device, base, ptr, len }
+    }
+}
+
+#[pymethods]
+impl DeviceView {
+    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+        if view.is_null() {
+            return Err(PyBufferError::new_err("a NULL view was passed to DeviceView.__getbuffer__"));
+        }
+        let (ptr, len) = (slf.get().ptr, slf.get().len);
+        // SAFETY: `len` bytes at `ptr` lie in a live, pinned allocation of the host backend
+        // (mapped read-write in this process while the pin holds); FillInfo takes a new reference
+        // to this exporter, which keeps the pin for the life of the buffer.
+        let rc = unsafe { ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr as *mut c_void, len as isize, 0, flags) };
+        if rc == -1 { Err(PyErr::fetch(slf.py())) } else { Ok(()) }
+    }
+
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
+
+    fn __len__(&self) -> usize {
+        self.len
+    }
+
+    /// The viewed memory's address.
+    #[getter]
+    fn address(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl Drop for DeviceView {
+    fn drop(&mut self) {
+        self.device.get().lock_inner().unpin(self.base);
+    }
+}
