@@ -63,15 +63,6 @@ def view(addr: int, nbytes: int) -> np.ndarray:
     return np.frombuffer((ctypes.c_uint8 * nbytes).from_address(addr), np.uint8)
 
 
-def device_view(dev: npumem.Device, ptr: int, nbytes: int) -> np.ndarray:
-    """A zero-copy view of device memory: the device's own where it has one, else a raw view
-    (the benchmark frees the block only after the view is dropped)."""
-    try:
-        return dev.to_numpy(ptr, nbytes, np.uint8, copy=False)  # type: ignore[call-arg]
-    except TypeError:
-        return view(ptr, nbytes)
-
-
 def touch(a: np.ndarray) -> None:
     a[::PAGE] = 1  # one byte per 4 KiB page
 
@@ -83,7 +74,7 @@ def cases_for(size: int, touched: bool, devices: dict[str, npumem.Device]) -> di
 
             def pair(dev: npumem.Device = dev) -> None:
                 p = dev.malloc(size)
-                touch(device_view(dev, p, size))
+                touch(dev.to_numpy(p, size, copy=False))
                 dev.free(p)
 
         else:

@@ -36,7 +36,6 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
 import contextlib
-import ctypes
 import mmap
 import re
 import signal
@@ -162,15 +161,6 @@ def hugetlb_pages(need: int) -> Iterator[str | None]:
 # -- memory under test -------------------------------------------------------------------------
 
 
-def device_view(dev: npumem.Device, ptr: int, nbytes: int) -> np.ndarray:
-    """A zero-copy uint8 view of device memory: the device's own where it has one, else a raw
-    view (this script frees the block only after dropping every view)."""
-    try:
-        return dev.to_numpy(ptr, nbytes, np.uint8, copy=False)  # type: ignore[call-arg]
-    except TypeError:
-        return np.frombuffer((ctypes.c_uint8 * nbytes).from_address(ptr), np.uint8)
-
-
 @dataclass
 class Region:
     """Memory under test: a uint8 view of it, and where the TLB model finds its translations."""
@@ -192,7 +182,7 @@ class Region:
 def host_region(label: str, nbytes: int, policy: Policy) -> Region:
     dev = npumem.Device(nbytes + 64 * MIB, backend="host", allocator="direct")
     ptr = dev.malloc(nbytes, policy)
-    return Region(label, device_view(dev, ptr, nbytes), dev, ptr)
+    return Region(label, dev.to_numpy(ptr, nbytes, copy=False), dev, ptr)
 
 
 def thp_region(nbytes: int) -> Region:

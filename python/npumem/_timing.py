@@ -6,9 +6,7 @@ import time
 from collections.abc import Callable, Mapping
 
 
-def best_of(
-    cases: Mapping[str, Callable[[], object]], n: int | Mapping[str, int], rounds: int = 5
-) -> dict[str, float]:
+def best_of(cases: Mapping[str, Callable[[], object]], n: int | Mapping[str, int], rounds: int = 5) -> dict[str, float]:
     """Seconds per call of each case: the best of ``rounds`` rounds, each timing ``n`` calls of
     every case in turn (``n`` may give each case its own count, so that cases thousands of times
     apart each run for a similar time), so that a slow spell of a shared machine hits all cases
