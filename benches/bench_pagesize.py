@@ -36,6 +36,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
 import contextlib
+import itertools
 import mmap
 import re
 import signal
@@ -58,6 +59,8 @@ HUGE = 2 * MIB
 NR_HUGEPAGES = "/proc/sys/vm/nr_hugepages"
 GEMM_SIDES = (1024, 2048)
 TILE = 64
+#: A step of the chase time by at least this factor from one footprint to the next is a knee.
+KNEE = 1.6
 
 
 # -- the machine -------------------------------------------------------------------------------
@@ -234,11 +237,33 @@ def nonnegative_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, ...]:
     return tuple(float(v) for v in best)
 
 
-def calibrated_overrides(preset: str, l2_ns: float, step_ns: float, ghz: float) -> dict:
+def calibrated_costs(preset: str, l2_ns: float, step_ns: float, ghz: float) -> dict:
+    """Overrides that give every L2 array the fitted hit cost and walks the fitted step cost."""
     cfg = Tlb.preset(preset, npumem.Device("64MiB")).config
     out = {"walk_step_cycles": round(step_ns * ghz)}
     for i in range(len(cfg["levels"][1]) if len(cfg["levels"]) > 1 else 0):
         out[f"1.{i}.hit_cycles"] = round(l2_ns * ghz)
+    return out
+
+
+def knees(points: list[tuple[int, float]]) -> list[int]:
+    """Footprints at which the time per step jumps by at least KNEE over the previous one."""
+    return [b for (_, ya), (b, yb) in itertools.pairwise(points) if ya > 0 and yb / ya >= KNEE]
+
+
+def calibrated_geometry(footprints: list[int], steps: list[int]) -> dict:
+    """Entry counts of the first L1 and L2 arrays (4 KiB pages) from the measured knees: the pages
+    of the last footprint before each knee (the L1 fully associative, the L2 with the most ways
+    up to 16 that divide its entries). Empty when the knees are not found."""
+    if not steps:
+        return {}
+    before = {b: a for a, b in itertools.pairwise(footprints)}
+    l1 = before[steps[0]] // (4 * KIB)
+    out = {"0.0.entries": l1, "0.0.ways": l1}
+    far = [k for k in steps if k >= 16 * steps[0]]
+    if far:
+        l2 = before[far[0]] // (4 * KIB)
+        out |= {"1.0.entries": l2, "1.0.ways": max(w for w in range(1, 17) if l2 % w == 0)}
     return out
 
 
@@ -310,7 +335,9 @@ def main() -> None:
     sides = GEMM_SIDES[:1] if args.quick else GEMM_SIDES
     rounds = 1 if args.quick else args.rounds
     nbytes = max(max_fp, 3 * 4 * max(sides) ** 2)
-    footprints = [128 * KIB << i for i in range(20) if 128 * KIB << i <= max_fp]
+    # Doubling from 128 KiB, with the points half way (x1.5) up to 16 MiB to place the TLB knees.
+    fine = [f * KIB << i for i in range(8) for f in (128, 192)]
+    footprints = sorted(f for f in {*fine, *(128 * KIB << i for i in range(20))} if f <= max_fp)
     print(f"CPU: {desc}; TLB preset: {preset}")
     print(f"THP: {open('/sys/kernel/mm/transparent_hugepage/enabled').read().strip()}")
 
@@ -344,26 +371,36 @@ def run(
     measured = measure_chase(regions, footprints, rounds, seed)
     print(f"(chase measured in {time.perf_counter() - t0:.0f} s)")
 
-    # The model on the same cycles; then costs fitted to every (footprint, page) point.
-    feats: dict[tuple[str, int], tuple[float, float]] = {}
+    # Calibrated geometry, as validate_tlb.py does: the TLB levels end where the 4 KiB series
+    # steps up (the first knee, and the first one at least 16x further: the knee in between is
+    # the data leaving the L1 cache).
+    steps = knees([(fp, measured[small.label, fp]) for fp in footprints])
+    print(f"knees (a step of at least {KNEE}x), 4 KiB pages: {[fmt(k) for k in steps]}")
+    print(f"knees, 2 MiB pages: {[fmt(k) for k in knees([(fp, measured[big.label, fp]) for fp in footprints])]}")
+    geometry = calibrated_geometry(footprints, steps)
+
+    # The model on the same cycles, as published and with the calibrated geometry; then the costs
+    # fitted to the differences (4 KiB minus 2 MiB at each footprint): the data lines are the same
+    # in both runs, so cache effects cancel and what is left is what the page size changes.
+    feats: dict[tuple[str, str, int], tuple[float, float]] = {}
     pub: dict[tuple[str, int], float] = {}
     for fp in footprints:
         for r in regions:
             _, addrs = chase_cycle(r, fp, seed)
             st = model_run(preset, r, addrs)
-            feats[r.label, fp] = features(st)
+            feats["pub", r.label, fp] = features(st)
             pub[r.label, fp] = st.cycles / st.accesses
-    # Calibration on the differences (4 KiB minus 2 MiB at each footprint): the data lines are the
-    # same in both runs, so cache effects cancel and what is left is what the page size changes.
-    dx = np.array([np.subtract(feats[small.label, fp], feats[big.label, fp]) for fp in footprints])
+            feats["cal", r.label, fp] = features(model_run(preset, r, addrs, geometry))
+    dx = np.array([np.subtract(feats["cal", small.label, fp], feats["cal", big.label, fp]) for fp in footprints])
     dy = np.array([measured[small.label, fp] - measured[big.label, fp] for fp in footprints])
     l2_ns, step_ns = nonnegative_fit(dx, dy)
-    cal = calibrated_overrides(preset, l2_ns, step_ns, ghz)
+    cal = {**geometry, **calibrated_costs(preset, l2_ns, step_ns, ghz)}
+    print(f"calibrated {preset}: {cal}")
 
     print(
         f"\nPointer chase, ns per step (one line per 4 KiB page, random cycle; best of {rounds}); "
-        f"model: {preset} translation cycles per step, and calibrated to this machine: "
-        f"{l2_ns:.1f} ns per L2 TLB hit, {step_ns:.1f} ns per walk step"
+        f"model: {preset} translation cycles per step as published, and calibrated to this machine "
+        f"(geometry from the knees, {l2_ns:.1f} ns per L2 TLB hit, {step_ns:.1f} ns per walk step)"
     )
     head = ["footprint", "4K ns", "2M ns", "4K-2M ns", f"{preset} 4K cyc", f"{preset} 2M cyc"]
     head += [f"{preset} 4K-2M ns", "calibrated 4K-2M ns"]
