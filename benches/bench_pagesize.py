@@ -24,7 +24,7 @@ predictions are the translation cycles of the kernel's own row-segment trace ove
 block row of tiles, scaled to the whole product.
 
 Run: make bench-pagesize   (or: .venv/bin/python benches/bench_pagesize.py [--quick] [--thp]
-[--max-footprint MIB])
+[--max-footprint MIB] [--rounds N] [--gemm-rounds N])
 """
 
 from __future__ import annotations
@@ -193,7 +193,7 @@ def host_region(label: str, nbytes: int, policy: Policy) -> Region:
 def thp_region(nbytes: int) -> Region:
     """An anonymous mapping advised MADV_HUGEPAGE (2 MiB aligned), modelled on a simulated device
     mapped with 2 MiB pages at the same offsets."""
-    m = mmap.mmap(-1, nbytes + HUGE)
+    m = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # shared would be shmem
     whole = np.frombuffer(m, np.uint8)
     skip = -whole.ctypes.data % HUGE
     m.madvise(mmap.MADV_HUGEPAGE)
@@ -334,7 +334,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer footprints and rounds (a smoke test)")
     ap.add_argument("--thp", action="store_true", help="use transparent huge pages for the 2 MiB side")
     ap.add_argument("--max-footprint", type=int, default=512, help="largest chase footprint, MiB")
-    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the best of each is kept")
+    ap.add_argument("--rounds", type=int, default=7, help="chase rounds (the quickest sample of each counts)")
+    ap.add_argument("--gemm-rounds", type=int, default=15, help="GEMM rounds (4 KiB and 2 MiB back to back)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, _exit_on_term)
 
@@ -343,7 +344,7 @@ def main() -> None:
     os.sched_setaffinity(0, {cpu_id})  # one core: its TLB and caches see only this run
     max_fp = (32 if args.quick else args.max_footprint) * MIB
     sides = GEMM_SIDES[:1] if args.quick else GEMM_SIDES
-    rounds = 1 if args.quick else args.rounds
+    rounds, gemm_rounds = (1, 1) if args.quick else (args.rounds, args.gemm_rounds)
     nbytes = max(max_fp, 3 * 4 * max(sides) ** 2)
     # Doubling from 128 KiB, with the points half way (x1.5) up to 16 MiB to place the TLB knees.
     fine = [f * KIB << i for i in range(8) for f in (128, 192)]
@@ -368,14 +369,20 @@ def main() -> None:
             r.memory[::4096] = 0  # every page present before anything is timed
             r.in_force = smaps_pages(r.base, nbytes)
             print(f"{r.label}: {fmt(nbytes)} at {r.base:#x}: {r.in_force}")
-        run(regions, footprints, sides, rounds, preset, ghz)
+        run(regions, footprints, sides, (rounds, gemm_rounds), preset, ghz)
         del regions, small, big  # views before their devices
 
 
 def run(
-    regions: list[Region], footprints: list[int], sides: tuple[int, ...], rounds: int, preset: str, ghz: float
+    regions: list[Region],
+    footprints: list[int],
+    sides: tuple[int, ...],
+    rounds: tuple[int, int],
+    preset: str,
+    ghz: float,
 ) -> None:
     small, big = regions
+    rounds, gemm_rounds = rounds
     seed = 1
     t0 = time.perf_counter()
     measured = measure_chase(regions, footprints, rounds, seed)
@@ -408,7 +415,8 @@ def run(
     print(f"calibrated {preset}: {cal}")
 
     print(
-        f"\nPointer chase, ns per step (one line per 4 KiB page, random cycle; best of {rounds}); "
+        f"\nPointer chase, ns per step (one line per 4 KiB page, random cycle; quickest of {rounds} rounds "
+        f"x {SAMPLES} samples); "
         f"model: {preset} translation cycles per step as published, and calibrated to this machine "
         f"(geometry from the knees, {l2_ns:.1f} ns per L2 TLB hit, {step_ns:.1f} ns per walk step)"
     )
@@ -423,7 +431,7 @@ def run(
         print("| " + " | ".join(cells) + " |")
 
     print(
-        f"\nGEMM, float32, C += A @ B ({rounds} rounds, 4 KiB and 2 MiB back to back); time saved by 2 MiB "
+        f"\nGEMM, float32, C += A @ B ({gemm_rounds} rounds, 4 KiB and 2 MiB back to back); time saved by 2 MiB "
         "pages: best against best, and the median (range) of the rounds; model: the kernel's translation "
         "time saved, as a share of its best 4 KiB time"
     )
@@ -440,7 +448,7 @@ def run(
             b[:] = rng.standard_normal((side, side), dtype=np.float32)
             mats[r.label] = (a, b, c)
         times: dict[tuple[str, str], list[float]] = {}
-        for _ in range(rounds):
+        for _ in range(gemm_rounds):
             for r in regions:
                 a, b, c = mats[r.label]
                 c.fill(0)
