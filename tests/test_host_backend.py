@@ -47,8 +47,9 @@ def test_pointers_are_real_memory(allocator):
     assert d.memory_reserved() == 0 and d.mem_info() == (256 * MiB, 256 * MiB)
 
 
-def test_two_mappings_of_one_physical_allocation_alias():
-    d = npumem.Device("64MiB", backend="host")
+@pytest.mark.parametrize("backend", ["host", "sim"])
+def test_two_mappings_of_one_physical_allocation_alias(backend):
+    d = npumem.Device("64MiB", backend=backend)
     page = d.mem_get_allocation_granularity(MemAttr.MEM_NORMAL)
     h = d.malloc_physical(4 * page, MemAttr.MEM_NORMAL)
     va = d.reserve_mem_address(16 * page)
@@ -56,7 +57,8 @@ def test_two_mappings_of_one_physical_allocation_alias():
     d.map_mem(va + 8 * page, h)
     d.write(va + 10, b"uva")
     assert d.read(va + 8 * page + 10, 3) == b"uva"
-    assert ctypes.string_at(va + 8 * page + 10, 3) == b"uva"
+    if backend == "host":
+        assert ctypes.string_at(va + 8 * page + 10, 3) == b"uva"
     assert d.translate(va + 10)[0] == d.translate(va + 8 * page + 10)[0]
     with raises_acl(npumem.InvalidParamError, 107000, match="unmap_mem"):
         d.release_mem_address(va)
