@@ -56,7 +56,7 @@ def header_path() -> str:
 class Stat(ctypes.Structure):
     """``npumem_stat_t`` (PyTorch's ``Stat``)."""
 
-    _fields_ = [("current", ctypes.c_int64), ("peak", ctypes.c_int64), ("allocated", ctypes.c_int64), ("freed", ctypes.c_int64)]
+    _fields_ = [(part, ctypes.c_int64) for part in ("current", "peak", "allocated", "freed")]
 
 
 #: The ``StatArray`` fields of ``npumem_device_stats_t``, in order; index 0 all, 1 small pool, 2 large pool.
