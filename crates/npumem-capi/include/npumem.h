@@ -9,7 +9,9 @@
  * (torch_npu: torch_npu.npu.NPUPluggableAllocator(...) and torch_npu.npu.memory.change_current_allocator(a).)
  *
  * Configuration: read from the environment once, at the first call.
- *   NPUMEM_BACKEND    "host" (default): real host memory, pointers can be dereferenced.
+ *   NPUMEM_BACKEND    "host" (default): real host memory, pointers can be dereferenced (by
+ *                     the CPU; a GPU or NPU kernel only where the platform shares host memory
+ *                     with the device, until npumem's accelerator backends).
  *                     "sim": the simulated device, for testing allocation patterns only; its
  *                     pointers are simulated addresses and MUST NOT be dereferenced.
  *   NPUMEM_ALLOCATOR  "npumem" (default), "pytorch", "torch_npu" or "direct".
