@@ -34,7 +34,9 @@ const POLICY: Policy = Policy::HugeFirst;
 
 fn size_arg(size: isize, what: &str) -> Result<u64, AclError> {
     u64::try_from(size).map_err(|_| {
-        AclError::invalid_param(format!("size {size} is negative; {what} takes a byte count of 0 or more"))
+        AclError::invalid_param(format!(
+            "size {size} is negative (or a size_t above SSIZE_MAX); {what} takes a byte count of 0 or more"
+        ))
     })
 }
 
@@ -54,7 +56,8 @@ pub extern "C" fn npumem_malloc(size: isize, device: c_int, stream: *mut c_void)
             with_device(device, |slot| {
                 let stream = slot.stream(stream)?;
                 let ptr = slot.device.malloc_on(bytes, POLICY, false, stream)?;
-                Ok(ptr as usize as *mut c_void)
+                // The address of memory the backend mapped (exposed when it was mapped).
+                Ok(std::ptr::with_exposed_provenance_mut(ptr as usize))
             })
         },
     )
@@ -72,25 +75,32 @@ pub extern "C" fn npumem_free(ptr: *mut c_void, size: isize, device: c_int, stre
             if ptr.is_null() {
                 return Ok(());
             }
-            let addr = ptr as usize as u64;
+            let addr = ptr.addr() as u64;
             let freed = with_device(device, |slot| {
-                if let Some(a) = slot.device.allocation(addr) {
-                    if a.size != bytes {
-                        return Err(AclError::rt_param(format!(
-                            "{addr:#x} was allocated with size {} but is freed with size {bytes}; nothing was freed \
-                             (pass the size given to npumem_malloc)",
-                            a.size
-                        )));
-                    }
+                let Some(a) = slot.device.allocation(addr) else {
+                    // Not live here: the device's free explains why (double free, interior
+                    // pointer, never allocated) and frees nothing.
+                    return slot.device.free_on(addr, None);
+                };
+                if a.size != bytes {
+                    return Err(AclError::rt_param(format!(
+                        "{addr:#x} was allocated with size {} but is freed with size {bytes}; nothing was freed \
+                         (pass the size given to npumem_malloc)",
+                        a.size
+                    )));
                 }
                 let stream = slot.stream(stream)?;
                 slot.device.free_on(addr, Some(stream))
             });
-            freed.map_err(|e| match owner_of(addr, usize::try_from(device).ok()) {
-                Some(owner) if e.code == ErrorCode::RtMemoryFree => AclError::bad_free(format!(
-                    "{addr:#x} is a live allocation of device {owner}, not of device {device}: pass device={owner}"
-                )),
-                _ => e,
+            freed.map_err(|e| {
+                // A pointer this device does not know may be another device's.
+                let other = (e.code == ErrorCode::RtMemoryFree).then(|| owner_of(addr, usize::try_from(device).ok()));
+                match other.flatten() {
+                    Some(owner) => AclError::bad_free(format!(
+                        "{addr:#x} is a live allocation of device {owner}, not of device {device}: pass device={owner}"
+                    )),
+                    None => e,
+                }
             })
         },
     )
@@ -107,7 +117,7 @@ pub extern "C" fn npumem_record_stream(ptr: *mut c_void, stream: *mut c_void) {
             if ptr.is_null() {
                 return Ok(());
             }
-            let addr = ptr as usize as u64;
+            let addr = ptr.addr() as u64;
             let Some(owner) = owner_of(addr, None) else {
                 return Err(AclError::rt_param(format!(
                     "{addr:#x} is not a live allocation of any device; record_stream takes a pointer npumem_malloc \

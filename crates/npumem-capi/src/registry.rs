@@ -51,7 +51,7 @@ impl Slot {
 
     /// The npumem stream for the caller's `stream` value, created on first sight.
     pub fn stream(&mut self, stream: *mut c_void) -> Result<StreamId> {
-        let key = stream as usize;
+        let key = stream.addr();
         if key == 0 {
             return Ok(DEFAULT_STREAM);
         }
