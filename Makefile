@@ -8,7 +8,7 @@ STAMP := $(VENV)/.deps-stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run test build lint test-rust test-loom test-python fuzz miri bench bench-replay bench-streams bench-plan bench-fastpath bench-pools bench-host bench-pagesize validate-tlb clean
+.PHONY: run test build wheel lint test-rust test-loom test-python fuzz miri bench bench-replay bench-streams bench-plan bench-fastpath bench-pools bench-host bench-pagesize validate-tlb clean
 
 run: build
 	npumem demo
@@ -21,9 +21,18 @@ $(STAMP): requirements-dev.txt
 	$(BIN)/python -m pip install -q -r requirements-dev.txt
 	touch $(STAMP)
 
-# Release build of the extension, installed into .venv (editable for the Python sources).
+# Release build of the extension, installed into .venv (editable for the Python sources), and of
+# libnpumem (the C ABI, crates/npumem-capi) copied with its header into the package; `install`
+# replaces the file rather than rewriting it under a process that has it loaded.
 build: $(STAMP)
+	cargo build -p npumem-capi --release -q
+	install -m 755 target/release/libnpumem.so python/npumem/libnpumem.so
+	install -m 644 crates/npumem-capi/include/npumem.h python/npumem/npumem.h
 	maturin develop --release -q
+
+# A wheel (in target/wheels) that carries libnpumem.so and npumem.h beside the extension.
+wheel: build
+	maturin build --release
 
 lint: $(STAMP)
 	cargo fmt --all --check
@@ -33,7 +42,7 @@ lint: $(STAMP)
 
 # npumem-fuzz replays the kept fuzz inputs (fuzz/regressions) through the fuzz harnesses.
 test-rust:
-	cargo test -p npumem-core -p npumem-sync -p npumem-fuzz -q
+	cargo test -p npumem-core -p npumem-sync -p npumem-fuzz -p npumem-capi -q
 
 # Model checks of the lock-free structures (a separate build with --cfg loom).
 test-loom:
@@ -97,4 +106,4 @@ bench-pagesize: build
 	python benches/bench_pagesize.py
 
 clean:
-	rm -rf $(VENV) target python/npumem/*.so fuzz/target
+	rm -rf $(VENV) target python/npumem/*.so python/npumem/npumem.h fuzz/target

@@ -3,7 +3,7 @@ in Rust, driven from Python.
 
 ``import npumem`` loads the device and its errors; the other modules (``npumem.plan``,
 ``npumem.graph``, ``npumem.replay``, ``npumem.tlb``, ``npumem.traces``, ``npumem.importers``,
-``npumem.patterns``, ``npumem.hostpool``, ...) load on first use, so ``npumem.plan.Problem``
+``npumem.patterns``, ``npumem.hostpool``, ``npumem.capi``, ...) load on first use, so ``npumem.plan.Problem``
 works without an import of its own and the package stays quick to import.
 """
 
@@ -52,6 +52,7 @@ __all__ = [
 #: Submodules loaded on first attribute access (PEP 562).
 _SUBMODULES = frozenset(
     {
+        "capi",
         "cli",
         "demo",
         "device",

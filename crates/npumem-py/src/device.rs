@@ -542,6 +542,88 @@ impl PyDevice {
         Ok(dict)
     }
 
+    // ----- the program's own virtual memory management (aclrtReserveMemAddress & co.) -----
+
+    /// `aclrtReserveMemAddress`: `size` bytes of device address space (at `expect` when given);
+    /// returns the address. `alignment` is reserved (0).
+    #[pyo3(signature = (size, expect = None, alignment = None, flags = None))]
+    fn reserve_mem_address(
+        &self,
+        py: Python<'_>,
+        size: &Bound<'_, PyAny>,
+        expect: Option<&Bound<'_, PyAny>>,
+        alignment: Option<&Bound<'_, PyAny>>,
+        flags: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<u64> {
+        let size = size_arg(size, "size")?;
+        let expect = expect.map(|e| uint_arg(e, "expect")).transpose()?.filter(|&e| e != 0);
+        let (alignment, flags) = (opt_uint(alignment, "alignment")?, opt_uint(flags, "flags")?);
+        self.run(py, |d| d.reserve_mem_address(size, alignment, expect, flags))
+    }
+
+    /// `aclrtReleaseMemAddress`.
+    fn release_mem_address(&self, py: Python<'_>, va: &Bound<'_, PyAny>) -> PyResult<()> {
+        let va = uint_arg(va, "va")?;
+        self.run(py, |d| d.release_mem_address(va))
+    }
+
+    /// `aclrtMallocPhysical`: `size` bytes of physical memory of `attr` (a `MemAttr`: normal,
+    /// huge or 1 GiB pages); returns the handle.
+    #[pyo3(signature = (size, attr, flags = None))]
+    fn malloc_physical(
+        &self,
+        py: Python<'_>,
+        size: &Bound<'_, PyAny>,
+        attr: &Bound<'_, PyAny>,
+        flags: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<u64> {
+        let size = size_arg(size, "size")?;
+        let attr = MemAttr::from_raw(enum_arg(attr, "attr")?).map_err(|e| to_py(py, e))?;
+        let flags = opt_uint(flags, "flags")?;
+        self.run(py, |d| d.malloc_physical(size, attr, flags))
+    }
+
+    /// `aclrtFreePhysical` (a mapped handle keeps its memory until its last unmap).
+    fn free_physical(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<()> {
+        let handle = uint_arg(handle, "handle")?;
+        self.run(py, |d| d.free_physical(handle))
+    }
+
+    /// `aclrtMapMem`: maps the whole of `handle` at `va` (`size` defaults to the handle's).
+    #[pyo3(signature = (va, handle, size = None, offset = None, flags = None))]
+    fn map_mem(
+        &self,
+        py: Python<'_>,
+        va: &Bound<'_, PyAny>,
+        handle: &Bound<'_, PyAny>,
+        size: Option<&Bound<'_, PyAny>>,
+        offset: Option<&Bound<'_, PyAny>>,
+        flags: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let (va, handle) = (uint_arg(va, "va")?, uint_arg(handle, "handle")?);
+        let size = size.map(|s| size_arg(s, "size")).transpose()?;
+        let (offset, flags) = (opt_uint(offset, "offset")?, opt_uint(flags, "flags")?);
+        self.run(py, |d| {
+            let size = match size {
+                Some(s) => s,
+                None => d.physical_size(handle)?,
+            };
+            d.map_mem(va, size, offset, handle, flags)
+        })
+    }
+
+    /// `aclrtUnmapMem`.
+    fn unmap_mem(&self, py: Python<'_>, va: &Bound<'_, PyAny>) -> PyResult<()> {
+        let va = uint_arg(va, "va")?;
+        self.run(py, |d| d.unmap_mem(va))
+    }
+
+    /// `aclrtMemGetAllocationGranularity` for memory of `attr`.
+    fn mem_get_allocation_granularity(&self, py: Python<'_>, attr: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let attr = MemAttr::from_raw(enum_arg(attr, "attr")?).map_err(|e| to_py(py, e))?;
+        self.run(py, |d| d.mem_get_allocation_granularity(attr))
+    }
+
     // ----- fault injection (devices made with faults=True) -----
 
     /// Makes the `n`th physical allocation / map / unmap from now fail (1 = the next; None =
@@ -1087,6 +1169,11 @@ fn float_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<f64> {
         )),
         Err(_) => Err(PyTypeError::new_err(format!("{what} must be a number, got {}", obj.get_type().name()?))),
     }
+}
+
+/// An optional non-negative int argument, 0 when absent.
+fn opt_uint(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<u64> {
+    obj.map_or(Ok(0), |o| uint_arg(o, what))
 }
 
 /// A sequence of device pointers (kernel arguments), each a non-negative int below 2**64.

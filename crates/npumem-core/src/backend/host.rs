@@ -2,9 +2,9 @@
 //! `aclrtMallocPhysical` / `aclrtMapMem`, so that every allocator family runs on memory a program
 //! can dereference.
 //!
-//! - the backend's address window: one anonymous `PROT_NONE | MAP_NORESERVE` mapping of 8 TiB
-//!   (address space only), at 16–24 TiB as on the device when that range is free, else wherever
-//!   the kernel puts it; reservations are carved from it (best fit, as `VaSpace` does), so a
+//! - the backend's address window: one anonymous `PROT_NONE | MAP_NORESERVE` mapping of 16 times
+//!   the capacity (64 GiB to 8 TiB; address space only), starting at 16 TiB as on the device when
+//!   that range is free, else wherever the kernel puts it; reservations are carved from it (best fit, as `VaSpace` does), so a
 //!   released range stays this device's (a later access is a use after free, never somebody
 //!   else's memory) and never collides with the process's other mappings;
 //! - physical allocation: a `memfd_create` file of that size (`MFD_HUGETLB | MFD_HUGE_2MB` /
@@ -36,8 +36,14 @@ use crate::vm::{PageKind, PageSize, Translation, VA_WINDOW_END, VA_WINDOW_START,
 /// The smallest capacity a host backend takes: one page of the largest normal size.
 const HOST_MIN_CAPACITY: u64 = 64 * 1024;
 
-/// The size of a host backend's address window (as the device's: 8 TiB).
-const WINDOW: u64 = VA_WINDOW_END - VA_WINDOW_START;
+/// The largest address window (the device's: 8 TiB).
+const MAX_WINDOW: u64 = VA_WINDOW_END - VA_WINDOW_START;
+
+/// The address window of a backend of `capacity` bytes: 16 times it (the npumem pool reserves
+/// 8 times the device), from 64 GiB to 8 TiB, so that many devices fit in one process.
+fn window_size(capacity: u64) -> u64 {
+    capacity.saturating_mul(16).next_multiple_of(GIB).clamp(64 * GIB, MAX_WINDOW)
+}
 
 /// Configuration of a host backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,8 +72,9 @@ struct Mapping {
 pub struct HostBackend {
     config: HostConfig,
     normal: PageSize,
-    /// The window's start (its whole `WINDOW` bytes are this backend's mapping).
+    /// The window's start and length (all of it is this backend's mapping).
     window: u64,
+    window_len: u64,
     /// Reservations inside the window.
     va: VaSpace,
     allocs: FxHashMap<PhysHandle, HostPhys>,
@@ -131,12 +138,14 @@ impl HostBackend {
                 ));
             }
         };
-        let window = Self::map_window()?;
+        let window_len = window_size(config.capacity);
+        let window = Self::map_window(window_len)?;
         Ok(HostBackend {
             config,
             normal,
             window,
-            va: VaSpace::with_granule(window, window + WINDOW, normal.bytes(), "host backend's address window"),
+            window_len,
+            va: VaSpace::with_granule(window, window + window_len, normal.bytes(), "host backend's address window"),
             allocs: FxHashMap::default(),
             next_handle: 1,
             mappings: BTreeMap::new(),
@@ -147,13 +156,13 @@ impl HostBackend {
 
     /// Maps the address window: at the device's 16–24 TiB when that range is free, else where
     /// the kernel chooses (aligned to 1 GiB, so giant pages fit).
-    fn map_window() -> Result<u64> {
+    fn map_window(len: u64) -> Result<u64> {
         let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
         // SAFETY: MAP_FIXED_NOREPLACE maps only if nothing of this process is in the range.
         let p = unsafe {
             libc::mmap(
                 VA_WINDOW_START as *mut _,
-                WINDOW as usize,
+                len as usize,
                 libc::PROT_NONE,
                 flags | libc::MAP_FIXED_NOREPLACE,
                 -1,
@@ -165,9 +174,9 @@ impl HostBackend {
         }
         if p != libc::MAP_FAILED {
             // SAFETY: an old kernel placed it elsewhere; it is ours to undo.
-            unsafe { libc::munmap(p, WINDOW as usize) };
+            unsafe { libc::munmap(p, len as usize) };
         }
-        let span = WINDOW + GIB;
+        let span = len + GIB;
         // SAFETY: a new PROT_NONE mapping anywhere the kernel chooses.
         let p = unsafe { libc::mmap(std::ptr::null_mut(), span as usize, libc::PROT_NONE, flags, -1, 0) };
         if p == libc::MAP_FAILED {
@@ -184,8 +193,8 @@ impl HostBackend {
             if start > base {
                 libc::munmap(base as *mut _, (start - base) as usize);
             }
-            if base + span > start + WINDOW {
-                libc::munmap((start + WINDOW) as *mut _, (base + span - start - WINDOW) as usize);
+            if base + span > start + len {
+                libc::munmap((start + len) as *mut _, (base + span - start - len) as usize);
             }
         }
         Ok(start)
@@ -193,7 +202,7 @@ impl HostBackend {
 
     /// The backend's address window, `[start, end)`.
     pub fn window(&self) -> (u64, u64) {
-        (self.window, self.window + WINDOW)
+        (self.window, self.window + self.window_len)
     }
 
     /// The memory this process could take now (`MemAvailable`), the default capacity.
@@ -506,7 +515,7 @@ impl Backend for HostBackend {
     }
 
     fn owns(&self, va: u64) -> bool {
-        (self.window..self.window + WINDOW).contains(&va)
+        (self.window..self.window + self.window_len).contains(&va)
     }
 
     fn host_accessible(&self) -> bool {
@@ -518,7 +527,7 @@ impl Drop for HostBackend {
     fn drop(&mut self) {
         // SAFETY: the window is ours (with whatever is mapped in it); nothing refers to it once
         // the backend is gone. The memfds close with `allocs`.
-        unsafe { libc::munmap(self.window as *mut _, WINDOW as usize) };
+        unsafe { libc::munmap(self.window as *mut _, self.window_len as usize) };
     }
 }
 
@@ -546,7 +555,7 @@ mod tests {
         let va = b.reserve(4 * MIB, 2 * MIB, None).unwrap();
         assert_eq!(va % (2 * MIB), 0);
         let (start, end) = b.window();
-        assert!(b.owns(va) && b.owns(start) && !b.owns(end) && end - start == WINDOW);
+        assert!(b.owns(va) && b.owns(start) && !b.owns(end) && end - start == 64 * GIB);
         b.map(va, h).unwrap();
         b.map(va + MIB, h).unwrap();
         b.write(va + 10, b"npumem").unwrap();

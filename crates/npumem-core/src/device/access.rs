@@ -40,6 +40,17 @@ impl Device {
         if self.backend.owns(addr) {
             let a = self.live.containing(addr, |a| a.size);
             let Some(a) = a else {
+                if self.user_vmm.mapped(addr) {
+                    return match self.user_vmm.mapping_of(addr, len) {
+                        Some(_) => Ok(Side::Device),
+                        None => Err((
+                            AclError::rt_param(format!(
+                                "{len} bytes at {role} {addr:#x} run past the end of its map_mem mapping"
+                            )),
+                            Some(FindingKind::OutOfBounds),
+                        )),
+                    };
+                }
                 let (why, kind) = if self.containing(addr).is_some() {
                     ("lies in the padding past the requested size of an allocation", FindingKind::OutOfBounds)
                 } else {
@@ -80,7 +91,11 @@ impl Device {
 
     /// The start of the (device or host) allocation holding `addr`, for the sanitizer.
     pub(super) fn base_of(&mut self, addr: u64) -> u64 {
-        self.containing(addr).map(|a| a.ptr).or_else(|| self.host.block_start(addr)).unwrap_or(addr)
+        self.containing(addr)
+            .map(|a| a.ptr)
+            .or_else(|| self.user_vmm.mapping_of(addr, 1))
+            .or_else(|| self.host.block_start(addr))
+            .unwrap_or(addr)
     }
 
     /// The sanitizer's view of accesses `(addr, len, write)`: each inside the allocation holding it.

@@ -18,6 +18,7 @@ mod access;
 mod batch;
 mod live;
 mod ordered;
+mod vmm;
 
 pub use batch::ReplayOutcome;
 use live::LiveTable;
@@ -314,6 +315,8 @@ pub struct Device {
     /// Live allocations with direct views of their memory (host backend), by start: how many.
     /// A pinned allocation cannot be freed.
     pins: FxHashMap<u64, u32>,
+    /// The program's own reservations, physical allocations and mappings (the VMM calls).
+    user_vmm: vmm::UserVmm,
 }
 
 impl Device {
@@ -371,6 +374,7 @@ impl Device {
             charged_calls: 0,
             tags: FxHashMap::default(),
             pins: FxHashMap::default(),
+            user_vmm: vmm::UserVmm::default(),
         }
     }
 
