@@ -9,7 +9,6 @@ falls back to 4 KiB pages (hundreds of times more page-table entries).
 
 from __future__ import annotations
 
-import mmap
 import os
 import random
 import time
@@ -458,35 +457,9 @@ def fast_path(out: TextIO) -> None:
     )
 
 
-def _second_mapping(ptr: int) -> tuple[mmap.mmap, int]:
-    """Maps the host backend's physical allocation behind ``ptr`` (a memfd) a second time, through
-    the process's own descriptor of it (/proc/self/fd); returns the mapping and ``ptr``'s offset
-    in it."""
-    with open("/proc/self/maps") as f:
-        for line in f:
-            span, _perms, offset, _dev, inode, *_ = line.split()
-            lo, hi = (int(x, 16) for x in span.split("-"))
-            if lo <= ptr < hi:
-                break
-        else:
-            raise OSError(f"{ptr:#x} is not in /proc/self/maps")
-    in_file = int(offset, 16) + ptr - lo
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            if os.stat(f"/proc/self/fd/{fd}").st_ino == int(inode):
-                with open(f"/proc/self/fd/{fd}", "r+b") as file:
-                    start = in_file - in_file % mmap.PAGESIZE
-                    return mmap.mmap(file.fileno(), mmap.PAGESIZE, offset=start), in_file - start
-        except OSError:
-            continue
-    raise OSError(f"no descriptor of the memory file behind {ptr:#x} (inode {inode})")
-
-
 def host_memory(out: TextIO) -> None:
     """The allocation story on real memory: a fresh mapping per malloc against the pool, aliases,
     and whether the kernel has huge pages."""
-    import numpy as np
-
     out.write(f"{_RULE}\n10. Real memory: the same allocations on the host backend (Linux memfd + mmap)\n{_RULE}\n")
     trace = transformer_training(layers=2, hidden=512, vocab=8000, steps=4, batch=(2, 2), seq=(256, 256))
     allocs = sum(1 for e in trace if e[0] == "alloc")
@@ -515,26 +488,28 @@ def host_memory(out: TextIO) -> None:
         "  single pairs against mmap, glibc malloc and numpy).\n\n"
     )
 
-    dev = Device("256MiB", backend="host", allocator="direct")
-    ptr = dev.malloc(64 << 10, Policy.NORMAL_ONLY)
-    try:
-        alias, at = _second_mapping(ptr)
-        view = dev.to_numpy(ptr, 64 << 10, copy=False)  # the device memory itself, no copy
-        view[100:129] = np.frombuffer(b"written at the device pointer", np.uint8)
-        seen = alias[at + 100 : at + 129]
-        alias[at + 200 : at + 205] = b"alias"
-        back = dev.read(ptr + 200, 5)
-        del view  # unpins the allocation
-        alias.close()
-        ok = "ok" if seen == b"written at the device pointer" and back == b"alias" else "NOT aliased"
-        out.write(
-            f"  Aliases: the 64 KiB at {ptr:#x} is one memfd. Mapped a second time (through /proc/self/fd),\n"
-            f"  bytes written through a zero-copy numpy view of the device pointer (to_numpy(copy=False)) are\n"
-            f"  read through the other mapping, and back: {seen!r}, {back!r} ({ok}).\n"
-        )
-    except OSError as e:
-        out.write(f"  (aliases not shown: {e})\n")
-    dev.free(ptr)
+    # The program's own VMM calls: one physical allocation mapped at two addresses.
+    dev = Device("256MiB", backend="host")
+    page = dev.mem_get_allocation_granularity(MemAttr.MEM_NORMAL)
+    handle = dev.malloc_physical(16 * page, MemAttr.MEM_NORMAL)
+    va = dev.reserve_mem_address(64 * page)
+    other = va + 32 * page
+    dev.map_mem(va, handle)
+    dev.map_mem(other, handle)
+    text = b"written through the first mapping"
+    dev.write(va + 100, text)
+    seen = dev.read(other + 100, len(text))
+    same = dev.translate(va + 100)[0] == dev.translate(other + 100)[0]
+    out.write(
+        f"  Aliases: malloc_physical, reserve_mem_address and map_mem twice put one memfd at {va:#x}\n"
+        f"  and {other:#x}; written through the first, read through the second:\n"
+        f"  {seen!r} ({'ok' if seen == text and same else 'NOT aliased'}; translate() gives both one physical "
+        "address).\n\n"
+    )
+    for at in (va, other):
+        dev.unmap_mem(at)
+    dev.free_physical(handle)
+    dev.release_mem_address(va)
 
     huge_free, _ = dev.mem_info(MemAttr.HBM_HUGE)
     try:
