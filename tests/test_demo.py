@@ -6,7 +6,7 @@ import io
 import re
 
 from npumem import Policy, demo
-from npumem.errors import OutOfMemoryError
+from npumem.errors import OutOfMemoryError, UnsupportedError
 
 
 def test_demo_runs_every_section():
@@ -53,6 +53,18 @@ def test_host_section_counts_the_system_calls_and_shows_aliases():
     assert rows["npumem", "second"] == [0, 0, 0]
     assert "b'written through the first mapping' (ok; translate() gives both one physical address)" in text
     assert ("hugetlb pool has" in text) != ("echo 64 > /proc/sys/vm/nr_hugepages" in text)
+
+
+def test_host_section_where_the_host_backend_cannot_run(monkeypatch):
+    class NoHostBackend(demo.Device):
+        def __init__(self, *args, backend="sim", **kwargs):
+            if backend == "host":
+                raise UnsupportedError(200006, "ACL_ERROR_FEATURE_UNSUPPORTED", "no memfd on this system")
+            super().__init__(*args, backend=backend, **kwargs)
+
+    monkeypatch.setattr(demo, "Device", NoHostBackend)
+    text = host_section()
+    assert "(skipped: the host backend cannot run here: " in text and "no memfd on this system" in text
 
 
 def test_host_section_without_huge_pages(monkeypatch):
