@@ -170,21 +170,28 @@ def free_huge_pages() -> int:
 def host_huge_pages():
     """Reserves 2 MiB pages for the host backend's tests where this process may (root), and
     gives them back at the end of the session; yields how many are free."""
-    old = None
+    added = 0
     try:
-        with open(_NR_HUGEPAGES) as f:
-            old = int(f.read())
-        if free_huge_pages() < HUGE_PAGES_WANTED:
+        missing = HUGE_PAGES_WANTED - free_huge_pages()
+        if missing > 0:
+            with open(_NR_HUGEPAGES) as f:
+                before = int(f.read())
             with open(_NR_HUGEPAGES, "w") as f:
-                f.write(str(old + HUGE_PAGES_WANTED - free_huge_pages()))
+                f.write(str(before + missing))
+            with open(_NR_HUGEPAGES) as f:
+                added = max(int(f.read()) - before, 0)
     except (OSError, ValueError):
-        old = None  # not root, or no hugetlb: the tests that need huge pages skip
+        pass  # not root, or no hugetlb: the tests that need huge pages skip
     try:
         yield free_huge_pages()
     finally:
-        if old is not None:
-            with contextlib.suppress(OSError), open(_NR_HUGEPAGES, "w") as f:
-                f.write(str(old))
+        # Give back what this session added (others may have reserved pages meanwhile).
+        if added:
+            with contextlib.suppress(OSError, ValueError):
+                with open(_NR_HUGEPAGES) as f:
+                    now = int(f.read())
+                with open(_NR_HUGEPAGES, "w") as f:
+                    f.write(str(max(now - added, 0)))
 
 
 def pytest_generate_tests(metafunc):

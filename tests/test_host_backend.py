@@ -62,6 +62,13 @@ def test_two_mappings_of_one_physical_allocation_alias(backend):
     assert d.translate(va + 10)[0] == d.translate(va + 8 * page + 10)[0]
     with raises_acl(npumem.InvalidParamError, 107000, match="unmap_mem"):
         d.release_mem_address(va)
+    view = d.to_numpy(va + 8 * page, 3 * page, copy=False) if backend == "host" else None
+    if view is not None:
+        assert bytes(view[10:13]) == b"uva"
+        with raises_acl(npumem.MemoryFreeError, 207002, match="view"):
+            d.unmap_mem(va + 8 * page)
+        del view
+        gc.collect()
     d.free_physical(h)  # still mapped: the memory stays until the last unmap
     d.unmap_mem(va)
     assert d.read(va + 8 * page + 10, 3) == b"uva"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,11 @@ def _bytes_of(array: Any) -> np.ndarray:
     if array.dtype.hasobject:
         raise invalid_param("the array holds Python object pointers, not data; convert it to a numeric dtype first")
     return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+
+
+#: NumPy's scalar types and their dtypes, for `to_numpy`'s quick path (no object dtypes).
+_INTS = (np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32, np.uint64, np.int64)
+_DTYPES = {t: np.dtype(t) for t in (*_INTS, np.float16, np.float32, np.float64, np.complex64, np.complex128, np.bool_)}
 
 
 class Device(_native.Device):
@@ -79,6 +85,11 @@ class Device(_native.Device):
             buffer = _exported(buffer)
         super().read_into(ptr, buffer, stream)
 
+    @functools.cached_property
+    def _real_memory(self) -> bool:
+        """Whether device pointers are this process's memory (any backend but the simulator)."""
+        return self.backend != "sim"
+
     def to_numpy(
         self,
         ptr: int,
@@ -96,30 +107,36 @@ class Device(_native.Device):
         (``free`` raises ``MemoryFreeError``); synchronise the streams that write it first — the
         sanitizer does not see accesses made through the array. ``shape`` and ``dtype`` are
         checked against the allocation before anything is made."""
-        dims = (shape,) if _args.is_int(shape) else shape
-        if not isinstance(dims, (tuple, list)):
-            raise _args.type_error("shape", shape, "an int or a tuple of ints")
-        dims = tuple(_args.integer(d, f"shape[{i}]", 0, _args.U64_MAX) for i, d in enumerate(dims))
-        try:
-            dt = np.dtype(dtype)
-        except TypeError as e:
-            raise TypeError(f"dtype {_args.show(dtype)} is not a NumPy dtype ({e})") from None
-        if dt.hasobject:
-            raise invalid_param("dtype holds Python object pointers; use a numeric dtype")
+        if type(shape) is int and 0 <= shape <= _args.U64_MAX:  # the common case, checked quickly
+            dims: tuple[int, ...] = (shape,)
+        else:
+            dims = (shape,) if _args.is_int(shape) else shape
+            if not isinstance(dims, (tuple, list)):
+                raise _args.type_error("shape", shape, "an int or a tuple of ints")
+            dims = tuple(_args.integer(d, f"shape[{i}]", 0, _args.U64_MAX) for i, d in enumerate(dims))
+        dt = _DTYPES.get(dtype) if isinstance(dtype, type) else None
+        if dt is None:
+            try:
+                dt = np.dtype(dtype)
+            except TypeError as e:
+                raise TypeError(f"dtype {_args.show(dtype)} is not a NumPy dtype ({e})") from None
+            if dt.hasobject:
+                raise invalid_param("dtype holds Python object pointers; use a numeric dtype")
         count = 1
         for d in dims:
             count *= d
         nbytes = count * dt.itemsize
         if nbytes > _args.U64_MAX:
             raise invalid_param(f"shape {dims} of {dt} is {nbytes:,} bytes: more than any allocation")
-        ptr = _args.integer(ptr, "ptr", 0, _args.U64_MAX)
+        if not (type(ptr) is int and 0 <= ptr <= _args.U64_MAX):
+            ptr = _args.integer(ptr, "ptr", 0, _args.U64_MAX)
         # A shape larger than any allocation is refused before the device is asked.
-        device = self.backend != "sim" or _native.VA_WINDOW_START <= ptr < _native.VA_WINDOW_END
+        device = self._real_memory or _native.VA_WINDOW_START <= ptr < _native.VA_WINDOW_END
         limit = self.capacity if device else 1 << 40
         if nbytes > limit:
             where = f"the device's capacity ({fmt(limit)})" if device else "1 TiB"
             raise invalid_param(f"shape {dims} of {dt} is {nbytes:,} bytes: more than {where}")
-        view = not _args.flag(copy, "copy")
+        view = copy is False or (copy is not True and not _args.flag(copy, "copy"))
         if view and stream is not None:
             raise invalid_param("to_numpy(copy=False) reads no stream: synchronize the stream, then view")
         # The range is checked before the array is made: it cannot be larger than its source.

@@ -596,9 +596,9 @@ impl Device {
         self.live.containing(addr, |a| a.granted)
     }
 
-    /// Pins the live allocation holding `[ptr, ptr + len)` for a direct view of its memory
-    /// (backends whose memory is this process's, i.e. the host backend): it cannot be freed until
-    /// `unpin`. Returns the allocation's start.
+    /// Pins the live allocation (or `map_mem` mapping) holding `[ptr, ptr + len)` for a direct
+    /// view of its memory (backends whose memory is this process's, i.e. the host backend): it
+    /// cannot be freed (or unmapped) until `unpin`. Returns its start.
     pub fn pin(&mut self, ptr: u64, len: u64) -> Result<u64> {
         if !self.backend.host_accessible() {
             return Err(self.unsupported(
@@ -610,7 +610,12 @@ impl Device {
                 "{ptr:#x} is malloc_host memory, already a host address: view it directly"
             )));
         }
-        let base = self.containing(ptr).map(|a| a.ptr).expect("classified as a live device allocation");
+        // A live allocation, or a range the program mapped with map_mem (classified above).
+        let base = self
+            .containing(ptr)
+            .map(|a| a.ptr)
+            .or_else(|| self.user_vmm.mapping_of(ptr, 1))
+            .ok_or_else(|| AclError::internal(format!("{ptr:#x} is device memory of no allocation or mapping")))?;
         *self.pins.entry(base).or_default() += 1;
         Ok(base)
     }
@@ -625,12 +630,12 @@ impl Device {
         }
     }
 
-    /// The error for a free of a pinned allocation.
+    /// The error for a free (or unmap) of a pinned allocation (or mapping).
     fn pinned(&self, ptr: u64) -> Option<AclError> {
         let n = *self.pins.get(&ptr)?;
         Some(AclError::bad_free(format!(
-            "the allocation at {ptr:#x} has {n} live view(s) of its memory (to_numpy(copy=False)); delete them \
-             before freeing it"
+            "the memory at {ptr:#x} has {n} live view(s) (to_numpy(copy=False)); delete them before freeing or \
+             unmapping it"
         )))
     }
 

@@ -186,6 +186,9 @@ impl Device {
         if !self.user_vmm.mappings.contains_key(&va) {
             return Err(AclError::invalid_param(format!("nothing map_mem mapped starts at {va:#x}")));
         }
+        if let Some(e) = self.pinned(va) {
+            return Err(e);
+        }
         self.settle();
         self.backend.unmap(va)?;
         self.user_vmm.mappings.remove(&va);
