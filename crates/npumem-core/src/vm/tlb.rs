@@ -184,7 +184,7 @@ impl TlbConfig {
                 ],
                 [2, 4, 32],
                 20,
-                "Intel Skylake: split L1 DTLB, 1536-entry 12-way STLB (Intel optimisation manual; tlb-and-pages.md §1.5)",
+                "Intel Skylake: split L1 DTLB, 1536-entry 12-way STLB (Intel 64 and IA-32 Architectures Optimization Reference Manual)",
             ),
             "zen4" => c(
                 vec![vec![array("L1", 72, 72, &[], Lru, 0)], vec![array("L2", 3072, 12, &[], Lru, 7)]],
