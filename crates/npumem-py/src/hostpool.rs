@@ -11,7 +11,6 @@ use numpy::npyffi::{
     NPY_ARRAY_CARRAY, NPY_ARRAY_FARRAY, NpyTypes, PY_ARRAY_API, PyArray_Descr, PyArrayObject, get_type_object, npy_intp,
 };
 use numpy::{PyArrayDescr, PyArrayDescrMethods};
-use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -19,6 +18,7 @@ use pyo3::types::{PyCapsule, PyDict};
 
 use crate::convert::{size_arg, uint_arg};
 use crate::errors::{guard, to_py};
+use crate::export::fill_buffer;
 
 /// The most alloc+free pairs one `churn` call runs.
 const MAX_CHURN: u64 = 1 << 32;
@@ -50,14 +50,9 @@ impl Drop for HostBlock {
 #[pymethods]
 impl HostBlock {
     unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
-        if view.is_null() {
-            return Err(PyBufferError::new_err("a NULL view was passed to HostBlock.__getbuffer__"));
-        }
         let (ptr, len) = (slf.get().ptr, slf.get().len);
-        // SAFETY: the block is `len` writable bytes; FillInfo takes a new reference to the
-        // exporter, which keeps the block alive for the life of the view.
-        let rc = unsafe { ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr as *mut c_void, len as isize, 0, flags) };
-        if rc == -1 { Err(PyErr::fetch(slf.py())) } else { Ok(()) }
+        // SAFETY: the block is `len` writable bytes, kept for the life of this exporter.
+        unsafe { fill_buffer(slf.as_any(), view, ptr as *mut c_void, len, flags) }
     }
 
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}

@@ -4,6 +4,7 @@
 mod convert;
 mod device;
 mod errors;
+mod export;
 mod hostpool;
 mod kernels;
 mod plan;

@@ -7,11 +7,11 @@
 
 use std::ffi::{c_int, c_void};
 
-use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 
 use crate::device::PyDevice;
+use crate::export::fill_buffer;
 
 #[pyclass(name = "DeviceView", module = "npumem._native", frozen)]
 pub struct DeviceView {
@@ -32,15 +32,10 @@ impl DeviceView {
 #[pymethods]
 impl DeviceView {
     unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
-        if view.is_null() {
-            return Err(PyBufferError::new_err("a NULL view was passed to DeviceView.__getbuffer__"));
-        }
         let (ptr, len) = (slf.get().ptr, slf.get().len);
         // SAFETY: `len` bytes at `ptr` lie in a live, pinned allocation of the host backend
-        // (mapped read-write in this process while the pin holds); FillInfo takes a new reference
-        // to this exporter, which keeps the pin for the life of the buffer.
-        let rc = unsafe { ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr as *mut c_void, len as isize, 0, flags) };
-        if rc == -1 { Err(PyErr::fetch(slf.py())) } else { Ok(()) }
+        // (mapped read-write in this process while the pin, held by this exporter, lasts).
+        unsafe { fill_buffer(slf.as_any(), view, ptr as *mut c_void, len, flags) }
     }
 
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}

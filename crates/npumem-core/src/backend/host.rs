@@ -22,11 +22,11 @@
 //! never pass the configured capacity; a failed call changes nothing. Dropping the backend
 //! unmaps and closes everything.
 
-use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use rustc_hash::FxHashMap;
 
+use super::address_map::{AddressMap, Mapping};
 use super::{Backend, BackendCounters, PhysHandle};
 use crate::acl::MemScope;
 use crate::error::{AclError, ErrorCode, Result};
@@ -62,12 +62,6 @@ struct HostPhys {
     free_requested: bool,
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Mapping {
-    handle: PhysHandle,
-    size: u64,
-}
-
 #[derive(Debug)]
 pub struct HostBackend {
     config: HostConfig,
@@ -75,11 +69,10 @@ pub struct HostBackend {
     /// The window's start and length (all of it is this backend's mapping).
     window: u64,
     window_len: u64,
-    /// Reservations inside the window.
-    va: VaSpace,
+    /// Reservations inside the window and the mappings in them.
+    space: AddressMap,
     allocs: FxHashMap<PhysHandle, HostPhys>,
     next_handle: PhysHandle,
-    mappings: BTreeMap<u64, Mapping>,
     /// Bytes of live physical allocations (counted until their memory is released).
     in_use: u64,
     counters: BackendCounters,
@@ -145,10 +138,14 @@ impl HostBackend {
             normal,
             window,
             window_len,
-            va: VaSpace::with_granule(window, window + window_len, normal.bytes(), "host backend's address window"),
+            space: AddressMap::new(VaSpace::with_granule(
+                window,
+                window + window_len,
+                normal.bytes(),
+                "host backend's address window",
+            )),
             allocs: FxHashMap::default(),
             next_handle: 1,
-            mappings: BTreeMap::new(),
             in_use: 0,
             counters: BackendCounters::default(),
         })
@@ -214,11 +211,6 @@ impl HostBackend {
         self.config
     }
 
-    /// The reservation holding `[va, va + len)`, as (start, len).
-    fn reservation_of(&self, va: u64, len: u64) -> Option<(u64, u64)> {
-        self.va.reservation_containing(va).filter(|&(s, l)| va.checked_add(len).is_some_and(|end| end <= s + l))
-    }
-
     /// Checks that every byte of `[va, va + len)` is mapped.
     fn check_mapped(&self, va: u64, len: u64) -> Result<()> {
         let end = va.checked_add(len).ok_or_else(|| {
@@ -226,8 +218,7 @@ impl HostBackend {
         })?;
         let mut at = va;
         while at < end {
-            let covering = self.mappings.range(..=at).next_back().filter(|&(&m, mp)| at < m + mp.size);
-            let Some((&m, mp)) = covering else {
+            let Some((m, mp)) = self.space.containing(at) else {
                 return Err(AclError::rt_param(format!("device address {at:#x} is not mapped")));
             };
             at = m + mp.size;
@@ -259,27 +250,13 @@ impl Backend for HostBackend {
 
     fn reserve(&mut self, size: u64, align: u64, hint: Option<u64>) -> Result<u64> {
         // The window is PROT_NONE already: a reservation is bookkeeping only.
-        let align = align.max(self.normal.bytes());
-        let va = match hint {
-            Some(at) => self.va.reserve_at(at, size, align)?,
-            None => self.va.reserve(size, align)?,
-        };
+        let va = self.space.reserve(size, align.max(self.normal.bytes()), hint)?;
         self.counters.reserves += 1;
         Ok(va)
     }
 
     fn release(&mut self, va: u64) -> Result<()> {
-        let Some((start, len)) = self.va.reservation_containing(va).filter(|&(s, _)| s == va) else {
-            return Err(AclError::invalid_param(format!(
-                "{va:#x} is not the start of a VA reservation; pass the address reserve returned"
-            )));
-        };
-        if let Some((&m, _)) = self.mappings.range(start..start + len).next() {
-            return Err(AclError::rt_param(format!(
-                "the reservation at {va:#x} still has a mapping at {m:#x}; unmap it before releasing"
-            )));
-        }
-        self.va.release(start)?;
+        self.space.release(va)?;
         self.counters.releases += 1;
         Ok(())
     }
@@ -369,25 +346,7 @@ impl Backend for HostBackend {
             AclError::new(ErrorCode::RtInvalidHandle, format!("physical handle {handle} is unknown or already freed"))
         })?;
         let (size, page, kind) = (alloc.size, alloc.page, alloc.kind);
-        if self.reservation_of(va, size).is_none() {
-            return Err(AclError::rt_param(format!(
-                "cannot map {} at {va:#x}: the range is not inside one VA reservation",
-                format_size(size)
-            )));
-        }
-        if va % page.bytes() != 0 {
-            return Err(AclError::new(
-                ErrorCode::RtAddrUnaligned,
-                format!("cannot map {} pages at {va:#x}: the address is not page aligned", page.label()),
-            ));
-        }
-        if let Some((&m, mp)) = self.mappings.range(..va + size).next_back() {
-            if m + mp.size > va {
-                return Err(AclError::rt_param(format!(
-                    "cannot map at {va:#x}: the range overlaps the mapping at {m:#x}; unmap it first"
-                )));
-            }
-        }
+        self.space.check_map(va, size, page)?;
         let fd = alloc.fd.as_raw_fd();
         // SAFETY: [va, va + size) lies inside one of our PROT_NONE reservations with no mapping
         // in it (checked above), so MAP_FIXED replaces only our own reserved pages.
@@ -410,18 +369,14 @@ impl Backend for HostBackend {
             unsafe { libc::madvise(va as *mut _, size as usize, libc::MADV_NOHUGEPAGE) };
         }
         self.allocs.get_mut(&handle).expect("present").mapped += 1;
-        self.mappings.insert(va, Mapping { handle, size });
+        self.space.insert(va, Mapping { handle, size });
         self.counters.maps += 1;
         self.counters.pages_mapped += size / page.bytes();
         Ok(())
     }
 
     fn unmap(&mut self, va: u64) -> Result<()> {
-        let Some(&mapping) = self.mappings.get(&va) else {
-            return Err(AclError::rt_param(format!(
-                "nothing is mapped starting at {va:#x}; pass the address given to map"
-            )));
-        };
+        let mapping = self.space.mapping_at(va)?;
         let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED;
         // SAFETY: the range is our own mapping; a fresh PROT_NONE mapping replaces it, so the
         // reservation stays whole and the memfd's pages are no longer reachable through it.
@@ -429,7 +384,7 @@ impl Backend for HostBackend {
         if p == libc::MAP_FAILED {
             return Err(AclError::new(ErrorCode::RtDrvInternal, format!("unmapping {va:#x} failed: {}", errno())));
         }
-        self.mappings.remove(&va);
+        self.space.remove(va);
         let alloc = self.allocs.get_mut(&mapping.handle).expect("mapped handles are live");
         alloc.mapped -= 1;
         self.counters.unmaps += 1;
@@ -492,11 +447,9 @@ impl Backend for HostBackend {
     }
 
     fn translate(&self, va: u64) -> Result<Translation> {
-        let (&m, mp) = self
-            .mappings
-            .range(..=va)
-            .next_back()
-            .filter(|&(&m, mp)| va < m + mp.size)
+        let (m, mp) = self
+            .space
+            .containing(va)
             .ok_or_else(|| AclError::rt_param(format!("device address {va:#x} is not mapped")))?;
         let alloc = &self.allocs[&mp.handle];
         // Physical addresses are not visible to an unprivileged process: the allocation's handle
@@ -575,7 +528,7 @@ mod tests {
         assert_eq!(b.in_use, 0);
         assert!(b.read(va + MIB + 10, &mut out).is_err());
         b.release(va).unwrap();
-        assert_eq!(b.va.reservation_count(), 0);
+        assert_eq!(b.space.reservation_count(), 0);
         assert!(b.owns(va), "a released range stays in the window");
     }
 

@@ -12,6 +12,7 @@
 //! the release of its memory until its last unmap (as `aclrtFreePhysical` does); byte access
 //! touches only mapped addresses and fails, never crashes, elsewhere.
 
+pub mod address_map;
 pub mod faulty;
 pub mod host;
 pub mod sim;

@@ -18,8 +18,8 @@
 //! (unmapped address, host out of memory) changes no byte.
 
 use rustc_hash::FxHashMap;
-use std::collections::BTreeMap;
 
+use super::address_map::{AddressMap, Mapping};
 use super::{Backend, BackendCounters, PhysHandle};
 use crate::acl::MemScope;
 use crate::error::{AclError, ErrorCode, Result};
@@ -63,22 +63,16 @@ impl PhysAlloc {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Mapping {
-    handle: PhysHandle,
-    size: u64,
-}
-
 #[derive(Debug)]
 pub struct SimBackend {
     config: SimConfig,
-    va: VaSpace,
+    /// Reservations in the device window and the mappings in them.
+    space: AddressMap,
     frames: FrameAllocator,
     page_table: PageTable,
     memory: PhysMemory,
     allocs: FxHashMap<PhysHandle, PhysAlloc>,
     next_handle: PhysHandle,
-    mappings: BTreeMap<u64, Mapping>,
     counters: BackendCounters,
 }
 
@@ -100,13 +94,12 @@ impl SimBackend {
         let frames = FrameAllocator::new(config.capacity, config.normal_page.bytes(), config.giant_frames)?;
         Ok(SimBackend {
             config,
-            va: VaSpace::default(),
+            space: AddressMap::new(VaSpace::default()),
             memory: PhysMemory::new(config.capacity),
             frames,
             page_table: PageTable::new(),
             allocs: FxHashMap::default(),
             next_handle: 1,
-            mappings: BTreeMap::new(),
             counters: BackendCounters::default(),
         })
     }
@@ -250,26 +243,13 @@ impl Backend for SimBackend {
     }
 
     fn reserve(&mut self, size: u64, align: u64, hint: Option<u64>) -> Result<u64> {
-        let va = match hint {
-            Some(at) => self.va.reserve_at(at, size, align)?,
-            None => self.va.reserve(size, align)?,
-        };
+        let va = self.space.reserve(size, align, hint)?;
         self.counters.reserves += 1;
         Ok(va)
     }
 
     fn release(&mut self, va: u64) -> Result<()> {
-        let Some((start, len)) = self.va.reservation_containing(va).filter(|&(s, _)| s == va) else {
-            return Err(AclError::invalid_param(format!(
-                "{va:#x} is not the start of a VA reservation; pass the address reserve returned"
-            )));
-        };
-        if let Some((&m, _)) = self.mappings.range(start..start + len).next() {
-            return Err(AclError::rt_param(format!(
-                "the reservation at {va:#x} still has a mapping at {m:#x}; unmap it before releasing"
-            )));
-        }
-        self.va.release(start)?;
+        self.space.release(va)?;
         self.counters.releases += 1;
         Ok(())
     }
@@ -342,26 +322,7 @@ impl Backend for SimBackend {
             AclError::new(ErrorCode::RtInvalidHandle, format!("physical handle {handle} is unknown or already freed"))
         })?;
         let (page, size) = (alloc.page, alloc.size());
-        let inside = self.va.reservation_containing(va).is_some_and(|(s, l)| va + size <= s + l);
-        if !inside {
-            return Err(AclError::rt_param(format!(
-                "cannot map {} at {va:#x}: the range is not inside one VA reservation",
-                format_size(size)
-            )));
-        }
-        if va % page.bytes() != 0 {
-            return Err(AclError::new(
-                ErrorCode::RtAddrUnaligned,
-                format!("cannot map {} pages at {va:#x}: the address is not page aligned", page.label()),
-            ));
-        }
-        if let Some((&m, mp)) = self.mappings.range(..va + size).next_back() {
-            if m + mp.size > va {
-                return Err(AclError::rt_param(format!(
-                    "cannot map at {va:#x}: the range overlaps the mapping at {m:#x}; unmap it first"
-                )));
-            }
-        }
+        self.space.check_map(va, size, page)?;
         let frames = &self.allocs[&handle].frames;
         for (i, &pa) in frames.iter().enumerate() {
             let at = va + i as u64 * page.bytes();
@@ -375,14 +336,13 @@ impl Backend for SimBackend {
         self.counters.maps += 1;
         self.counters.pages_mapped += frames.len() as u64;
         self.allocs.get_mut(&handle).expect("present").mapped += 1;
-        self.mappings.insert(va, Mapping { handle, size });
+        self.space.insert(va, Mapping { handle, size });
         Ok(())
     }
 
     fn unmap(&mut self, va: u64) -> Result<()> {
-        let mapping = self.mappings.remove(&va).ok_or_else(|| {
-            AclError::rt_param(format!("nothing is mapped starting at {va:#x}; pass the address given to map"))
-        })?;
+        let mapping = self.space.mapping_at(va)?;
+        self.space.remove(va);
         let alloc = self.allocs.get_mut(&mapping.handle).expect("mapped handles are live");
         let page = alloc.page;
         for i in 0..alloc.frames.len() as u64 {
