@@ -8,7 +8,7 @@ STAMP := $(VENV)/.deps-stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run test build wheel lint test-rust test-loom test-python fuzz miri bench bench-replay bench-streams bench-plan bench-fastpath bench-pools bench-host bench-pagesize validate-tlb clean
+.PHONY: run test build wheel lint test-rust test-loom test-python fuzz miri bench bench-replay bench-streams bench-plan bench-fastpath bench-pools bench-host bench-pagesize validate-tlb sweep-demo clean
 
 run: build
 	npumem demo
@@ -103,7 +103,17 @@ bench-host: build
 	python benches/bench_host.py
 
 bench-pagesize: build
-	python benches/bench_pagesize.py
+	python benches/bench_pagesize.py --json target/bench-pagesize.json
+
+# Issue #17: a sweep of 504 cells (TLB presets x page sizes x patterns x footprints, and allocator
+# families x alloc_conf x workloads x capacities) on a two-worker Dask LocalCluster, then its
+# self-contained HTML report (with the host page-size measurements of `make bench-pagesize` when
+# target/bench-pagesize.json exists). Several minutes on two cores; a rerun reads the cache.
+SWEEP_DEMO := target/sweeps/demo
+sweep-demo: build
+	npumem sweep examples/sweeps/demo.toml --out $(SWEEP_DEMO) --workers 2
+	npumem report $(SWEEP_DEMO) --out $(SWEEP_DEMO)/report.html \
+		$(if $(wildcard target/bench-pagesize.json),--host-pagesize target/bench-pagesize.json)
 
 clean:
 	rm -rf $(VENV) target python/npumem/*.so python/npumem/npumem.h fuzz/target

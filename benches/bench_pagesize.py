@@ -23,8 +23,12 @@ an L2 TLB hit and of a walk step) are fitted to the chase measurements by least 
 predictions are the translation cycles of the kernel's own row-segment trace over the first
 block row of tiles, scaled to the whole product.
 
+With ``--json PATH`` the tables are also written as JSON (``make bench-pagesize`` writes
+``target/bench-pagesize.json``), which ``npumem report DIR --host-pagesize PATH`` sets beside the
+model in its page-size study.
+
 Run: make bench-pagesize   (or: .venv/bin/python benches/bench_pagesize.py [--quick] [--thp]
-[--max-footprint MIB] [--rounds N] [--gemm-rounds N])
+[--max-footprint MIB] [--rounds N] [--gemm-rounds N] [--json PATH])
 """
 
 from __future__ import annotations
@@ -37,9 +41,11 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import argparse
 import contextlib
 import itertools
+import json
 import mmap
 import re
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -336,6 +342,7 @@ def main() -> None:
     ap.add_argument("--max-footprint", type=int, default=512, help="largest chase footprint, MiB")
     ap.add_argument("--rounds", type=int, default=7, help="chase rounds (the quickest sample of each counts)")
     ap.add_argument("--gemm-rounds", type=int, default=15, help="GEMM rounds (4 KiB and 2 MiB back to back)")
+    ap.add_argument("--json", default=None, help="also write the tables to this JSON file (for npumem report)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, _exit_on_term)
 
@@ -369,8 +376,14 @@ def main() -> None:
             r.memory[::4096] = 0  # every page present before anything is timed
             r.in_force = smaps_pages(r.base, nbytes)
             print(f"{r.label}: {fmt(nbytes)} at {r.base:#x}: {r.in_force}")
-        run(regions, footprints, sides, (rounds, gemm_rounds), preset, ghz)
+        record = {"cpu": desc, "preset": preset, "command": " ".join(["python", *sys.argv])}
+        run(regions, footprints, sides, (rounds, gemm_rounds), preset, ghz, record)
         del regions, small, big  # views before their devices
+    if args.json:
+        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=1)
+        print(f"tables -> {args.json}")
 
 
 def run(
@@ -380,8 +393,11 @@ def run(
     rounds: tuple[int, int],
     preset: str,
     ghz: float,
+    record: dict,
 ) -> None:
+    """Measures and prints the tables; ``record`` receives them (rows of dicts) for --json."""
     small, big = regions
+    record.update(small=f"{small.label}: {small.in_force}", big=f"{big.label}: {big.in_force}", chase=[], gemm=[])
     rounds, gemm_rounds = rounds
     seed = 1
     t0 = time.perf_counter()
@@ -429,6 +445,7 @@ def run(
         cells = [fmt(fp), f"{m4:.1f}", f"{m2:.1f}", f"{m4 - m2:+.1f}", f"{c4:.1f}", f"{c2:.1f}"]
         cells += [f"{(c4 - c2) / ghz:+.1f}", f"{l2_ns * d_l2 + step_ns * d_steps:+.1f}"]
         print("| " + " | ".join(cells) + " |")
+        record["chase"].append(dict(zip(head, [fp, *(float(c) for c in cells[1:])], strict=True)))
 
     print(
         f"\nGEMM, float32, C += A @ B ({gemm_rounds} rounds, 4 KiB and 2 MiB back to back); time saved by 2 MiB "
@@ -476,6 +493,8 @@ def run(
             print(
                 f"| {side} | {name} | {t4.min():.1f} | {t2.min():.1f} | {best} | {paired} | {model[0]} | {model[1]} |"
             )
+            cells = [side, name, round(t4.min(), 2), round(t2.min(), 2), best, paired, *model]
+            record["gemm"].append(dict(zip(head, cells, strict=True)))
         del mats
     print(f"\n4K = {small.label}: {small.in_force}\n2M = {big.label}: {big.in_force}")
 

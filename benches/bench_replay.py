@@ -8,7 +8,7 @@ driver-level calls (physical allocations and maps) and the cache hit rate. The l
 npumem's minimum capacity relative to the pytorch preset's. Wall time of each replay is printed
 too (Python-driven replay: it measures the whole stack, not the pool alone).
 
-Traces: synthetic transformer training (npumem.traces), a random churn, and the real traces
+Traces: synthetic transformer training and a random churn (npumem.traces), and the real traces
 recorded from PyTorch on the CPU in benches/traces/ (benches/record_torch_traces.py).
 
 Run: make bench-replay   (or: .venv/bin/python benches/bench_replay.py [--quick])
@@ -17,31 +17,14 @@ Run: make bench-replay   (or: .venv/bin/python benches/bench_replay.py [--quick]
 from __future__ import annotations
 
 import argparse
-import random
 import time
 from pathlib import Path
 
 from npumem.replay import min_capacity, peak_live_bytes, replay
-from npumem.traces import load, transformer_training
+from npumem.traces import load, random_churn, transformer_training
 from npumem.units import fmt
 
 FAMILIES = ["direct", "pytorch", "torch_npu", "npumem"]
-
-
-def churn(n: int = 20000, seed: int = 1) -> list[tuple[str, int, int]]:
-    """Random mixed-size churn: a bounded live set of 4 KiB - 64 MiB blocks, freed at random."""
-    rng = random.Random(seed)
-    events, live = [], []
-    for i in range(n):
-        if live and (len(live) > 300 or rng.random() < 0.45):
-            events.append(("free", live.pop(rng.randrange(len(live))), 0))
-        else:
-            size = int(2 ** rng.uniform(12, 26))
-            events.append(("alloc", i, size))
-            live.append(i)
-    for i in live:
-        events.append(("free", i, 0))
-    return [(a, k, s) if a == "alloc" else (a, k) for a, k, s in events]
 
 
 def traces(quick: bool) -> dict[str, list]:
@@ -53,7 +36,7 @@ def traces(quick: bool) -> dict[str, list]:
         "transformer 6L h1536 b8 s512 (steady)": transformer_training(
             layers=6, hidden=1536, steps=6, batch=(8, 8), seq=(512, 512), seed=5
         ),
-        "random churn 4KiB-64MiB": churn(6000 if quick else 20000),
+        "random churn 4KiB-64MiB": random_churn(6000 if quick else 20000),
     }
     # Real traces recorded from PyTorch on the CPU by benches/record_torch_traces.py.
     for path in sorted((Path(__file__).parent / "traces").glob("*.json.gz")):

@@ -1,14 +1,17 @@
 """The ``npumem`` command line (also ``python -m npumem``): ``npumem demo`` runs the main job on
 the simulated device, ``npumem tlb sweep`` tabulates the TLB model, ``npumem plan`` plans a
-problem CSV or a saved graph.
+problem CSV or a saved graph, ``npumem sweep`` runs a sweep config on Dask and ``npumem report``
+makes a self-contained HTML report of its results.
 
 Exit status, one meaning each:
   0    done
-  1    the answer is no: the plan does not fit --capacity, or the graph does not meet --mem-limit
+  1    the answer is no: the plan does not fit --capacity, or the graph does not meet --mem-limit;
+       or some cells of a sweep failed (each is listed; the others were written)
   2    usage or input error (an unknown option, a bad value, a file that cannot be read or is not
        what the command reads); a one-line message says which
-  3    a requested output (--plot) needs an optional dependency that is not installed; a one-line
-       hint says how to install it, and everything else (report, CSV) was written
+  3    a requested output (--plot, a sweep's Parquet tables or its cluster, a report's plots) needs
+       an optional dependency that is not installed; a one-line hint says how to install it, and
+       everything else (report, CSV) was written
   4    internal error: a bug in npumem (set NPUMEM_DEBUG=1 for the traceback; please report it)
   130  interrupted (Ctrl-C)
   141  the output pipe was closed (as in ``npumem tlb sweep | head``)
@@ -165,6 +168,37 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--json", action="store_true", help="print the report as JSON")
     pl.add_argument("--plot", default=None, help="write the best plan's placement (step x offset) as a PNG")
     pl.set_defaults(run=_plan)
+
+    sp = sub.add_parser(
+        "sweep",
+        help="run a sweep config (TLB or allocator grid, TOML) on Dask; results as Parquet and CSV",
+        description="Runs the cells of a sweep config (examples/sweeps/) on a Dask cluster, with progress; "
+        "finished cells are cached in OUT/cache, so a rerun computes only what changed.",
+    )
+    sp.add_argument("config", help="sweep config (TOML): a [tlb] and/or an [alloc] table")
+    sp.add_argument("--out", required=True, help="results folder (created): tables, cache, sweep.json")
+    sp.add_argument("--scheduler", default=None, help="address of an existing Dask scheduler (tcp://host:8786)")
+    sp.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="worker processes of the LocalCluster (default 2); 0 runs the cells in this process, without Dask",
+    )
+    sp.add_argument("--quiet", action="store_true", help="no progress lines")
+    sp.set_defaults(run=_sweep)
+
+    rp = sub.add_parser(
+        "report", help="one self-contained HTML file (plots, tables, commands, versions) from a sweep's --out folder"
+    )
+    rp.add_argument("dir", help="a folder written by npumem sweep --out")
+    rp.add_argument("--out", default="report.html", help="the HTML file (default report.html)")
+    rp.add_argument(
+        "--host-pagesize",
+        default=None,
+        help="host page-size measurements (the JSON benches/bench_pagesize.py --json writes) to set beside the "
+        "model (default: DIR/host_pagesize.json when present)",
+    )
+    rp.set_defaults(run=_report)
     return parser
 
 
@@ -395,6 +429,52 @@ def _plan_outputs(args: argparse.Namespace, best: Any, fits: bool) -> int:
     if missing:
         return EXIT_MISSING_DEPENDENCY
     return EXIT_OK if fits else EXIT_NO
+
+
+# -- sweep and report ---------------------------------------------------------------------------
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from . import sweep
+
+    if args.scheduler is not None and args.workers is not None:
+        raise UsageError("--workers sizes the LocalCluster; with --scheduler the cluster is already there")
+    workers = sweep.DEFAULT_WORKERS if args.workers is None else args.workers
+    if not 0 <= workers <= 512:
+        raise UsageError(f"--workers must be from 0 to 512, got {workers}")
+    if args.scheduler is None and workers > 0:
+        from ._optional import require
+
+        require("distributed", "npumem sweep (or --workers 0 to run the cells in this process, without Dask)")
+    config = sweep.load_config(args.config)
+    result = sweep.run(
+        config,
+        args.out,
+        scheduler=args.scheduler,
+        workers=workers,
+        progress=not args.quiet,
+        command=sweep.command_line(),
+    )
+    print(
+        f"{result.cells} cells ({result.computed} computed, {result.cached} cached, {len(result.failed)} failed) "
+        f"in {result.seconds:.1f} s -> {args.out}"
+    )
+    for key, error in result.failed.items():
+        print(f"npumem sweep: cell {key[:12]} failed: {error}", file=sys.stderr)
+    return EXIT_NO if result.failed else EXIT_OK
+
+
+def _report(args: argparse.Namespace) -> int:
+    from . import report, sweep
+
+    if not os.path.isdir(args.dir):
+        raise UsageError(f"{args.dir!r} is not a folder written by npumem sweep --out")
+    _output_path(args.out, "--out")
+    missing = report.write(args.dir, args.out, host_pagesize=args.host_pagesize, command=sweep.command_line())
+    print(f"report -> {args.out}")
+    for hint in missing:
+        print(f"npumem report: {hint}", file=sys.stderr)
+    return EXIT_MISSING_DEPENDENCY if missing else EXIT_OK
 
 
 if __name__ == "__main__":

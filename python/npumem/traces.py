@@ -124,6 +124,27 @@ def transformer_training(
     return events
 
 
+def random_churn(events: int = 20000, *, seed: int = 1, max_live: int = 300) -> list[tuple]:
+    """Random mixed-size churn: allocations of 4 KiB - 64 MiB (log-uniform) and frees of random
+    live blocks, at most ``max_live`` live at once, then every live block freed: the trace that
+    fragments a pool most. ``("alloc", id, size)`` / ``("free", id)`` events (about ``events``
+    of them before the final frees)."""
+    events = _args.integer(events, "events", 1, _MAX_WORK)
+    seed = _args.integer(seed, "seed", -(2**63), 2**64 - 1)
+    max_live = _args.integer(max_live, "max_live", 1, _MAX_WORK)
+    rng = random.Random(seed)
+    out: list[tuple] = []
+    live: list[int] = []
+    for i in range(events):
+        if live and (len(live) > max_live or rng.random() < 0.45):
+            out.append(("free", live.pop(rng.randrange(len(live)))))
+        else:
+            out.append(("alloc", i, int(2 ** rng.uniform(12, 26))))
+            live.append(i)
+    out.extend(("free", i) for i in live)
+    return out
+
+
 def _pair_arg(value: Any, name: str) -> tuple[int, int]:
     """A (first, last) pair of positive ints."""
     if not isinstance(value, (tuple, list)) or len(value) != 2:

@@ -1,0 +1,243 @@
+"""Sweeps on Dask (npumem.sweep, npumem sweep): the grid, the cache, a worker killed mid-sweep,
+and the command line's errors and hints."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import npumem
+from npumem import sweep
+from npumem.cli import main
+
+pq = pytest.importorskip("pyarrow.parquet")
+
+TRACES = os.path.join(os.path.dirname(__file__), "..", "benches", "traces")
+
+
+def tlb_config(footprints=("1MiB", "4MiB"), accesses=60_000):
+    return {
+        "name": "tiny",
+        "tlb": {
+            "presets": ["zen4"],
+            "pages": ["4KiB", "2MiB"],
+            "patterns": ["gemm", "gather", "uniform"],
+            "footprints": list(footprints),
+            "accesses": accesses,
+        },
+    }
+
+
+def alloc_config():
+    return {
+        "alloc": {
+            "allocators": ["direct", "pytorch", "npumem"],
+            "alloc_conf": {"pytorch": ["", "max_split_size_mb:64"]},
+            "capacities": ["min", "1.25x"],
+            "granularity": "1MiB",
+            "workloads": {
+                "churn": {"generator": "random_churn", "events": 400, "seed": 3},
+                "convnet": {"trace": os.path.abspath(os.path.join(TRACES, "torch_cpu_convnet.json.gz"))},
+            },
+        }
+    }
+
+
+def table(out, name):
+    return pq.read_table(os.path.join(out, f"{name}.parquet")).to_pylist()
+
+
+# -- the grid and its keys (no cluster) --------------------------------------------------------
+
+
+def test_grid_expands_every_combination_once_with_stable_keys():
+    cells = sweep.expand(tlb_config())
+    assert len(cells) == 1 * 2 * 3 * 2
+    assert len({c.key for c in cells}) == len(cells)
+    assert [c.key for c in sweep.expand(tlb_config())] == [c.key for c in cells]
+    # A repeated value is one cell; sizes written either way are the same cell.
+    again = sweep.expand(tlb_config(footprints=("1MiB", 1 << 20, "4MiB")))
+    assert [c.key for c in again] == [c.key for c in cells]
+    # The key covers every parameter and npumem's version.
+    p = dict(cells[0].params)
+    assert sweep.cell_key("tlb", {**p, "accesses": p["accesses"] + 1}) != cells[0].key
+    alloc = sweep.expand(alloc_config())
+    # direct takes no settings: one conf; pytorch two; npumem the default.
+    assert len(alloc) == 2 * (1 + 2 + 1) * 2
+
+
+def test_trace_workload_key_is_its_content_not_its_path(tmp_path):
+    src = os.path.join(TRACES, "torch_cpu_convnet.json.gz")
+    for d in ("a", "b"):
+        os.makedirs(tmp_path / d)
+        with open(src, "rb") as f, open(tmp_path / d / "t.json.gz", "wb") as g:
+            g.write(f.read())
+    cfg = {"alloc": {"allocators": ["npumem"], "workloads": {"w": {"trace": "t.json.gz"}}}}
+    a = sweep.expand({**cfg, "base": str(tmp_path / "a")})
+    b = sweep.expand({**cfg, "base": str(tmp_path / "b")})
+    assert [c.key for c in a] == [c.key for c in b]
+
+
+@pytest.mark.parametrize(
+    ("patch", "words"),
+    [
+        ({"tlb": {"presets": ["nope"], "pages": ["4KiB"], "patterns": ["gemm"], "footprints": ["1MiB"]}}, "nope"),
+        ({"tlb": {"presets": ["zen4"], "pages": ["3KiB"], "patterns": ["gemm"], "footprints": ["1MiB"]}}, "3KiB"),
+        ({"tlb": {"presets": ["zen4"], "pages": ["4KiB"], "patterns": ["gemm"], "footprints": ["1PiB"]}}, "footprints"),
+        ({"tlb": {"presets": ["zen4"], "pages": ["4KiB"], "patterns": ["gemm"], "footprints": []}}, "empty"),
+        ({"tlb": {"presets": ["zen4"], "pages": ["4KiB"], "patterns": ["gemm"], "footprints": ["1MiB"], "x": 1}}, "x"),
+        ({"alloc": {"allocators": ["npumem"], "capacities": ["0.5x"], "workloads": {"w": {"generator": "random_churn"}}}}, "0.5x"),
+        ({"alloc": {"allocators": ["direct"], "alloc_conf": {"direct": ["max_split_size_mb:64"]}, "workloads": {"w": {"generator": "random_churn"}}}}, "no settings"),
+        ({"alloc": {"allocators": ["pytorch"], "alloc_conf": ["bogus_key:1"], "workloads": {"w": {"generator": "random_churn"}}}}, "bogus_key"),
+        ({"alloc": {"allocators": ["npumem"], "workloads": {"w": {"generator": "random_churn", "colour": 1}}}}, "colour"),
+        ({"alloc": {"allocators": ["npumem"], "workloads": {"w": {"generator": "nope"}}}}, "nope"),
+        ({"alloc": {"allocators": ["npumem"], "workloads": {}}}, "workloads"),
+        ({}, "neither"),
+    ],
+)
+def test_bad_configs_are_named_before_anything_runs(patch, words):
+    with pytest.raises(npumem.InvalidParamError, match=words):
+        sweep.expand(patch)
+
+
+def test_cli_bad_config_is_one_line_exit_2(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[tlb]\npresets = ['zen4']\npages = ['4KiB']\npatterns = ['nope']\nfootprints = ['1MiB']\n")
+    assert main(["sweep", str(bad), "--out", str(tmp_path / "out"), "--workers", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nope" in err
+    assert not (tmp_path / "out").exists()  # nothing written for a bad config
+    (tmp_path / "broken.toml").write_text("[tlb\n")
+    assert main(["sweep", str(tmp_path / "broken.toml"), "--out", str(tmp_path / "o")]) == 2
+    assert "not a TOML sweep config" in capsys.readouterr().err
+
+
+def test_cli_missing_dask_is_a_one_line_hint_exit_3(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(textwrap.dedent("""
+        [tlb]
+        presets = ["zen4"]
+        pages = ["4KiB"]
+        patterns = ["uniform"]
+        footprints = ["1MiB"]
+        accesses = 1000
+    """))
+    code = (
+        "import sys; sys.modules['distributed'] = None\n"
+        "from npumem.cli import main\n"
+        f"sys.exit(main(['sweep', {str(cfg)!r}, '--out', {str(tmp_path / 'o')!r}]))"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 3, p.stderr
+    assert p.stderr.count("\n") == 1 and "pip install 'npumem[sweep]'" in p.stderr and "--workers 0" in p.stderr
+
+
+# -- running ------------------------------------------------------------------------------------
+
+
+def test_in_process_sweep_caches_and_recomputes_only_what_changed(tmp_path, capsys):
+    out = str(tmp_path / "out")
+    cfg = {**tlb_config(), **alloc_config()}
+    first = sweep.run(cfg, out, workers=0, progress=False)
+    n = len(sweep.expand(cfg))
+    assert (first.cells, first.computed, first.cached, first.failed) == (n, n, 0, {})
+    rows = table(out, "tlb") + table(out, "alloc")
+    assert sorted(r["cell"] for r in rows) == sorted(c.key for c in sweep.expand(cfg))
+    alloc = table(out, "alloc")
+    for r in alloc:
+        assert r["completed"], r  # "min" and 1.25x of peak live both fit
+        assert r["capacity"] >= r["peak_live"]
+        if r["capacity_spec"] == "min":  # one granule less does not fit (the search's answer)
+            assert r["capacity_vs_live"] >= 1.0
+    timelines = table(out, "timelines")
+    assert {t["cell"] for t in timelines} == {r["cell"] for r in alloc}
+    for t in timelines:
+        assert t["reserved"] >= t["allocated"] >= t["live"] >= 0
+    with open(os.path.join(out, "tlb.csv")) as f:
+        assert sum(1 for _ in f) == len(table(out, "tlb")) + 1
+
+    # A rerun computes nothing and writes the same rows.
+    before = {r["cell"]: r for r in table(out, "tlb")}
+    again = sweep.run(cfg, out, workers=0, progress=False)
+    assert (again.computed, again.cached) == (0, n)
+    assert {r["cell"]: r for r in table(out, "tlb")} == before
+    # One more footprint: only its cells run; the tables hold the new grid exactly.
+    bigger = {**cfg, "tlb": {**cfg["tlb"], "footprints": ["1MiB", "4MiB", "8MiB"]}}
+    third = sweep.run(bigger, out, workers=0, progress=False)
+    assert third.computed == 1 * 2 * 3 and third.cached == n
+    assert len(table(out, "tlb")) == 1 * 2 * 3 * 3
+    manifest = json.load(open(os.path.join(out, "sweep.json")))
+    assert manifest["versions"]["npumem"] == npumem.__version__ and manifest["computed"] == 6
+
+
+def test_a_torn_cache_file_is_computed_again(tmp_path):
+    out = str(tmp_path / "out")
+    cfg = tlb_config(footprints=("1MiB",), accesses=5000)
+    sweep.run(cfg, out, workers=0, progress=False)
+    key = sweep.expand(cfg)[0].key
+    with open(os.path.join(out, "cache", f"{key}.json"), "w") as f:
+        f.write('{"key": "')
+    r = sweep.run(cfg, out, workers=0, progress=False)
+    assert r.computed == 1 and len(table(out, "tlb")) == len(sweep.expand(cfg))
+
+
+def test_progress_reports_every_cell_and_an_eta(tmp_path):
+    seen = []
+    cfg = tlb_config(footprints=("1MiB",), accesses=5000)
+    sweep.run(cfg, str(tmp_path / "o"), workers=0, progress=seen.append)
+    assert [p.done for p in seen] == list(range(len(sweep.expand(cfg)) + 1))
+    assert seen[-1].eta == 0.0 and "6/6 cells" in seen[-1].line()
+
+
+def test_worker_killed_mid_sweep_every_cell_lands_once(tmp_path):
+    """A LocalCluster of two worker processes; once some cells are done, the worker that is
+    running one is killed (SIGKILL): its cell is rerun elsewhere and every cell lands once."""
+    distributed = pytest.importorskip("distributed")
+    cfg = tlb_config(footprints=("1MiB", "2MiB", "4MiB", "8MiB"), accesses=150_000)
+    cells = sweep.expand(cfg)
+    killed = []
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=50
+    ) as cluster, distributed.Client(cluster) as client:
+        pids = client.run(os.getpid)
+
+        def progress(p):
+            if not killed and p.done - p.cached >= 3:
+                busy = [w for w, keys in client.processing().items() if keys] or list(pids)
+                os.kill(pids[busy[0]], signal.SIGKILL)
+                killed.append(busy[0])
+
+        result = sweep.run(cfg, str(tmp_path / "out"), client=client, progress=progress)
+    assert killed, "the sweep ended before a worker could be killed"
+    assert result.failed == {} and result.computed == len(cells)
+    keys = [r["cell"] for r in table(str(tmp_path / "out"), "tlb")]
+    assert sorted(keys) == sorted(c.key for c in cells)  # each once
+    assert len(os.listdir(tmp_path / "out" / "cache")) == len(cells)
+
+
+def test_cli_sweep_on_a_local_cluster(tmp_path, capsys):
+    pytest.importorskip("distributed")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(textwrap.dedent("""
+        name = "cli"
+        [tlb]
+        presets = ["zen4"]
+        pages = ["4KiB", "2MiB"]
+        patterns = ["conv"]
+        footprints = ["1MiB", "2MiB"]
+        accesses = 20000
+    """))
+    out = tmp_path / "out"
+    assert main(["sweep", str(cfg), "--out", str(out), "--workers", "2"]) == 0
+    cap = capsys.readouterr()
+    assert "4 cells (4 computed, 0 cached, 0 failed)" in cap.out
+    assert "sweep: 4/4 cells" in cap.err and "ETA" in cap.err
+    manifest = json.load(open(out / "sweep.json"))
+    assert manifest["command"].startswith("npumem sweep") or "sweep" in manifest["command"]
+    assert "LocalCluster of 2 worker processes" in manifest["cluster"]
