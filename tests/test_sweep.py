@@ -92,10 +92,40 @@ def test_trace_workload_key_is_its_content_not_its_path(tmp_path):
         ({"tlb": {"presets": ["zen4"], "pages": ["4KiB"], "patterns": ["gemm"], "footprints": ["1PiB"]}}, "footprints"),
         ({"tlb": {"presets": ["zen4"], "pages": ["4KiB"], "patterns": ["gemm"], "footprints": []}}, "empty"),
         ({"tlb": {"presets": ["zen4"], "pages": ["4KiB"], "patterns": ["gemm"], "footprints": ["1MiB"], "x": 1}}, "x"),
-        ({"alloc": {"allocators": ["npumem"], "capacities": ["0.5x"], "workloads": {"w": {"generator": "random_churn"}}}}, "0.5x"),
-        ({"alloc": {"allocators": ["direct"], "alloc_conf": {"direct": ["max_split_size_mb:64"]}, "workloads": {"w": {"generator": "random_churn"}}}}, "no settings"),
-        ({"alloc": {"allocators": ["pytorch"], "alloc_conf": ["bogus_key:1"], "workloads": {"w": {"generator": "random_churn"}}}}, "bogus_key"),
-        ({"alloc": {"allocators": ["npumem"], "workloads": {"w": {"generator": "random_churn", "colour": 1}}}}, "colour"),
+        (
+            {
+                "alloc": {
+                    "allocators": ["npumem"],
+                    "capacities": ["0.5x"],
+                    "workloads": {"w": {"generator": "random_churn"}},
+                }
+            },
+            "0.5x",
+        ),
+        (
+            {
+                "alloc": {
+                    "allocators": ["direct"],
+                    "alloc_conf": {"direct": ["max_split_size_mb:64"]},
+                    "workloads": {"w": {"generator": "random_churn"}},
+                }
+            },
+            "no settings",
+        ),
+        (
+            {
+                "alloc": {
+                    "allocators": ["pytorch"],
+                    "alloc_conf": ["bogus_key:1"],
+                    "workloads": {"w": {"generator": "random_churn"}},
+                }
+            },
+            "bogus_key",
+        ),
+        (
+            {"alloc": {"allocators": ["npumem"], "workloads": {"w": {"generator": "random_churn", "colour": 1}}}},
+            "colour",
+        ),
         ({"alloc": {"allocators": ["npumem"], "workloads": {"w": {"generator": "nope"}}}}, "nope"),
         ({"alloc": {"allocators": ["npumem"], "workloads": {}}}, "workloads"),
         ({}, "neither"),
@@ -120,14 +150,16 @@ def test_cli_bad_config_is_one_line_exit_2(tmp_path, capsys):
 
 def test_cli_missing_dask_is_a_one_line_hint_exit_3(tmp_path):
     cfg = tmp_path / "c.toml"
-    cfg.write_text(textwrap.dedent("""
+    cfg.write_text(
+        textwrap.dedent("""
         [tlb]
         presets = ["zen4"]
         pages = ["4KiB"]
         patterns = ["uniform"]
         footprints = ["1MiB"]
         accesses = 1000
-    """))
+    """)
+    )
     code = (
         "import sys; sys.modules['distributed'] = None\n"
         "from npumem.cli import main\n"
@@ -202,9 +234,12 @@ def test_worker_killed_mid_sweep_every_cell_lands_once(tmp_path):
     cfg = tlb_config(footprints=("1MiB", "2MiB", "4MiB", "8MiB"), accesses=150_000)
     cells = sweep.expand(cfg)
     killed = []
-    with distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=50
-    ) as cluster, distributed.Client(cluster) as client:
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=50
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
         pids = client.run(os.getpid)
 
         def progress(p):
@@ -224,7 +259,8 @@ def test_worker_killed_mid_sweep_every_cell_lands_once(tmp_path):
 def test_cli_sweep_on_a_local_cluster(tmp_path, capsys):
     pytest.importorskip("distributed")
     cfg = tmp_path / "c.toml"
-    cfg.write_text(textwrap.dedent("""
+    cfg.write_text(
+        textwrap.dedent("""
         name = "cli"
         [tlb]
         presets = ["zen4"]
@@ -232,7 +268,8 @@ def test_cli_sweep_on_a_local_cluster(tmp_path, capsys):
         patterns = ["conv"]
         footprints = ["1MiB", "2MiB"]
         accesses = 20000
-    """))
+    """)
+    )
     out = tmp_path / "out"
     assert main(["sweep", str(cfg), "--out", str(out), "--workers", "2"]) == 0
     cap = capsys.readouterr()

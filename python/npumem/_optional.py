@@ -1,6 +1,6 @@
-"""Optional dependencies (matplotlib for plots, torch for model graphs, Dask and pyarrow for sweeps): imported only when a
-function needs one, and a missing one is a :class:`MissingDependencyError` whose message is the
-one-line install hint. Nothing else of npumem needs them."""
+"""Optional dependencies (matplotlib for plots, torch for model graphs, Dask and pyarrow for
+sweeps): imported only when a function needs one, and a missing one is a
+:class:`MissingDependencyError` whose message is the one-line install hint. Nothing else of npumem needs them."""
 
 from __future__ import annotations
 

@@ -36,7 +36,11 @@ from .errors import invalid_param
 from .units import fmt
 
 #: The page-size study's patterns, as the TLB sweep names them, and how the report names them.
-STUDY_PATTERNS = {"gemm": "GEMM tiles (64x64x64, fp16)", "conv": "conv 3x3 windows (NC1HWC0)", "gather": "Zipf(1.2) gather"}
+STUDY_PATTERNS = {
+    "gemm": "GEMM tiles (64x64x64, fp16)",
+    "conv": "conv 3x3 windows (NC1HWC0)",
+    "gather": "Zipf(1.2) gather",
+}
 #: Page sizes in order.
 PAGES = ("4KiB", "64KiB", "2MiB", "1GiB")
 #: Two page sizes within this share of each other's cycles per access are a tie.
@@ -114,7 +118,9 @@ def _pages(rows: Iterable[dict[str, Any]]) -> list[str]:
     return [p for p in PAGES if p in got] + sorted(got - set(PAGES))
 
 
-def _grid_plot(plots: _Plots, tlb: list[dict[str, Any]], y: Callable[[dict[str, Any]], float], ylabel: str, title: str) -> str:
+def _grid_plot(
+    plots: _Plots, tlb: list[dict[str, Any]], y: Callable[[dict[str, Any]], float], ylabel: str, title: str
+) -> str:
     """One panel per (pattern, preset), one line per page size: y (mean over seeds) against footprint."""
     patterns = sorted({r["pattern"] for r in tlb})
     presets = sorted({r["preset"] for r in tlb})
@@ -155,7 +161,10 @@ def _waste_plot(plots: _Plots, tlb: list[dict[str, Any]]) -> str:
                 for page in _pages(tlb):
                     sel = [r for r in tlb if (r["pattern"], r["preset"], r["page"]) == (pattern, preset, page)]
                     ax.scatter(
-                        [max(r["internal_waste"], 1) for r in sel], [r["cycles_per_access"] for r in sel], s=14, label=page
+                        [max(r["internal_waste"], 1) for r in sel],
+                        [r["cycles_per_access"] for r in sel],
+                        s=14,
+                        label=page,
                     )
                 ax.set_xscale("log")
                 ax.set_yscale("symlog", linthresh=0.01)
@@ -210,9 +219,17 @@ def _timeline_plot(plots: _Plots, timelines: list[dict[str, Any]]) -> str:
             live_drawn = False
             for label, pts in by.items():
                 pts.sort(key=lambda p: p["event"])
-                ax.plot([p["event"] for p in pts], [p["reserved"] / (1 << 20) for p in pts], lw=1, label=f"{label} reserved")
+                ax.plot(
+                    [p["event"] for p in pts], [p["reserved"] / (1 << 20) for p in pts], lw=1, label=f"{label} reserved"
+                )
                 if not live_drawn:
-                    ax.plot([p["event"] for p in pts], [p["live"] / (1 << 20) for p in pts], "k--", lw=1, label="live (requested)")
+                    ax.plot(
+                        [p["event"] for p in pts],
+                        [p["live"] / (1 << 20) for p in pts],
+                        "k--",
+                        lw=1,
+                        label="live (requested)",
+                    )
                     live_drawn = True
             ax.set_title(f"{key[0]}, capacity {key[1]}", fontsize=9)
             ax.set_xlabel("event", fontsize=8)
@@ -243,7 +260,9 @@ def _table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None,
     cols = list(columns or [k for k in rows[0] if k != "cell"])
     head = "".join(f'<th class="{"l" if i < left else ""}">{html.escape(c)}</th>' for i, c in enumerate(cols))
     body = "".join(
-        "<tr>" + "".join(f'<td class="{"l" if i < left else ""}">{_cell(r.get(c, ""), c)}</td>' for i, c in enumerate(cols)) + "</tr>"
+        "<tr>"
+        + "".join(f'<td class="{"l" if i < left else ""}">{_cell(r.get(c, ""), c)}</td>' for i, c in enumerate(cols))
+        + "</tr>"
         for r in rows
     )
     return f"<table><tr>{head}</tr>{body}</table>"
@@ -261,7 +280,9 @@ def study(tlb: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if r["pattern"] in STUDY_PATTERNS:
             acc[r["pattern"], r["preset"], r["footprint"]][r["page"]].append(r["cycles_per_access"])
     out = []
-    for (pattern, preset, footprint), per in sorted(acc.items(), key=lambda kv: (list(STUDY_PATTERNS).index(kv[0][0]), kv[0][1:])):
+    for (pattern, preset, footprint), per in sorted(
+        acc.items(), key=lambda kv: (list(STUDY_PATTERNS).index(kv[0][0]), kv[0][1:])
+    ):
         cycles = {p: _mean(per[p]) for p in _pages([{"page": p} for p in per])}
         best = min(cycles.values())
         tied = [p for p, c in cycles.items() if c <= best * (1 + TIE) + 1e-9]
@@ -346,7 +367,11 @@ def _read_host(path: str | None) -> dict[str, Any] | None:
     if path is None:
         return None
     doc = _files.read_json(path, "host page-size measurements (benches/bench_pagesize.py --json)")
-    if not isinstance(doc, dict) or not isinstance(doc.get("chase", []), list) or not isinstance(doc.get("gemm", []), list):
+    if (
+        not isinstance(doc, dict)
+        or not isinstance(doc.get("chase", []), list)
+        or not isinstance(doc.get("gemm", []), list)
+    ):
         raise invalid_param(f"{path}: not the JSON benches/bench_pagesize.py --json writes")
     return doc
 
@@ -354,7 +379,9 @@ def _read_host(path: str | None) -> dict[str, Any] | None:
 # -- the document ----------------------------------------------------------------------------------
 
 
-def render(results: dict[str, Any], *, host: dict[str, Any] | None = None, host_source: str = "", command: str = "") -> tuple[str, list[str]]:
+def render(
+    results: dict[str, Any], *, host: dict[str, Any] | None = None, host_source: str = "", command: str = ""
+) -> tuple[str, list[str]]:
     """The HTML of the report, and the hints for missing optional dependencies."""
     m = results["manifest"]
     tlb, alloc, timelines = results["tlb"], results["alloc"], results["timelines"]
@@ -369,7 +396,11 @@ def render(results: dict[str, Any], *, host: dict[str, Any] | None = None, host_
     if tlb:
         body.append("<h2>TLB model</h2>")
         body.append("<h3>Page walks per 1000 accesses vs footprint</h3>")
-        body.append(_grid_plot(plots, tlb, lambda r: 1000 * r["walks"] / max(r["accesses"], 1), "walks / 1000 acc", "walks per access"))
+        body.append(
+            _grid_plot(
+                plots, tlb, lambda r: 1000 * r["walks"] / max(r["accesses"], 1), "walks / 1000 acc", "walks per access"
+            )
+        )
         body.append("<h3>Translation cycles per access vs footprint</h3>")
         body.append(_grid_plot(plots, tlb, lambda r: r["cycles_per_access"], "cycles / access", "cycles per access"))
         body.append("<h3>Cycles per access vs internal waste</h3>")
@@ -387,7 +418,21 @@ def render(results: dict[str, Any], *, host: dict[str, Any] | None = None, host_
             body.append(_capacity_plot(plots, alloc))
             mins = [r for r in alloc if r["capacity_spec"] == "min"]
             body.append(
-                _table(mins, ["workload", "allocator", "alloc_conf", "peak_live", "capacity", "capacity_vs_live", "peak_reserved", "physical_allocs", "cache_hit_rate"], left=3)
+                _table(
+                    mins,
+                    [
+                        "workload",
+                        "allocator",
+                        "alloc_conf",
+                        "peak_live",
+                        "capacity",
+                        "capacity_vs_live",
+                        "peak_reserved",
+                        "physical_allocs",
+                        "cache_hit_rate",
+                    ],
+                    left=3,
+                )
             )
         if timelines:
             body.append("<h3>Timelines: reserved bytes over each replay</h3>")
@@ -398,18 +443,24 @@ def render(results: dict[str, Any], *, host: dict[str, Any] | None = None, host_
     if alloc:
         body.append(f"<details><summary>Allocator cells ({len(alloc)} rows)</summary>{_table(alloc, left=4)}</details>")
     if m.get("failed"):
-        body.append("<h3>Failed cells</h3>" + _table([{"cell": k, "error": v} for k, v in m["failed"].items()], ["cell", "error"], left=2))
+        body.append(
+            "<h3>Failed cells</h3>"
+            + _table([{"cell": k, "error": v} for k, v in m["failed"].items()], ["cell", "error"], left=2)
+        )
     body.append("<h2>How these results were made</h2>")
     body.append(f"<p>Sweep:</p><pre>{html.escape(str(m.get('command', '')))}</pre>")
     if command:
         body.append(f"<p>This report:</p><pre>{html.escape(command)}</pre>")
-    body.append(f"<p>Config ({html.escape(str(m.get('config_path') or ''))}):</p><pre>{html.escape(str(m.get('config', '')))}</pre>")
+    where = html.escape(str(m.get("config_path") or ""))
+    body.append(f"<p>Config ({where}):</p><pre>{html.escape(str(m.get('config', '')))}</pre>")
     versions = m.get("versions", {})
     body.append(_table([{"component": k, "version": v} for k, v in versions.items()], ["component", "version"], left=2))
     body.append(f'<p class="note">Report made {html.escape(time.strftime("%Y-%m-%d %H:%M:%S %Z"))}.</p>')
     doc = (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>\n"
+        + "\n".join(body)
+        + "\n</body></html>\n"
     )
     return doc, [plots.missing] if plots.missing else []
 
@@ -434,4 +485,3 @@ def write(folder: Any, out: Any, *, host_pagesize: Any = None, command: str = ""
 
 
 __all__ = ["STUDY_PATTERNS", "load", "render", "study", "write"]
-

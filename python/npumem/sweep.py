@@ -257,7 +257,10 @@ def _alloc_cells(a: Mapping[str, Any], base: str) -> list[Cell]:
     families = _args.choices(_list(a, "allocators", "alloc"), "alloc.allocators", _FAMILIES)
     confs = a.get("alloc_conf", [""])
     if isinstance(confs, Mapping):  # per family
-        per = {f: [_args.text(c, f"alloc.alloc_conf.{f}") for c in _list(confs, f, "alloc.alloc_conf", [""])] for f in families}
+        per = {
+            f: [_args.text(c, f"alloc.alloc_conf.{f}") for c in _list(confs, f, "alloc.alloc_conf", [""])]
+            for f in families
+        }
         _unknown(confs, set(_FAMILIES), "alloc.alloc_conf")
     else:
         values = [_args.text(c, f"alloc.alloc_conf[{i}]") for i, c in enumerate(_list(a, "alloc_conf", "alloc", [""]))]
@@ -598,7 +601,12 @@ def _write_tables(cells: list[Cell], results: dict[str, dict[str, Any]], out: st
         for point in doc.get("timeline", []):
             r = doc["row"]
             tables["timelines"].append(
-                {"cell": cell.key, "workload": r["workload"], "allocator": r["allocator"], "alloc_conf": r["alloc_conf"]}
+                {
+                    "cell": cell.key,
+                    "workload": r["workload"],
+                    "allocator": r["allocator"],
+                    "alloc_conf": r["alloc_conf"],
+                }
                 | {"capacity_spec": r["capacity_spec"], **point}
             )
     try:
