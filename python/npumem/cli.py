@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -46,11 +47,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line; returns the exit status (it never raises, never prints a traceback
     for a user's mistake)."""
     parser = _parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse: usage errors exit 2 (message printed), --help/--version 0
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     command: Callable[[argparse.Namespace], int] = args.run
+    args.command_line = shlex.join(["npumem", *argv])  # recorded beside results (sweep, report)
     name = f"npumem {args.command}"
     try:
         return command(args)
@@ -453,7 +456,7 @@ def _sweep(args: argparse.Namespace) -> int:
         scheduler=args.scheduler,
         workers=workers,
         progress=not args.quiet,
-        command=sweep.command_line(),
+        command=args.command_line,
     )
     print(
         f"{result.cells} cells ({result.computed} computed, {result.cached} cached, {len(result.failed)} failed) "
@@ -465,12 +468,12 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from . import report, sweep
+    from . import report
 
     if not os.path.isdir(args.dir):
         raise UsageError(f"{args.dir!r} is not a folder written by npumem sweep --out")
     _output_path(args.out, "--out")
-    missing = report.write(args.dir, args.out, host_pagesize=args.host_pagesize, command=sweep.command_line())
+    missing = report.write(args.dir, args.out, host_pagesize=args.host_pagesize, command=args.command_line)
     print(f"report -> {args.out}")
     for hint in missing:
         print(f"npumem report: {hint}", file=sys.stderr)

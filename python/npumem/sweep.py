@@ -38,7 +38,6 @@ import logging
 import math
 import os
 import platform
-import shlex
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -628,13 +627,6 @@ def _write_tables(cells: list[Cell], results: dict[str, dict[str, Any]], out: st
             pq.write_table(pa.Table.from_pylist(rows), os.path.join(out, f"{name}.parquet"))
             files.append(os.path.join(out, f"{name}.parquet"))
     return files
-
-
-def command_line(argv: list[str] | None = None) -> str:
-    """The command that is running, quoted for a shell (``npumem sweep ...``)."""
-    argv = sys.argv if argv is None else argv
-    prog = "npumem" if os.path.basename(argv[0]) in ("npumem", "__main__.py", "-m") else argv[0]
-    return shlex.join([prog, *argv[1:]])
 
 
 __all__ = ["Cell", "Progress", "SweepResult", "cell_key", "expand", "load_config", "run", "run_cell"]
