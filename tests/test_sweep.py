@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -243,13 +244,19 @@ def test_worker_killed_mid_sweep_every_cell_lands_once(tmp_path):
         pids = client.run(os.getpid)
 
         def progress(p):
-            if not killed and p.done - p.cached >= 3:
-                busy = [w for w, keys in client.processing().items() if keys] or list(pids)
-                os.kill(pids[busy[0]], signal.SIGKILL)
-                killed.append(busy[0])
+            if killed or p.done - p.cached < 3:
+                return
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:  # the worker that is running a cell now
+                busy = [w for w, keys in client.processing().items() if keys and w in pids]
+                if busy:
+                    os.kill(pids[busy[0]], signal.SIGKILL)
+                    killed.append(busy[0])
+                    return
+                time.sleep(0.01)
 
         result = sweep.run(cfg, str(tmp_path / "out"), client=client, progress=progress)
-    assert killed, "the sweep ended before a worker could be killed"
+    assert killed, "no worker was running a cell when the third one landed"
     assert result.failed == {} and result.computed == len(cells)
     keys = [r["cell"] for r in table(str(tmp_path / "out"), "tlb")]
     assert sorted(keys) == sorted(c.key for c in cells)  # each once
