@@ -285,3 +285,46 @@ def test_cli_sweep_on_a_local_cluster(tmp_path, capsys):
     manifest = json.load(open(out / "sweep.json"))
     assert manifest["command"].startswith("npumem sweep") or "sweep" in manifest["command"]
     assert "LocalCluster of 2 worker processes" in manifest["cluster"]
+
+
+def test_a_failing_cell_is_listed_not_written_and_rerun_next_time(tmp_path, monkeypatch, capsys):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        textwrap.dedent("""
+        [tlb]
+        presets = ["zen4"]
+        pages = ["4KiB"]
+        patterns = ["uniform"]
+        footprints = ["1MiB", "2MiB"]
+        accesses = 2000
+    """)
+    )
+    real = sweep._tlb_row
+
+    def flaky(p):
+        if p["footprint"] == 2 << 20:
+            raise RuntimeError("simulated failure")
+        return real(p)
+
+    monkeypatch.setattr(sweep, "_tlb_row", flaky)
+    out = tmp_path / "out"
+    assert main(["sweep", str(cfg), "--out", str(out), "--workers", "0", "--quiet"]) == 1
+    cap = capsys.readouterr()
+    assert "1 failed" in cap.out and "RuntimeError: simulated failure" in cap.err
+    assert [r["footprint"] for r in table(str(out), "tlb")] == [1 << 20]
+    assert len(json.load(open(out / "sweep.json"))["failed"]) == 1
+    monkeypatch.setattr(sweep, "_tlb_row", real)
+    assert main(["sweep", str(cfg), "--out", str(out), "--workers", "0", "--quiet"]) == 0
+    assert "2 cells (1 computed, 1 cached, 0 failed)" in capsys.readouterr().out
+
+
+def test_sweep_on_an_existing_scheduler(tmp_path, capsys):
+    distributed = pytest.importorskip("distributed")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[tlb]\npresets = ["zen4"]\npages = ["2MiB"]\npatterns = ["chase"]\nfootprints = ["4MiB"]\n')
+    with distributed.LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster:
+        argv = ["sweep", str(cfg), "--out", str(tmp_path / "o"), "--scheduler", cluster.scheduler_address]
+        assert main(argv) == 0
+        assert main([*argv, "--workers", "2"]) == 2  # --workers sizes a LocalCluster: not with --scheduler
+    manifest = json.load(open(tmp_path / "o" / "sweep.json"))
+    assert manifest["cluster"].startswith(f"Dask scheduler {cluster.scheduler_address}")
