@@ -158,7 +158,7 @@ def cell_key(kind: str, params: Mapping[str, Any]) -> str:
     """The cache key of a cell: SHA-256 of its kind, parameters and npumem's version."""
     from . import __version__
 
-    doc = json.dumps({"kind": kind, "params": params, "npumem": __version__}, sort_keys=True)
+    doc = json.dumps({"kind": kind, "params": params, "npumem": __version__}, sort_keys=True, default=repr)
     return hashlib.sha256(doc.encode()).hexdigest()
 
 
@@ -357,6 +357,7 @@ def _timeline(evs: list[tuple[bool, Any, int]], config: Mapping[str, Any]) -> li
     replay on ``Device(**config)`` (HUGE_FIRST; an allocation that fails is skipped, as in
     :func:`npumem.replay.replay`)."""
     from .device import Device
+    from .enums import Policy
     from .errors import OutOfMemoryError
 
     dev = Device(**config)
@@ -367,7 +368,7 @@ def _timeline(evs: list[tuple[bool, Any, int]], config: Mapping[str, Any]) -> li
     for i, (is_alloc, key, size) in enumerate(evs):
         if is_alloc:
             try:
-                ptrs[key] = dev.malloc(size)
+                ptrs[key] = dev.malloc(size, Policy.HUGE_FIRST)
                 live += size
             except OutOfMemoryError:
                 pass
@@ -454,8 +455,9 @@ def run(
     progress: bool | Callable[[Progress], None] = True,
     command: str | None = None,
 ) -> SweepResult:
-    """Runs a sweep: ``config`` is a TOML path or a dict; results go to the folder ``out``
-    (created). The cells run on ``client`` (a ``distributed.Client``) when given, else on the
+    """Runs a sweep: ``config`` is a TOML path or a dict (as :func:`load_config` returns; trace
+    paths are relative to its ``base``, else to the current folder); results go to the folder
+    ``out`` (created). The cells run on ``client`` (a ``distributed.Client``) when given, else on the
     scheduler at ``scheduler``, else on a new ``LocalCluster`` of ``workers`` single-threaded
     worker processes; ``workers=0`` runs them one by one in this process (no Dask).
     ``progress``: True prints to stderr, a callable gets each :class:`Progress`, False is quiet.
