@@ -380,6 +380,7 @@ def main() -> None:
         run(regions, footprints, sides, (rounds, gemm_rounds), preset, ghz, record)
         del regions, small, big  # views before their devices
     if args.json:
+        record["loadavg"] = [round(x, 2) for x in os.getloadavg()]  # a shared machine: say how busy
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(record, f, indent=1)

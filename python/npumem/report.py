@@ -374,7 +374,7 @@ def _host_html(host: dict[str, Any] | None, source: str) -> str:
         f"2 MiB side: {html.escape(str(host.get('big', '')))}. Model columns: the "
         f"<code>{html.escape(str(host.get('preset', '')))}</code> preset as published and calibrated to this "
         "machine, on the same addresses. Conv windows and Zipf gathers are not measured on the host "
-        "(model only, above).</p>",
+        f"(model only, above).{_load(host)}</p>",
     ]
     if host.get("gemm"):
         p.append("<p><b>GEMM tiles</b>: time saved by 2 MiB pages, measured and predicted.</p>")
@@ -383,6 +383,16 @@ def _host_html(host: dict[str, Any] | None, source: str) -> str:
         p.append("<p><b>Pointer chase</b> (one line per 4 KiB page): ns per dependent load.</p>")
         p.append(_table(host["chase"]))
     return "\n".join(p)
+
+
+def _load(host: dict[str, Any]) -> str:
+    load = host.get("loadavg")
+    if not isinstance(load, list) or not load:
+        return ""
+    return (
+        f" Load average when the run ended: {html.escape(' / '.join(str(x) for x in load))} (1 / 5 / 15 min); "
+        "on a busy machine the measurements are noisy (compare the paired rounds' ranges)."
+    )
 
 
 def _read_host(path: str | None) -> dict[str, Any] | None:
