@@ -139,8 +139,7 @@ def test_report_renders_in_headless_chromium(page, tmp_path):
     copy of the page once all images are complete) and the screenshot is not blank."""
     browser = _browser()
     if browser is None:
-        print("skipping: no headless browser (install Debian's chromium package)")
-        pytest.skip("no chromium installed (apt-get install chromium)")
+        pytest.skip("no headless browser: install Debian's chromium package (apt-get install chromium)")
     path, text = page
     probe = tmp_path / "probe.html"
     script = (
