@@ -328,3 +328,19 @@ def test_sweep_on_an_existing_scheduler(tmp_path, capsys):
         assert main([*argv, "--workers", "2"]) == 2  # --workers sizes a LocalCluster: not with --scheduler
     manifest = json.load(open(tmp_path / "o" / "sweep.json"))
     assert manifest["cluster"].startswith(f"Dask scheduler {cluster.scheduler_address}")
+
+
+def test_progress_on_a_terminal_rewrites_one_line():
+    import io
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    stream = Tty()
+    printer = sweep._Printer(stream)
+    printer(sweep.Progress(0, 100, 0, 0, 0.0, None))
+    printer(sweep.Progress(100, 100, 90, 0, 12.0, 0.0))
+    text = stream.getvalue()
+    assert text.count("\r") == 2 and text.endswith("\n") and text.count("\n") == 1
+    assert "100/100 cells" in text and "90 cached" in text and "ETA 0:00" in text

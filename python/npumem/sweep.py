@@ -416,14 +416,16 @@ class _Printer:
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.last_time = 0.0
         self.last_tenth = -1
+        self.width = 0
 
     def __call__(self, p: Progress) -> None:
         now = time.monotonic()
         final = p.done == p.total
         if self.tty:
             if final or now - self.last_time >= 0.2:
-                print("\r" + p.line(), end="\n" if final else "", file=self.stream, flush=True)
-                self.last_time = now
+                line = p.line()
+                print("\r" + line.ljust(self.width), end="\n" if final else "", file=self.stream, flush=True)
+                self.last_time, self.width = now, len(line)
             return
         tenth = 10 * p.done // max(p.total, 1)
         if final or tenth > self.last_tenth or now - self.last_time >= 30:
