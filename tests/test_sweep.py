@@ -12,6 +12,8 @@ import textwrap
 import time
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import npumem
 from npumem import sweep
@@ -344,3 +346,62 @@ def test_progress_on_a_terminal_rewrites_one_line():
     text = stream.getvalue()
     assert text.count("\r") == 2 and text.endswith("\n") and text.count("\n") == 1
     assert "100/100 cells" in text and "90 cached" in text and "ETA 0:00" in text
+
+
+def test_without_pyarrow_the_csvs_are_written_then_a_hint_exit_3(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[tlb]\npresets = ["zen4"]\npages = ["4KiB"]\npatterns = ["uniform"]\nfootprints = ["1MiB"]\n')
+    code = (
+        "import sys; sys.modules['pyarrow'] = None\n"
+        "from npumem.cli import main\n"
+        f"sys.exit(main(['sweep', {str(cfg)!r}, '--out', {str(tmp_path / 'o')!r}, '--workers', '0', '--quiet']))"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 3, p.stderr
+    assert p.stderr.count("\n") == 1 and "npumem[sweep]" in p.stderr
+    assert sorted(os.listdir(tmp_path / "o")) == ["cache", "sweep.json", "tlb.csv"]
+
+
+FOOTPRINTS = [f"{1 << k}MiB" for k in range(6)]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    runs=st.lists(
+        st.tuples(
+            st.lists(st.sampled_from(["4KiB", "2MiB", "1GiB"]), min_size=1, max_size=4),
+            st.lists(st.sampled_from(FOOTPRINTS), min_size=1, max_size=6),
+            st.sets(st.integers(0, 40), max_size=5),  # cache files torn before this run
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_reruns_compute_exactly_the_uncached_cells_property(tmp_path_factory, monkeypatch, runs):
+    """Random grids run one after another into one folder, with some cache files torn between
+    runs, against a model of the cache (a set of keys): each run computes exactly the grid's
+    cells the model lacks, and its tables hold each cell of its grid once."""
+    computed: list[str] = []
+
+    def fake_row(p):
+        computed.append(sweep.cell_key("tlb", p))
+        return {"preset": p["preset"], "page": p["page"], "footprint": p["footprint"], "seed": p["seed"]}
+
+    monkeypatch.setattr(sweep, "_tlb_row", fake_row)
+    out = tmp_path_factory.mktemp("prop")
+    model: set[str] = set()
+    for pages, footprints, tear in runs:
+        cfg = {"tlb": {"presets": ["zen4"], "pages": pages, "patterns": ["uniform"], "footprints": footprints}}
+        keys = list(dict.fromkeys(c.key for c in sweep.expand(cfg)))
+        for i in tear:
+            cached = sorted(model)
+            if i < len(cached):
+                with open(out / "cache" / f"{cached[i]}.json", "w") as f:
+                    f.write("{")
+                model.discard(cached[i])
+        computed.clear()
+        r = sweep.run(cfg, str(out), workers=0, progress=False)
+        assert sorted(computed) == sorted(k for k in keys if k not in model)
+        assert (r.cells, r.computed, r.cached) == (len(keys), len(computed), len(keys) - len(computed))
+        model |= set(keys)
+        assert [row["cell"] for row in table(str(out), "tlb")] == keys
