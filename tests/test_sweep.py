@@ -320,7 +320,7 @@ def test_a_failing_cell_is_listed_not_written_and_rerun_next_time(tmp_path, monk
     assert "2 cells (1 computed, 1 cached, 0 failed)" in capsys.readouterr().out
 
 
-def test_sweep_on_an_existing_scheduler(tmp_path, capsys):
+def test_sweep_on_an_existing_scheduler(tmp_path, capsys, monkeypatch):
     distributed = pytest.importorskip("distributed")
     cfg = tmp_path / "c.toml"
     cfg.write_text('[tlb]\npresets = ["zen4"]\npages = ["2MiB"]\npatterns = ["chase"]\nfootprints = ["4MiB"]\n')
@@ -328,6 +328,11 @@ def test_sweep_on_an_existing_scheduler(tmp_path, capsys):
         argv = ["sweep", str(cfg), "--out", str(tmp_path / "o"), "--scheduler", cluster.scheduler_address]
         assert main(argv) == 0
         assert main([*argv, "--workers", "2"]) == 2  # --workers sizes a LocalCluster: not with --scheduler
+        # A worker on another npumem version would cache results under the wrong key.
+        monkeypatch.setattr(sweep, "_worker_version", lambda: "0.0.0-other")
+        assert main([*argv[:3], str(tmp_path / "o2"), *argv[4:]]) == 2
+        assert "runs npumem 0.0.0-other" in capsys.readouterr().err
+        assert not (tmp_path / "o2").exists()  # nothing written before the cluster is checked
     manifest = json.load(open(tmp_path / "o" / "sweep.json"))
     assert manifest["cluster"].startswith(f"Dask scheduler {cluster.scheduler_address}")
 

@@ -253,7 +253,7 @@ def _cell(v: Any, key: str = "") -> str:
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, float):
-        return f"{v:.4g}"
+        return f"{v + 0.0:.4g}"  # + 0.0: no "-0"
     if isinstance(v, int) and key in {"footprint", "capacity", "peak_live", "peak_allocated", "peak_reserved"}:
         return fmt(v)
     return html.escape(str(v))

@@ -476,8 +476,7 @@ def run(
     cells = expand(config)
     if os.path.exists(out) and not os.path.isdir(out):
         raise invalid_param(f"out {out!r} is a file; give a folder")
-    cache = os.path.join(out, "cache")
-    os.makedirs(cache, exist_ok=True)
+    cache = os.path.join(out, "cache")  # made when the first cell lands (nothing is written before)
 
     results: dict[str, dict[str, Any]] = {}
     todo: list[Cell] = []
@@ -501,6 +500,7 @@ def run(
             failed[cell.key] = error
         else:
             doc = {"key": cell.key, "kind": cell.kind, "params": dict(cell.params), **result}
+            os.makedirs(cache, exist_ok=True)
             _write_atomic(os.path.join(cache, f"{cell.key}.json"), json.dumps(doc))
             results[cell.key] = doc
         elapsed = time.perf_counter() - started
@@ -519,6 +519,7 @@ def run(
     elif todo:
         cluster_info = _on_dask(todo, client, scheduler, workers, landed)
 
+    os.makedirs(out, exist_ok=True)
     files = _write_tables(cells, results, out, failed)
     manifest = {
         "name": config.get("name", ""),
@@ -565,6 +566,7 @@ def _on_dask(
             )
             client = own_client = distributed.Client(own_cluster)
     try:
+        _same_version(client)
         info = client.scheduler_info()
         desc = f"Dask scheduler {info.get('address', '?')} with {len(info.get('workers', {}))} workers"
         if own_cluster is not None:
@@ -586,6 +588,31 @@ def _on_dask(
             own_client.close()
         if own_cluster is not None:
             own_cluster.close()
+
+
+def _worker_version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def _same_version(client: Any) -> None:
+    """Every worker runs this npumem version (cells are cached under it)."""
+    from . import __version__
+
+    try:
+        versions = client.run(_worker_version)
+    except ModuleNotFoundError as e:
+        raise invalid_param(
+            f"a Dask worker cannot import npumem ({e}); install npumem {__version__} on the workers"
+        ) from None
+    other = {w: v for w, v in versions.items() if v != __version__}
+    if other:
+        w, v = next(iter(other.items()))
+        raise invalid_param(
+            f"Dask worker {w} runs npumem {v}, this process {__version__}; results are cached by version, "
+            "so every worker must run the same one"
+        )
 
 
 def _write_tables(cells: list[Cell], results: dict[str, dict[str, Any]], out: str, failed: dict[str, str]) -> list[str]:
