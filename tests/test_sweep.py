@@ -410,3 +410,15 @@ def test_reruns_compute_exactly_the_uncached_cells_property(tmp_path_factory, mo
         assert (r.cells, r.computed, r.cached) == (len(keys), len(computed), len(keys) - len(computed))
         model |= set(keys)
         assert [row["cell"] for row in table(str(out), "tlb")] == keys
+
+
+def test_an_error_in_the_progress_callback_is_not_taken_for_a_failed_cell(tmp_path):
+    def progress(p):
+        if p.done == 2:
+            raise RuntimeError("callback broke")
+
+    with pytest.raises(RuntimeError, match="callback broke"):
+        sweep.run(tlb_config(footprints=("1MiB",), accesses=2000), str(tmp_path / "o"), workers=0, progress=progress)
+    # The two cells that landed are cached; the next run computes the rest.
+    r = sweep.run(tlb_config(footprints=("1MiB",), accesses=2000), str(tmp_path / "o"), workers=0, progress=False)
+    assert (r.cached, r.computed, r.failed) == (2, 4, {})

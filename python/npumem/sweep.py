@@ -513,9 +513,11 @@ def run(
     if todo and workers == 0 and client is None and scheduler is None:
         for cell in todo:
             try:
-                landed(cell, run_cell(cell), None)
+                result = run_cell(cell)
             except Exception as e:
                 landed(cell, None, f"{type(e).__name__}: {e}")
+                continue
+            landed(cell, result, None)  # outside the try: an error here is not the cell's
     elif todo:
         cluster_info = _on_dask(todo, client, scheduler, workers, landed)
 
@@ -578,10 +580,13 @@ def _on_dask(
         for fut in distributed.as_completed([f for f, _ in by_key.values()]):
             _, cell = by_key.pop(fut.key)
             try:
-                landed(cell, fut.result(), None)
+                result = fut.result()
             except Exception as e:  # the cell raised, or its task killed too many workers
-                landed(cell, None, f"{type(e).__name__}: {e}")
+                result, error = None, f"{type(e).__name__}: {e}"
+            else:
+                error = None
             fut.release()
+            landed(cell, result, error)
         return desc
     finally:
         if own_client is not None:
