@@ -167,3 +167,21 @@ def test_report_renders_in_headless_chromium(page, tmp_path):
     assert pixels.shape == (2400, 1200)
     assert pixels.std() > 20, "the screenshot is blank"
     assert (pixels < 128).mean() > 0.01  # text and plot lines, not an empty page
+
+
+def test_a_table_that_is_not_the_sweeps_is_exit_2(swept, tmp_path, capsys):
+    bad = tmp_path / "bad"
+    shutil.copytree(swept, bad)
+    (bad / "alloc.parquet").write_bytes(b"not parquet")
+    assert main(["report", str(bad), "--out", str(tmp_path / "r.html")]) == 2
+    assert "not a Parquet table" in capsys.readouterr().err
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"x": [1]}), bad / "alloc.parquet")
+    assert main(["report", str(bad), "--out", str(tmp_path / "r.html")]) == 2
+    assert "no column" in capsys.readouterr().err
+    (bad / "alloc.parquet").unlink()
+    assert main(["report", str(bad), "--out", str(tmp_path / "r.html")]) == 2  # alloc.csv alone
+    assert "ran without pyarrow" in capsys.readouterr().err
+    assert not (tmp_path / "r.html").exists()

@@ -59,12 +59,32 @@ pre{background:#f4f4f4;padding:.6em;overflow-x:auto;font-size:.85em}.note{color:
 """
 
 
+#: Columns the report reads from each table.
+_COLUMNS = {
+    "tlb": {"preset", "page", "pattern", "footprint", "accesses", "walks", "cycles_per_access", "internal_waste"},
+    "alloc": {"workload", "allocator", "alloc_conf", "capacity_spec", "capacity", "peak_live", "capacity_vs_live"},
+    "timelines": {"workload", "allocator", "alloc_conf", "capacity_spec", "event", "live", "reserved"},
+}
+
+
 def _rows(folder: str, name: str) -> list[dict[str, Any]]:
     path = os.path.join(folder, f"{name}.parquet")
     if not os.path.exists(path):
+        if os.path.exists(os.path.join(folder, f"{name}.csv")):
+            raise invalid_param(
+                f"{folder} has {name}.csv but no {name}.parquet: the sweep ran without pyarrow; "
+                "install npumem[sweep] and run it again (its cells are cached)"
+            )
         return []
     pq = require("pyarrow.parquet", "reading the sweep's tables for the report")
-    return pq.read_table(path).to_pylist()
+    try:
+        table = pq.read_table(path)
+    except Exception as e:  # pyarrow's ArrowInvalid and friends: not a Parquet file
+        raise invalid_param(f"{path}: not a Parquet table ({e})") from None
+    missing = _COLUMNS[name] - set(table.column_names)
+    if missing:
+        raise invalid_param(f"{path}: not a sweep's {name} table (no column {', '.join(sorted(missing))})")
+    return table.to_pylist()
 
 
 def load(folder: Any) -> dict[str, Any]:
