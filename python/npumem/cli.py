@@ -1,6 +1,7 @@
 """The ``npumem`` command line (also ``python -m npumem``): ``npumem demo`` runs the main job on
 the simulated device, ``npumem tlb sweep`` tabulates the TLB model, ``npumem plan`` plans a
-problem CSV or a saved graph.
+problem CSV or a saved graph, ``npumem stress`` searches for the workload that fragments an
+allocator family the most (:mod:`npumem.cli_stress`).
 
 Exit status, one meaning each:
   0    done
@@ -165,6 +166,10 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--json", action="store_true", help="print the report as JSON")
     pl.add_argument("--plot", default=None, help="write the best plan's placement (step x offset) as a PNG")
     pl.set_defaults(run=_plan)
+
+    from .cli_stress import add_parser as add_stress
+
+    add_stress(sub)
     return parser
 
 
