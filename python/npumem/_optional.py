@@ -1,4 +1,5 @@
-"""Optional dependencies (matplotlib for plots, torch for model graphs): imported only when a
+"""Optional dependencies (matplotlib for plots, torch for model graphs, hypothesis for
+npumem.testing): imported only when a
 function needs one, and a missing one is a :class:`MissingDependencyError` whose message is the
 one-line install hint. Nothing else of npumem needs them."""
 
@@ -13,7 +14,7 @@ class MissingDependencyError(ImportError):
 
 
 #: Optional module -> the extra of the npumem package that installs it.
-EXTRAS = {"matplotlib": "plot", "torch": "torch"}
+EXTRAS = {"matplotlib": "plot", "torch": "torch", "hypothesis": "testing"}
 
 
 def require(module: str, purpose: str) -> ModuleType:

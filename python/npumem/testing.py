@@ -257,8 +257,10 @@ def allocator_machine(
             self.live: dict[int, tuple[int, int]] = {}  # ptr -> (size, serial)
             self.starts: list[int] = []  # sorted ptrs of live blocks
             self.serial = 0
+            self.failed = False
 
         def _fail(self, what: str) -> None:
+            self.failed = True  # the teardown then only frees, so this failure is the one reported
             raise AllocatorCheckError(f"{type(self.allocator).__name__}: {what}")
 
         @rule(target=blocks, nbytes=size, opts=option_values)
@@ -341,6 +343,9 @@ def allocator_machine(
                 self._fail(f"stats say {blocks} live blocks; {len(self.live)} are live")
 
         def teardown(self) -> None:
+            if self.failed:
+                _close(self.allocator)
+                return
             try:
                 for ptr in list(self.starts):
                     self.free(ptr)
