@@ -1,7 +1,7 @@
 """Optional dependencies (matplotlib for plots, torch for model graphs, hypothesis for
-npumem.testing): imported only when a
-function needs one, and a missing one is a :class:`MissingDependencyError` whose message is the
-one-line install hint. Nothing else of npumem needs them."""
+npumem.testing): imported only when a function needs one, and a missing one is a
+:class:`MissingDependencyError` whose message is the one-line install hint. Nothing else of
+npumem needs them."""
 
 from __future__ import annotations
 
