@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import Any
 
 
@@ -77,8 +78,13 @@ def run(args: argparse.Namespace) -> int:
     _output_path(out, "--out")
     notes = sys.stderr if args.json else sys.stdout
 
-    def progress(n: int, best: float) -> None:
-        print(f"  evaluation {n:>7,}: worst so far {best:.3f}", file=notes, flush=True)
+    last = [0.0]
+
+    def progress(n: int, best: float) -> None:  # at most two lines a second
+        now = time.monotonic()
+        if now - last[0] >= 0.5:
+            last[0] = now
+            print(f"  evaluation {n:>7,}: worst so far {best:.3f}", file=notes, flush=True)
 
     what = f"{evaluations:,} evaluations" if evaluations is not None else f"{budget:g} s"
     print(f"npumem stress: {args.allocator}, objective {args.objective}, {what}, seed {seed}", file=notes)

@@ -93,7 +93,8 @@ def _call_site() -> str:
         f = f.f_back
     if f is None:
         return "<unknown>"
-    return f"{f.f_code.co_filename}:{f.f_lineno} ({f.f_code.co_name})"
+    code = f.f_code
+    return f"{code.co_filename}:{f.f_lineno} ({getattr(code, 'co_qualname', code.co_name)})"
 
 
 class Profiler:
@@ -113,7 +114,7 @@ class Profiler:
         self._scopes = threading.local()
         self._lock = threading.RLock()
         self._t0 = 0.0
-        self._wrapped: list[str] = []
+        self._wrapped: list[tuple[str, Any]] = []  # (method, what the instance had before)
         self._top = _Scope(TOP)
 
     # -- the with block ----------------------------------------------------------------------
@@ -136,14 +137,17 @@ class Profiler:
         with _ACTIVE_LOCK:
             if self in _ACTIVE:
                 _ACTIVE.remove(self)
-        for name in self._wrapped:
-            self.device.__dict__.pop(name, None)
+        for name, before in reversed(self._wrapped):
+            if before is None:
+                self.device.__dict__.pop(name, None)
+            else:
+                self.device.__dict__[name] = before  # an enclosing profiler's wrapper
         self._wrapped = []
         self._finish(self._top)
 
     def _wrap(self, name: str, wrapper: Callable[..., Any]) -> None:
+        self._wrapped.append((name, self.device.__dict__.get(name)))
         self.device.__dict__[name] = wrapper
-        self._wrapped.append(name)
 
     # -- records -------------------------------------------------------------------------------
 

@@ -167,7 +167,7 @@ def _objective(
         evs = normalize(w)
         peak = peak_live_bytes(w)
         if objective == "capacity":
-            return min_capacity(evs, cfg) / peak
+            return min_capacity(w, cfg) / peak
         if objective == "reserved":
             return _replay(evs, Device(ROOMY, **cfg), 0, False).peak_reserved / peak
         assert capacity is not None
@@ -188,7 +188,7 @@ def figures(events: Workload, allocator: str, alloc_conf: str | None = None) -> 
         cfg["alloc_conf"] = alloc_conf
     evs = normalize(events)
     return {
-        "min_capacity": min_capacity(evs, cfg),
+        "min_capacity": min_capacity(events, cfg),
         "peak_reserved": _replay(evs, Device(ROOMY, **cfg), 0, False).peak_reserved,
     }
 
