@@ -8,7 +8,7 @@ STAMP := $(VENV)/.deps-stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run test build wheel lint test-rust test-loom test-python fuzz miri bench bench-replay bench-streams bench-plan bench-fastpath bench-pools bench-host bench-pagesize validate-tlb clean
+.PHONY: run test build wheel lint test-rust test-loom test-python fuzz miri bench bench-replay bench-streams bench-plan bench-fastpath bench-pools bench-host bench-pagesize bench-workloads bench-stress validate-tlb clean
 
 run: build
 	npumem demo
@@ -37,8 +37,8 @@ wheel: build
 lint: $(STAMP)
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -q -- -D warnings
-	ruff check python tests benches fuzz
-	ruff format --check python tests benches fuzz
+	ruff check python tests benches fuzz examples
+	ruff format --check python tests benches fuzz examples
 
 # npumem-fuzz replays the kept fuzz inputs (fuzz/regressions) through the fuzz harnesses.
 test-rust:
@@ -104,6 +104,15 @@ bench-host: build
 
 bench-pagesize: build
 	python benches/bench_pagesize.py
+
+# Issue #16: every generated workload on every family, and per-allocation latency as the pool
+# of a long-running service grows; the fragmentation search against every family.
+bench-workloads: build
+	python benches/bench_workloads.py
+
+STRESS_EVALUATIONS ?= 1500
+bench-stress: build
+	python benches/bench_stress.py --evaluations $(STRESS_EVALUATIONS)
 
 clean:
 	rm -rf $(VENV) target python/npumem/*.so python/npumem/npumem.h fuzz/target

@@ -33,6 +33,9 @@ def add_parser(sub: Any) -> None:
         help=f"{', '.join(OBJECTIVES)}: min capacity / peak live (default), peak reserved / peak live, "
         "or OOM with the least live data at --capacity",
     )
+    s.add_argument(
+        "--min-live", default="64MiB", help="least peak live bytes of a workload (0-256MiB, default 64MiB)"
+    )
     s.add_argument("--capacity", default=None, help="device size for --objective oom (e.g. 1GiB)")
     s.add_argument("--alloc-conf", default=None, help="PYTORCH_NPU_ALLOC_CONF-style settings of the family")
     s.add_argument(
@@ -52,6 +55,13 @@ def _int(value: str, option: str, lo: int, hi: int) -> int:
     if not lo <= v <= hi:
         raise UsageError(f"{option} must be from {lo:,} to {hi:,}, got {v:,}")
     return v
+
+
+def _size(value: str, option: str) -> int:
+    from . import _args
+    from .stress import SIZE_RANGE
+
+    return _args.size(value, option, 0, SIZE_RANGE[1])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     max_allocs = _int(args.max_allocs, "--max-allocs", 2, 1024)
     if (args.objective == "oom") != (args.capacity is not None):
         raise UsageError("--capacity goes with --objective oom (the device size to run out of), and only with it")
+    min_live = _size(args.min_live, "--min-live")
     out = args.out or f"stress-{args.allocator}-{seed}.json"
     _output_path(out, "--out")
     notes = sys.stderr if args.json else sys.stdout
@@ -97,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         objective=args.objective,
         capacity=args.capacity,
         alloc_conf=args.alloc_conf,
+        min_live=min_live,
         progress=progress,
     )
     result.save(out)
@@ -111,11 +123,12 @@ def run(args: argparse.Namespace) -> int:
     )
     for action, i, size in result.events:
         print(f"  {action:<5} {i:>4} {fmt(size):>10}")
-    print(f"\n{'family':<10} {'min capacity':>13} {'/ live':>7} {'peak reserved':>14} {'/ live':>7}")
+    print(f"\n(ratios are over the bound: peak live rounded up to 2 MiB, {fmt(stress.bound(result.events))})")
+    print(f"{'family':<10} {'min capacity':>13} {'/ bound':>8} {'peak reserved':>14} {'/ bound':>8}")
     for fam, f in result.families.items():
         print(
-            f"{fam:<10} {fmt(int(f['min_capacity'])):>13} {f['capacity_ratio']:>7.3f} "
-            f"{fmt(int(f['peak_reserved'])):>14} {f['reserved_ratio']:>7.3f}"
+            f"{fam:<10} {fmt(int(f['min_capacity'])):>13} {f['capacity_ratio']:>8.3f} "
+            f"{fmt(int(f['peak_reserved'])):>14} {f['reserved_ratio']:>8.3f}"
         )
     print(f"trace -> {out} (npumem.traces.load reads it; replay it on any family)")
     return EXIT_OK

@@ -8,14 +8,19 @@ progress it starts again from a fresh random workload. When the budget is spent 
 workload is shrunk — blocks removed one by one and sizes rounded while the objective does not
 drop — to a minimal reproducer.
 
-Objectives (higher is worse for the allocator):
+Objectives (higher is worse for the allocator), against the *bound*: the peak live bytes
+rounded up to 2 MiB (the smallest device :func:`npumem.replay.min_capacity` can answer, so a
+workload of a few tiny blocks does not score thousands):
 
-- ``capacity``: :func:`npumem.replay.min_capacity` / peak live bytes — how much more device
-  than the live data the family needs (granularity 2 MiB);
-- ``reserved``: peak reserved / peak live bytes on a roomy device;
-- ``oom``: at a device of ``capacity`` bytes, ``capacity / peak live`` when the workload runs out
-  of memory (OOM with the least live data scores highest), ``peak live / capacity`` (below 1)
-  when it completes; workloads whose live data alone exceeds ``capacity`` score 0.
+- ``capacity``: :func:`npumem.replay.min_capacity` (granularity 2 MiB) / bound — how much more
+  device than the live data the family needs;
+- ``reserved``: peak reserved bytes on a roomy device / bound;
+- ``oom``: at a device of ``capacity`` bytes, ``capacity / bound`` when the workload runs out of
+  memory (OOM with the least live data scores highest), ``bound / capacity`` (at most 1) when
+  it completes; workloads whose live data alone exceeds ``capacity`` score 0.
+
+Workloads whose peak live bytes are below ``min_live`` (64 MiB by default) score 0: the search
+is after fragmentation, not after the rounding of a few tiny blocks to a page or a segment.
 
 Workloads are event lists :func:`npumem.replay.replay` takes, with ints for ids; every block is
 freed. Invariants: the same arguments and seed (and ``evaluations`` rather than ``budget``)
@@ -58,7 +63,7 @@ class StressResult:
     evaluations: int
     seconds: float
     seed: int
-    #: Per family: min_capacity, peak_reserved (roomy device) and the objective's score.
+    #: Per family: min_capacity, peak_reserved (roomy device), and each over the bound.
     families: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def report(self) -> dict[str, Any]:
@@ -67,6 +72,7 @@ class StressResult:
             "objective": self.objective,
             "score": self.score,
             "peak_live": self.peak_live,
+            "bound": bound(self.events),
             "allocs": sum(1 for e in self.events if e[0] == "alloc"),
             "evaluations": self.evaluations,
             "seconds": self.seconds,
@@ -80,6 +86,15 @@ class StressResult:
         data = {"events": [list(e) for e in self.events], "npumem_stress": self.report()}
         with open(_files.path_arg(path), "w", encoding="utf-8") as f:
             json.dump(data, f)
+
+
+#: What the bound rounds the peak live bytes up to (min_capacity's granularity).
+GRANULE = 2 << 20
+
+
+def bound(events: Workload) -> int:
+    """The peak live bytes of ``events`` rounded up to :data:`GRANULE`."""
+    return max(1, -(-peak_live_bytes(events) // GRANULE)) * GRANULE
 
 
 def _granule(size: int) -> int:
@@ -155,7 +170,7 @@ def mutate(w: Workload, rng: random.Random, max_allocs: int) -> Workload:
 
 
 def _objective(
-    allocator: str, objective: str, capacity: int | None, alloc_conf: str | None
+    allocator: str, objective: str, capacity: int | None, alloc_conf: str | None, min_live: int
 ) -> Callable[[Workload], float]:
     from .device import Device
 
@@ -165,7 +180,9 @@ def _objective(
 
     def score(w: Workload) -> float:
         evs = normalize(w)
-        peak = peak_live_bytes(w)
+        if peak_live_bytes(w) < min_live:
+            return 0.0
+        peak = bound(w)
         if objective == "capacity":
             return min_capacity(w, cfg) / peak
         if objective == "reserved":
@@ -203,13 +220,15 @@ def search(
     objective: str = "capacity",
     capacity: int | str | None = None,
     alloc_conf: str | None = None,
+    min_live: int | str = 64 << 20,
     restart: int = 300,
     compare: Sequence[str] = FAMILIES,
     progress: Callable[[int, float], None] | None = None,
 ) -> StressResult:
     """Searches for ``budget`` seconds (or exactly ``evaluations`` evaluations, which makes the
     result independent of the machine's speed) for the workload maximising ``objective`` on
-    ``allocator``; shrinks it; measures it on every family of ``compare``. ``progress(n, best)``
+    ``allocator`` among those holding at least ``min_live`` bytes live at their peak (at most
+    256 MiB); shrinks it; measures it on every family of ``compare``. ``progress(n, best)``
     is called after each improvement."""
     allocator = _args.choice(allocator, "allocator", FAMILIES)
     budget = _args.real(budget, "budget", 0.0, 7 * 86400.0, unit=" seconds")
@@ -218,6 +237,7 @@ def search(
     max_allocs = _args.integer(max_allocs, "max_allocs", 2, 1024)
     objective = _args.choice(objective, "objective", OBJECTIVES)
     restart = _args.integer(restart, "restart", 1, 1 << 32)
+    min_live = _args.size(min_live, "min_live", 0, SIZE_RANGE[1])
     compare = _args.choices(list(compare), "compare", FAMILIES)
     cap: int | None = None
     if objective == "oom":
@@ -231,7 +251,7 @@ def search(
         from .device import Device
 
         Device(2 << 20, allocator=allocator, alloc_conf=alloc_conf)  # checks the grammar first
-    score_of = _objective(allocator, objective, cap, alloc_conf)
+    score_of = _objective(allocator, objective, cap, alloc_conf, min_live)
     rng = random.Random(seed)
     t0 = time.perf_counter()
     n = 0
@@ -261,6 +281,7 @@ def search(
             if progress is not None:
                 progress(n, best_score)
     best, best_score = shrink(best, best_score, score_of)
+    limit = bound(best)
     result = StressResult(
         allocator=allocator,
         objective=objective,
@@ -273,8 +294,8 @@ def search(
     )
     for fam in dict.fromkeys([allocator, *compare]):
         figs = figures(best, fam, alloc_conf if fam == allocator else None)
-        figs["capacity_ratio"] = figs["min_capacity"] / result.peak_live
-        figs["reserved_ratio"] = figs["peak_reserved"] / result.peak_live
+        figs["capacity_ratio"] = figs["min_capacity"] / limit
+        figs["reserved_ratio"] = figs["peak_reserved"] / limit
         result.families[fam] = figs
     return result
 
