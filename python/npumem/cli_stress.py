@@ -33,9 +33,7 @@ def add_parser(sub: Any) -> None:
         help=f"{', '.join(OBJECTIVES)}: min capacity / peak live (default), peak reserved / peak live, "
         "or OOM with the least live data at --capacity",
     )
-    s.add_argument(
-        "--min-live", default="64MiB", help="least peak live bytes of a workload (0-256MiB, default 64MiB)"
-    )
+    s.add_argument("--min-live", default="64MiB", help="least peak live bytes of a workload (0-256MiB, default 64MiB)")
     s.add_argument("--capacity", default=None, help="device size for --objective oom (e.g. 1GiB)")
     s.add_argument("--alloc-conf", default=None, help="PYTORCH_NPU_ALLOC_CONF-style settings of the family")
     s.add_argument(

@@ -25,8 +25,8 @@ from .graph import Graph
 from .pipelines import double_buffered, render_timeline, scratch_loop
 from .replay import min_capacity, peak_live_bytes, replay
 from .traces import transformer_training
-from .workloads import dynamic_shape_inference
 from .units import fmt
+from .workloads import dynamic_shape_inference
 
 _RULE = "-" * 96
 #: Device sizes the fragmentation story runs on (it fills the device with small allocations).
