@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -630,7 +631,9 @@ def generate(name: str, **kwargs: Any) -> list[Any]:
 class Timeline:
     """What :func:`measure` saw, one entry per window of events: the window's last event index,
     its peak allocated and reserved bytes (the allocator's own counters), the live blocks at its
-    end, and the nanoseconds per allocation (batch path, timed around the native calls)."""
+    end, and the nanoseconds per allocation (batch path, timed around each native call; the
+    window's median over its calls, so that a preempted call on a busy machine does not set
+    the figure)."""
 
     allocator: str
     events: int
@@ -719,7 +722,7 @@ def measure(
     for w0 in range(0, len(evs), per):
         window = evs[w0 : w0 + per]
         dev.reset_peak_memory_stats()
-        spent = allocs = 0
+        costs: list[float] = []  # ns per allocation of each malloc_many call
         i = 0
         while i < len(window):
             is_alloc, _, _, s = window[i]
@@ -734,7 +737,7 @@ def measure(
                     got = dev.malloc_many(sizes, None, streams[s])
                 except OutOfMemoryError:
                     got = None
-                spent += time.perf_counter_ns() - t0
+                costs.append((time.perf_counter_ns() - t0) / len(run))
                 if got is None:
                     for e in run:
                         try:
@@ -743,7 +746,6 @@ def measure(
                             tl.ooms += 1
                 else:
                     ptrs.update(zip((e[1] for e in run), got.tolist(), strict=True))
-                allocs += len(run)
             else:
                 gone = [ptrs.pop(e[1]) for e in run if e[1] in ptrs]
                 if gone:
@@ -755,7 +757,7 @@ def measure(
         tl.allocated.append(st["allocated_bytes.all.peak"])
         tl.reserved.append(st["reserved_bytes.all.peak"])
         tl.live_blocks.append(live_blocks)
-        tl.ns_per_alloc.append(spent / allocs if allocs else math.nan)
+        tl.ns_per_alloc.append(statistics.median(costs) if costs else math.nan)
     if ptrs:
         dev.free_many(list(ptrs.values()))
     return tl
