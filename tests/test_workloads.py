@@ -159,3 +159,20 @@ def test_plot_timelines_draws_or_hints(tmp_path):
     out = tmp_path / "t.png"
     workloads.plot_timelines(tls, str(out), title="detector")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_measure_reads_pytorch_device_traces():
+    """free_requested / free_completed and segment events, as replay reads them."""
+    trace = [
+        {"action": "alloc", "addr": 1, "size": 3 * MiB},
+        {"action": "segment_alloc", "addr": 1, "size": 20 * MiB},
+        {"action": "free_requested", "addr": 1, "size": 3 * MiB},
+        {"action": "free_completed", "addr": 1, "size": 3 * MiB},
+        {"action": "alloc", "addr": 2, "size": MiB, "stream": 1},
+        {"action": "free_requested", "addr": 2, "size": MiB},
+        {"action": "free_completed", "addr": 2, "size": MiB},
+    ]
+    tl = workloads.measure(trace, "pytorch", windows=1)
+    assert tl.events == 4 and tl.peak_live == 3 * MiB and tl.live_blocks == [0]
+    only_requested = [e for e in trace if e["action"] != "free_completed"]
+    assert workloads.measure(only_requested, "npumem", windows=2).live_blocks[-1] == 0

@@ -660,26 +660,27 @@ class Timeline:
 
 
 def _parsed(events: Sequence[Any]) -> list[tuple[bool, Any, int, int]]:
-    """(is_alloc, id, size, stream) of each event, checked by :func:`npumem.replay.normalize`."""
+    """(is_alloc, id, size, stream) of each event, checked by :func:`npumem.replay.normalize`
+    (which drops the events it ignores: the same ones are dropped here to pair them up)."""
     from .replay import normalize
 
     triples = normalize(events)
+    completed = any(isinstance(e, Mapping) and e.get("action") == "free_completed" for e in events)
+
+    def kept(ev: Any) -> bool:
+        if not isinstance(ev, Mapping):
+            return True
+        action = ev.get("action")
+        return action in ("alloc", "free", "free_completed") or (action == "free_requested" and not completed)
+
     streams: dict[Any, int] = {}
     out = []
-    kept = (ev for ev in events if _kept(ev))
-    for (is_alloc, key, size), ev in zip(triples, kept, strict=True):
+    for (is_alloc, key, size), ev in zip(triples, (ev for ev in events if kept(ev)), strict=True):
         if is_alloc:
             s = ev.get("stream", 0) if isinstance(ev, Mapping) else 0
             streams[key] = _args.integer(s, "stream", 0, 1 << 16)
-        out.append((is_alloc, key, size, streams.pop(key) if not is_alloc else streams[key]))
+        out.append((is_alloc, key, size, streams[key] if is_alloc else streams.pop(key)))
     return out
-
-
-def _kept(ev: Any) -> bool:
-    """Whether :func:`npumem.replay.normalize` keeps ``ev`` (mirrors its skipping rules)."""
-    if isinstance(ev, Mapping):
-        return ev.get("action") in ("alloc", "free", "free_completed")
-    return True
 
 
 def measure(
