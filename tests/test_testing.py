@@ -152,3 +152,14 @@ def test_bad_arguments():
         allocator_machine(lambda: object())
     with pytest.raises(TypeError, match="device"):
         DeviceAdapter("npumem")
+
+
+def test_without_hypothesis_the_import_is_a_one_line_hint():
+    import subprocess
+    import sys
+
+    code = "import sys; sys.modules['hypothesis'] = None; import npumem.testing"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "MissingDependencyError: npumem.testing needs hypothesis" in r.stderr
+    assert "pip install 'npumem[testing]'" in r.stderr

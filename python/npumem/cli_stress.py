@@ -30,8 +30,8 @@ def add_parser(sub: Any) -> None:
     s.add_argument(
         "--objective",
         default="capacity",
-        help=f"{', '.join(OBJECTIVES)}: min capacity / peak live (default), peak reserved / peak live, "
-        "or OOM with the least live data at --capacity",
+        help=f"{', '.join(OBJECTIVES)}: min capacity / bound (default), peak reserved / bound, or OOM with "
+        "the least live data at --capacity; the bound is the peak live bytes rounded up to 2 MiB",
     )
     s.add_argument("--min-live", default="64MiB", help="least peak live bytes of a workload (0-256MiB, default 64MiB)")
     s.add_argument("--capacity", default=None, help="device size for --objective oom (e.g. 1GiB)")
