@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from types import CodeType, FrameType
 from typing import Any, TypeVar
 
 from . import _args, _files
@@ -86,15 +87,22 @@ class _Scope:
     total: int = 0
 
 
+#: Whether a code object is npumem's own (cached: the path test is the costly part of a site).
+_OURS: dict[CodeType, bool] = {}
+
+
 def _call_site() -> str:
     """``file:line (function)`` of the innermost frame outside the npumem package."""
-    f = sys._getframe(2)
-    while f is not None and os.path.dirname(os.path.abspath(f.f_code.co_filename)) == _PACKAGE_DIR:
+    f: FrameType | None = sys._getframe(2)
+    while f is not None:
+        code = f.f_code
+        ours = _OURS.get(code)
+        if ours is None:
+            ours = _OURS[code] = os.path.dirname(os.path.abspath(code.co_filename)) == _PACKAGE_DIR
+        if not ours:
+            return f"{code.co_filename}:{f.f_lineno} ({getattr(code, 'co_qualname', code.co_name)})"
         f = f.f_back
-    if f is None:
-        return "<unknown>"
-    code = f.f_code
-    return f"{code.co_filename}:{f.f_lineno} ({getattr(code, 'co_qualname', code.co_name)})"
+    return "<unknown>"
 
 
 class Profiler:
@@ -109,10 +117,10 @@ class Profiler:
         self.device = device
         self.call_sites = _args.flag(call_sites, "call_sites")
         self.records: dict[str, Record] = {}
-        self.log: list[LogEntry] = []
+        self._log: list[tuple[str, float, int, int, str, str]] = []  # LogEntry fields, made on demand
         self._live: dict[int, tuple[int, str, str]] = {}  # ptr -> (size, site, record)
         self._scopes = threading.local()
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
         self._t0 = 0.0
         self._wrapped: list[tuple[str, Any]] = []  # (method, what the instance had before)
         self._top = _Scope(TOP)
@@ -170,14 +178,17 @@ class Profiler:
             outer.peak = max(outer.peak, outer.current + inner.peak)
             outer.current += inner.current
             outer.total += inner.total
-            self._finish(inner)
+            self._finish_locked(inner)
 
     def _finish(self, scope: _Scope) -> None:
         with self._lock:
-            rec = self.records.setdefault(scope.name, Record(scope.name))
-            rec.calls += 1
-            rec.peak_bytes = max(rec.peak_bytes, scope.peak)
-            rec.total_bytes += scope.total
+            self._finish_locked(scope)
+
+    def _finish_locked(self, scope: _Scope) -> None:
+        rec = self._record(scope.name)
+        rec.calls += 1
+        rec.peak_bytes = max(rec.peak_bytes, scope.peak)
+        rec.total_bytes += scope.total
 
     def block(self, name: str) -> Any:
         """A named block of this profiler only (``npumem.profile(name)`` marks every active one)."""
@@ -186,16 +197,21 @@ class Profiler:
 
     # -- recording -----------------------------------------------------------------------------
 
+    def _record(self, name: str) -> Record:
+        rec = self.records.get(name)
+        if rec is None:
+            rec = self.records[name] = Record(name)
+        return rec
+
     def _on_alloc(self, ptrs: list[int], sizes: list[int]) -> None:
         site = _call_site() if self.call_sites else "<off>"
-        stack = self._stack()
-        scope = stack[-1]
+        scope = self._stack()[-1]
         now = time.perf_counter() - self._t0
         with self._lock:
-            rec = self.records.setdefault(scope.name, Record(scope.name))
+            rec = self._record(scope.name)
             for ptr, size in zip(ptrs, sizes, strict=True):
                 self._live[ptr] = (size, site, scope.name)
-                self.log.append(LogEntry("ALLOC", now, ptr, size, site, scope.name))
+                self._log.append(("ALLOC", now, ptr, size, site, scope.name))
                 rec.allocs += 1
                 scope.current += size
                 scope.total += size
@@ -206,10 +222,10 @@ class Profiler:
         scope = self._stack()[-1]
         now = time.perf_counter() - self._t0
         with self._lock:
-            rec = self.records.setdefault(scope.name, Record(scope.name))
+            rec = self._record(scope.name)
             for ptr in ptrs:
                 size, _, _ = self._live.pop(ptr, (0, "", ""))
-                self.log.append(LogEntry("FREE", now, ptr, size, site, scope.name))
+                self._log.append(("FREE", now, ptr, size, site, scope.name))
                 rec.frees += 1
                 scope.current -= size
 
@@ -217,7 +233,7 @@ class Profiler:
         @functools.wraps(inner)
         def malloc(size: Any, *args: Any, **kwargs: Any) -> int:
             ptr = inner(size, *args, **kwargs)
-            self._on_alloc([ptr], [_args.size(size, "size")])
+            self._on_alloc([ptr], [size if type(size) is int else _args.size(size, "size")])
             return ptr
 
         return malloc
@@ -251,22 +267,33 @@ class Profiler:
 
     # -- results -------------------------------------------------------------------------------
 
+    @property
+    def log(self) -> list[LogEntry]:
+        """The ALLOC/FREE log so far, oldest first."""
+        with self._lock:
+            return [LogEntry(*e) for e in self._log]
+
     def leaks(self) -> list[Leak]:
         """The allocations not freed (so far), grouped by call site and record, most bytes first."""
         with self._lock:
-            groups: dict[tuple[str, str], Leak] = {}
-            for ptr, (size, site, rec) in self._live.items():
-                leak = groups.setdefault((site, rec), Leak(site, rec, 0, 0))
-                leak.count += 1
-                leak.bytes += size
-                leak.ptrs.append(ptr)
+            return self._leaks_locked()
+
+    def _leaks_locked(self) -> list[Leak]:
+        groups: dict[tuple[str, str], Leak] = {}
+        for ptr, (size, site, rec) in self._live.items():
+            leak = groups.get((site, rec))
+            if leak is None:
+                leak = groups[site, rec] = Leak(site, rec, 0, 0)
+            leak.count += 1
+            leak.bytes += size
+            leak.ptrs.append(ptr)
         return sorted(groups.values(), key=lambda k: (-k.bytes, k.site))
 
     def report(self) -> dict[str, Any]:
         """Records (most total bytes first) and leaks, as plain data."""
         with self._lock:
             records = sorted(self.records.values(), key=lambda r: (-r.total_bytes, r.name))
-            return {"records": [asdict(r) for r in records], "leaks": [asdict(k) for k in self.leaks()]}
+            return {"records": [asdict(r) for r in records], "leaks": [asdict(k) for k in self._leaks_locked()]}
 
     def table(self) -> str:
         """The records and the leaks as a text table."""
@@ -307,8 +334,8 @@ class Profiler:
         w = csv.writer(out, lineterminator="\n")
         w.writerow(["op", "time", "ptr", "size", "site", "record"])
         with self._lock:
-            for e in self.log:
-                w.writerow([e.op, f"{e.time:.9f}", hex(e.ptr), e.size, e.site, e.record])
+            for op, t, ptr, size, site, rec in self._log:
+                w.writerow([op, f"{t:.9f}", hex(ptr), size, site, rec])
         return _written(out.getvalue(), path)
 
 
