@@ -64,6 +64,35 @@ def test_leak_finder_names_the_sites_whose_frees_never_came():
     assert [e["op"] for e in log].count("ALLOC") == 6 and [e["op"] for e in log].count("FREE") == 3
     assert all(e["site"].startswith(__file__) for e in log)
     assert "never freed:" in prof.table() and "2 x" in prof.table()
+    entries = prof.log
+    assert [(e.op, e.size) for e in entries[:2]] == [("ALLOC", 1000), ("FREE", 1000)]
+    assert entries[0].ptr == entries[1].ptr and entries[0].time <= entries[1].time
+
+
+def test_threads_share_one_profiler():
+    import threading
+
+    dev = Device("1GiB")
+
+    def work(i):
+        with npumem.profile(f"thread{i}"):
+            ptrs = [dev.malloc(4096 * (i + 1)) for _ in range(50)]
+            for p in ptrs:
+                dev.free(p)
+
+    with npumem.profiler(dev, call_sites=False) as prof:
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    recs = {r["name"]: r for r in prof.report()["records"]}
+    for i in range(4):
+        r = recs[f"thread{i}"]
+        assert (r["allocs"], r["frees"], r["total_bytes"]) == (50, 50, 50 * 4096 * (i + 1))
+        assert r["peak_bytes"] == 50 * 4096 * (i + 1)
+    assert recs[TOP]["total_bytes"] == sum(50 * 4096 * (i + 1) for i in range(4))
+    assert not prof.leaks() and len(prof.log) == 400
 
 
 @given(st.lists(st.tuples(st.booleans(), st.integers(1, 4 * MiB)), max_size=30))

@@ -176,3 +176,16 @@ def test_measure_reads_pytorch_device_traces():
     assert tl.events == 4 and tl.peak_live == 3 * MiB and tl.live_blocks == [0]
     only_requested = [e for e in trace if e["action"] != "free_completed"]
     assert workloads.measure(only_requested, "npumem", windows=2).live_blocks[-1] == 0
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_npumem_reserves_no_more_than_the_caching_families(name):
+    """On every generated workload the npumem pool's peak reserved is at most PyTorch's and
+    torch_npu's rules' (the caching families reserve 10-80% more on these small versions)."""
+    events = workloads.generate(name, **SMALL[name])
+    peak = peak_live_bytes(events)
+    reserved = {
+        f: replay(events, {"capacity": 4 * peak + 1024 * MiB, "allocator": f}).peak_reserved
+        for f in ("npumem", "pytorch", "torch_npu")
+    }
+    assert reserved["npumem"] <= min(reserved["pytorch"], reserved["torch_npu"]), reserved

@@ -316,6 +316,7 @@ def dynamic_shape_inference(
     b = _dtype(dtype_bytes)
     rng = _seed(seed)
     t = _Trace()
+    # Parameter counts: conv1, res2-res5 (ResNet-50), FPN, box head fc6 (256x7x7 -> 1024), fc7 + outputs.
     weights = [t.alloc(c * b) for c in (9408, 215808, 1219584, 7098368, 14964736, 3344384, 12845056, 1460000)]
     for _ in range(batches):
         short = rng.randrange(s_lo, s_hi + 1) // 32 * 32 or 32
