@@ -107,6 +107,14 @@ def test_cli_runs_prints_and_saves(tmp_path, capsys):
     assert rep["allocator"] == "torch_npu" and rep["trace"] == str(out) and rep["evaluations"] == 25
 
 
+def test_cli_oom_objective(tmp_path, capsys):
+    out = tmp_path / "oom.json"
+    argv = ["stress", "--allocator", "pytorch", "--objective", "oom", "--capacity", "256MiB"]
+    assert cli.main([*argv, "--evaluations", "15", "--out", str(out), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["objective"] == "oom" and rep["score"] > 0 and out.exists()
+
+
 @pytest.mark.parametrize(
     ("argv", "word"),
     [
@@ -124,8 +132,8 @@ def test_cli_runs_prints_and_saves(tmp_path, capsys):
         ([], "--allocator"),
     ],
 )
-def test_cli_errors_are_one_line_and_status_2(tmp_path, capsys, argv, word):
-    os.chdir(tmp_path)
+def test_cli_errors_are_one_line_and_status_2(tmp_path, capsys, monkeypatch, argv, word):
+    monkeypatch.chdir(tmp_path)
     assert cli.main(["stress", *argv]) == 2
     out, err = capsys.readouterr()
     assert "Traceback" not in out + err and word in err
