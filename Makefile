@@ -8,7 +8,7 @@ STAMP := $(VENV)/.deps-stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run test build wheel lint test-rust test-loom test-python fuzz miri bench bench-replay bench-streams bench-plan bench-fastpath bench-pools bench-host bench-pagesize validate-tlb sweep-demo clean
+.PHONY: run test build wheel lint test-rust test-loom test-python fuzz miri bench bench-replay bench-streams bench-plan bench-fastpath bench-pools bench-host bench-pagesize validate-tlb sweep-demo bench-workloads bench-stress clean
 
 run: build
 	npumem demo
@@ -37,8 +37,8 @@ wheel: build
 lint: $(STAMP)
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -q -- -D warnings
-	ruff check python tests benches fuzz
-	ruff format --check python tests benches fuzz
+	ruff check python tests benches fuzz examples
+	ruff format --check python tests benches fuzz examples
 
 # npumem-fuzz replays the kept fuzz inputs (fuzz/regressions) through the fuzz harnesses.
 test-rust:
@@ -114,6 +114,15 @@ sweep-demo: build
 	npumem sweep examples/sweeps/demo.toml --out $(SWEEP_DEMO) --workers 2
 	npumem report $(SWEEP_DEMO) --out $(SWEEP_DEMO)/report.html \
 		$(if $(wildcard target/bench-pagesize.json),--host-pagesize target/bench-pagesize.json)
+
+# Issue #16: every generated workload on every family, and per-allocation latency as the pool
+# of a long-running service grows; the fragmentation search against every family.
+bench-workloads: build
+	python benches/bench_workloads.py
+
+STRESS_EVALUATIONS ?= 1500
+bench-stress: build
+	python benches/bench_stress.py --evaluations $(STRESS_EVALUATIONS)
 
 clean:
 	rm -rf $(VENV) target python/npumem/*.so python/npumem/npumem.h fuzz/target

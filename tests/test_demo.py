@@ -14,7 +14,7 @@ def test_demo_runs_every_section():
     demo.run(out=out)
     text = out.getvalue()
     sections = re.findall(r"^(\d+)\. ", text, re.M)
-    assert sections == [str(i) for i in range(1, 11)]
+    assert sections == [str(i) for i in range(1, 12)]
     assert "7. Graph planning" in text and "8. Host memory pool" in text
     assert "owned by 'npumem_host_pool' (ok)" in text
     assert "9. Device allocation at Python speed" in text and "is caught as use after free" in text
@@ -78,3 +78,25 @@ def test_host_section_without_huge_pages(monkeypatch):
     text = host_section()
     assert "HUGE_ONLY fails (out of memory)" in text and "echo 64 > /proc/sys/vm/nr_hugepages" in text
     assert re.search(r"^\s+npumem\s+second\s+[\d.]+\s+0\s+0\s+0$", text, re.M)
+
+
+def test_generated_workload_section_with_and_without_matplotlib(tmp_path, monkeypatch):
+    out = io.StringIO()
+    png = tmp_path / "timeline.png"
+    assert demo.generated_workload(out, str(png)) == []
+    text = out.getvalue()
+    ratios = {m[1]: float(m[2]) for m in re.finditer(r"^\s+(\w+)\s+[\d.]+\wiB\s+[\d.]+\wiB\s+([\d.]+)x$", text, re.M)}
+    assert set(ratios) == {"direct", "pytorch", "torch_npu", "npumem"}
+    assert ratios["npumem"] < 1.05 < 1.3 < min(ratios["pytorch"], ratios["torch_npu"])
+    assert png.read_bytes()[:4] == b"\x89PNG" and f"Timeline: {png}" in text
+    # Without matplotlib: a one-line hint back, and the rest of the section kept.
+    from npumem import _optional
+
+    def missing(module, purpose):
+        raise _optional.MissingDependencyError(f"{purpose} needs matplotlib, which is not installed")
+
+    monkeypatch.setattr(_optional, "require", missing)
+    out = io.StringIO()
+    hints = demo.generated_workload(out, str(tmp_path / "other.png"))
+    assert len(hints) == 1 and "matplotlib" in hints[0]
+    assert "(no timeline plot: matplotlib is not installed)" in out.getvalue() and "npumem    |" in out.getvalue()

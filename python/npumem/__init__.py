@@ -3,8 +3,9 @@ in Rust, driven from Python.
 
 ``import npumem`` loads the device and its errors; the other modules (``npumem.plan``,
 ``npumem.graph``, ``npumem.replay``, ``npumem.tlb``, ``npumem.traces``, ``npumem.importers``,
-``npumem.patterns``, ``npumem.hostpool``, ``npumem.capi``, ...) load on first use, so ``npumem.plan.Problem``
-works without an import of its own and the package stays quick to import.
+``npumem.patterns``, ``npumem.hostpool``, ``npumem.capi``, ``npumem.workloads``, ``npumem.testing``,
+``npumem.stress``, ...) load on first use, as do ``npumem.profiler`` and ``npumem.profile``; so
+``npumem.plan.Problem`` works without an import of its own and the package stays quick to import.
 """
 
 from __future__ import annotations
@@ -65,23 +66,32 @@ _SUBMODULES = frozenset(
         "patterns",
         "pipelines",
         "plan",
+        "profiling",
         "replay",
         "report",
         "sanitizer",
+        "stress",
         "sweep",
+        "testing",
         "tlb",
         "torch_graphs",
         "traces",
         "units",
+        "workloads",
     }
 )
+
+#: Functions loaded on first use from a submodule: ``npumem.profiler(dev)``, ``@npumem.profile``.
+_LAZY_FUNCTIONS = {"profiler": "profiling", "profile": "profiling"}
 
 
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
         return importlib.import_module(f".{name}", __name__)
+    if name in _LAZY_FUNCTIONS:
+        return getattr(importlib.import_module(f".{_LAZY_FUNCTIONS[name]}", __name__), name)
     raise AttributeError(f"module 'npumem' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | _SUBMODULES)
+    return sorted(set(globals()) | _SUBMODULES | set(_LAZY_FUNCTIONS))

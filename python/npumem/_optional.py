@@ -1,6 +1,7 @@
 """Optional dependencies (matplotlib for plots, torch for model graphs, Dask and pyarrow for
-sweeps): imported only when a function needs one, and a missing one is a
-:class:`MissingDependencyError` whose message is the one-line install hint. Nothing else of npumem needs them."""
+sweeps, hypothesis for npumem.testing): imported only when a function needs one, and a missing one is a
+:class:`MissingDependencyError` whose message is the one-line install hint. Nothing else of
+npumem needs them."""
 
 from __future__ import annotations
 
@@ -13,7 +14,14 @@ class MissingDependencyError(ImportError):
 
 
 #: Optional module -> the extra of the npumem package that installs it.
-EXTRAS = {"matplotlib": "plot", "torch": "torch", "distributed": "sweep", "pyarrow": "sweep", "tomli": "sweep"}
+EXTRAS = {
+    "matplotlib": "plot",
+    "torch": "torch",
+    "distributed": "sweep",
+    "pyarrow": "sweep",
+    "tomli": "sweep",
+    "hypothesis": "testing",
+}
 
 
 def require(module: str, purpose: str) -> ModuleType:

@@ -1,7 +1,8 @@
 """The ``npumem`` command line (also ``python -m npumem``): ``npumem demo`` runs the main job on
 the simulated device, ``npumem tlb sweep`` tabulates the TLB model, ``npumem plan`` plans a
-problem CSV or a saved graph, ``npumem sweep`` runs a sweep config on Dask and ``npumem report``
-makes a self-contained HTML report of its results.
+problem CSV or a saved graph, ``npumem sweep`` runs a sweep config on Dask, ``npumem report``
+makes a self-contained HTML report of its results, and ``npumem stress`` searches for the workload
+that fragments an allocator family the most (:mod:`npumem.cli_stress`).
 
 Exit status, one meaning each:
   0    done
@@ -202,6 +203,9 @@ def _parser() -> argparse.ArgumentParser:
         "model (default: DIR/host_pagesize.json when present)",
     )
     rp.set_defaults(run=_report)
+    from .cli_stress import add_parser as add_stress
+
+    add_stress(sub)
     return parser
 
 

@@ -26,6 +26,7 @@ from .pipelines import double_buffered, render_timeline, scratch_loop
 from .replay import min_capacity, peak_live_bytes, replay
 from .traces import transformer_training
 from .units import fmt
+from .workloads import dynamic_shape_inference
 
 _RULE = "-" * 96
 #: Device sizes the fragmentation story runs on (it fills the device with small allocations).
@@ -309,6 +310,8 @@ def run(
     host_pool(out)
     fast_path(out)
     host_memory(out)
+    timeline_path = os.path.join(os.path.dirname(plot_path) or ".", "timeline.png") if plot_path else None
+    missing += generated_workload(out, timeline_path)
     return missing
 
 
@@ -531,3 +534,57 @@ def host_memory(out: TextIO) -> None:
             "  Huge pages: none free in the kernel's hugetlb pool, so HUGE_ONLY fails (out of memory) and\n"
             "  HUGE_FIRST falls back to 4 KiB pages; reserve some as root: echo 64 > /proc/sys/vm/nr_hugepages\n\n"
         )
+
+
+#: Glyphs of the text timeline, lowest to highest.
+_BARS = " ▁▂▃▄▅▆▇█"
+
+
+def _spark(values: Sequence[int], top: int) -> str:
+    return "".join(_BARS[min(len(_BARS) - 1, round(v / top * (len(_BARS) - 1)))] for v in values)
+
+
+def generated_workload(out: TextIO, plot_path: str | None) -> list[str]:
+    """One generated workload (the detector at batch 8 whose shapes change every batch) replayed
+    on every family, with the allocated-vs-reserved timeline as text and, with matplotlib, a PNG."""
+    from .workloads import measure, plot_timelines
+
+    out.write(
+        f"{_RULE}\n11. A generated workload on every family: dynamic-shape detection at batch 8 (npumem.workloads)\n"
+        f"{_RULE}\n"
+    )
+    events = dynamic_shape_inference(batches=16, seed=0)
+    peak = peak_live_bytes(events)
+    families = ["direct", "pytorch", "torch_npu", "npumem"]
+    timelines = [measure(events, fam, windows=64) for fam in families]
+    out.write(
+        f"  dynamic_shape_inference(batches=16): a ResNet-50 + FPN detector, 16 batches of 8 images whose padded\n"
+        f"  size changes every batch; {len(events):,} events, peak live {fmt(peak)}. Replayed on a roomy device.\n\n"
+    )
+    rows = [
+        [tl.allocator, fmt(tl.peak_allocated), fmt(tl.peak_reserved), f"{tl.peak_reserved / peak:.2f}x"]
+        for tl in timelines
+    ]
+    _table(out, ["allocator", "peak allocated", "peak reserved", "reserved / live"], rows)
+    top = max(tl.peak_reserved for tl in timelines)
+    out.write(
+        f"\n  Reserved (upper row) and allocated (lower row) over the trace, one column per window (top {fmt(top)}):\n"
+    )
+    for tl in timelines:
+        out.write(f"  {tl.allocator:<10}|{_spark(tl.reserved, top)}|\n  {'':<10}|{_spark(tl.allocated, top)}|\n")
+    out.write(
+        "\n  'direct' caches nothing: reserved is allocated, and every malloc maps pages. The caching\n"
+        "  families keep each batch's odd-sized blocks cached in segments the next batch's shapes cannot\n"
+        "  reuse, so reserved climbs in steps well above the peak allocated. The npumem pool keeps its\n"
+        "  pages mapped too, but remaps idle ones under new ranges: reserved plateaus at the peak.\n"
+    )
+    missing = []
+    if plot_path:
+        try:
+            plot_timelines(timelines, plot_path, title="dynamic-shape detection, batch 8: allocated vs reserved")
+            out.write(f"  Timeline: {plot_path}\n")
+        except MissingDependencyError as e:
+            out.write("  (no timeline plot: matplotlib is not installed)\n")
+            missing.append(str(e))
+    out.write("\n")
+    return missing
