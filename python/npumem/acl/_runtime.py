@@ -177,6 +177,9 @@ class Runtime:
         self.physical: dict[int, tuple[int, int, str]] = {}
         self.reservations: dict[int, tuple[int, str]] = {}
         self.peers: set[tuple[int, int]] = set()
+        #: (device, native stream) of a queued cross-device copy -> the other devices, whose peer
+        #: streams carry its other side: synchronising that stream completes them too.
+        self.peer_pending: dict[tuple[int, int], set[int]] = {}
         self.ipc: dict[str, IpcKey] = {}
         self.misuse: list[str] = []
 
@@ -251,6 +254,17 @@ class Runtime:
         self.contexts.pop(ctx.handle, None)
         if ctx.default:
             self.default_contexts.pop(ctx.device, None)
+
+    def settle_peers(self, device: int, stream: int | None = None) -> None:
+        """After the program waited for ``stream`` of ``device`` (None: all its work), the other
+        sides of the cross-device copies queued there are complete too."""
+        for key in [k for k in self.peer_pending if k[0] == device and stream in (None, k[1])]:
+            for other in self.peer_pending.pop(key):
+                dev = self.sys().device(other)
+                try:
+                    dev.synchronize_stream(self.sys().peer_stream(other))
+                except AclError as e:
+                    self.misuse.append(f"completing a peer copy on device {other}: {e.message}")
 
     # ----- where an address lives -----
 

@@ -292,7 +292,10 @@ def synchronize_device() -> int:
     ctx = RT.current()
     if ctx is None:
         return _no_context("synchronize_device")
-    return _native(RT.sys().device(ctx.device).synchronize_device)[1]
+    _, ret = _native(RT.sys().device(ctx.device).synchronize_device)
+    if ret == 0:
+        RT.settle_peers(ctx.device)
+    return ret
 
 
 # ----- device memory -----
@@ -493,6 +496,9 @@ def _peer_copy(dst: int, b: int, src: int, a: int, count: int, stream: Stream | 
     if ret == 0 and stream is None:
         for x, q in queues.items():
             _native(s.device(x).synchronize_stream, q)
+    elif stream is not None:
+        others = {x for x in (a, b) if x != stream.device}
+        RT.peer_pending.setdefault((stream.device, stream.native), set()).update(others)
     return ret
 
 
@@ -861,7 +867,14 @@ def synchronize_stream(stream: Any) -> int:
     s = _stream(_k(stream, "synchronize_stream", "stream"), "synchronize_stream")
     if isinstance(s, int):
         return s
-    return _native(RT.sys().device(s.device).synchronize_stream, s.native)[1]
+    return _sync_stream(s)
+
+
+def _sync_stream(s: Stream) -> int:
+    _, ret = _native(RT.sys().device(s.device).synchronize_stream, s.native)
+    if ret == 0:
+        RT.settle_peers(s.device, s.native)
+    return ret
 
 
 @_locked
@@ -871,7 +884,7 @@ def synchronize_stream_with_timeout(stream: Any, timeout: Any) -> int:
     s = _stream(_k(stream, "synchronize_stream_with_timeout", "stream"), "synchronize_stream_with_timeout")
     if isinstance(s, int):
         return s
-    return _native(RT.sys().device(s.device).synchronize_stream, s.native)[1]
+    return _sync_stream(s)
 
 
 def _create_event(fn: str) -> tuple[int, int]:
@@ -956,7 +969,10 @@ def synchronize_event(event: Any) -> int:
     e = _event(event, "synchronize_event")
     if isinstance(e, int):
         return e
-    return _native(RT.sys().device(e.device).synchronize_event, e.native)[1]
+    _, ret = _native(RT.sys().device(e.device).synchronize_event, e.native)
+    if ret == 0:
+        RT.settle_peers(e.device)
+    return ret
 
 
 @_locked
