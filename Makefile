@@ -37,8 +37,8 @@ wheel: build
 lint: $(STAMP)
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -q -- -D warnings
-	ruff check python tests benches fuzz
-	ruff format --check python tests benches fuzz
+	ruff check python tests benches fuzz examples
+	ruff format --check python tests benches fuzz examples
 
 # npumem-fuzz replays the kept fuzz inputs (fuzz/regressions) through the fuzz harnesses.
 test-rust:

@@ -3,9 +3,8 @@
 python -m npumem.run examples/pyacl/dvpp_async.py
 """
 
-import numpy as np
-
 import acl
+import numpy as np
 
 ACL_MEMCPY_HOST_TO_DEVICE = 1
 ACL_MEMCPY_DEVICE_TO_HOST = 2

@@ -6,9 +6,8 @@ python -m npumem.run examples/pyacl/ipc_export_import.py
 
 import threading
 
-import numpy as np
-
 import acl
+import numpy as np
 
 ACL_MEM_MALLOC_HUGE_FIRST = 0
 ACL_MEMCPY_HOST_TO_DEVICE = 1

@@ -3,9 +3,8 @@
 Run it on npumem's simulated devices, unchanged:  python -m npumem.run examples/pyacl/memory_copy.py
 """
 
-import numpy as np
-
 import acl
+import numpy as np
 
 # pyACL exports no constants: programs define their own.
 ACL_MEM_MALLOC_HUGE_FIRST = 0

@@ -3,9 +3,8 @@
 python -m npumem.run examples/pyacl/p2p_copy.py
 """
 
-import numpy as np
-
 import acl
+import numpy as np
 
 ACL_MEM_MALLOC_HUGE_FIRST = 0
 ACL_MEMCPY_HOST_TO_DEVICE = 1
