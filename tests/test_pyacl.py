@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import npumem.acl as acl
-from npumem.acl._runtime import RT
+from npumem.acl._runtime import LOCK, RT
 
 MiB = 1 << 20
 H2H, H2D, D2H, D2D = 0, 1, 2, 3
@@ -19,12 +19,8 @@ HUGE_FIRST, NORMAL_ONLY = 0, 2
 
 
 def reset() -> None:
-    with acl._runtime.LOCK:
-        if RT.initialized:
-            RT.initialized = False
-        RT.shutdown()
-        RT.config = None
-        RT.default_device = None
+    with LOCK:
+        RT.forget()
 
 
 @pytest.fixture

@@ -20,10 +20,7 @@ SCRATCH = 8192
 
 def reset() -> None:
     with LOCK:
-        RT.initialized = False
-        RT.shutdown()
-        RT.config = None
-        RT.default_device = None
+        RT.forget()
 
 
 class Program(RuleBasedStateMachine):

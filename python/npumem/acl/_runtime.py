@@ -207,6 +207,13 @@ class Runtime:
         self.reset_tables()
         self.thread = _Thread()
 
+    def forget(self) -> None:
+        """Back to the state of a fresh process: no system, no settings, not initialised."""
+        self.shutdown()
+        self.initialized = False
+        self.config = None
+        self.default_device = None
+
     # ----- errors -----
 
     def fail(self, code: int, message: str) -> int:
