@@ -568,3 +568,62 @@ def test_install_makes_import_acl_resolve():
     finally:
         layer.uninstall()
     assert "acl" not in sys.modules
+
+
+# ----- more calls, and the host backend -----
+
+
+def test_more_calls(system):
+    ev, ret = acl.rt.create_event_with_flag(0x8)
+    assert ret == 0
+    s, _ = acl.rt.create_stream()
+    assert acl.rt.synchronize_stream_with_timeout(s, 1000) == 0
+    dev, _ = acl.rt.malloc(256, HUGE_FIRST)
+    assert acl.rt.memset_async(dev, 256, 0x5A, 256, s) == 0
+    other, _ = acl.rt.malloc(256, HUGE_FIRST)
+    assert acl.rt.memcpy_async(other, 256, dev, 256, D2D, s) == 0
+    assert acl.rt.record_event(ev, s) == 0
+    assert acl.rt.synchronize_event(ev) == 0
+    assert dev_bytes(other, 4) == b"\x5a" * 4
+    a, b = np.arange(8, dtype=np.uint8), np.zeros(8, np.uint8)
+    assert acl.rt.memcpy_async(b.ctypes.data, 8, a.ctypes.data, 8, H2H, s) == 0  # pageable H2H
+    assert np.array_equal(a, b)
+    # A malloc_host block of device 0 copied to device 1 (pinned memory is any device's host memory).
+    host, _ = acl.rt.malloc_host(64)
+    ctypes.memset(host, 0x11, 64)
+    acl.rt.set_device(1)
+    d1, _ = acl.rt.malloc(64, HUGE_FIRST)
+    assert acl.rt.memcpy(d1, 64, host, 64, H2D) == 0
+    assert dev_bytes(d1, 2) == b"\x11\x11"
+    assert acl.rt.free(d1) == 0
+    assert acl.rt.reset_device_force(1) == 0
+    assert acl.rt.get_device() == (0, 107002)
+    acl.rt.set_device(0)
+    assert acl.rt.destroy_event(ev) == 0 and acl.rt.destroy_stream(s) == 0
+    for p in (dev, other):
+        assert acl.rt.free(p) == 0
+    assert acl.rt.free_host(host) == 0
+    assert acl.rt.memset(0, 8, 0, 8) == 100000
+    assert acl.rt.memset(dev, 4, 0, 8) == 107000
+    assert acl.rt.memset(dev, 8, 0, 0) == 0
+    assert acl.rt.device_get_bare_tgid()[1] == 0
+    assert acl.get_recent_err_msg()  # the last failure's message
+    assert acl.report()["allocations"] == []
+
+
+def test_host_backend_system():
+    reset()
+    try:
+        acl.configure(devices=2, capacity="256MiB", backend="host")
+        assert acl.init() == 0
+        assert acl.rt.set_device(1) == 0
+        p, ret = acl.rt.malloc(4096, HUGE_FIRST)
+        assert ret == 0
+        assert acl.rt.pointer_get_attributes(p)[0]["location"] == {"id": 1, "type": 1}
+        put(p, b"real")
+        assert dev_bytes(p, 4) == b"real"
+        assert acl.util.ptr_to_bytes(p, 4) == b"real"  # host-backend device memory is process memory
+        assert acl.rt.free(p) == 0
+        assert acl.finalize() == 0
+    finally:
+        reset()
