@@ -94,7 +94,9 @@ def test_devices_and_contexts(system):
     assert ret == 0 and ctx != ctx0
     assert acl.rt.get_device() == (2, 0) and acl.rt.get_context() == (ctx, 0)
     assert acl.rt.set_context(ctx0) == 0 and acl.rt.get_device() == (0, 0)
+    assert [c["context"] for c in acl.report()["contexts"]] == [ctx]
     assert acl.rt.destroy_context(ctx) == 0
+    assert acl.report()["contexts"] == []
     assert acl.rt.destroy_context(ctx) == 107000
     assert acl.rt.set_context(ctx) == 107000
     assert acl.rt.destroy_context(ctx0) == 107000  # a default context goes with reset_device
@@ -144,6 +146,10 @@ def test_malloc_free_shapes_and_codes(system):
     assert acl.rt.malloc_cached(100, 3) == (0, 100000)  # cached takes 0, 1, 2, 6 only
     pb, ret = acl.rt.malloc(64, 0x1000 | HUGE_FIRST)  # bandwidth bits are accepted
     assert ret == 0
+    pw, ret = acl.rt.malloc_with_cfg(64, HUGE_FIRST, {})
+    assert ret == 0 and acl.rt.free(pw) == 0
+    with pytest.raises(TypeError):
+        acl.rt.malloc_with_cfg(64, HUGE_FIRST, None)
     assert acl.rt.malloc(2 << 40, HUGE_FIRST) == (0, 207001)
     for p in (ptr, p32, pc, pb):
         assert acl.rt.free(p) == 0
@@ -422,8 +428,19 @@ def test_sanitizer_follows_cross_device_copies(system):
     assert any(m.startswith("device 0: use_after_free") and "test_pyacl.py" in m for m in misuse), misuse
     acl.rt.set_device(1)
     acl.rt.synchronize_stream(s)
+    # The destination, freed while a copy into it is queued, on device 1's side this time.
+    acl.rt.set_device(0)
+    a, _ = acl.rt.malloc(4 * MiB, HUGE_FIRST)
+    acl.rt.set_device(1)
+    assert acl.rt.memcpy_async(b, 4 * MiB, a, 4 * MiB, D2D, s) == 0
+    before = len(acl.report()["misuse"])
+    assert acl.rt.free(b) == 0
+    misuse = acl.report()["misuse"][before:]
+    assert any(m.startswith("device 1: use_after_free") for m in misuse), misuse
+    acl.rt.synchronize_stream(s)
     acl.rt.destroy_stream(s)
-    acl.rt.free(b)
+    acl.rt.set_device(0)
+    acl.rt.free(a)
 
 
 # ----- VMM -----

@@ -248,5 +248,36 @@ class Program(RuleBasedStateMachine):
             assert ret == 0
             entry[1][:count] = data
 
+    @rule(
+        dst=st.one_of(device_bufs, host_bufs),
+        src=st.one_of(device_bufs, host_bufs),
+        count=st.integers(1, 2000),
+        kind=st.sampled_from([0, 1, 2, 3, 4]),
+    )
+    def copy_async_then_sync(self, dst, src, count, kind):
+        """memcpy_async on the default stream between any two buffers (queued where both ends
+        are one device's), then synchronize_stream: the bytes have landed."""
+        ret = acl.rt.memcpy_async(dst, count, src, count, kind, 0)
+        if self.current is None:
+            assert ret == 107002
+            return
+        assert acl.rt.synchronize_stream(0) == 0
+        if dst == 0 or src == 0:
+            assert ret == 100000
+            return
+        if dst == src:
+            assert ret == 0
+            return
+        ends = [self.mem.get(dst), self.mem.get(src)]
+        if any(e is None for e in ends) or not (self._range_ok(dst, 0, count) and self._range_ok(src, 0, count)):
+            assert ret == 107000
+            return
+        devices = {e[0] for e in ends if e[0] >= 0} - {self.current}
+        if any((self.current, d) not in self.peers for d in devices):
+            assert ret == 107000
+            return
+        assert ret == 0
+        self.mem[dst][1][:count] = self.mem[src][1][:count]
+
 
 TestProgram = Program.TestCase

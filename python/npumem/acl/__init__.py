@@ -144,7 +144,8 @@ def uninstall() -> None:
 
 def report() -> dict[str, Any]:
     """What the program left behind and what it did wrong so far: ``allocations`` (device memory
-    never freed, with the ``site`` that allocated it), ``host_blocks``, ``streams``, ``events``,
+    never freed, with the ``site`` that allocated it), ``host_blocks``, ``contexts`` (made by
+    create_context), ``streams``, ``events``,
     ``reservations``, ``physical`` handles and ``ipc_keys`` still open, and ``misuse`` (the
     sanitizer's findings on every device, e.g. a host buffer freed while a queued copy reads it,
     and the layer's own, e.g. memory freed while exported)."""
@@ -155,6 +156,7 @@ def report() -> dict[str, Any]:
                 for p, a in sorted(RT.allocs.items())
             ],
             "host_blocks": [{"ptr": p, "size": b.size, "site": b.site} for p, b in sorted(RT.host_blocks.items())],
+            "contexts": [{"context": h, "device": c.device} for h, c in sorted(RT.contexts.items()) if not c.default],
             "streams": [{"stream": h, "device": s.device, "site": s.site} for h, s in sorted(RT.streams.items())],
             "events": [{"event": h, "device": e.device, "site": e.site} for h, e in sorted(RT.events.items())],
             "reservations": [
@@ -185,6 +187,8 @@ def format_report(found: dict[str, Any]) -> str:
         )
     for b in found["host_blocks"]:
         lines.append(f"  leak: {b['size']} bytes of malloc_host memory at {b['ptr']:#x} from {b['site']}")
+    for c in found["contexts"]:
+        lines.append(f"  context {c['context']:#x} of device {c['device']} never destroyed")
     for s in found["streams"]:
         lines.append(f"  stream {s['stream']:#x} of device {s['device']} never destroyed (created at {s['site']})")
     for e in found["events"]:

@@ -70,6 +70,7 @@ __all__ = [
     "malloc_cached",
     "malloc_host",
     "malloc_physical",
+    "malloc_with_cfg",
     "map_mem",
     "mem_get_allocation_granularity",
     "memcpy",
@@ -333,6 +334,15 @@ def _malloc(fn: str, size: Any, policy: Any, api: str, site: str) -> tuple[int, 
 def malloc(size: Any, policy: Any) -> tuple[int, int]:
     """``aclrtMalloc`` on the current device: ``(dev_ptr, ret)``."""
     return _malloc("malloc", size, policy, "malloc", call_site(3))
+
+
+@_locked
+def malloc_with_cfg(size: Any, policy: Any, cfg: Any) -> tuple[int, int]:
+    """``aclrtMallocWithCfg``; ``cfg`` is a dict (``{}``: no configuration), whose settings the
+    simulator has no use for."""
+    if not isinstance(cfg, dict):
+        raise TypeError(f"acl.rt.malloc_with_cfg args parse failed: cfg must be a dict, not {type(cfg).__name__}")
+    return _malloc("malloc_with_cfg", size, policy, "malloc", call_site(3))
 
 
 @_locked
