@@ -116,6 +116,8 @@ class System:
         self.config = config
         self.devices: list[Device | None] = [None] * config.devices
         self._slice = config.slice_bytes()
+        self._sim = config.backend == "sim"
+        self._span = self._slice * config.devices
         #: An internal stream per device for the peer side of cross-device copies.
         self.peer_streams: dict[int, int] = {}
 
@@ -135,11 +137,9 @@ class System:
 
     def locate(self, addr: int) -> int | None:
         """The device whose addresses hold ``addr`` (made or not), or None for host memory."""
-        if self.config.backend == "sim":
+        if self._sim:
             off = addr - _native.VA_WINDOW_START
-            if 0 <= off < self._slice * self.config.devices:
-                return off // self._slice
-            return None
+            return off // self._slice if 0 <= off < self._span else None
         for i, d in self.created():
             lo, hi = d.va_window
             if lo <= addr < hi:

@@ -136,12 +136,14 @@ def _int(value: Any, fn: str, arg: str) -> int:
 
 def _k(value: Any, fn: str, arg: str) -> int:
     """``"k"``/``"K"``: an unsigned 64-bit int, masked without overflow checking."""
+    if type(value) is int and 0 <= value <= _U64:  # the common case, checked quickly
+        return value
     return _int(value, fn, arg) & _U64
 
 
 def _i(value: Any, fn: str, arg: str) -> int:
     """``"i"``: a C int; out of range raises OverflowError."""
-    v = _int(value, fn, arg)
+    v = value if type(value) is int else _int(value, fn, arg)
     if not -(1 << 31) <= v < 1 << 31:
         raise OverflowError(f"acl.rt.{fn}: {arg}={v} does not fit a C int")
     return v
@@ -534,15 +536,15 @@ def _copy(fn: str, dst: int, dst_max: int, src: int, count: int, kind: int, stre
         if stream is None and RT.current() is None:
             return _no_context(fn)
         return _peer_copy(dst, d, src, s_, count, stream)
-    devs = {x for k, x in ((kd, d), (ks, s_)) if k == _DEV}
-    if stream is not None and devs and stream.device not in devs:
-        ret = _peer_ok(stream.device, devs)
-        if ret:
-            return ret
+    if stream is not None and _DEV in (kd, ks):
+        devs = {x for k, x in ((kd, d), (ks, s_)) if k == _DEV}
+        if stream.device not in devs:
+            ret = _peer_ok(stream.device, devs)
+            if ret:
+                return ret
     # Both ends on one device and its own malloc_host blocks: that device does it (queued).
-    owners = {x for k, x in ((kd, d), (ks, s_)) if k != _PAGEABLE}
-    if len(owners) == 1 and _PAGEABLE not in (kd, ks):
-        (owner,) = owners
+    if d == s_ and kd != _PAGEABLE and ks != _PAGEABLE:
+        owner = d
         dev = sys_.device(owner)
         if stream is None:
             return _native(dev.memcpy, dst, dst_max, src, count, kind)[1]
