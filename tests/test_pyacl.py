@@ -644,3 +644,25 @@ def test_host_backend_system():
         assert acl.finalize() == 0
     finally:
         reset()
+
+
+def test_threads_share_the_system(system):
+    """Four threads, each on its own device, allocate, copy and free at once; every pointer
+    lands in its device's slice and every byte arrives."""
+    from conftest import run_in_threads
+
+    def worker(i: int) -> None:
+        assert acl.rt.set_device(i) == 0
+        data = np.full(4096, i + 1, np.uint8)
+        out = np.zeros(4096, np.uint8)
+        for _ in range(50):
+            p, ret = acl.rt.malloc(4096, HUGE_FIRST)
+            assert ret == 0 and acl.rt.pointer_get_attributes(p)[0]["location"]["id"] == i
+            assert acl.rt.memcpy(p, 4096, data.ctypes.data, 4096, H2D) == 0
+            assert acl.rt.memcpy(out.ctypes.data, 4096, p, 4096, D2H) == 0
+            assert np.array_equal(out, data)
+            assert acl.rt.free(p) == 0
+        assert acl.rt.reset_device(i) == 0
+
+    assert run_in_threads(worker, 4) == []
+    assert acl.report()["allocations"] == []

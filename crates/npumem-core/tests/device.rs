@@ -233,3 +233,36 @@ fn va_slices_split_one_address_space() {
         assert_eq!(Device::new(config).err().map(|e| e.code), Some(ErrorCode::InvalidParam));
     }
 }
+
+/// `copy_to_peer` moves bytes between two devices of one address space (in chunks, across page
+/// boundaries), checks both ranges first and changes nothing when either is wrong.
+#[test]
+fn copy_to_peer_moves_bytes_between_devices() {
+    let make = |index| {
+        let sim = SimConfig { capacity: GIB, ..SimConfig::default() };
+        Device::new(DeviceConfig { sim, va_slice: Some((index, 2)), ..Default::default() }).unwrap()
+    };
+    let (mut a, mut b) = (make(0), make(1));
+    let n = 3 * MIB + 123;
+    let src = a.malloc(n, Policy::HugeFirst).unwrap();
+    let dst = b.malloc(n, Policy::HugeFirst).unwrap();
+    let data: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
+    a.write(src, &data).unwrap();
+    b.write(dst, &vec![0xEE; n as usize]).unwrap();
+    a.copy_to_peer(src + 1, &mut b, dst + 5, n - 10).unwrap();
+    let mut out = vec![0u8; n as usize];
+    b.read(dst, &mut out).unwrap();
+    assert_eq!(&out[..5], &[0xEE; 5]);
+    assert_eq!(&out[5..(n - 5) as usize], &data[1..(n - 9) as usize]);
+    assert_eq!(&out[(n - 5) as usize..], &[0xEE; 5]);
+    // Past either allocation, from host memory, or from a freed block: refused, nothing moved.
+    assert!(a.copy_to_peer(src, &mut b, dst + 1, n).is_err());
+    assert!(a.copy_to_peer(src + 1, &mut b, dst, n).is_err());
+    let host = a.malloc_host(64).unwrap();
+    assert!(a.copy_to_peer(host, &mut b, dst, 64).is_err());
+    a.free(src).unwrap();
+    assert!(a.copy_to_peer(src, &mut b, dst, 64).is_err());
+    b.read(dst, &mut out).unwrap();
+    assert_eq!(&out[5..(n - 5) as usize], &data[1..(n - 9) as usize]);
+    a.copy_to_peer(src, &mut b, dst, 0).unwrap();
+}
