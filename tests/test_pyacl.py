@@ -276,11 +276,20 @@ def test_async_from_pageable_completes_before_return(system):
     assert ret == 0 and s
     dev, _ = acl.rt.malloc(MiB, HUGE_FIRST)
     host = np.full(MiB, 3, np.uint8)
+    e0, _ = acl.rt.create_event()
+    e1, _ = acl.rt.create_event()
+    assert acl.rt.record_event(e0, s) == 0
     assert acl.rt.memcpy_async(dev, MiB, host.ctypes.data, MiB, H2D, s) == 0
     host[:] = 4  # the copy has completed: changing the source now changes nothing
+    assert acl.rt.record_event(e1, s) == 0
+    assert acl.rt.query_event(e1) == (0, 0)  # nothing left queued behind it
+    ms, _ = acl.rt.event_elapsed_time(e0, e1)
+    assert ms > 0  # the copy took its time on the stream
     assert acl.rt.synchronize_stream(s) == 0
     assert dev_bytes(dev, 8) == b"\x03" * 8
     acl.rt.free(dev)
+    for e in (e0, e1):
+        acl.rt.destroy_event(e)
     acl.rt.destroy_stream(s)
 
 

@@ -552,16 +552,21 @@ def _copy(fn: str, dst: int, dst_max: int, src: int, count: int, kind: int, stre
             return _native(dev.memcpy_async, dst, dst_max, src, count, kind, stream.native)[1]
     # Pageable memory (or another device's malloc_host block) on one end: synchronous, after
     # the stream's queued work.
-    if stream is not None:
+    # On the stream's own device the copy is queued behind the stream's work and waited for
+    # (it shows on the stream's timeline); otherwise the stream is waited for first.
+    device = d if kd == _DEV else s_ if ks == _DEV else -1
+    on_stream = stream is not None and stream.device == device
+    if stream is not None and not on_stream:
         _, ret = _native(sys_.device(stream.device).synchronize_stream, stream.native)
         if ret:
             return ret
+    queue = stream.native if on_stream else None  # type: ignore[union-attr]
     if kd == _DEV:
         view = memoryview(host_view(src, count)).cast("B")
-        return _native(sys_.device(d).write, dst, view)[1]
+        return _native(sys_.device(d).write, dst, view, queue)[1]
     if ks == _DEV:
         view = memoryview(host_view(dst, count)).cast("B")
-        return _native(sys_.device(s_).read_into, src, view)[1]
+        return _native(sys_.device(s_).read_into, src, view, queue)[1]
     ctypes.memmove(dst, src, count)
     return C.ACL_SUCCESS
 
@@ -648,6 +653,10 @@ def _memset(fn: str, ptr: int, max_count: int, value: int, count: int, stream: S
     if isinstance(w, int):
         return w
     kind, owner = w
+    if stream is not None and kind == _DEV and owner != stream.device:
+        ret = _peer_ok(stream.device, {owner})
+        if ret:
+            return ret
     if kind != _PAGEABLE:
         dev = RT.sys().device(owner)
         if stream is not None and stream.device == owner:
