@@ -211,8 +211,10 @@ def test_kind_leniency(system):
     assert acl.rt.memcpy(out.ctypes.data, 32, host_buffer, 32, D2H) == 0
     assert out.tobytes() == b"x" * 32
     dev, _ = acl.rt.malloc(32, HUGE_FIRST)
-    assert acl.rt.memcpy(dev, 32, host_buffer, 32, D2H) == 0  # really H2D
+    assert acl.rt.memcpy(dev, 32, host_buffer, 32, D2H) == 0  # really H2D, queued natively
     assert dev_bytes(dev, 32) == b"x" * 32
+    found = acl.report()
+    assert found["kind_mismatches"] == 2 and found["misuse"] == []  # legal: counted, not misuse
     acl.rt.free(dev)
     acl.rt.free_host(host_buffer)
 

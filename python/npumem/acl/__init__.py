@@ -146,7 +146,8 @@ def report() -> dict[str, Any]:
     """What the program left behind and what it did wrong so far: ``allocations`` (device memory
     never freed, with the ``site`` that allocated it), ``host_blocks``, ``contexts`` (made by
     create_context), ``streams``, ``events``,
-    ``reservations``, ``physical`` handles and ``ipc_keys`` still open, and ``misuse`` (the
+    ``reservations``, ``physical`` handles and ``ipc_keys`` still open, ``kind_mismatches`` (copies
+    whose kind the addresses contradict: legal, counted), and ``misuse`` (the
     sanitizer's findings on every device, e.g. a host buffer freed while a queued copy reads it,
     and the layer's own, e.g. memory freed while exported)."""
     with LOCK:
@@ -165,17 +166,22 @@ def report() -> dict[str, Any]:
             "physical": [{"handle": h, "device": d, "site": site} for h, (d, _, site) in sorted(RT.physical.items())],
             "ipc_keys": sorted(RT.ipc),
             "misuse": list(RT.misuse),
+            "kind_mismatches": RT.kind_mismatches,
         }
         if RT.system is not None:
             for index, dev in RT.system.created():
                 for f in dev.sanitizer_reports():
+                    if f.kind == "kind_mismatch":  # counted above, on every path alike
+                        continue
                     where = f" (allocated at {f.tag})" if f.tag else ""
                     out["misuse"].append(f"device {index}: {f.kind}{where}: {f.message}")
         return out
 
 
 def _has_findings(found: dict[str, Any]) -> bool:
-    return any(found[k] for k in found)
+    """Whether the report is worth printing: a kind the addresses contradict is legal (the
+    runtime ignores the kind), so that count alone is not."""
+    return any(found[k] for k in found if k != "kind_mismatches")
 
 
 def format_report(found: dict[str, Any]) -> str:
@@ -201,6 +207,11 @@ def format_report(found: dict[str, Any]) -> str:
         lines.append(f"  IPC key {k} never closed")
     for m in found["misuse"]:
         lines.append(f"  misuse: {m}")
+    if found["kind_mismatches"]:
+        lines.append(
+            f"  note: {found['kind_mismatches']} copies named a kind their addresses contradict "
+            "(the runtime ignores the kind and goes by the addresses)"
+        )
     if len(lines) == 1:
         lines.append("  nothing to report")
     return "\n".join(lines)

@@ -182,6 +182,8 @@ class Runtime:
         self.peer_pending: dict[tuple[int, int], set[int]] = {}
         self.ipc: dict[str, IpcKey] = {}
         self.misuse: list[str] = []
+        #: Copies whose kind named another direction than their addresses (the kind is advisory).
+        self.kind_mismatches = 0
 
     # ----- the system -----
 

@@ -415,6 +415,8 @@ def free_host(host_ptr: Any) -> int:
 # ----- where bytes live, and moving them -----
 
 _DEV, _PINNED, _PAGEABLE = "device", "malloc_host", "pageable"
+#: The (source on a device, destination on a device) each kind names; DEFAULT names none.
+_KIND_DIRECTIONS = {0: (False, False), 1: (False, True), 2: (True, False), 3: (True, True), 5: (False, True)}
 
 
 def _where(addr: int, count: int, role: str) -> tuple[str, int] | int:
@@ -531,6 +533,9 @@ def _copy(fn: str, dst: int, dst_max: int, src: int, count: int, kind: int, stre
     if isinstance(ws, int):
         return ws
     (kd, d), (ks, s_) = wd, ws
+    named = _KIND_DIRECTIONS.get(kind)
+    if named is not None and named != (ks == _DEV, kd == _DEV):
+        RT.kind_mismatches += 1
     sys_ = RT.sys()
     if kd == _DEV and ks == _DEV and d != s_:
         if stream is None and RT.current() is None:
