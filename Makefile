@@ -8,7 +8,7 @@ STAMP := $(VENV)/.deps-stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run test build wheel lint test-rust test-loom test-python fuzz miri bench bench-replay bench-streams bench-plan bench-fastpath bench-pools bench-host bench-pagesize validate-tlb sweep-demo bench-workloads bench-stress clean
+.PHONY: run test build wheel lint test-rust test-loom test-python fuzz miri bench bench-replay bench-streams bench-plan bench-fastpath bench-pools bench-host bench-pagesize validate-tlb sweep-demo bench-workloads bench-stress bench-pyacl clean
 
 run: build
 	npumem demo
@@ -123,6 +123,10 @@ bench-workloads: build
 STRESS_EVALUATIONS ?= 1500
 bench-stress: build
 	python benches/bench_stress.py --evaluations $(STRESS_EVALUATIONS)
+
+# The pyACL layer (npumem.acl): its cost per call beside Device's, and a P2P copy's time.
+bench-pyacl: build
+	python benches/bench_pyacl.py
 
 clean:
 	rm -rf $(VENV) target python/npumem/*.so python/npumem/npumem.h fuzz/target

@@ -18,6 +18,10 @@ def test_demo_runs_every_section():
     assert "7. Graph planning" in text and "8. Host memory pool" in text
     assert "owned by 'npumem_host_pool' (ok)" in text
     assert "9. Device allocation at Python speed" in text and "is caught as use after free" in text
+    # Section 11: a pyACL program on two devices, its peer-access error, and its leak report.
+    assert "before device_enable_peer_access: ret 107000" in text and "bytes arrive intact" in text
+    assert re.search(r"leak: 16777216 bytes of device 1 at 0x[0-9a-f]+ \(malloc\) from .*demo\.py:\d+", text)
+    assert "never destroyed" in text
     # Every memory-limit row of section 7 fits.
     rows = [line for line in text.splitlines() if re.match(r"\s+\d+%\s", line)]
     assert len(rows) == 3 and all(line.rstrip().endswith("yes") for line in rows)

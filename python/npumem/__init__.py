@@ -53,6 +53,7 @@ __all__ = [
 #: Submodules loaded on first attribute access (PEP 562).
 _SUBMODULES = frozenset(
     {
+        "acl",
         "capi",
         "cli",
         "demo",

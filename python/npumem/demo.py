@@ -9,11 +9,14 @@ falls back to 4 KiB pages (hundreds of times more page-table entries).
 
 from __future__ import annotations
 
+import io
 import os
 import random
 import time
 from collections.abc import Sequence
 from typing import TextIO
+
+import numpy as np
 
 from . import _args
 from ._optional import MissingDependencyError
@@ -312,6 +315,7 @@ def run(
     host_memory(out)
     timeline_path = os.path.join(os.path.dirname(plot_path) or ".", "timeline.png") if plot_path else None
     missing += generated_workload(out, timeline_path)
+    pyacl(out)
     return missing
 
 
@@ -588,3 +592,53 @@ def generated_workload(out: TextIO, plot_path: str | None) -> list[str]:
             missing.append(str(e))
     out.write("\n")
     return missing
+def pyacl(out: TextIO) -> None:
+    """A pyACL program, unchanged, on two simulated devices of one address space: copies, a P2P
+    copy at the P2P bandwidth, and the leak report of what it forgot."""
+    import contextlib
+
+    from . import acl
+    from .acl._runtime import LOCK, RT
+
+    out.write(f"{_RULE}\n12. pyACL programs on npumem: import npumem.acl as acl (or python -m npumem.run)\n{_RULE}\n")
+    with LOCK:
+        RT.forget()
+    acl.configure(devices=2, capacity="1GiB")
+    size = 16 << 20
+    data = np.arange(size, dtype=np.uint8)
+    acl.init()
+    acl.rt.set_device(0)
+    src, _ = acl.rt.malloc(size, 0)
+    acl.rt.memcpy(src, size, data.ctypes.data, size, 1)
+    acl.rt.set_device(1)
+    dst, _ = acl.rt.malloc(size, 0)
+    no_peer = acl.rt.memcpy(dst, size, src, size, 3)
+    acl.rt.device_enable_peer_access(0, 0)
+    stream, _ = acl.rt.create_stream()
+    start, _ = acl.rt.create_event()
+    end, _ = acl.rt.create_event()
+    acl.rt.record_event(start, stream)
+    acl.rt.memcpy_async(dst, size, src, size, 3, stream)
+    acl.rt.record_event(end, stream)
+    acl.rt.synchronize_stream(stream)
+    ms, _ = acl.rt.event_elapsed_time(start, end)
+    check = np.zeros(size, np.uint8)
+    acl.rt.memcpy(check.ctypes.data, size, dst, size, 2)
+    where = [acl.rt.pointer_get_attributes(p)[0]["location"]["id"] for p in (src, dst)]
+    out.write(
+        f"  Two devices share one address space: src {src:#x} is on device {where[0]}, dst {dst:#x} on device\n"
+        f"  {where[1]}. Device 1 copies from device 0 before device_enable_peer_access: ret {no_peer}; after it,\n"
+        f"  memcpy_async of {fmt(size)} takes {ms:.3f} ms on the device clock ({size / ms / 1e6:.1f} GB/s, the P2P\n"
+        f"  link) and the bytes arrive {'intact' if np.array_equal(check, data) else 'CHANGED'}.\n"
+        "  The program then forgets to free dst and to destroy its stream; acl.finalize() reports it:\n\n"
+    )
+    for e in (start, end):
+        acl.rt.destroy_event(e)
+    acl.rt.set_device(0)
+    acl.rt.free(src)
+    report = io.StringIO()
+    with contextlib.redirect_stderr(report):
+        acl.finalize()
+    out.write("".join(f"  {line}\n" for line in report.getvalue().splitlines()) + "\n")
+    with LOCK:
+        RT.forget()

@@ -76,6 +76,7 @@ impl Config {
             allocator: self.allocator,
             alloc_conf: self.alloc_conf.clone(),
             faults: false,
+            va_slice: None,
         }
     }
 

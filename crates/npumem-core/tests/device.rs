@@ -196,3 +196,73 @@ fn batches_are_all_or_nothing_and_replays_run_in_rust() {
     assert_eq!((out.allocs, out.ooms), (1, 1));
     assert!(out.first_oom.is_some());
 }
+
+/// Devices made with `va_slice` share one address space: each hands out addresses only from its
+/// own slice, and sees the others' pointers as none of its own.
+#[test]
+fn va_slices_split_one_address_space() {
+    use npumem_core::vm::{VA_WINDOW_END, VA_WINDOW_START, va_slice};
+    let make = |index, allocator| {
+        let sim = SimConfig { capacity: 8 * GIB, ..SimConfig::default() };
+        Device::new(DeviceConfig { sim, allocator, va_slice: Some((index, 4)), ..Default::default() }).unwrap()
+    };
+    let quarter = (VA_WINDOW_END - VA_WINDOW_START) / 4;
+    let mut devices: Vec<Device> =
+        (0..4).map(|i| make(i, if i % 2 == 0 { AllocatorKind::Npumem } else { AllocatorKind::Direct })).collect();
+    for (i, d) in devices.iter_mut().enumerate() {
+        let (start, end) = d.va_window();
+        assert_eq!((start, end), va_slice(i as u32, 4).unwrap());
+        assert_eq!((start, end - start), (VA_WINDOW_START + i as u64 * quarter, quarter));
+        for size in [1, 3 * MIB, 64 * MIB] {
+            let p = d.malloc(size, Policy::HugeFirst).unwrap();
+            assert!((start..end).contains(&p), "device {i}: {p:#x} outside its slice");
+        }
+        let va = d.reserve_mem_address(GIB, 0, None, 0).unwrap();
+        assert!((start..end).contains(&va));
+    }
+    // A pointer of device 1 is not device 0's: a copy on device 0 refuses it.
+    let p1 = devices[1].malloc(4096, Policy::HugeFirst).unwrap();
+    let p0 = devices[0].malloc(4096, Policy::HugeFirst).unwrap();
+    assert!(devices[0].memcpy(p0, 4096, p1, 4096, MemcpyKind::Default as u32).is_err());
+    // Reservations at an address of another slice fail.
+    let other = devices[2].va_window().0;
+    assert!(devices[0].reserve_mem_address(GIB, 0, Some(other), 0).is_err());
+    // Bad slices are refused.
+    for (index, count) in [(4, 4), (0, 0), (0, 65)] {
+        let config = DeviceConfig { va_slice: Some((index, count)), ..Default::default() };
+        assert_eq!(Device::new(config).err().map(|e| e.code), Some(ErrorCode::InvalidParam));
+    }
+}
+
+/// `copy_to_peer` moves bytes between two devices of one address space (in chunks, across page
+/// boundaries), checks both ranges first and changes nothing when either is wrong.
+#[test]
+fn copy_to_peer_moves_bytes_between_devices() {
+    let make = |index| {
+        let sim = SimConfig { capacity: GIB, ..SimConfig::default() };
+        Device::new(DeviceConfig { sim, va_slice: Some((index, 2)), ..Default::default() }).unwrap()
+    };
+    let (mut a, mut b) = (make(0), make(1));
+    let n = 3 * MIB + 123;
+    let src = a.malloc(n, Policy::HugeFirst).unwrap();
+    let dst = b.malloc(n, Policy::HugeFirst).unwrap();
+    let data: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
+    a.write(src, &data).unwrap();
+    b.write(dst, &vec![0xEE; n as usize]).unwrap();
+    a.copy_to_peer(src + 1, &mut b, dst + 5, n - 10).unwrap();
+    let mut out = vec![0u8; n as usize];
+    b.read(dst, &mut out).unwrap();
+    assert_eq!(&out[..5], &[0xEE; 5]);
+    assert_eq!(&out[5..(n - 5) as usize], &data[1..(n - 9) as usize]);
+    assert_eq!(&out[(n - 5) as usize..], &[0xEE; 5]);
+    // Past either allocation, from host memory, or from a freed block: refused, nothing moved.
+    assert!(a.copy_to_peer(src, &mut b, dst + 1, n).is_err());
+    assert!(a.copy_to_peer(src + 1, &mut b, dst, n).is_err());
+    let host = a.malloc_host(64).unwrap();
+    assert!(a.copy_to_peer(host, &mut b, dst, 64).is_err());
+    a.free(src).unwrap();
+    assert!(a.copy_to_peer(src, &mut b, dst, 64).is_err());
+    b.read(dst, &mut out).unwrap();
+    assert_eq!(&out[5..(n - 5) as usize], &data[1..(n - 9) as usize]);
+    a.copy_to_peer(src, &mut b, dst, 0).unwrap();
+}

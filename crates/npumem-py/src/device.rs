@@ -138,7 +138,7 @@ impl PyDevice {
 #[pymethods]
 impl PyDevice {
     #[new]
-    #[pyo3(signature = (capacity = None, *, normal_page = None, giant_frames = None, backend = "sim", allocator = "npumem", alloc_conf = None, preset = "ascend910b", sanitizer = "collect", faults = false))]
+    #[pyo3(signature = (capacity = None, *, normal_page = None, giant_frames = None, backend = "sim", allocator = "npumem", alloc_conf = None, preset = "ascend910b", sanitizer = "collect", faults = false, va_slice = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -151,6 +151,7 @@ impl PyDevice {
         preset: &str,
         sanitizer: &str,
         faults: bool,
+        va_slice: Option<(u32, u32)>,
     ) -> PyResult<Self> {
         let capacity = capacity.map(|c| size_arg(c, "capacity")).transpose()?;
         let giant_frames = giant_frames.map(|g| uint_arg(g, "giant_frames")).transpose()?.unwrap_or(0);
@@ -180,6 +181,7 @@ impl PyDevice {
                 allocator: AllocatorKind::parse(allocator)?,
                 alloc_conf: alloc_conf.unwrap_or_default().to_string(),
                 faults,
+                va_slice,
             };
             let mut device = Device::new(config.clone())?;
             device.scheduler().cost = CostModel::preset(preset)?;
@@ -203,6 +205,13 @@ impl PyDevice {
     #[getter]
     fn giant_frames(&self) -> u64 {
         self.config.sim.giant_frames
+    }
+
+    /// `[start, end)` of the addresses this device hands out (a slice of the device window
+    /// when made with `va_slice`).
+    #[getter]
+    fn va_window(&self) -> (u64, u64) {
+        self.inner.lock().va_window()
     }
 
     #[getter]
@@ -409,6 +418,38 @@ impl PyDevice {
             Ok(())
         })?;
         failure.map_or(Ok(bytes), Err)
+    }
+
+    /// Moves `count` bytes from `src` on this device to `dst` on `peer` (another device of one
+    /// address space), charging no clock: the caller queues the copy first (`launch`). The two
+    /// devices are locked in a fixed order (by address), so concurrent peer copies cannot deadlock.
+    fn _copy_to_peer(
+        &self,
+        py: Python<'_>,
+        src: &Bound<'_, PyAny>,
+        peer: &Bound<'_, PyDevice>,
+        dst: &Bound<'_, PyAny>,
+        count: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let (src, dst, count) = (uint_arg(src, "src")?, uint_arg(dst, "dst")?, size_arg(count, "count")?);
+        let peer = peer.get();
+        if std::ptr::eq(self, peer) {
+            return Err(to_py(py, AclError::invalid_param("a peer copy needs two devices; use memcpy on one")));
+        }
+        let work = || {
+            catch_panics(|| {
+                let (mut a, mut b) = if (self as *const Self) < (peer as *const Self) {
+                    let a = self.inner.lock();
+                    (a, peer.inner.lock())
+                } else {
+                    let b = peer.inner.lock();
+                    (self.inner.lock(), b)
+                };
+                a.copy_to_peer(src, &mut b, dst, count)
+            })
+        };
+        let result = if count >= DETACH_BYTES as u64 { py.detach(work) } else { work() };
+        result.map_err(|e| to_py(py, e))
     }
 
     /// Fills a writable C-contiguous buffer (e.g. a numpy array) with the bytes at `ptr`; with

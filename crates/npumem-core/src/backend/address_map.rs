@@ -106,6 +106,11 @@ impl AddressMap {
         self.mappings.range(..=va).next_back().filter(|&(&m, mp)| va < m + mp.size).map(|(&m, &mp)| (m, mp))
     }
 
+    /// The window reservations come from, `[start, end)`.
+    pub fn window(&self) -> (u64, u64) {
+        self.va.window()
+    }
+
     /// The live reservations.
     pub fn reservation_count(&self) -> usize {
         self.va.reservation_count()

@@ -165,6 +165,10 @@ impl Backend for FaultyBackend {
         self.inner.counters()
     }
 
+    fn window(&self) -> (u64, u64) {
+        self.inner.window()
+    }
+
     fn owns(&self, va: u64) -> bool {
         self.inner.owns(va)
     }

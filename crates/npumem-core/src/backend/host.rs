@@ -197,11 +197,6 @@ impl HostBackend {
         Ok(start)
     }
 
-    /// The backend's address window, `[start, end)`.
-    pub fn window(&self) -> (u64, u64) {
-        (self.window, self.window + self.window_len)
-    }
-
     /// The memory this process could take now (`MemAvailable`), the default capacity.
     pub fn available_memory() -> u64 {
         meminfo("MemAvailable").unwrap_or(0)
@@ -467,8 +462,8 @@ impl Backend for HostBackend {
         self.counters
     }
 
-    fn owns(&self, va: u64) -> bool {
-        (self.window..self.window + self.window_len).contains(&va)
+    fn window(&self) -> (u64, u64) {
+        (self.window, self.window + self.window_len)
     }
 
     fn host_accessible(&self) -> bool {

@@ -88,11 +88,16 @@ pub trait Backend: Send {
     /// Where `va` is mapped.
     fn translate(&self, va: u64) -> Result<Translation>;
 
-    /// Whether `va` is device memory of this backend (inside one of its reservations, or its
-    /// address window): what the device checks an address against before treating it as host
-    /// memory.
+    /// The backend's address window `[start, end)`: every reservation lies in it.
+    fn window(&self) -> (u64, u64) {
+        (crate::vm::VA_WINDOW_START, crate::vm::VA_WINDOW_END)
+    }
+
+    /// Whether `va` is device memory of this backend (inside its address window): what the
+    /// device checks an address against before treating it as host memory.
     fn owns(&self, va: u64) -> bool {
-        crate::vm::is_device_address(va)
+        let (start, end) = self.window();
+        (start..end).contains(&va)
     }
 
     fn counters(&self) -> BackendCounters;

@@ -78,6 +78,12 @@ pub struct SimBackend {
 
 impl SimBackend {
     pub fn new(config: SimConfig) -> Result<Self> {
+        Self::with_window(config, VaSpace::default())
+    }
+
+    /// A simulated device whose addresses come from `space` (a slice of the device window
+    /// when several devices share one address space).
+    pub fn with_window(config: SimConfig, space: VaSpace) -> Result<Self> {
         if !matches!(config.normal_page, PageSize::Size4K | PageSize::Size64K) {
             return Err(AclError::invalid_param(format!(
                 "normal_page must be 4KiB or 64KiB, not {}",
@@ -94,7 +100,7 @@ impl SimBackend {
         let frames = FrameAllocator::new(config.capacity, config.normal_page.bytes(), config.giant_frames)?;
         Ok(SimBackend {
             config,
-            space: AddressMap::new(VaSpace::default()),
+            space: AddressMap::new(space),
             memory: PhysMemory::new(config.capacity),
             frames,
             page_table: PageTable::new(),
@@ -411,6 +417,10 @@ impl Backend for SimBackend {
         self.counters.bytes_read += count;
         self.counters.bytes_written += count;
         Ok(())
+    }
+
+    fn window(&self) -> (u64, u64) {
+        self.space.window()
     }
 
     fn mem_info(&self, scope: MemScope) -> (u64, u64) {

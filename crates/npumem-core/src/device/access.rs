@@ -241,6 +241,34 @@ impl Device {
         Ok(())
     }
 
+    /// The bytes of a copy between two devices sharing one address space: `count` bytes from
+    /// `src` on this device to `dst` on `peer`, both checked to lie in one live allocation (or
+    /// `map_mem` mapping) of their device, moved through a bounded staging buffer. Neither clock
+    /// is charged and the sanitizer is not told: the caller queues the copy on the streams
+    /// (`launch`, at the peer bandwidth) first, so that both devices order and check it.
+    pub fn copy_to_peer(&mut self, src: u64, peer: &mut Device, dst: u64, count: u64) -> Result<()> {
+        const CHUNK: u64 = 1 << 20;
+        self.settle();
+        peer.settle();
+        if count == 0 {
+            return Ok(());
+        }
+        if self.side(src, count, "source")? != Side::Device || peer.side(dst, count, "destination")? != Side::Device {
+            return Err(AclError::rt_param(
+                "a peer copy moves device memory to device memory; use memcpy for host memory",
+            ));
+        }
+        let mut buffer = vec![0u8; count.min(CHUNK) as usize];
+        let mut done = 0;
+        while done < count {
+            let n = (count - done).min(CHUNK) as usize;
+            self.backend.read(src + done, &mut buffer[..n])?;
+            peer.backend.write(dst + done, &buffer[..n])?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+
     /// `aclrtMemset`: sets `count` bytes at `ptr` (device or host) to the low byte of `value`.
     pub fn memset(&mut self, ptr: u64, dst_max: u64, value: i32, count: u64) -> Result<()> {
         self.settle();

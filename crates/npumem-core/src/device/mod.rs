@@ -122,6 +122,10 @@ pub struct DeviceConfig {
     /// Wraps the backend in a [`FaultyBackend`], so that `inject_faults` can make driver calls
     /// fail.
     pub faults: bool,
+    /// `(index, count)`: the simulated device hands out addresses only from slice `index` of
+    /// the device window cut in `count` ([`crate::vm::va_slice`]), so that `count` devices share
+    /// one address space without overlapping; `None`: the whole window.
+    pub va_slice: Option<(u32, u32)>,
 }
 
 impl Default for DeviceConfig {
@@ -132,6 +136,7 @@ impl Default for DeviceConfig {
             allocator: AllocatorKind::Npumem,
             alloc_conf: String::new(),
             faults: false,
+            va_slice: None,
         }
     }
 }
@@ -342,8 +347,20 @@ impl Device {
     /// A device on the simulator or on real host memory.
     pub fn new(config: DeviceConfig) -> Result<Self> {
         let backend: Box<dyn Backend> = match config.backend {
-            BackendKind::Sim => Box::new(SimBackend::new(config.sim)?),
+            BackendKind::Sim => {
+                let (start, end) = match config.va_slice {
+                    Some((index, count)) => crate::vm::va_slice(index, count)?,
+                    None => (crate::vm::VA_WINDOW_START, crate::vm::VA_WINDOW_END),
+                };
+                Box::new(SimBackend::with_window(config.sim, crate::vm::VaSpace::new(start, end))?)
+            }
             BackendKind::Host => {
+                if let Some((index, count)) = config.va_slice {
+                    return Err(AclError::invalid_param(format!(
+                        "va_slice=({index}, {count}) cuts the simulator's window; host-backend devices already \
+                         get distinct address windows from the kernel"
+                    )));
+                }
                 if config.sim.giant_frames > 0 {
                     return Err(AclError::invalid_param(format!(
                         "giant_frames={} sets 1 GiB frames aside in the simulator; the host backend takes 1 GiB \
@@ -438,6 +455,11 @@ impl Device {
     /// The allocator's segments and blocks, for `memory_snapshot`.
     pub fn segments(&self) -> Vec<SegmentSnapshot> {
         self.allocator.segments()
+    }
+
+    /// The address window this device's allocations and reservations come from, `[start, end)`.
+    pub fn va_window(&self) -> (u64, u64) {
+        self.backend.window()
     }
 
     pub fn backend_name(&self) -> &'static str {

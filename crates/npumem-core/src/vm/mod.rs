@@ -25,6 +25,24 @@ pub const VA_WINDOW_START: u64 = 0x1000_0000_0000;
 /// One past the last device virtual address: 24 TiB (an 8 TiB window).
 pub const VA_WINDOW_END: u64 = 0x1800_0000_0000;
 
+/// The most devices that may share the window ([`va_slice`]): 64 slices of 128 GiB.
+pub const MAX_VA_SLICES: u32 = 64;
+
+/// Slice `index` of the device VA window cut into `count` equal, 1 GiB-aligned parts, as
+/// `[start, end)`: the addresses of one of `count` devices sharing one address space, so that a
+/// pointer names its device.
+pub fn va_slice(index: u32, count: u32) -> crate::error::Result<(u64, u64)> {
+    if count == 0 || count > MAX_VA_SLICES || index >= count {
+        return Err(crate::error::AclError::invalid_param(format!(
+            "va_slice=({index}, {count}): the slice index must be below the count, and the count from 1 to \
+             {MAX_VA_SLICES}"
+        )));
+    }
+    let len = (VA_WINDOW_END - VA_WINDOW_START) / u64::from(count) / (1 << 30) * (1 << 30);
+    let start = VA_WINDOW_START + u64::from(index) * len;
+    Ok((start, start + len))
+}
+
 /// Whether `addr` lies in the device VA window (says nothing about whether it is mapped).
 #[inline]
 pub fn is_device_address(addr: u64) -> bool {
