@@ -418,6 +418,12 @@ pub extern "C" fn cuMemcpyDtoDAsync_v2(
     })
 }
 
+/// `cuMemcpyAsync`: unified addressing, the direction from the addresses.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyAsync(dst: CuDevicePtr, src: CuDevicePtr, count: usize, stream: *mut c_void) -> CuResult {
+    call(|rt| if count == 0 { Ok(()) } else { rt.copy_async(dst, src, count as u64, None, stream_key(stream)) })
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemsetD8_v2(dst: CuDevicePtr, value: u8, count: usize) -> CuResult {
     call(|rt| if count == 0 { Ok(()) } else { rt.fill(dst, value, count as u64, true) })

@@ -42,6 +42,12 @@ impl AddressMap {
 
     /// Releases the reservation that starts at `va`, which must have nothing mapped in it.
     pub fn release(&mut self, va: u64) -> Result<()> {
+        self.check_release(va)?;
+        self.va.release(va).map(|_| ())
+    }
+
+    /// Checks that `va` starts a reservation with nothing mapped in it (what `release` needs).
+    pub fn check_release(&self, va: u64) -> Result<()> {
         let Some((start, len)) = self.va.reservation_containing(va).filter(|&(s, _)| s == va) else {
             return Err(AclError::invalid_param(format!(
                 "{va:#x} is not the start of a VA reservation; pass the address reserve returned"
@@ -52,7 +58,12 @@ impl AddressMap {
                 "the reservation at {va:#x} still has a mapping at {m:#x}; unmap it before releasing"
             )));
         }
-        self.va.release(start).map(|_| ())
+        Ok(())
+    }
+
+    /// Whether `va` lies inside a live reservation.
+    pub fn reserved(&self, va: u64) -> bool {
+        self.va.reservation_containing(va).is_some()
     }
 
     /// Checks that `size` bytes of `page` pages may be mapped at `va`: inside one reservation,
@@ -104,6 +115,11 @@ impl AddressMap {
     /// The mapping holding `va`, as (start, mapping).
     pub fn containing(&self, va: u64) -> Option<(u64, Mapping)> {
         self.mappings.range(..=va).next_back().filter(|&(&m, mp)| va < m + mp.size).map(|(&m, &mp)| (m, mp))
+    }
+
+    /// The mappings, as (start, mapping), in address order.
+    pub fn mappings(&self) -> Vec<(u64, Mapping)> {
+        self.mappings.iter().map(|(&m, &mp)| (m, mp)).collect()
     }
 
     /// The live reservations.

@@ -1,0 +1,458 @@
+//! `DriverBackend`: the `Backend` trait over a real accelerator runtime's VMM calls — AscendCL
+//! ([`super::acl`]) or the CUDA driver ([`super::cuda`]) — through the small [`Driver`] seam each
+//! of them implements. What the two share lives here: the bookkeeping of reservations,
+//! physical allocations and mappings (an [`AddressMap`], so the VMM contract is checked before
+//! the runtime is called), the capacity budget, byte access checked against the mappings,
+//! counters, translation and the clean-up when the backend goes.
+//!
+//! - `capacity` is a budget inside the runtime's device: physical allocations past it are
+//!   out-of-memory (207001) before the runtime is asked; the runtime's own out-of-memory
+//!   passes through with its code;
+//! - a reservation the runtime placed off the alignment asked for is made again `align` bytes
+//!   larger and used from its first aligned address (AscendCL takes no alignment);
+//! - freeing a mapped physical allocation frees it in the runtime at once (both runtimes defer
+//!   the release to the last unmap) and keeps it in the books until then;
+//! - an overlapping device-to-device copy goes through host memory in 1 MiB pieces, in the
+//!   order `memmove` would take (the runtimes' copies do not allow overlap);
+//! - physical addresses are not visible: `translate` reports the allocation's handle and the
+//!   offset in it (equal for two mappings of one byte) and the allocation's page size.
+//!
+//! Invariants: the books hold exactly what the runtime holds for this backend; every runtime
+//! call is made with the backend's device current on the calling thread; a call that fails —
+//! in the books' checks or in the runtime — leaves both as they were (a failure in the second of
+//! two runtime steps undoes the first); bytes in use never pass the capacity; dropping the
+//! backend unmaps, frees and releases everything it holds.
+
+use rustc_hash::FxHashMap;
+
+use super::address_map::{AddressMap, Mapping};
+use super::{Backend, BackendCounters, PhysHandle};
+use crate::acl::MemScope;
+use crate::error::{AclError, ErrorCode, Result};
+use crate::units::{MIB, checked_align_up, format_size};
+use crate::vm::{PageKind, PageSize, Translation, VaSpace};
+
+/// An opaque handle of the runtime's (`aclrtDrvMemHandle`, `CUmemGenericAllocationHandle`).
+pub type RawHandle = u64;
+
+/// A stream of the runtime's (`aclrtStream`, `CUstream`); 0 is the default stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StreamHandle(pub u64);
+
+/// An event of the runtime's (`aclrtEvent`, `CUevent`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct EventHandle(pub u64);
+
+impl std::fmt::Display for StreamHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "stream {:#x}", self.0)
+    }
+}
+
+impl std::fmt::Display for EventHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "event {:#x}", self.0)
+    }
+}
+
+/// A runtime's own streams and events, for stream-ordered reuse on real devices: record an
+/// event on the stream that freed a block, query it before another stream takes the block, or
+/// make that stream wait for it. Each call needs the device current on the calling thread
+/// ([`Driver::streams`] binds it).
+pub trait Streams: Sync {
+    fn create_stream(&self) -> Result<StreamHandle>;
+    /// Destroys a stream (its queued work completes first).
+    fn destroy_stream(&self, stream: StreamHandle) -> Result<()>;
+    /// Waits for the work queued on `stream`.
+    fn synchronize_stream(&self, stream: StreamHandle) -> Result<()>;
+    fn create_event(&self) -> Result<EventHandle>;
+    fn destroy_event(&self, event: EventHandle) -> Result<()>;
+    /// Records `event` on `stream`: it completes when the work queued before it has.
+    fn record_event(&self, event: EventHandle, stream: StreamHandle) -> Result<()>;
+    /// Whether the latest record of `event` has completed (an event never recorded has).
+    fn query_event(&self, event: EventHandle) -> Result<bool>;
+    /// Waits for the latest record of `event`.
+    fn synchronize_event(&self, event: EventHandle) -> Result<()>;
+    /// Makes `stream`'s later work wait for the latest record of `event`.
+    fn stream_wait_event(&self, stream: StreamHandle, event: EventHandle) -> Result<()>;
+    /// Queues a copy of `count` bytes on `stream` (device or host addresses, either way).
+    ///
+    /// # Safety
+    /// Host memory among `dst` and `src` must stay valid until the copy has run (synchronize
+    /// the stream, or an event recorded after it, before freeing it).
+    unsafe fn memcpy_async(&self, dst: u64, src: u64, count: u64, stream: StreamHandle) -> Result<()>;
+}
+
+/// What a runtime does for a [`DriverBackend`]. Every call makes the backend's device current
+/// on the calling thread first.
+pub trait Driver: Send {
+    /// The backend's name ("acl", "cuda").
+    fn name(&self) -> &'static str;
+    /// The allocation granularity of physical memory of `kind`, in bytes.
+    fn granularity(&self, kind: PageKind) -> Result<u64>;
+    /// The range every reservation of the runtime lies in (for the books).
+    fn window(&self) -> (u64, u64);
+    /// Whether every address of `window` is the device's (AscendCL's VA window).
+    fn owns_window(&self) -> bool;
+    /// Reserves `size` bytes of VA (aligned to `align` where the runtime takes an alignment),
+    /// exactly at `hint` when given.
+    fn reserve(&self, size: u64, align: u64, hint: Option<u64>) -> Result<u64>;
+    fn release(&self, va: u64, size: u64) -> Result<()>;
+    fn create(&self, size: u64, kind: PageKind) -> Result<RawHandle>;
+    fn free(&self, handle: RawHandle) -> Result<()>;
+    /// Maps the whole of `handle` (`size` bytes) at `va`, readable and writable.
+    fn map(&self, va: u64, size: u64, handle: RawHandle) -> Result<()>;
+    fn unmap(&self, va: u64, size: u64) -> Result<()>;
+    fn read(&self, va: u64, out: &mut [u8]) -> Result<()>;
+    fn write(&self, va: u64, data: &[u8]) -> Result<()>;
+    fn fill(&self, va: u64, value: u8, count: u64) -> Result<()>;
+    /// Copies between device ranges that do not overlap.
+    fn copy(&self, dst: u64, src: u64, count: u64) -> Result<()>;
+    /// (free, total) bytes of the runtime's device memory of `scope`.
+    fn mem_info(&self, scope: MemScope) -> Result<(u64, u64)>;
+    /// The runtime's streams and events, with the device current on the calling thread.
+    fn streams(&self) -> Result<&'static dyn Streams>;
+}
+
+#[derive(Debug)]
+struct Physical {
+    raw: RawHandle,
+    size: u64,
+    page: PageSize,
+    mapped: u32,
+    free_requested: bool,
+}
+
+/// Bytes an overlapping copy moves through host memory at a time.
+const BOUNCE: u64 = MIB;
+
+pub struct DriverBackend<D: Driver> {
+    driver: D,
+    capacity: u64,
+    pages: [PageSize; 3],
+    space: AddressMap,
+    /// Reservations by their start: (the runtime's start, the runtime's size).
+    reservations: FxHashMap<u64, (u64, u64)>,
+    allocs: FxHashMap<PhysHandle, Physical>,
+    next_handle: PhysHandle,
+    in_use: u64,
+    counters: BackendCounters,
+}
+
+fn page_of(driver: &impl Driver, kind: PageKind) -> Result<PageSize> {
+    let bytes = driver.granularity(kind)?;
+    PageSize::from_bytes(bytes).ok_or_else(|| {
+        AclError::new(
+            ErrorCode::FeatureUnsupported,
+            format!(
+                "the {} runtime allocates {} memory in units of {}; npumem handles 4 KiB, 64 KiB, 2 MiB and 1 GiB",
+                driver.name(),
+                kind.label(),
+                format_size(bytes)
+            ),
+        )
+    })
+}
+
+impl<D: Driver> DriverBackend<D> {
+    /// A backend over `driver` that may hold `capacity` bytes (at most the device's memory).
+    pub fn new(driver: D, capacity: u64) -> Result<Self> {
+        let normal = page_of(&driver, PageKind::Normal)?;
+        // A runtime with one granularity (CUDA) may not answer for the larger kinds: their sizes
+        // are multiples of it all the same.
+        let larger = |kind, size| page_of(&driver, kind).unwrap_or(size);
+        let pages = [normal, larger(PageKind::Huge, PageSize::Size2M), larger(PageKind::Giant, PageSize::Size1G)];
+        let (_, total) = driver.mem_info(MemScope::All)?;
+        if capacity < normal.bytes() || capacity > total {
+            return Err(AclError::invalid_param(format!(
+                "capacity {} is out of range: the {} device has {} (and allocates at least {})",
+                format_size(capacity),
+                driver.name(),
+                format_size(total),
+                normal.label()
+            )));
+        }
+        let (lo, hi) = driver.window();
+        let space = AddressMap::new(VaSpace::with_granule(lo, hi, normal.bytes(), "runtime's address space"));
+        Ok(DriverBackend {
+            driver,
+            capacity,
+            pages,
+            space,
+            reservations: FxHashMap::default(),
+            allocs: FxHashMap::default(),
+            next_handle: 1,
+            in_use: 0,
+            counters: BackendCounters::default(),
+        })
+    }
+
+    pub fn driver(&self) -> &D {
+        &self.driver
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Checks that every byte of `[va, va + len)` is mapped.
+    fn check_mapped(&self, va: u64, len: u64) -> Result<()> {
+        let end = va.checked_add(len).ok_or_else(|| {
+            AclError::rt_param(format!("{len} bytes at {va:#x} run past the end of the address space"))
+        })?;
+        let mut at = va;
+        while at < end {
+            let Some((m, mp)) = self.space.containing(at) else {
+                return Err(AclError::rt_param(format!("device address {at:#x} is not mapped")));
+            };
+            at = m + mp.size;
+        }
+        Ok(())
+    }
+
+    /// Reserves at the runtime, making the range larger when the runtime placed it off `align`.
+    fn reserve_aligned(&self, size: u64, align: u64, hint: Option<u64>) -> Result<(u64, u64, u64)> {
+        let va = self.driver.reserve(size, align, hint)?;
+        if va % align == 0 {
+            return Ok((va, va, size));
+        }
+        self.driver.release(va, size)?;
+        if hint.is_some() {
+            return Err(AclError::invalid_param(format!(
+                "the runtime placed the reservation at {va:#x}, not at the hint aligned to {}",
+                format_size(align)
+            )));
+        }
+        let wide = size
+            .checked_add(align)
+            .ok_or_else(|| AclError::invalid_param(format!("reservation size {size} is too large")))?;
+        let base = self.driver.reserve(wide, align, None)?;
+        let start = checked_align_up(base, align).expect("inside the runtime's reservation");
+        Ok((start, base, wide))
+    }
+
+    /// Gives the memory of `handle` back to the books (the runtime has freed it already).
+    fn forget_physical(&mut self, handle: PhysHandle) {
+        if let Some(p) = self.allocs.remove(&handle) {
+            self.in_use -= p.size;
+            self.counters.physical_frees += 1;
+        }
+    }
+
+    fn live(&self, handle: PhysHandle) -> Result<&Physical> {
+        self.allocs.get(&handle).filter(|p| !p.free_requested).ok_or_else(|| {
+            AclError::new(ErrorCode::RtInvalidHandle, format!("physical handle {handle} is unknown or already freed"))
+        })
+    }
+}
+
+impl<D: Driver> Backend for DriverBackend<D> {
+    fn name(&self) -> &'static str {
+        self.driver.name()
+    }
+
+    fn page_size(&self, kind: PageKind) -> PageSize {
+        self.pages[kind as usize]
+    }
+
+    fn reserve(&mut self, size: u64, align: u64, hint: Option<u64>) -> Result<u64> {
+        let normal = self.pages[0].bytes();
+        let align = align.max(normal);
+        if size == 0 || !align.is_power_of_two() {
+            return Err(AclError::invalid_param(format!(
+                "cannot reserve {size} bytes aligned to {align}: the size must be above 0 and the alignment a power of two"
+            )));
+        }
+        let size = checked_align_up(size, normal)
+            .ok_or_else(|| AclError::invalid_param(format!("reservation size {size} is too large")))?;
+        let (va, start, len) = self.reserve_aligned(size, align, hint)?;
+        if let Err(e) = self.space.reserve(size, normal, Some(va)) {
+            let _ = self.driver.release(start, len);
+            return Err(AclError::internal(format!(
+                "the runtime reserved {va:#x}+{} over a range npumem holds: {}",
+                format_size(size),
+                e.message
+            )));
+        }
+        self.reservations.insert(va, (start, len));
+        self.counters.reserves += 1;
+        Ok(va)
+    }
+
+    fn release(&mut self, va: u64) -> Result<()> {
+        // The books refuse a release with mappings (or of no reservation) before the runtime.
+        self.space.check_release(va)?;
+        let &(start, len) = self.reservations.get(&va).expect("the books and the runtime agree");
+        self.driver.release(start, len)?;
+        self.space.release(va)?;
+        self.reservations.remove(&va);
+        self.counters.releases += 1;
+        Ok(())
+    }
+
+    fn create_physical(&mut self, size: u64, kind: PageKind) -> Result<PhysHandle> {
+        let page = self.page_size(kind);
+        if size == 0 || size % page.bytes() != 0 {
+            return Err(AclError::invalid_param(format!(
+                "physical allocation size {size} must be a non-zero multiple of the {} granularity of {} memory",
+                page.label(),
+                kind.label()
+            )));
+        }
+        if self.in_use.saturating_add(size) > self.capacity {
+            return Err(AclError::oom(format!(
+                "the {} backend holds {} of its capacity of {}; {} more would pass it",
+                self.name(),
+                format_size(self.in_use),
+                format_size(self.capacity),
+                format_size(size)
+            )));
+        }
+        let raw = self.driver.create(size, kind)?;
+        let handle = self.next_handle;
+        self.next_handle += 1;
+        self.allocs.insert(handle, Physical { raw, size, page, mapped: 0, free_requested: false });
+        self.in_use += size;
+        self.counters.physical_allocs += 1;
+        Ok(handle)
+    }
+
+    fn free_physical(&mut self, handle: PhysHandle) -> Result<()> {
+        let p = self.live(handle)?;
+        self.driver.free(p.raw)?;
+        let p = self.allocs.get_mut(&handle).expect("live");
+        if p.mapped > 0 {
+            p.free_requested = true;
+        } else {
+            self.forget_physical(handle);
+        }
+        Ok(())
+    }
+
+    fn map(&mut self, va: u64, handle: PhysHandle) -> Result<()> {
+        let p = self.live(handle)?;
+        let (raw, size, page) = (p.raw, p.size, p.page);
+        self.space.check_map(va, size, page)?;
+        self.driver.map(va, size, raw)?;
+        self.allocs.get_mut(&handle).expect("live").mapped += 1;
+        self.space.insert(va, Mapping { handle, size });
+        self.counters.maps += 1;
+        self.counters.pages_mapped += size / page.bytes();
+        Ok(())
+    }
+
+    fn unmap(&mut self, va: u64) -> Result<()> {
+        let mapping = self.space.mapping_at(va)?;
+        self.driver.unmap(va, mapping.size)?;
+        self.space.remove(va);
+        let p = self.allocs.get_mut(&mapping.handle).expect("mapped handles are held");
+        p.mapped -= 1;
+        self.counters.unmaps += 1;
+        self.counters.pages_unmapped += mapping.size / p.page.bytes();
+        if p.mapped == 0 && p.free_requested {
+            self.forget_physical(mapping.handle);
+        }
+        Ok(())
+    }
+
+    fn read(&mut self, va: u64, out: &mut [u8]) -> Result<()> {
+        self.check_mapped(va, out.len() as u64)?;
+        if !out.is_empty() {
+            self.driver.read(va, out)?;
+        }
+        self.counters.bytes_read += out.len() as u64;
+        Ok(())
+    }
+
+    fn write(&mut self, va: u64, data: &[u8]) -> Result<()> {
+        self.check_mapped(va, data.len() as u64)?;
+        if !data.is_empty() {
+            self.driver.write(va, data)?;
+        }
+        self.counters.bytes_written += data.len() as u64;
+        Ok(())
+    }
+
+    fn fill(&mut self, va: u64, value: u8, count: u64) -> Result<()> {
+        self.check_mapped(va, count)?;
+        if count > 0 {
+            self.driver.fill(va, value, count)?;
+        }
+        self.counters.bytes_written += count;
+        Ok(())
+    }
+
+    fn copy(&mut self, dst: u64, src: u64, count: u64) -> Result<()> {
+        self.check_mapped(src, count)?;
+        self.check_mapped(dst, count)?;
+        if count > 0 && dst != src {
+            if dst.abs_diff(src) >= count {
+                self.driver.copy(dst, src, count)?;
+            } else {
+                // Overlap: through host memory, back to front when the destination is above
+                // the source (so no byte is overwritten before it is read).
+                let mut buf = vec![0u8; count.min(BOUNCE) as usize];
+                let pieces = count.div_ceil(BOUNCE);
+                for i in 0..pieces {
+                    let i = if dst > src { pieces - 1 - i } else { i };
+                    let off = i * BOUNCE;
+                    let piece = &mut buf[..(count - off).min(BOUNCE) as usize];
+                    self.driver.read(src + off, piece)?;
+                    self.driver.write(dst + off, piece)?;
+                }
+            }
+        }
+        self.counters.bytes_read += count;
+        self.counters.bytes_written += count;
+        Ok(())
+    }
+
+    fn mem_info(&self, scope: MemScope) -> (u64, u64) {
+        if scope == MemScope::Ddr {
+            return (0, 0);
+        }
+        let budget = self.capacity - self.in_use.min(self.capacity);
+        match self.driver.mem_info(scope) {
+            Ok((free, total)) => (free.min(budget), total.min(self.capacity)),
+            Err(_) => (budget, self.capacity),
+        }
+    }
+
+    fn translate(&self, va: u64) -> Result<Translation> {
+        let (m, mp) = self
+            .space
+            .containing(va)
+            .ok_or_else(|| AclError::rt_param(format!("device address {va:#x} is not mapped")))?;
+        let page = self.allocs[&mp.handle].page;
+        let depth = match page {
+            PageSize::Size1G => 2,
+            PageSize::Size2M => 3,
+            _ => 4,
+        };
+        Ok(Translation { pa: (mp.handle << 40) | (va - m), page_size: page, depth })
+    }
+
+    fn owns(&self, va: u64) -> bool {
+        let (lo, hi) = self.driver.window();
+        (self.driver.owns_window() && (lo..hi).contains(&va)) || self.space.reserved(va)
+    }
+
+    fn counters(&self) -> BackendCounters {
+        self.counters
+    }
+}
+
+impl<D: Driver> Drop for DriverBackend<D> {
+    fn drop(&mut self) {
+        // Best effort: a runtime that fails here has nothing better to be told.
+        for (va, mapping) in self.space.mappings() {
+            let _ = self.driver.unmap(va, mapping.size);
+        }
+        for p in self.allocs.values().filter(|p| !p.free_requested) {
+            let _ = self.driver.free(p.raw);
+        }
+        for &(start, len) in self.reservations.values() {
+            let _ = self.driver.release(start, len);
+        }
+    }
+}
