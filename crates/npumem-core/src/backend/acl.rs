@@ -8,7 +8,9 @@
 //! `aclrtGetDevice`, the VMM calls (`aclrtReserveMemAddress`, `aclrtReleaseMemAddress`,
 //! `aclrtMallocPhysical`, `aclrtFreePhysical`, `aclrtMapMem`, `aclrtUnmapMem`,
 //! `aclrtMemGetAllocationGranularity`), `aclrtMemcpy`, `aclrtMemset`, `aclrtGetMemInfo`,
-//! `aclrtMallocHost` / `aclrtFreeHost`, and the stream and event calls ([`Streams`]).
+//! `aclrtMallocHost` / `aclrtFreeHost`, and the stream and event calls (`aclrtCreateStream`, `aclrtRecordEvent`, `aclrtQueryEventStatus`,
+//! `aclrtSynchronizeEvent`, `aclrtStreamWaitEvent`, `aclrtMemcpyAsync`, `aclrtMemsetAsync`, ...), which
+//! are the backend's [`RuntimeStreams`].
 //!
 //! Memory: physical allocations of normal, huge and giant pages are `ACL_MEM_NORMAL`,
 //! `ACL_MEM_HUGE` and `ACL_MEM_HUGE1G` on the device, their page sizes the runtime's minimum
@@ -25,7 +27,9 @@
 
 use std::ffi::{c_char, c_int, c_void};
 
-use super::driver::{Driver, DriverBackend, EventHandle, RawHandle, StreamHandle, Streams};
+use super::driver::{Driver, DriverBackend, RawHandle};
+use crate::stream::RuntimeStreams;
+use crate::stream::runtime::Handle;
 use super::ffi::{self, Candidate, api};
 use crate::acl::{MemAttr, MemScope, MemcpyKind};
 use crate::error::{AclError, ErrorCode, Result};
@@ -79,6 +83,7 @@ api! {
         aclrtSynchronizeEvent: fn(*mut c_void) -> c_int = "aclrtSynchronizeEvent",
         aclrtStreamWaitEvent: fn(*mut c_void, *mut c_void) -> c_int = "aclrtStreamWaitEvent",
         aclrtMemcpyAsync: fn(*mut c_void, usize, *const c_void, usize, u32, *mut c_void) -> c_int = "aclrtMemcpyAsync",
+        aclrtMemsetAsync: fn(*mut c_void, usize, i32, usize, *mut c_void) -> c_int = "aclrtMemsetAsync",
     }
 }
 
@@ -329,67 +334,69 @@ impl AclRuntime {
     }
 }
 
-impl Streams for AclRuntime {
-    fn create_stream(&self) -> Result<StreamHandle> {
+/// The runtime's streams and events, handles as integers (0: the default stream); the device
+/// must be current on the calling thread.
+impl AclRuntime {
+    pub fn create_stream(&self) -> Result<Handle> {
         let mut s = std::ptr::null_mut();
         // SAFETY: a valid out-pointer.
         check(unsafe { (self.api.aclrtCreateStream)(&mut s) }, || "aclrtCreateStream()".into())?;
-        Ok(StreamHandle(s.addr() as u64))
+        Ok(s.addr() as u64)
     }
 
-    fn destroy_stream(&self, stream: StreamHandle) -> Result<()> {
+    pub fn destroy_stream(&self, stream: Handle) -> Result<()> {
         // SAFETY: the runtime checks the handle.
-        check(unsafe { (self.api.aclrtDestroyStream)(ptr(stream.0)) }, || format!("aclrtDestroyStream({stream})"))
+        check(unsafe { (self.api.aclrtDestroyStream)(ptr(stream)) }, || format!("aclrtDestroyStream({stream:#x})"))
     }
 
-    fn synchronize_stream(&self, stream: StreamHandle) -> Result<()> {
+    pub fn synchronize_stream(&self, stream: Handle) -> Result<()> {
         // SAFETY: the runtime checks the handle (NULL: the default stream).
-        check(unsafe { (self.api.aclrtSynchronizeStream)(ptr(stream.0)) }, || {
-            format!("aclrtSynchronizeStream({stream})")
+        check(unsafe { (self.api.aclrtSynchronizeStream)(ptr(stream)) }, || {
+            format!("aclrtSynchronizeStream({stream:#x})")
         })
     }
 
-    fn create_event(&self) -> Result<EventHandle> {
+    pub fn create_event(&self) -> Result<Handle> {
         let mut e = std::ptr::null_mut();
         // SAFETY: a valid out-pointer.
         check(unsafe { (self.api.aclrtCreateEvent)(&mut e) }, || "aclrtCreateEvent()".into())?;
-        Ok(EventHandle(e.addr() as u64))
+        Ok(e.addr() as u64)
     }
 
-    fn destroy_event(&self, event: EventHandle) -> Result<()> {
+    pub fn destroy_event(&self, event: Handle) -> Result<()> {
         // SAFETY: the runtime checks the handle.
-        check(unsafe { (self.api.aclrtDestroyEvent)(ptr(event.0)) }, || format!("aclrtDestroyEvent({event})"))
+        check(unsafe { (self.api.aclrtDestroyEvent)(ptr(event)) }, || format!("aclrtDestroyEvent({event:#x})"))
     }
 
-    fn record_event(&self, event: EventHandle, stream: StreamHandle) -> Result<()> {
+    pub fn record_event(&self, event: Handle, stream: Handle) -> Result<()> {
         // SAFETY: the runtime checks both handles.
-        check(unsafe { (self.api.aclrtRecordEvent)(ptr(event.0), ptr(stream.0)) }, || {
-            format!("aclrtRecordEvent({event}, {stream})")
+        check(unsafe { (self.api.aclrtRecordEvent)(ptr(event), ptr(stream)) }, || {
+            format!("aclrtRecordEvent({event:#x}, {stream:#x})")
         })
     }
 
-    fn query_event(&self, event: EventHandle) -> Result<bool> {
+    pub fn query_event(&self, event: Handle) -> Result<bool> {
         let mut status = 0u32;
         // SAFETY: the runtime checks the handle; a valid out-pointer.
-        check(unsafe { (self.api.aclrtQueryEventStatus)(ptr(event.0), &mut status) }, || {
-            format!("aclrtQueryEventStatus({event})")
+        check(unsafe { (self.api.aclrtQueryEventStatus)(ptr(event), &mut status) }, || {
+            format!("aclrtQueryEventStatus({event:#x})")
         })?;
         Ok(status == ACL_EVENT_RECORDED_STATUS_COMPLETE)
     }
 
-    fn synchronize_event(&self, event: EventHandle) -> Result<()> {
+    pub fn synchronize_event(&self, event: Handle) -> Result<()> {
         // SAFETY: the runtime checks the handle.
-        check(unsafe { (self.api.aclrtSynchronizeEvent)(ptr(event.0)) }, || format!("aclrtSynchronizeEvent({event})"))
+        check(unsafe { (self.api.aclrtSynchronizeEvent)(ptr(event)) }, || format!("aclrtSynchronizeEvent({event:#x})"))
     }
 
-    fn stream_wait_event(&self, stream: StreamHandle, event: EventHandle) -> Result<()> {
+    pub fn stream_wait_event(&self, stream: Handle, event: Handle) -> Result<()> {
         // SAFETY: the runtime checks both handles.
-        check(unsafe { (self.api.aclrtStreamWaitEvent)(ptr(stream.0), ptr(event.0)) }, || {
-            format!("aclrtStreamWaitEvent({stream}, {event})")
+        check(unsafe { (self.api.aclrtStreamWaitEvent)(ptr(stream), ptr(event)) }, || {
+            format!("aclrtStreamWaitEvent({stream:#x}, {event:#x})")
         })
     }
 
-    unsafe fn memcpy_async(&self, dst: u64, src: u64, count: u64, stream: StreamHandle) -> Result<()> {
+    pub unsafe fn memcpy_async(&self, dst: u64, src: u64, count: u64, stream: Handle) -> Result<()> {
         // SAFETY: the caller's contract for host memory; the runtime checks device memory.
         let ret = unsafe {
             (self.api.aclrtMemcpyAsync)(
@@ -398,10 +405,19 @@ impl Streams for AclRuntime {
                 ptr(src),
                 count as usize,
                 MemcpyKind::Default as u32,
-                ptr(stream.0),
+                ptr(stream),
             )
         };
-        check(ret, || format!("aclrtMemcpyAsync({dst:#x}, {src:#x}, {count} bytes, {stream})"))
+        check(ret, || format!("aclrtMemcpyAsync({dst:#x}, {src:#x}, {count} bytes, {stream:#x})"))
+    }
+
+    /// `aclrtMemsetAsync` of `count` bytes at device address `dst`, queued on `stream`.
+    pub fn memset_async(&self, dst: u64, value: u8, count: u64, stream: Handle) -> Result<()> {
+        // SAFETY: the runtime checks the device address and the stream.
+        let ret = unsafe {
+            (self.api.aclrtMemsetAsync)(ptr(dst), count as usize, i32::from(value), count as usize, ptr(stream))
+        };
+        check(ret, || format!("aclrtMemsetAsync({dst:#x}, {value}, {count} bytes, {stream:#x})"))
     }
 }
 
@@ -518,9 +534,63 @@ impl Driver for AclDriver {
         };
         self.bound()?.mem_info(attr)
     }
+}
 
-    fn streams(&self) -> Result<&'static dyn Streams> {
-        Ok(self.bound()?)
+/// AscendCL's own streams and events: what the device orders stream-ordered reuse and async
+/// copies on.
+impl RuntimeStreams for AclDriver {
+    fn is_real(&self) -> bool {
+        true
+    }
+
+    fn create_stream(&mut self) -> Result<Handle> {
+        self.bound()?.create_stream()
+    }
+
+    fn destroy_stream(&mut self, stream: Handle) -> Result<()> {
+        self.bound()?.destroy_stream(stream)
+    }
+
+    fn create_event(&mut self) -> Result<Handle> {
+        self.bound()?.create_event()
+    }
+
+    fn destroy_event(&mut self, event: Handle) -> Result<()> {
+        self.bound()?.destroy_event(event)
+    }
+
+    fn record_event(&mut self, event: Handle, stream: Handle) -> Result<()> {
+        self.bound()?.record_event(event, stream)
+    }
+
+    fn stream_wait_event(&mut self, stream: Handle, event: Handle) -> Result<()> {
+        self.bound()?.stream_wait_event(stream, event)
+    }
+
+    fn query_event(&mut self, event: Handle) -> Result<bool> {
+        self.bound()?.query_event(event)
+    }
+
+    fn synchronize_event(&mut self, event: Handle) -> Result<()> {
+        self.bound()?.synchronize_event(event)
+    }
+
+    fn synchronize_stream(&mut self, stream: Handle) -> Result<()> {
+        self.bound()?.synchronize_stream(stream)
+    }
+
+    fn synchronize_device(&mut self) -> Result<()> {
+        self.bound()?.synchronize_device()
+    }
+
+    fn memcpy_async(&mut self, dst: u64, src: u64, count: u64, stream: Handle) -> Result<bool> {
+        // SAFETY: the device checked both ranges (device memory, or its pinned host blocks,
+        // which it keeps until the runtime's work on them is complete) before queuing the copy.
+        unsafe { self.bound()?.memcpy_async(dst, src, count, stream) }.map(|()| true)
+    }
+
+    fn memset_async(&mut self, dst: u64, value: u8, count: u64, stream: Handle) -> Result<bool> {
+        self.bound()?.memset_async(dst, value, count, stream).map(|()| true)
     }
 }
 

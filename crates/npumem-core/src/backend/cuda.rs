@@ -8,7 +8,7 @@
 //! `cuCtxSetCurrent`, `cuCtxSynchronize`, the VMM calls (`cuMemAddressReserve`, `cuMemCreate`,
 //! `cuMemMap`, `cuMemSetAccess`, `cuMemUnmap`, `cuMemRelease`, `cuMemAddressFree`,
 //! `cuMemGetAllocationGranularity`), `cuMemcpyHtoD` / `DtoH` / `DtoD`, `cuMemsetD8`,
-//! `cuMemGetInfo`, `cuGetErrorName`, and the stream and event calls ([`Streams`]), by the
+//! `cuMemGetInfo`, `cuGetErrorName`, and the stream and event calls (the backend's [`RuntimeStreams`]), by the
 //! symbol names `cuda.h` maps them to (`cuMemcpyHtoD_v2`, ...).
 //!
 //! Memory: the driver has one allocation granularity (2 MiB on current GPUs); it is the normal
@@ -28,7 +28,9 @@
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
-use super::driver::{Driver, DriverBackend, EventHandle, RawHandle, StreamHandle, Streams};
+use super::driver::{Driver, DriverBackend, RawHandle};
+use crate::stream::RuntimeStreams;
+use crate::stream::runtime::Handle;
 use super::ffi::{self, Candidate, api};
 use crate::acl::MemScope;
 use crate::error::{AclError, ErrorCode, Result};
@@ -104,6 +106,7 @@ api! {
         cuEventSynchronize: fn(*mut c_void) -> c_int = "cuEventSynchronize",
         cuStreamWaitEvent: fn(*mut c_void, *mut c_void, c_uint) -> c_int = "cuStreamWaitEvent",
         cuMemcpyAsync: fn(u64, u64, usize, *mut c_void) -> c_int = "cuMemcpyAsync",
+        cuMemsetD8Async: fn(u64, u8, usize, *mut c_void) -> c_int = "cuMemsetD8Async",
     }
 }
 
@@ -328,69 +331,78 @@ impl CudaRuntime {
     }
 }
 
-impl Streams for CudaRuntime {
-    fn create_stream(&self) -> Result<StreamHandle> {
+/// The runtime's streams and events, handles as integers (0: the default stream); the device
+/// must be current on the calling thread.
+impl CudaRuntime {
+    pub fn create_stream(&self) -> Result<Handle> {
         let mut s = std::ptr::null_mut();
         // SAFETY: a valid out-pointer; CU_STREAM_NON_BLOCKING (no implicit sync with stream 0).
         self.check(unsafe { (self.api.cuStreamCreate)(&mut s, 1) }, || "cuStreamCreate()".into())?;
-        Ok(StreamHandle(s.addr() as u64))
+        Ok(s.addr() as u64)
     }
 
-    fn destroy_stream(&self, stream: StreamHandle) -> Result<()> {
+    pub fn destroy_stream(&self, stream: Handle) -> Result<()> {
         // SAFETY: the driver checks the handle.
-        self.check(unsafe { (self.api.cuStreamDestroy)(ptr(stream.0)) }, || format!("cuStreamDestroy({stream})"))
+        self.check(unsafe { (self.api.cuStreamDestroy)(ptr(stream)) }, || format!("cuStreamDestroy({stream:#x})"))
     }
 
-    fn synchronize_stream(&self, stream: StreamHandle) -> Result<()> {
+    pub fn synchronize_stream(&self, stream: Handle) -> Result<()> {
         // SAFETY: the driver checks the handle.
-        self.check(unsafe { (self.api.cuStreamSynchronize)(ptr(stream.0)) }, || {
-            format!("cuStreamSynchronize({stream})")
+        self.check(unsafe { (self.api.cuStreamSynchronize)(ptr(stream)) }, || {
+            format!("cuStreamSynchronize({stream:#x})")
         })
     }
 
-    fn create_event(&self) -> Result<EventHandle> {
+    pub fn create_event(&self) -> Result<Handle> {
         let mut e = std::ptr::null_mut();
         // SAFETY: a valid out-pointer; CU_EVENT_DISABLE_TIMING (events for ordering only).
         self.check(unsafe { (self.api.cuEventCreate)(&mut e, 2) }, || "cuEventCreate()".into())?;
-        Ok(EventHandle(e.addr() as u64))
+        Ok(e.addr() as u64)
     }
 
-    fn destroy_event(&self, event: EventHandle) -> Result<()> {
+    pub fn destroy_event(&self, event: Handle) -> Result<()> {
         // SAFETY: the driver checks the handle.
-        self.check(unsafe { (self.api.cuEventDestroy)(ptr(event.0)) }, || format!("cuEventDestroy({event})"))
+        self.check(unsafe { (self.api.cuEventDestroy)(ptr(event)) }, || format!("cuEventDestroy({event:#x})"))
     }
 
-    fn record_event(&self, event: EventHandle, stream: StreamHandle) -> Result<()> {
+    pub fn record_event(&self, event: Handle, stream: Handle) -> Result<()> {
         // SAFETY: the driver checks both handles.
-        self.check(unsafe { (self.api.cuEventRecord)(ptr(event.0), ptr(stream.0)) }, || {
-            format!("cuEventRecord({event}, {stream})")
+        self.check(unsafe { (self.api.cuEventRecord)(ptr(event), ptr(stream)) }, || {
+            format!("cuEventRecord({event:#x}, {stream:#x})")
         })
     }
 
-    fn query_event(&self, event: EventHandle) -> Result<bool> {
+    pub fn query_event(&self, event: Handle) -> Result<bool> {
         // SAFETY: the driver checks the handle.
-        match unsafe { (self.api.cuEventQuery)(ptr(event.0)) } {
+        match unsafe { (self.api.cuEventQuery)(ptr(event)) } {
             CUDA_ERROR_NOT_READY => Ok(false),
-            r => self.check(r, || format!("cuEventQuery({event})")).map(|()| true),
+            r => self.check(r, || format!("cuEventQuery({event:#x})")).map(|()| true),
         }
     }
 
-    fn synchronize_event(&self, event: EventHandle) -> Result<()> {
+    pub fn synchronize_event(&self, event: Handle) -> Result<()> {
         // SAFETY: the driver checks the handle.
-        self.check(unsafe { (self.api.cuEventSynchronize)(ptr(event.0)) }, || format!("cuEventSynchronize({event})"))
+        self.check(unsafe { (self.api.cuEventSynchronize)(ptr(event)) }, || format!("cuEventSynchronize({event:#x})"))
     }
 
-    fn stream_wait_event(&self, stream: StreamHandle, event: EventHandle) -> Result<()> {
+    pub fn stream_wait_event(&self, stream: Handle, event: Handle) -> Result<()> {
         // SAFETY: the driver checks both handles.
-        self.check(unsafe { (self.api.cuStreamWaitEvent)(ptr(stream.0), ptr(event.0), 0) }, || {
-            format!("cuStreamWaitEvent({stream}, {event})")
+        self.check(unsafe { (self.api.cuStreamWaitEvent)(ptr(stream), ptr(event), 0) }, || {
+            format!("cuStreamWaitEvent({stream:#x}, {event:#x})")
         })
     }
 
-    unsafe fn memcpy_async(&self, dst: u64, src: u64, count: u64, stream: StreamHandle) -> Result<()> {
+    pub unsafe fn memcpy_async(&self, dst: u64, src: u64, count: u64, stream: Handle) -> Result<()> {
         // SAFETY: the caller's contract for host memory; the driver checks device memory.
-        let r = unsafe { (self.api.cuMemcpyAsync)(dst, src, count as usize, ptr(stream.0)) };
-        self.check(r, || format!("cuMemcpyAsync({dst:#x}, {src:#x}, {count} bytes, {stream})"))
+        let r = unsafe { (self.api.cuMemcpyAsync)(dst, src, count as usize, ptr(stream)) };
+        self.check(r, || format!("cuMemcpyAsync({dst:#x}, {src:#x}, {count} bytes, {stream:#x})"))
+    }
+
+    /// `cuMemsetD8Async` of `count` bytes at device address `dst`, queued on `stream`.
+    pub fn memset_async(&self, dst: u64, value: u8, count: u64, stream: Handle) -> Result<()> {
+        // SAFETY: the driver checks the device address and the stream.
+        let r = unsafe { (self.api.cuMemsetD8Async)(dst, value, count as usize, ptr(stream)) };
+        self.check(r, || format!("cuMemsetD8Async({dst:#x}, {value}, {count} bytes, {stream:#x})"))
     }
 }
 
@@ -502,9 +514,63 @@ impl Driver for CudaDriver {
     fn mem_info(&self, _scope: MemScope) -> Result<(u64, u64)> {
         self.bound()?.mem_info()
     }
+}
 
-    fn streams(&self) -> Result<&'static dyn Streams> {
-        Ok(self.bound()?)
+/// The CUDA driver's own streams and events: what the device orders stream-ordered reuse and async
+/// copies on.
+impl RuntimeStreams for CudaDriver {
+    fn is_real(&self) -> bool {
+        true
+    }
+
+    fn create_stream(&mut self) -> Result<Handle> {
+        self.bound()?.create_stream()
+    }
+
+    fn destroy_stream(&mut self, stream: Handle) -> Result<()> {
+        self.bound()?.destroy_stream(stream)
+    }
+
+    fn create_event(&mut self) -> Result<Handle> {
+        self.bound()?.create_event()
+    }
+
+    fn destroy_event(&mut self, event: Handle) -> Result<()> {
+        self.bound()?.destroy_event(event)
+    }
+
+    fn record_event(&mut self, event: Handle, stream: Handle) -> Result<()> {
+        self.bound()?.record_event(event, stream)
+    }
+
+    fn stream_wait_event(&mut self, stream: Handle, event: Handle) -> Result<()> {
+        self.bound()?.stream_wait_event(stream, event)
+    }
+
+    fn query_event(&mut self, event: Handle) -> Result<bool> {
+        self.bound()?.query_event(event)
+    }
+
+    fn synchronize_event(&mut self, event: Handle) -> Result<()> {
+        self.bound()?.synchronize_event(event)
+    }
+
+    fn synchronize_stream(&mut self, stream: Handle) -> Result<()> {
+        self.bound()?.synchronize_stream(stream)
+    }
+
+    fn synchronize_device(&mut self) -> Result<()> {
+        self.bound()?.synchronize_context()
+    }
+
+    fn memcpy_async(&mut self, dst: u64, src: u64, count: u64, stream: Handle) -> Result<bool> {
+        // SAFETY: the device checked both ranges (device memory, or its pinned host blocks,
+        // which it keeps until the runtime's work on them is complete) before queuing the copy.
+        unsafe { self.bound()?.memcpy_async(dst, src, count, stream) }.map(|()| true)
+    }
+
+    fn memset_async(&mut self, dst: u64, value: u8, count: u64, stream: Handle) -> Result<bool> {
+        self.bound()?.memset_async(dst, value, count, stream).map(|()| true)
     }
 }
 

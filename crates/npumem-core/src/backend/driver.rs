@@ -23,69 +23,23 @@
 //! two runtime steps undoes the first); bytes in use never pass the capacity; dropping the
 //! backend unmaps, frees and releases everything it holds.
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::address_map::{AddressMap, Mapping};
 use super::{Backend, BackendCounters, PhysHandle};
 use crate::acl::MemScope;
 use crate::error::{AclError, ErrorCode, Result};
+use crate::stream::RuntimeStreams;
+use crate::stream::runtime::Handle;
 use crate::units::{MIB, checked_align_up, format_size};
 use crate::vm::{PageKind, PageSize, Translation, VaSpace};
 
 /// An opaque handle of the runtime's (`aclrtDrvMemHandle`, `CUmemGenericAllocationHandle`).
 pub type RawHandle = u64;
 
-/// A stream of the runtime's (`aclrtStream`, `CUstream`); 0 is the default stream.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct StreamHandle(pub u64);
-
-/// An event of the runtime's (`aclrtEvent`, `CUevent`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct EventHandle(pub u64);
-
-impl std::fmt::Display for StreamHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "stream {:#x}", self.0)
-    }
-}
-
-impl std::fmt::Display for EventHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "event {:#x}", self.0)
-    }
-}
-
-/// A runtime's own streams and events, for stream-ordered reuse on real devices: record an
-/// event on the stream that freed a block, query it before another stream takes the block, or
-/// make that stream wait for it. Each call needs the device current on the calling thread
-/// ([`Driver::streams`] binds it).
-pub trait Streams: Sync {
-    fn create_stream(&self) -> Result<StreamHandle>;
-    /// Destroys a stream (its queued work completes first).
-    fn destroy_stream(&self, stream: StreamHandle) -> Result<()>;
-    /// Waits for the work queued on `stream`.
-    fn synchronize_stream(&self, stream: StreamHandle) -> Result<()>;
-    fn create_event(&self) -> Result<EventHandle>;
-    fn destroy_event(&self, event: EventHandle) -> Result<()>;
-    /// Records `event` on `stream`: it completes when the work queued before it has.
-    fn record_event(&self, event: EventHandle, stream: StreamHandle) -> Result<()>;
-    /// Whether the latest record of `event` has completed (an event never recorded has).
-    fn query_event(&self, event: EventHandle) -> Result<bool>;
-    /// Waits for the latest record of `event`.
-    fn synchronize_event(&self, event: EventHandle) -> Result<()>;
-    /// Makes `stream`'s later work wait for the latest record of `event`.
-    fn stream_wait_event(&self, stream: StreamHandle, event: EventHandle) -> Result<()>;
-    /// Queues a copy of `count` bytes on `stream` (device or host addresses, either way).
-    ///
-    /// # Safety
-    /// Host memory among `dst` and `src` must stay valid until the copy has run (synchronize
-    /// the stream, or an event recorded after it, before freeing it).
-    unsafe fn memcpy_async(&self, dst: u64, src: u64, count: u64, stream: StreamHandle) -> Result<()>;
-}
-
-/// What a runtime does for a [`DriverBackend`]. Every call makes the backend's device current
-/// on the calling thread first.
-pub trait Driver: Send {
+/// What a runtime does for a [`DriverBackend`]: its VMM calls here, its streams and events as
+/// [`RuntimeStreams`]. Every call makes the backend's device current on the calling thread first.
+pub trait Driver: RuntimeStreams {
     /// The backend's name ("acl", "cuda").
     fn name(&self) -> &'static str;
     /// The allocation granularity of physical memory of `kind`, in bytes.
@@ -110,8 +64,6 @@ pub trait Driver: Send {
     fn copy(&self, dst: u64, src: u64, count: u64) -> Result<()>;
     /// (free, total) bytes of the runtime's device memory of `scope`.
     fn mem_info(&self, scope: MemScope) -> Result<(u64, u64)>;
-    /// The runtime's streams and events, with the device current on the calling thread.
-    fn streams(&self) -> Result<&'static dyn Streams>;
 }
 
 #[derive(Debug)]
@@ -137,6 +89,9 @@ pub struct DriverBackend<D: Driver> {
     next_handle: PhysHandle,
     in_use: u64,
     counters: BackendCounters,
+    /// The runtime streams and events this backend created (and destroys when it goes).
+    streams: FxHashSet<Handle>,
+    events: FxHashSet<Handle>,
 }
 
 fn page_of(driver: &impl Driver, kind: PageKind) -> Result<PageSize> {
@@ -184,6 +139,8 @@ impl<D: Driver> DriverBackend<D> {
             next_handle: 1,
             in_use: 0,
             counters: BackendCounters::default(),
+            streams: FxHashSet::default(),
+            events: FxHashSet::default(),
         })
     }
 
@@ -440,11 +397,128 @@ impl<D: Driver> Backend for DriverBackend<D> {
     fn counters(&self) -> BackendCounters {
         self.counters
     }
+
+    fn streams(&mut self) -> &mut dyn RuntimeStreams {
+        self
+    }
+}
+
+impl<D: Driver> DriverBackend<D> {
+    fn known_event(&self, event: Handle) -> Result<()> {
+        if self.events.contains(&event) {
+            Ok(())
+        } else {
+            Err(AclError::new(
+                ErrorCode::RtInvalidHandle,
+                format!("event {event:#x} is not one the {} backend created (or it was destroyed)", self.name()),
+            ))
+        }
+    }
+}
+
+/// The runtime's own streams and events (the stream half of the seam), with books of what this
+/// backend created: an event it did not create (or destroyed) is an error before the runtime
+/// sees it; streams other than its own pass through (a framework's stream adopted by the device
+/// is the program's, and the runtime checks it).
+impl<D: Driver> RuntimeStreams for DriverBackend<D> {
+    fn is_real(&self) -> bool {
+        self.driver.is_real()
+    }
+
+    fn create_stream(&mut self) -> Result<Handle> {
+        let stream = self.driver.create_stream()?;
+        self.streams.insert(stream);
+        Ok(stream)
+    }
+
+    fn destroy_stream(&mut self, stream: Handle) -> Result<()> {
+        if !self.streams.contains(&stream) {
+            return Err(AclError::new(
+                ErrorCode::RtInvalidHandle,
+                format!("stream {stream:#x} is not one the {} backend created (or it was destroyed)", self.name()),
+            ));
+        }
+        self.driver.destroy_stream(stream)?;
+        self.streams.remove(&stream);
+        Ok(())
+    }
+
+    fn create_event(&mut self) -> Result<Handle> {
+        let event = self.driver.create_event()?;
+        self.events.insert(event);
+        Ok(event)
+    }
+
+    fn destroy_event(&mut self, event: Handle) -> Result<()> {
+        self.known_event(event)?;
+        self.driver.destroy_event(event)?;
+        self.events.remove(&event);
+        Ok(())
+    }
+
+    fn record_event(&mut self, event: Handle, stream: Handle) -> Result<()> {
+        self.known_event(event)?;
+        self.driver.record_event(event, stream)
+    }
+
+    fn stream_wait_event(&mut self, stream: Handle, event: Handle) -> Result<()> {
+        self.known_event(event)?;
+        self.driver.stream_wait_event(stream, event)
+    }
+
+    fn query_event(&mut self, event: Handle) -> Result<bool> {
+        self.known_event(event)?;
+        self.driver.query_event(event)
+    }
+
+    fn synchronize_event(&mut self, event: Handle) -> Result<()> {
+        self.known_event(event)?;
+        self.driver.synchronize_event(event)
+    }
+
+    fn synchronize_stream(&mut self, stream: Handle) -> Result<()> {
+        self.driver.synchronize_stream(stream)
+    }
+
+    fn synchronize_device(&mut self) -> Result<()> {
+        self.driver.synchronize_device()
+    }
+
+    fn memcpy_async(&mut self, dst: u64, src: u64, count: u64, stream: Handle) -> Result<bool> {
+        for (addr, role) in [(dst, "destination"), (src, "source")] {
+            if self.owns(addr) {
+                self.check_mapped(addr, count).map_err(|e| AclError::new(e.code, format!("{role}: {}", e.message)))?;
+            }
+        }
+        let queued = self.driver.memcpy_async(dst, src, count, stream)?;
+        if queued {
+            self.counters.bytes_read += count;
+            self.counters.bytes_written += count;
+        }
+        Ok(queued)
+    }
+
+    fn memset_async(&mut self, dst: u64, value: u8, count: u64, stream: Handle) -> Result<bool> {
+        self.check_mapped(dst, count)?;
+        let queued = self.driver.memset_async(dst, value, count, stream)?;
+        if queued {
+            self.counters.bytes_written += count;
+        }
+        Ok(queued)
+    }
 }
 
 impl<D: Driver> Drop for DriverBackend<D> {
     fn drop(&mut self) {
-        // Best effort: a runtime that fails here has nothing better to be told.
+        // Best effort: a runtime that fails here has nothing better to be told. Queued work
+        // finishes before its streams, events and memory go.
+        let _ = self.driver.synchronize_device();
+        for &event in &self.events {
+            let _ = self.driver.destroy_event(event);
+        }
+        for &stream in &self.streams {
+            let _ = self.driver.destroy_stream(stream);
+        }
         for (va, mapping) in self.space.mappings() {
             let _ = self.driver.unmap(va, mapping.size);
         }

@@ -24,7 +24,7 @@ pub mod sim;
 
 pub use acl::{AclBackend, AclDriver, AclRuntime};
 pub use cuda::{CudaBackend, CudaDriver, CudaRuntime};
-pub use driver::{Driver, DriverBackend, EventHandle, StreamHandle, Streams};
+pub use driver::{Driver, DriverBackend};
 pub use faulty::{FaultCounts, FaultPlan, FaultyBackend};
 pub use host::{HostBackend, HostConfig};
 pub use sim::{SimBackend, SimConfig};
