@@ -8,7 +8,7 @@ STAMP := $(VENV)/.deps-stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run test build wheel lint test-rust test-loom test-python fuzz miri bench bench-replay bench-streams bench-plan bench-fastpath bench-pools bench-host bench-pagesize validate-tlb clean
+.PHONY: run test build wheel lint test-rust test-loom test-python fuzz miri bench bench-replay bench-streams bench-plan bench-fastpath bench-pools bench-host bench-pagesize check-gpu validate-tlb clean
 
 run: build
 	npumem demo
@@ -112,6 +112,15 @@ bench-host: build
 
 bench-pagesize: build
 	python benches/bench_pagesize.py
+
+# Real accelerators (issue #14): the CUDA backend's tests and a short benchmark against the real
+# driver (libcuda.so.1 from the loader path; NPUMEM_CUDA_LIB is not used). Without a GPU and
+# driver it prints one line saying why and succeeds. On Ascend hardware: NPUMEM_BACKEND=acl.
+check-gpu: build
+	@reason=$$(env -u NPUMEM_CUDA_LIB -u NPUMEM_ACL_LIB python benches/bench_gpu.py --probe); \
+	if [ -n "$$reason" ]; then echo "check-gpu: skipped: $$reason"; exit 0; fi; \
+	env -u NPUMEM_CUDA_LIB -u NPUMEM_ACL_LIB NPUMEM_CHECK_GPU=1 python -m pytest -q tests/test_gpu.py && \
+	env -u NPUMEM_CUDA_LIB -u NPUMEM_ACL_LIB python benches/bench_gpu.py
 
 clean:
 	rm -rf $(VENV) target python/npumem/*.so python/npumem/npumem.h fuzz/target

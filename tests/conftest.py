@@ -149,12 +149,16 @@ BOTH_BACKENDS = [pytest.mark.usefixtures("npumem_backend")]
 
 #: The stand-in runtimes `make build` puts here (crates/npumem-fake-acl, crates/npumem-fake-cuda).
 STAND_INS = Path(__file__).resolve().parent.parent / "target" / "stand-ins"
-# The accelerator backends load the stand-ins in place of AscendCL and the CUDA driver. Their normal
-# granularity is 4 KiB here (a real GPU's is 2 MiB; tests of that start their own process), so
-# the suite's expectations of 4 KiB normal pages hold on every backend.
-os.environ["NPUMEM_ACL_LIB"] = str(STAND_INS / "libascendcl.so")
-os.environ["NPUMEM_CUDA_LIB"] = str(STAND_INS / "libcuda.so")
-os.environ["NPUMEM_FAKE_GRANULARITY"] = "4KiB"
+#: `make check-gpu` (NPUMEM_CHECK_GPU=1): tests/test_gpu.py runs on the real runtime, which the
+#: stand-ins must not replace.
+REAL_DEVICE = os.environ.get("NPUMEM_CHECK_GPU") == "1"
+# Otherwise the accelerator backends load the stand-ins in place of AscendCL and the CUDA driver.
+# Their normal granularity is 4 KiB here (a real GPU's is 2 MiB; tests of that start their own
+# process), so the suite's expectations of 4 KiB normal pages hold on every backend.
+if not REAL_DEVICE:
+    os.environ["NPUMEM_ACL_LIB"] = str(STAND_INS / "libascendcl.so")
+    os.environ["NPUMEM_CUDA_LIB"] = str(STAND_INS / "libcuda.so")
+    os.environ["NPUMEM_FAKE_GRANULARITY"] = "4KiB"
 for _var in ("NPUMEM_FAKE_CAPACITY", "NPUMEM_FAKE_DELAY_US", "NPUMEM_FAKE_FAIL", "NPUMEM_FAKE_DEVICES"):
     os.environ.pop(_var, None)
 
@@ -182,7 +186,19 @@ class LiveCounts(ctypes.Structure):
 
 
 #: Fault kinds of the stand-ins' switch (`npumem_fake_fail_next`).
-FAULT_KINDS = {"physical": 0, "map": 1, "reserve": 2, "unmap": 3, "memcpy": 4, "memset": 5, "release": 6}
+FAULT_KINDS = {
+    "physical": 0,
+    "map": 1,
+    "reserve": 2,
+    "unmap": 3,
+    "memcpy": 4,
+    "memset": 5,
+    "release": 6,
+    "free_physical": 7,
+    "stream": 8,
+    "event": 9,
+    "mem_info": 10,
+}
 
 
 class StandIn:

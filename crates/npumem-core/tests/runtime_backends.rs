@@ -11,9 +11,7 @@ use std::sync::{LazyLock, Mutex, MutexGuard};
 use libloading::Library;
 use npumem_core::acl::{MemAttr, MemcpyKind};
 use npumem_core::backend::ffi::Candidate;
-use npumem_core::backend::{
-    AclBackend, AclDriver, AclRuntime, Backend, CudaBackend, CudaDriver, CudaRuntime, Driver, Streams,
-};
+use npumem_core::backend::{AclBackend, AclDriver, AclRuntime, Backend, CudaBackend, CudaDriver, CudaRuntime, Driver};
 use npumem_core::units::{GIB, KIB, MIB};
 use npumem_core::vm::{PageKind, PageSize};
 use npumem_core::{AclError, ErrorCode};
@@ -225,7 +223,7 @@ fn acl_calls_codes_and_async_streams() {
     ACL.set_delay_us(0);
     ACL.fail_next(STREAM, 1);
     expect_code(rt.create_stream(), ErrorCode::RtMemoryAllocation, &["207008 (ACL_ERROR_RT_NO_STREAM_RESOURCE)"]);
-    expect_code(rt.destroy_stream(npumem_core::backend::StreamHandle(0x99)), ErrorCode::RtInvalidHandle, &[]);
+    expect_code(rt.destroy_stream(0x99), ErrorCode::RtInvalidHandle, &[]);
     for s in [s1, s2] {
         rt.destroy_stream(s).unwrap();
     }

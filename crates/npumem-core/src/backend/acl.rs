@@ -28,11 +28,11 @@
 use std::ffi::{c_char, c_int, c_void};
 
 use super::driver::{Driver, DriverBackend, RawHandle};
-use crate::stream::RuntimeStreams;
-use crate::stream::runtime::Handle;
 use super::ffi::{self, Candidate, api};
 use crate::acl::{MemAttr, MemScope, MemcpyKind};
 use crate::error::{AclError, ErrorCode, Result};
+use crate::stream::RuntimeStreams;
+use crate::stream::runtime::Handle;
 use crate::units::format_size;
 use crate::vm::{PageKind, VA_WINDOW_END, VA_WINDOW_START};
 

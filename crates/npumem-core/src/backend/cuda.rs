@@ -29,13 +29,13 @@
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
 use super::driver::{Driver, DriverBackend, RawHandle};
-use crate::stream::RuntimeStreams;
-use crate::stream::runtime::Handle;
 use super::ffi::{self, Candidate, api};
 use crate::acl::MemScope;
 use crate::error::{AclError, ErrorCode, Result};
+use crate::stream::RuntimeStreams;
+use crate::stream::runtime::Handle;
 use crate::units::{GIB, MIB, format_size};
-use crate::vm::PageKind;
+use crate::vm::{PageKind, VA_WINDOW_START};
 
 /// `CUmemLocation`.
 #[repr(C)]
@@ -406,12 +406,20 @@ impl CudaRuntime {
     }
 }
 
-/// The CUDA driver on one device (its primary context), for a [`DriverBackend`].
+/// The CUDA driver on one device (its primary context), for a [`DriverBackend`]. Its device
+/// addresses are one VA window it reserves when it opens (`cuMemAddressReserve`, asked for at
+/// npumem's 16–24 TiB window and smaller where the driver cannot give that) and releases when it
+/// goes; the backend places every reservation inside it, so an address is the device's exactly
+/// when it is in the window (as on AscendCL), freed or not.
 pub struct CudaDriver {
     rt: &'static CudaRuntime,
     device: i32,
     context: u64,
+    window: (u64, u64),
 }
+
+/// The window sizes asked for, largest first.
+const WINDOWS: [u64; 4] = [8 * 1024 * GIB, 1024 * GIB, 256 * GIB, 64 * GIB];
 
 impl CudaDriver {
     /// The driver (loaded on first use, from where the environment says) on `device`.
@@ -423,7 +431,19 @@ impl CudaDriver {
     pub fn new(rt: &'static CudaRuntime, device: i32) -> Result<CudaDriver> {
         let context = rt.primary_context(device)?;
         rt.use_context(context)?;
-        Ok(CudaDriver { rt, device, context })
+        let mut last = None;
+        for size in WINDOWS {
+            match rt.reserve(size, GIB, Some(VA_WINDOW_START)) {
+                Ok(start) => return Ok(CudaDriver { rt, device, context, window: (start, start + size) }),
+                // Too large for the driver (out of memory, or an invalid value): a smaller one.
+                Err(e) if matches!(e.code, ErrorCode::RtMemoryAllocation | ErrorCode::RtParamInvalid) => {
+                    last = Some(e)
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let e = last.expect("at least one size was tried");
+        Err(AclError::new(e.code, format!("cannot reserve the device's address window: {}", e.message)))
     }
 
     pub fn runtime(&self) -> &'static CudaRuntime {
@@ -452,12 +472,15 @@ impl Driver for CudaDriver {
     }
 
     fn window(&self) -> (u64, u64) {
-        // Wherever the driver puts reservations in the process's address space.
-        (0, 1 << 57)
+        self.window
     }
 
     fn owns_window(&self) -> bool {
-        false
+        true
+    }
+
+    fn holds_window(&self) -> bool {
+        true
     }
 
     fn reserve(&self, size: u64, align: u64, hint: Option<u64>) -> Result<u64> {
@@ -513,6 +536,15 @@ impl Driver for CudaDriver {
 
     fn mem_info(&self, _scope: MemScope) -> Result<(u64, u64)> {
         self.bound()?.mem_info()
+    }
+}
+
+impl Drop for CudaDriver {
+    fn drop(&mut self) {
+        // The backend has unmapped everything in the window by now (its books go first).
+        if let Ok(rt) = self.bound() {
+            let _ = rt.release(self.window.0, self.window.1 - self.window.0);
+        }
     }
 }
 

@@ -9,7 +9,8 @@
 //!   out-of-memory (207001) before the runtime is asked; the runtime's own out-of-memory
 //!   passes through with its code;
 //! - a reservation the runtime placed off the alignment asked for is made again `align` bytes
-//!   larger and used from its first aligned address (AscendCL takes no alignment);
+//!   larger and used from its first aligned address (AscendCL takes no alignment); a driver that
+//!   holds one window for its life (CUDA) has its reservations placed inside it by the books;
 //! - freeing a mapped physical allocation frees it in the runtime at once (both runtimes defer
 //!   the release to the last unmap) and keeps it in the books until then;
 //! - an overlapping device-to-device copy goes through host memory in 1 MiB pieces, in the
@@ -48,6 +49,12 @@ pub trait Driver: RuntimeStreams {
     fn window(&self) -> (u64, u64);
     /// Whether every address of `window` is the device's (AscendCL's VA window).
     fn owns_window(&self) -> bool;
+    /// Whether `window` is one reservation the driver holds for its whole life (the CUDA
+    /// driver's): the backend then places its reservations inside it in its books, without
+    /// runtime calls.
+    fn holds_window(&self) -> bool {
+        false
+    }
     /// Reserves `size` bytes of VA (aligned to `align` where the runtime takes an alignment),
     /// exactly at `hint` when given.
     fn reserve(&self, size: u64, align: u64, hint: Option<u64>) -> Result<u64>;
@@ -222,6 +229,12 @@ impl<D: Driver> Backend for DriverBackend<D> {
         }
         let size = checked_align_up(size, normal)
             .ok_or_else(|| AclError::invalid_param(format!("reservation size {size} is too large")))?;
+        if self.driver.holds_window() {
+            let va = self.space.reserve(size, align, hint)?;
+            self.reservations.insert(va, (va, 0));
+            self.counters.reserves += 1;
+            return Ok(va);
+        }
         let (va, start, len) = self.reserve_aligned(size, align, hint)?;
         if let Err(e) = self.space.reserve(size, normal, Some(va)) {
             let _ = self.driver.release(start, len);
@@ -240,7 +253,9 @@ impl<D: Driver> Backend for DriverBackend<D> {
         // The books refuse a release with mappings (or of no reservation) before the runtime.
         self.space.check_release(va)?;
         let &(start, len) = self.reservations.get(&va).expect("the books and the runtime agree");
-        self.driver.release(start, len)?;
+        if len > 0 {
+            self.driver.release(start, len)?;
+        }
         self.space.release(va)?;
         self.reservations.remove(&va);
         self.counters.releases += 1;
@@ -525,7 +540,7 @@ impl<D: Driver> Drop for DriverBackend<D> {
         for p in self.allocs.values().filter(|p| !p.free_requested) {
             let _ = self.driver.free(p.raw);
         }
-        for &(start, len) in self.reservations.values() {
+        for &(start, len) in self.reservations.values().filter(|(_, len)| *len > 0) {
             let _ = self.driver.release(start, len);
         }
     }

@@ -402,6 +402,9 @@ pub struct Device {
     rt_dirty: runtime::Dirty,
     /// Streams adopted from the program (`adopt_stream`): never destroyed on the runtime.
     rt_adopted: runtime::Dirty,
+    /// Adopted streams (the default stream too) on a runtime with a queue: the program queues
+    /// work on them that npumem does not see, so they count as dirty always.
+    rt_opaque: runtime::Dirty,
 }
 
 impl Device {
@@ -443,6 +446,7 @@ impl Device {
             rt_events: FxHashMap::default(),
             rt_dirty: runtime::Dirty::default(),
             rt_adopted: runtime::Dirty::default(),
+            rt_opaque: runtime::Dirty::default(),
         }
     }
 
@@ -740,7 +744,8 @@ impl Device {
     }
 
     /// `aclrtFreeHost`. It does not wait: freeing a block that queued async copies still use is
-    /// a use-after-free hazard (reported; those copies are lost).
+    /// a use-after-free hazard (reported; those copies are lost). On a runtime with a queue the
+    /// runtime's queued copies finish first (they would touch the freed memory).
     pub fn free_host(&mut self, ptr: u64) -> Result<()> {
         if ptr == 0 {
             return Err(AclError::invalid_param("free_host(NULL): pass a pointer returned by malloc_host"));
@@ -749,6 +754,9 @@ impl Device {
         if self.host.block_start(ptr) == Some(ptr) && self.sanitizer.tracks(ptr) {
             let clock = self.sched.host_clock().clone();
             self.sanitizer.check_free(ptr, 0, HOST, &clock, &[], None)?;
+        }
+        if self.host.block_start(ptr) == Some(ptr) {
+            self.rt_synchronize_device()?;
         }
         self.host.free(ptr)?;
         self.sanitizer.forget(ptr);
