@@ -15,8 +15,8 @@ and unmapping 512 MiB as physical allocations of 2 MiB, 32 MiB and 512 MiB (the 
 
 It needs the real driver: ``libcuda.so.1`` from the loader path (``libascendcl.so`` from
 ``$ASCEND_HOME_PATH/lib64`` or the loader path) and a device. Without one it prints one line
-saying why and exits 0 (``--probe``: prints only the reason, nothing when a device is there). Timing: interleaved rounds, best
-of each (``npumem._timing.best_of``).
+saying why and exits 0 (``--probe``: prints only the reason, nothing when a device is there).
+Timing: interleaved rounds, best of each (``npumem._timing.best_of``).
 
 Run: make check-gpu   (or: .venv/bin/python benches/bench_gpu.py [--quick] [--probe])
 """
@@ -113,7 +113,7 @@ def bench_malloc(rt: Runtime, sizes: list[int], seconds: float) -> None:
     print(f"malloc + free pairs on {BACKEND} (us per pair)")
     print(f"{'size':>8} " + " ".join(f"{c:>12}" for c in heads))
     for size in sizes:
-        cases = {family: (lambda d=d: d.free(d.malloc(size))) for family, d in devices.items()}
+        cases = {family: (lambda d=d, size=size: d.free(d.malloc(size))) for family, d in devices.items()}
         cases[rt.name] = lambda size=size: rt.malloc_free(size)
         n = {name: calls_for(fn, seconds) for name, fn in cases.items()}
         t = best_of(cases, n)

@@ -329,11 +329,11 @@ fn backends_have_the_runtimes_pages_and_refuse_what_they_cannot_hold() {
     );
     assert_eq!(acl.name(), "acl");
     assert!(acl.owns(0x1000_0000_0000) && !acl.owns(0x1000), "AscendCL's window is the device's");
-    let cuda = CudaBackend::with_driver(CudaDriver::new(cuda(), 0).unwrap(), None).unwrap();
+    let cuda = CudaBackend::with_driver(CudaDriver::new(cuda(), 0, None).unwrap(), None).unwrap();
     assert_eq!(cuda.page_size(PageKind::Normal), PageSize::Size2M, "normal pages are the GPU's granularity");
     assert_eq!(cuda.capacity(), 80 * GIB, "the whole device by default");
     expect_code(
-        CudaBackend::with_driver(CudaDriver::new(self::cuda(), 0).unwrap(), Some(100 * GIB)),
+        CudaBackend::with_driver(CudaDriver::new(self::cuda(), 0, Some(100 * GIB)).unwrap(), Some(100 * GIB)),
         ErrorCode::InvalidParam,
         &["capacity 100 GiB is out of range"],
     );
@@ -573,7 +573,7 @@ proptest! {
         let _g = CUDA.hold();
         let before = CUDA.counts();
         {
-            let mut b = CudaBackend::with_driver(CudaDriver::new(cuda(), 0).unwrap(), Some(24 * MIB)).unwrap();
+            let mut b = CudaBackend::with_driver(CudaDriver::new(cuda(), 0, Some(24 * MIB)).unwrap(), Some(24 * MIB)).unwrap();
             let r = run_program(&mut b, &CUDA, 24 * MIB, ops);
             for k in [PHYSICAL, MAP, RESERVE, MEMCPY] {
                 CUDA.fail_next(k, 0);

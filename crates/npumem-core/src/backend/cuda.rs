@@ -408,8 +408,8 @@ impl CudaRuntime {
 
 /// The CUDA driver on one device (its primary context), for a [`DriverBackend`]. Its device
 /// addresses are one VA window it reserves when it opens (`cuMemAddressReserve`, asked for at
-/// npumem's 16–24 TiB window and smaller where the driver cannot give that) and releases when it
-/// goes; the backend places every reservation inside it, so an address is the device's exactly
+/// npumem's 16 TiB, as large as the host backend's window for the same capacity, and halved
+/// while the driver cannot give that) and releases when it goes; the backend places every reservation inside it, so an address is the device's exactly
 /// when it is in the window (as on AscendCL), freed or not.
 pub struct CudaDriver {
     rt: &'static CudaRuntime,
@@ -418,32 +418,41 @@ pub struct CudaDriver {
     window: (u64, u64),
 }
 
-/// The window sizes asked for, largest first.
-const WINDOWS: [u64; 4] = [8 * 1024 * GIB, 1024 * GIB, 256 * GIB, 64 * GIB];
-
 impl CudaDriver {
-    /// The driver (loaded on first use, from where the environment says) on `device`.
-    pub fn open(device: i32) -> Result<CudaDriver> {
-        Self::new(CudaRuntime::load()?, device)
+    /// The driver (loaded on first use, from where the environment says) on `device`, for a
+    /// backend that will hold up to `capacity` bytes (default: the device's memory; it sizes the
+    /// address window).
+    pub fn open(device: i32, capacity: Option<u64>) -> Result<CudaDriver> {
+        Self::new(CudaRuntime::load()?, device, capacity)
     }
 
-    /// `rt` on `device` (its primary context).
-    pub fn new(rt: &'static CudaRuntime, device: i32) -> Result<CudaDriver> {
+    /// `rt` on `device` (its primary context), `capacity` as in [`CudaDriver::open`].
+    pub fn new(rt: &'static CudaRuntime, device: i32, capacity: Option<u64>) -> Result<CudaDriver> {
         let context = rt.primary_context(device)?;
         rt.use_context(context)?;
-        let mut last = None;
-        for size in WINDOWS {
+        let capacity = match capacity {
+            Some(c) => c,
+            None => rt.mem_info()?.1,
+        };
+        let mut size = super::host::window_size(capacity);
+        loop {
             match rt.reserve(size, GIB, Some(VA_WINDOW_START)) {
                 Ok(start) => return Ok(CudaDriver { rt, device, context, window: (start, start + size) }),
                 // Too large for the driver (out of memory, or an invalid value): a smaller one.
-                Err(e) if matches!(e.code, ErrorCode::RtMemoryAllocation | ErrorCode::RtParamInvalid) => {
-                    last = Some(e)
+                Err(e)
+                    if size > 16 * GIB
+                        && matches!(e.code, ErrorCode::RtMemoryAllocation | ErrorCode::RtParamInvalid) =>
+                {
+                    size /= 2
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    return Err(AclError::new(
+                        e.code,
+                        format!("cannot reserve the device's address window: {}", e.message),
+                    ));
+                }
             }
         }
-        let e = last.expect("at least one size was tried");
-        Err(AclError::new(e.code, format!("cannot reserve the device's address window: {}", e.message)))
     }
 
     pub fn runtime(&self) -> &'static CudaRuntime {
@@ -612,7 +621,7 @@ pub type CudaBackend = DriverBackend<CudaDriver>;
 impl CudaBackend {
     /// A backend on CUDA `device` that may hold `capacity` bytes (default: the device's memory).
     pub fn open(device: i32, capacity: Option<u64>) -> Result<CudaBackend> {
-        Self::with_driver(CudaDriver::open(device)?, capacity)
+        Self::with_driver(CudaDriver::open(device, capacity)?, capacity)
     }
 
     /// A backend over `driver` (capacity as in [`CudaBackend::open`]).

@@ -41,7 +41,7 @@ const MAX_WINDOW: u64 = VA_WINDOW_END - VA_WINDOW_START;
 
 /// The address window of a backend of `capacity` bytes: 16 times it (the npumem pool reserves
 /// 8 times the device), from 64 GiB to 8 TiB, so that many devices fit in one process.
-fn window_size(capacity: u64) -> u64 {
+pub(super) fn window_size(capacity: u64) -> u64 {
     capacity.saturating_mul(16).next_multiple_of(GIB).clamp(64 * GIB, MAX_WINDOW)
 }
 

@@ -54,9 +54,9 @@ impl Device {
                 // the runtime's marks must say the work is done too.
                 let key = if self.rt_any_dirty() {
                     let candidates: Vec<_> = followed.collect();
-                    candidates.into_iter().find(|(_, marks, ptr)| {
-                        self.rt_done(marks.as_deref().unwrap_or(&[])) && self.busy_done(*ptr)
-                    })
+                    candidates
+                        .into_iter()
+                        .find(|(_, marks, ptr)| self.rt_done(marks.as_deref().unwrap_or(&[])) && self.busy_done(*ptr))
                 } else {
                     followed.next()
                 };
