@@ -124,7 +124,7 @@ def bench_map(pages: list[int], total: int) -> None:
     d = npumem.Device("4GiB", backend=BACKEND, allocator="direct")
     print(f"\nmap + unmap of {fmt(total)} by physical allocation size (ms; us per allocation)")
     for page in pages:
-        va = d.reserve_mem_address(total, alignment=2 * MiB)
+        va = d.reserve_mem_address(total)
         handles = [d.malloc_physical(page, MemAttr.HBM_HUGE) for _ in range(total // page)]
 
         def cycle(va=va, handles=handles, page=page):

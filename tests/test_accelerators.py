@@ -10,10 +10,13 @@ them is in test_capi_accelerators.py.
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import GiB, KiB, MiB, StandIn
+from conftest import STAND_INS, GiB, KiB, MiB, StandIn
 
 import npumem
 from npumem import AclError
@@ -203,3 +206,25 @@ def test_a_library_without_the_runtimes_calls_names_the_missing_symbol(backend, 
     assert info.value.code == 200006
     first = "aclInit" if backend == "acl" else "cuInit"
     assert first in str(info.value) and str(other) in str(info.value)
+
+
+# --------------------------------------------------------------------------------------------
+# `make check-gpu`'s tests, on the CUDA stand-in with a GPU's 2 MiB granularity
+# --------------------------------------------------------------------------------------------
+
+
+def test_the_gpu_check_passes_on_the_cuda_stand_in():
+    """tests/test_gpu.py as `make check-gpu` runs it (libcuda.so.1 from the loader path), here
+    finding the stand-in, whose default granularity is a GPU's 2 MiB."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NPUMEM_")}
+    env.update(NPUMEM_CHECK_GPU="1", LD_LIBRARY_PATH=str(STAND_INS))
+    test = Path(__file__).with_name("test_gpu.py")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "skipped" not in proc.stdout, proc.stdout[-2000:]

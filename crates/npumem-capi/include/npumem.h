@@ -22,7 +22,8 @@
  *   NPUMEM_ALLOC_CONF the allocator's settings, in the PYTORCH_NPU_ALLOC_CONF grammar
  *                     ("max_split_size_mb:128,garbage_collection_threshold:0.8,...").
  *   NPUMEM_CAPACITY   the most each device may hold, a size such as "8GiB"; default: the
- *                     memory available when the device is created (host, acl, cuda), 32 GiB (sim).
+ *                     memory available when the device is created (host), 32 GiB (sim),
+ *                     the device's memory (acl, cuda).
  * An empty variable counts as unset. A bad value makes every call that needs a device fail,
  * with a last error naming the variable.
  *
