@@ -396,6 +396,11 @@ impl AclRuntime {
         })
     }
 
+    /// Queues a copy of `count` bytes on `stream` (device or host addresses, either way).
+    ///
+    /// # Safety
+    /// Host memory among `dst` and `src` must stay valid until the copy has run (synchronize
+    /// the stream, or an event recorded after it, before freeing it).
     pub unsafe fn memcpy_async(&self, dst: u64, src: u64, count: u64, stream: Handle) -> Result<()> {
         // SAFETY: the caller's contract for host memory; the runtime checks device memory.
         let ret = unsafe {

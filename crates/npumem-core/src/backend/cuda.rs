@@ -392,6 +392,11 @@ impl CudaRuntime {
         })
     }
 
+    /// Queues a copy of `count` bytes on `stream` (device or host addresses, either way).
+    ///
+    /// # Safety
+    /// Host memory among `dst` and `src` must stay valid until the copy has run (synchronize
+    /// the stream, or an event recorded after it, before freeing it).
     pub unsafe fn memcpy_async(&self, dst: u64, src: u64, count: u64, stream: Handle) -> Result<()> {
         // SAFETY: the caller's contract for host memory; the driver checks device memory.
         let r = unsafe { (self.api.cuMemcpyAsync)(dst, src, count as usize, ptr(stream)) };
