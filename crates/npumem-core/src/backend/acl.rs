@@ -541,63 +541,9 @@ impl Driver for AclDriver {
     }
 }
 
-/// AscendCL's own streams and events: what the device orders stream-ordered reuse and async
-/// copies on.
-impl RuntimeStreams for AclDriver {
-    fn is_real(&self) -> bool {
-        true
-    }
-
-    fn create_stream(&mut self) -> Result<Handle> {
-        self.bound()?.create_stream()
-    }
-
-    fn destroy_stream(&mut self, stream: Handle) -> Result<()> {
-        self.bound()?.destroy_stream(stream)
-    }
-
-    fn create_event(&mut self) -> Result<Handle> {
-        self.bound()?.create_event()
-    }
-
-    fn destroy_event(&mut self, event: Handle) -> Result<()> {
-        self.bound()?.destroy_event(event)
-    }
-
-    fn record_event(&mut self, event: Handle, stream: Handle) -> Result<()> {
-        self.bound()?.record_event(event, stream)
-    }
-
-    fn stream_wait_event(&mut self, stream: Handle, event: Handle) -> Result<()> {
-        self.bound()?.stream_wait_event(stream, event)
-    }
-
-    fn query_event(&mut self, event: Handle) -> Result<bool> {
-        self.bound()?.query_event(event)
-    }
-
-    fn synchronize_event(&mut self, event: Handle) -> Result<()> {
-        self.bound()?.synchronize_event(event)
-    }
-
-    fn synchronize_stream(&mut self, stream: Handle) -> Result<()> {
-        self.bound()?.synchronize_stream(stream)
-    }
-
-    fn synchronize_device(&mut self) -> Result<()> {
-        self.bound()?.synchronize_device()
-    }
-
-    fn memcpy_async(&mut self, dst: u64, src: u64, count: u64, stream: Handle) -> Result<bool> {
-        // SAFETY: the device checked both ranges (device memory, or its pinned host blocks,
-        // which it keeps until the runtime's work on them is complete) before queuing the copy.
-        unsafe { self.bound()?.memcpy_async(dst, src, count, stream) }.map(|()| true)
-    }
-
-    fn memset_async(&mut self, dst: u64, value: u8, count: u64, stream: Handle) -> Result<bool> {
-        self.bound()?.memset_async(dst, value, count, stream).map(|()| true)
-    }
-}
+// AscendCL's own streams and events: what the device orders stream-ordered reuse and async
+// copies on.
+super::driver::runtime_streams!(AclDriver, synchronize_device);
 
 /// The `Backend` over AscendCL.
 pub type AclBackend = DriverBackend<AclDriver>;

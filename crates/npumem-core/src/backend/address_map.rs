@@ -117,6 +117,21 @@ impl AddressMap {
         self.mappings.range(..=va).next_back().filter(|&(&m, mp)| va < m + mp.size).map(|(&m, &mp)| (m, mp))
     }
 
+    /// Checks that every byte of `[va, va + len)` is mapped.
+    pub fn check_mapped(&self, va: u64, len: u64) -> Result<()> {
+        let end = va.checked_add(len).ok_or_else(|| {
+            AclError::rt_param(format!("{len} bytes at {va:#x} run past the end of the address space"))
+        })?;
+        let mut at = va;
+        while at < end {
+            let Some((m, mp)) = self.containing(at) else {
+                return Err(AclError::rt_param(format!("device address {at:#x} is not mapped")));
+            };
+            at = m + mp.size;
+        }
+        Ok(())
+    }
+
     /// The mappings, as (start, mapping), in address order.
     pub fn mappings(&self) -> Vec<(u64, Mapping)> {
         self.mappings.iter().map(|(&m, &mp)| (m, mp)).collect()

@@ -73,6 +73,69 @@ pub trait Driver: RuntimeStreams {
     fn mem_info(&self, scope: MemScope) -> Result<(u64, u64)>;
 }
 
+/// `RuntimeStreams` for a driver whose runtime (`self.bound()`) has the stream and event calls
+/// under these names (`AclRuntime`, `CudaRuntime`); `$synchronize_device` waits for the device.
+macro_rules! runtime_streams {
+    ($driver:ty, $synchronize_device:ident) => {
+        impl RuntimeStreams for $driver {
+            fn is_real(&self) -> bool {
+                true
+            }
+
+            fn create_stream(&mut self) -> Result<Handle> {
+                self.bound()?.create_stream()
+            }
+
+            fn destroy_stream(&mut self, stream: Handle) -> Result<()> {
+                self.bound()?.destroy_stream(stream)
+            }
+
+            fn create_event(&mut self) -> Result<Handle> {
+                self.bound()?.create_event()
+            }
+
+            fn destroy_event(&mut self, event: Handle) -> Result<()> {
+                self.bound()?.destroy_event(event)
+            }
+
+            fn record_event(&mut self, event: Handle, stream: Handle) -> Result<()> {
+                self.bound()?.record_event(event, stream)
+            }
+
+            fn stream_wait_event(&mut self, stream: Handle, event: Handle) -> Result<()> {
+                self.bound()?.stream_wait_event(stream, event)
+            }
+
+            fn query_event(&mut self, event: Handle) -> Result<bool> {
+                self.bound()?.query_event(event)
+            }
+
+            fn synchronize_event(&mut self, event: Handle) -> Result<()> {
+                self.bound()?.synchronize_event(event)
+            }
+
+            fn synchronize_stream(&mut self, stream: Handle) -> Result<()> {
+                self.bound()?.synchronize_stream(stream)
+            }
+
+            fn synchronize_device(&mut self) -> Result<()> {
+                self.bound()?.$synchronize_device()
+            }
+
+            fn memcpy_async(&mut self, dst: u64, src: u64, count: u64, stream: Handle) -> Result<bool> {
+                // SAFETY: the device checked both ranges (device memory, or its pinned host blocks,
+                // which it keeps until the runtime's work on them is complete) before queuing the copy.
+                unsafe { self.bound()?.memcpy_async(dst, src, count, stream) }.map(|()| true)
+            }
+
+            fn memset_async(&mut self, dst: u64, value: u8, count: u64, stream: Handle) -> Result<bool> {
+                self.bound()?.memset_async(dst, value, count, stream).map(|()| true)
+            }
+        }
+    };
+}
+pub(super) use runtime_streams;
+
 #[derive(Debug)]
 struct Physical {
     raw: RawHandle,
@@ -157,21 +220,6 @@ impl<D: Driver> DriverBackend<D> {
 
     pub fn capacity(&self) -> u64 {
         self.capacity
-    }
-
-    /// Checks that every byte of `[va, va + len)` is mapped.
-    fn check_mapped(&self, va: u64, len: u64) -> Result<()> {
-        let end = va.checked_add(len).ok_or_else(|| {
-            AclError::rt_param(format!("{len} bytes at {va:#x} run past the end of the address space"))
-        })?;
-        let mut at = va;
-        while at < end {
-            let Some((m, mp)) = self.space.containing(at) else {
-                return Err(AclError::rt_param(format!("device address {at:#x} is not mapped")));
-            };
-            at = m + mp.size;
-        }
-        Ok(())
     }
 
     /// Reserves at the runtime, making the range larger when the runtime placed it off `align`.
@@ -328,7 +376,7 @@ impl<D: Driver> Backend for DriverBackend<D> {
     }
 
     fn read(&mut self, va: u64, out: &mut [u8]) -> Result<()> {
-        self.check_mapped(va, out.len() as u64)?;
+        self.space.check_mapped(va, out.len() as u64)?;
         if !out.is_empty() {
             self.driver.read(va, out)?;
         }
@@ -337,7 +385,7 @@ impl<D: Driver> Backend for DriverBackend<D> {
     }
 
     fn write(&mut self, va: u64, data: &[u8]) -> Result<()> {
-        self.check_mapped(va, data.len() as u64)?;
+        self.space.check_mapped(va, data.len() as u64)?;
         if !data.is_empty() {
             self.driver.write(va, data)?;
         }
@@ -346,7 +394,7 @@ impl<D: Driver> Backend for DriverBackend<D> {
     }
 
     fn fill(&mut self, va: u64, value: u8, count: u64) -> Result<()> {
-        self.check_mapped(va, count)?;
+        self.space.check_mapped(va, count)?;
         if count > 0 {
             self.driver.fill(va, value, count)?;
         }
@@ -355,8 +403,8 @@ impl<D: Driver> Backend for DriverBackend<D> {
     }
 
     fn copy(&mut self, dst: u64, src: u64, count: u64) -> Result<()> {
-        self.check_mapped(src, count)?;
-        self.check_mapped(dst, count)?;
+        self.space.check_mapped(src, count)?;
+        self.space.check_mapped(dst, count)?;
         if count > 0 && dst != src {
             if dst.abs_diff(src) >= count {
                 self.driver.copy(dst, src, count)?;
@@ -502,7 +550,9 @@ impl<D: Driver> RuntimeStreams for DriverBackend<D> {
     fn memcpy_async(&mut self, dst: u64, src: u64, count: u64, stream: Handle) -> Result<bool> {
         for (addr, role) in [(dst, "destination"), (src, "source")] {
             if self.owns(addr) {
-                self.check_mapped(addr, count).map_err(|e| AclError::new(e.code, format!("{role}: {}", e.message)))?;
+                self.space
+                    .check_mapped(addr, count)
+                    .map_err(|e| AclError::new(e.code, format!("{role}: {}", e.message)))?;
             }
         }
         let queued = self.driver.memcpy_async(dst, src, count, stream)?;
@@ -514,7 +564,7 @@ impl<D: Driver> RuntimeStreams for DriverBackend<D> {
     }
 
     fn memset_async(&mut self, dst: u64, value: u8, count: u64, stream: Handle) -> Result<bool> {
-        self.check_mapped(dst, count)?;
+        self.space.check_mapped(dst, count)?;
         let queued = self.driver.memset_async(dst, value, count, stream)?;
         if queued {
             self.counters.bytes_written += count;
