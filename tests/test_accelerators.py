@@ -116,12 +116,16 @@ def workload(d: npumem.Device) -> None:
 
 
 #: Each fault kind and the calls of it the workload makes (the Nth of each fails in turn).
-FAULTS = {"physical": 9, "map": 9, "unmap": 4, "stream": 1, "event": 2, "memset": 1}
+# (A failing release or physical free, in the middle of a segment's teardown, is not among them
+# yet: the caching families then keep a segment whose mapping is gone.)
+FAULTS = {"physical": 9, "map": 9, "reserve": 4, "unmap": 4, "stream": 1, "event": 2, "memset": 1}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("kind", sorted(FAULTS))
 def test_injected_faults_are_errors_and_leak_nothing(stand_in, family, kind):
+    if stand_in.backend == "cuda" and kind == "reserve":
+        pytest.skip("the CUDA backend reserves its address window once, at open (tested below)")
     baseline = stand_in.counts().held()
     fired = 0
     for n in range(1, FAULTS[kind] + 1):
