@@ -116,16 +116,28 @@ def workload(d: npumem.Device) -> None:
 
 
 #: Each fault kind and the calls of it the workload makes (the Nth of each fails in turn).
-# (A failing release or physical free, in the middle of a segment's teardown, is not among them
-# yet: the caching families then keep a segment whose mapping is gone.)
-FAULTS = {"physical": 9, "map": 9, "reserve": 4, "unmap": 4, "stream": 1, "event": 2, "memset": 1}
+# A failing release or physical free in a segment's teardown is retried by the backend later (the
+# allocators' contract says those cannot fail): nothing leaks, and the error is not the caller's.
+FAULTS = {
+    "physical": 9,
+    "map": 9,
+    "reserve": 4,
+    "unmap": 4,
+    "free_physical": 4,
+    "release": 3,
+    "stream": 1,
+    "event": 2,
+    "memset": 1,
+}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("kind", sorted(FAULTS))
 def test_injected_faults_are_errors_and_leak_nothing(stand_in, family, kind):
-    if stand_in.backend == "cuda" and kind == "reserve":
+    if stand_in.backend == "cuda" and kind in ("reserve", "release"):
         pytest.skip("the CUDA backend reserves its address window once, at open (tested below)")
+    if family == "npumem" and kind == "release":
+        pytest.skip("the npumem pool keeps its address ranges until the device goes")
     baseline = stand_in.counts().held()
     fired = 0
     for n in range(1, FAULTS[kind] + 1):

@@ -13,6 +13,11 @@
 //!   holds one window for its life (CUDA) has its reservations placed inside it by the books;
 //! - freeing a mapped physical allocation frees it in the runtime at once (both runtimes defer
 //!   the release to the last unmap) and keeps it in the books until then;
+//! - freeing an unmapped physical allocation or releasing an empty reservation cannot fail under
+//!   the `Backend` contract (the allocators tear segments down on it); where the runtime refuses
+//!   all the same, the object is *stranded*: gone from the books the allocators see, kept in a
+//!   list that is retried before each new allocation or reservation and when the backend goes,
+//!   its bytes counted against the capacity until the runtime has taken it back;
 //! - an overlapping device-to-device copy goes through host memory in 1 MiB pieces, in the
 //!   order `memmove` would take (the runtimes' copies do not allow overlap);
 //! - physical addresses are not visible: `translate` reports the allocation's handle and the
@@ -162,6 +167,16 @@ pub struct DriverBackend<D: Driver> {
     /// The runtime streams and events this backend created (and destroys when it goes).
     streams: FxHashSet<Handle>,
     events: FxHashSet<Handle>,
+    /// What the runtime refused to take back (see the module's notes), retried.
+    stranded: Vec<Stranded>,
+}
+
+/// A physical allocation (its raw handle and size) or a reservation (the runtime's start and
+/// size) the runtime refused to free.
+#[derive(Clone, Copy, Debug)]
+enum Stranded {
+    Physical(RawHandle, u64),
+    Reservation(u64, u64),
 }
 
 fn page_of(driver: &impl Driver, kind: PageKind) -> Result<PageSize> {
@@ -211,6 +226,7 @@ impl<D: Driver> DriverBackend<D> {
             counters: BackendCounters::default(),
             streams: FxHashSet::default(),
             events: FxHashSet::default(),
+            stranded: Vec::new(),
         })
     }
 
@@ -251,6 +267,32 @@ impl<D: Driver> DriverBackend<D> {
         }
     }
 
+    /// Asks the runtime again to take back what it refused before; keeps what it still refuses.
+    fn retry_stranded(&mut self) {
+        if self.stranded.is_empty() {
+            return;
+        }
+        let driver = &self.driver;
+        let (in_use, counters) = (&mut self.in_use, &mut self.counters);
+        self.stranded.retain(|&s| match s {
+            Stranded::Physical(raw, size) => {
+                let kept = driver.free(raw).is_err();
+                if !kept {
+                    *in_use -= size;
+                    counters.physical_frees += 1;
+                }
+                kept
+            }
+            Stranded::Reservation(start, len) => {
+                let kept = driver.release(start, len).is_err();
+                if !kept {
+                    counters.releases += 1;
+                }
+                kept
+            }
+        });
+    }
+
     fn live(&self, handle: PhysHandle) -> Result<&Physical> {
         self.allocs.get(&handle).filter(|p| !p.free_requested).ok_or_else(|| {
             AclError::new(ErrorCode::RtInvalidHandle, format!("physical handle {handle} is unknown or already freed"))
@@ -277,6 +319,7 @@ impl<D: Driver> Backend for DriverBackend<D> {
         }
         let size = checked_align_up(size, normal)
             .ok_or_else(|| AclError::invalid_param(format!("reservation size {size} is too large")))?;
+        self.retry_stranded();
         if self.driver.holds_window() {
             let va = self.space.reserve(size, align, hint)?;
             self.reservations.insert(va, (va, 0));
@@ -301,12 +344,14 @@ impl<D: Driver> Backend for DriverBackend<D> {
         // The books refuse a release with mappings (or of no reservation) before the runtime.
         self.space.check_release(va)?;
         let &(start, len) = self.reservations.get(&va).expect("the books and the runtime agree");
-        if len > 0 {
-            self.driver.release(start, len)?;
-        }
+        let refused = len > 0 && self.driver.release(start, len).is_err();
         self.space.release(va)?;
         self.reservations.remove(&va);
-        self.counters.releases += 1;
+        if refused {
+            self.stranded.push(Stranded::Reservation(start, len));
+        } else {
+            self.counters.releases += 1;
+        }
         Ok(())
     }
 
@@ -319,6 +364,7 @@ impl<D: Driver> Backend for DriverBackend<D> {
                 kind.label()
             )));
         }
+        self.retry_stranded();
         if self.in_use.saturating_add(size) > self.capacity {
             return Err(AclError::oom(format!(
                 "the {} backend holds {} of its capacity of {}; {} more would pass it",
@@ -339,7 +385,14 @@ impl<D: Driver> Backend for DriverBackend<D> {
 
     fn free_physical(&mut self, handle: PhysHandle) -> Result<()> {
         let p = self.live(handle)?;
-        self.driver.free(p.raw)?;
+        if let Err(e) = self.driver.free(p.raw) {
+            if p.mapped > 0 {
+                return Err(e);
+            }
+            let p = self.allocs.remove(&handle).expect("live");
+            self.stranded.push(Stranded::Physical(p.raw, p.size));
+            return Ok(());
+        }
         let p = self.allocs.get_mut(&handle).expect("live");
         if p.mapped > 0 {
             p.free_requested = true;
@@ -590,6 +643,7 @@ impl<D: Driver> Drop for DriverBackend<D> {
         for p in self.allocs.values().filter(|p| !p.free_requested) {
             let _ = self.driver.free(p.raw);
         }
+        self.retry_stranded();
         for &(start, len) in self.reservations.values().filter(|(_, len)| *len > 0) {
             let _ = self.driver.release(start, len);
         }
