@@ -8,7 +8,7 @@ STAMP := $(VENV)/.deps-stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run test build wheel lint test-rust test-loom test-python fuzz miri bench bench-replay bench-streams bench-plan bench-fastpath bench-pools bench-host bench-pagesize validate-tlb sweep-demo bench-workloads bench-stress bench-pyacl clean
+.PHONY: run test build wheel lint test-rust test-loom test-python fuzz miri bench bench-replay bench-streams bench-plan bench-fastpath bench-pools bench-host bench-pagesize validate-tlb sweep-demo bench-workloads bench-stress bench-pyacl check-gpu clean
 
 run: build
 	npumem demo
@@ -23,10 +23,16 @@ $(STAMP): requirements-dev.txt
 
 # Release build of the extension, installed into .venv (editable for the Python sources), and of
 # libnpumem (the C ABI, crates/npumem-capi) copied with its header into the package; `install`
-# replaces the file rather than rewriting it under a process that has it loaded.
+# replaces the file rather than rewriting it under a process that has it loaded. The stand-in
+# runtimes the tests load in place of AscendCL and the CUDA driver (crates/npumem-fake-*) go to
+# target/stand-ins (libascendcl.so, libcuda.so and the libcuda.so.1 the loader looks for).
+STAND_INS := target/stand-ins
 build: $(STAMP)
-	cargo build -p npumem-capi --release -q
+	cargo build -p npumem-capi -p npumem-fake-acl -p npumem-fake-cuda --release -q
 	install -m 755 target/release/libnpumem.so python/npumem/libnpumem.so
+	install -D -m 755 target/release/libascendcl.so $(STAND_INS)/libascendcl.so
+	install -D -m 755 target/release/libcuda.so $(STAND_INS)/libcuda.so
+	ln -sf libcuda.so $(STAND_INS)/libcuda.so.1
 	install -m 644 crates/npumem-capi/include/npumem.h python/npumem/npumem.h
 	maturin develop --release -q
 
@@ -40,9 +46,11 @@ lint: $(STAMP)
 	ruff check python tests benches fuzz examples
 	ruff format --check python tests benches fuzz examples
 
-# npumem-fuzz replays the kept fuzz inputs (fuzz/regressions) through the fuzz harnesses.
+# npumem-fuzz replays the kept fuzz inputs (fuzz/regressions) through the fuzz harnesses. The
+# backends' tests load the stand-in runtimes from target/debug, built first.
 test-rust:
-	cargo test -p npumem-core -p npumem-sync -p npumem-fuzz -p npumem-capi -q
+	cargo build -p npumem-fake-acl -p npumem-fake-cuda -q
+	cargo test -p npumem-core -p npumem-sync -p npumem-fuzz -p npumem-capi -p npumem-fake -q
 
 # Model checks of the lock-free structures (a separate build with --cfg loom).
 test-loom:
@@ -127,6 +135,15 @@ bench-stress: build
 # The pyACL layer (npumem.acl): its cost per call beside Device's, and a P2P copy's time.
 bench-pyacl: build
 	python benches/bench_pyacl.py
+
+# Real accelerators (issue #14): the CUDA backend's tests and a short benchmark against the real
+# driver (libcuda.so.1 from the loader path; NPUMEM_CUDA_LIB is not used). Without a GPU and
+# driver it prints one line saying why and succeeds. On Ascend hardware: NPUMEM_BACKEND=acl.
+check-gpu: build
+	@reason=$$(env -u NPUMEM_CUDA_LIB -u NPUMEM_ACL_LIB python benches/bench_gpu.py --probe); \
+	if [ -n "$$reason" ]; then echo "check-gpu: skipped: $$reason"; exit 0; fi; \
+	env -u NPUMEM_CUDA_LIB -u NPUMEM_ACL_LIB NPUMEM_CHECK_GPU=1 python -m pytest -q tests/test_gpu.py && \
+	env -u NPUMEM_CUDA_LIB -u NPUMEM_ACL_LIB python benches/bench_gpu.py
 
 clean:
 	rm -rf $(VENV) target python/npumem/*.so python/npumem/npumem.h fuzz/target

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -134,19 +136,114 @@ def fragment(d: npumem.Device) -> set[int]:
 
 
 # --------------------------------------------------------------------------------------------
-# Both backends: a module marked `pytestmark = BOTH_BACKENDS` runs each of its tests on the
-# simulator and on real host memory (`backend="host"`): `Device` (imported or as
+# Every backend: a module marked `pytestmark = BOTH_BACKENDS` runs each of its tests on the
+# simulator, on real host memory (`backend="host"`) and on the AscendCL and CUDA backends over
+# the stand-in runtimes (`backend="acl"`, `backend="cuda"`): `Device` (imported or as
 # `npumem.Device`) defaults to the backend of the run. A test of what only the simulator has
 # (frames, the page table, its VA window, giant frames, a fragmented buddy) is marked
-# `@pytest.mark.sim_only("why")` and skipped on the host with that reason.
+# `@pytest.mark.sim_only("why")` and skipped on the others with that reason.
 # --------------------------------------------------------------------------------------------
 
-BACKENDS = ("sim", "host")
+BACKENDS = ("sim", "host", "acl", "cuda")
 BOTH_BACKENDS = [pytest.mark.usefixtures("npumem_backend")]
+
+#: The stand-in runtimes `make build` puts here (crates/npumem-fake-acl, crates/npumem-fake-cuda).
+STAND_INS = Path(__file__).resolve().parent.parent / "target" / "stand-ins"
+#: `make check-gpu` (NPUMEM_CHECK_GPU=1): tests/test_gpu.py runs on the real runtime, which the
+#: stand-ins must not replace.
+REAL_DEVICE = os.environ.get("NPUMEM_CHECK_GPU") == "1"
+# Otherwise the accelerator backends load the stand-ins in place of AscendCL and the CUDA driver.
+# Their normal granularity is 4 KiB here (a real GPU's is 2 MiB; tests of that start their own
+# process), so the suite's expectations of 4 KiB normal pages hold on every backend.
+if not REAL_DEVICE:
+    os.environ["NPUMEM_ACL_LIB"] = str(STAND_INS / "libascendcl.so")
+    os.environ["NPUMEM_CUDA_LIB"] = str(STAND_INS / "libcuda.so")
+    os.environ["NPUMEM_FAKE_GRANULARITY"] = "4KiB"
+for _var in ("NPUMEM_FAKE_CAPACITY", "NPUMEM_FAKE_DELAY_US", "NPUMEM_FAKE_FAIL", "NPUMEM_FAKE_DEVICES"):
+    os.environ.pop(_var, None)
+
+
+class LiveCounts(ctypes.Structure):
+    """What a stand-in runtime holds (`npumem_fake_live_counts`)."""
+
+    _fields_ = [
+        (name, ctypes.c_uint64)
+        for name in (
+            "handles",
+            "mappings",
+            "reservations",
+            "streams",
+            "events",
+            "host_blocks",
+            "physical_bytes",
+            "faults_fired",
+        )
+    ]
+
+    def held(self) -> dict[str, int]:
+        """Every count but the faults fired."""
+        return {name: getattr(self, name) for name, _ in self._fields_ if name != "faults_fired"}
+
+
+#: Fault kinds of the stand-ins' switch (`npumem_fake_fail_next`).
+FAULT_KINDS = {
+    "physical": 0,
+    "map": 1,
+    "reserve": 2,
+    "unmap": 3,
+    "memcpy": 4,
+    "memset": 5,
+    "release": 6,
+    "free_physical": 7,
+    "stream": 8,
+    "event": 9,
+    "mem_info": 10,
+}
+
+
+class StandIn:
+    """A stand-in runtime loaded with ctypes: the same library (and state) npumem's backend
+    loads, with its test-only calls."""
+
+    def __init__(self, backend: str):
+        self.backend = backend
+        self.path = STAND_INS / ("libascendcl.so" if backend == "acl" else "libcuda.so")
+        if not self.path.exists():
+            pytest.fail(f"{self.path} is missing: run `make build` (it builds the stand-in runtimes)")
+        self.lib = ctypes.CDLL(str(self.path))
+        self.lib.npumem_fake_live_counts.argtypes = [ctypes.POINTER(LiveCounts)]
+        self.lib.npumem_fake_fail_next.argtypes = [ctypes.c_uint32, ctypes.c_uint64]
+        self.lib.npumem_fake_set_delay_us.argtypes = [ctypes.c_uint64]
+        self.lib.npumem_fake_set_delay_us.restype = None
+
+    def counts(self) -> LiveCounts:
+        out = LiveCounts()
+        assert self.lib.npumem_fake_live_counts(ctypes.byref(out)) == 0
+        return out
+
+    def fail_next(self, kind: str, n: int) -> None:
+        """Makes the `n`th call of `kind` from now fail (0 disarms)."""
+        assert self.lib.npumem_fake_fail_next(FAULT_KINDS[kind], n) == 0
+
+    def disarm(self) -> None:
+        for kind in FAULT_KINDS:
+            self.fail_next(kind, 0)
+
+    def set_delay_us(self, us: int) -> None:
+        self.lib.npumem_fake_set_delay_us(us)
+
+
+@pytest.fixture(params=["acl", "cuda"])
+def stand_in(request) -> StandIn:
+    """Each stand-in runtime in turn (faults disarmed and no delay afterwards)."""
+    s = StandIn(request.param)
+    yield s
+    s.disarm()
+    s.set_delay_us(0)
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "sim_only(reason): needs the simulator; skipped on the host backend")
+    config.addinivalue_line("markers", "sim_only(reason): needs the simulator; skipped on the other backends")
     config.addinivalue_line(
         "markers", "huge_pages: expects 2 MiB pages; on the host backend, skipped when no hugetlb pages can be had"
     )
@@ -199,30 +296,39 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("npumem_backend", BACKENDS, indirect=True)
 
 
-class _HostDevice(npumem.Device):
-    """`npumem.Device` with `backend="host"` unless another is asked for."""
+def _device_on(backend: str) -> type[npumem.Device]:
+    """`npumem.Device` with `backend` unless another is asked for."""
 
-    def __new__(cls, *args, **kwargs):
-        kwargs.setdefault("backend", "host")
-        return super().__new__(cls, *args, **kwargs)
+    class _Device(npumem.Device):
+        def __new__(cls, *args, **kwargs):
+            kwargs.setdefault("backend", backend)
+            return super().__new__(cls, *args, **kwargs)
+
+    _Device.__name__ = _Device.__qualname__ = "Device"
+    return _Device
+
+
+_DEVICES = {backend: _device_on(backend) for backend in BACKENDS[1:]}
 
 
 @pytest.fixture
 def npumem_backend(request, monkeypatch) -> str:
     backend = getattr(request, "param", "sim")  # unittest-style tests (state machines) run on the simulator
-    if backend == "host":
+    if backend != "sim":
         marker = request.node.get_closest_marker("sim_only")
         if marker is not None:
             pytest.skip(f"simulator only: {marker.args[0] if marker.args else 'needs the simulator'}")
+    if backend == "host":
         huge = request.getfixturevalue("host_huge_pages")
         if request.node.get_closest_marker("huge_pages") is not None and huge < HUGE_PAGES_WANTED:
             pytest.skip(
                 f"needs 2 MiB huge pages: {huge} free; reserve {HUGE_PAGES_WANTED} as root with "
                 f"`echo {HUGE_PAGES_WANTED} > {_NR_HUGEPAGES}`"
             )
-        monkeypatch.setattr(npumem, "Device", _HostDevice)
+    if backend != "sim":
+        monkeypatch.setattr(npumem, "Device", _DEVICES[backend])
         if getattr(request.module, "Device", None) is not None:
-            monkeypatch.setattr(request.module, "Device", _HostDevice)
+            monkeypatch.setattr(request.module, "Device", _DEVICES[backend])
     return backend
 
 

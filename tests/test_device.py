@@ -227,7 +227,7 @@ def test_device_arguments_are_keyword_only():
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"capacity": "64MiB", "backend": "acl"}, "backend"),
+        ({"capacity": "64MiB", "backend": "tpu"}, "backend"),
         ({"capacity": "64MiB", "backend": ""}, "backend"),
         ({"capacity": "64MiB", "allocator": "caching"}, "allocator"),
         ({"capacity": "64MiB", "normal_page": "8KiB"}, "normal_page"),

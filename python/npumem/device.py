@@ -58,6 +58,12 @@ class Device(_native.Device):
     ``alloc_conf`` tunes it in the ``PYTORCH_NPU_ALLOC_CONF`` grammar
     (``"max_split_size_mb:128,garbage_collection_threshold:0.6"``).
 
+    ``backend`` is where the memory is: ``"sim"`` (the simulated device), ``"host"`` (real host
+    memory), ``"acl"`` (an Ascend NPU through AscendCL, ``libascendcl.so`` from
+    ``NPUMEM_ACL_LIB``, ``$ASCEND_HOME_PATH/lib64`` or the loader path) or ``"cuda"`` (a GPU
+    through the CUDA driver, ``libcuda.so.1`` from ``NPUMEM_CUDA_LIB`` or the loader path); on
+    the last two, streams and events are the runtime's own.
+
     Pointers are ints in the device window (16-24 TiB); ``malloc_host`` returns real, 64-byte
     aligned host memory. Errors are :class:`npumem.errors.AclError` subclasses carrying the
     AscendCL ``code``.

@@ -11,14 +11,19 @@
  * Configuration: read from the environment once, at the first call.
  *   NPUMEM_BACKEND    "host" (default): real host memory, pointers can be dereferenced (by
  *                     the CPU; a GPU or NPU kernel only where the platform shares host memory
- *                     with the device, until npumem's accelerator backends).
+ *                     with the device).
  *                     "sim": the simulated device, for testing allocation patterns only; its
  *                     pointers are simulated addresses and MUST NOT be dereferenced.
+ *                     "acl", "cuda": device memory of AscendCL (libascendcl.so: NPUMEM_ACL_LIB,
+ *                     else $ASCEND_HOME_PATH/lib64, else the loader path) or of the CUDA driver
+ *                     (libcuda.so.1: NPUMEM_CUDA_LIB, else the loader path); the device index
+ *                     is the runtime's device.
  *   NPUMEM_ALLOCATOR  "npumem" (default), "pytorch", "torch_npu" or "direct".
  *   NPUMEM_ALLOC_CONF the allocator's settings, in the PYTORCH_NPU_ALLOC_CONF grammar
  *                     ("max_split_size_mb:128,garbage_collection_threshold:0.8,...").
  *   NPUMEM_CAPACITY   the most each device may hold, a size such as "8GiB"; default: the
- *                     memory available when the device is created (host), 32 GiB (sim).
+ *                     memory available when the device is created (host), 32 GiB (sim),
+ *                     the device's memory (acl, cuda).
  * An empty variable counts as unset. A bad value makes every call that needs a device fail,
  * with a last error naming the variable.
  *
@@ -34,12 +39,15 @@
  * npumem_last_error and npumem_last_error_code clears the thread's last error first, so after a
  * call npumem_last_error() is NULL exactly when that call succeeded.
  *
- * Streams: `stream` is an opaque handle (a cudaStream_t, an aclrtStream); npumem maps each
- * distinct value to a stream of its own on first sight (at most 65536 per device); NULL is the
- * default stream. npumem sees no work on these streams: a free takes effect when npumem_free
- * returns, and the block may be handed out again to any stream. The caller frees a block only
- * once the work that uses it is done or ordered before the next user (as PyTorch does when it
- * calls the free function from its deleter).
+ * Streams: `stream` is a handle (a cudaStream_t, an aclrtStream); npumem maps each distinct
+ * value to a stream of its own on first sight (at most 65536 per device); NULL is the default
+ * stream. On the host and sim backends npumem sees no work on these streams: a free takes
+ * effect when npumem_free returns, and the block may be handed out again to any stream. The
+ * caller frees a block only once the work that uses it is done or ordered before the next user
+ * (as PyTorch does when it calls the free function from its deleter). On the acl and cuda
+ * backends (NPUMEM_BACKEND=acl|cuda) the handle must be a stream of that runtime: a free records
+ * the runtime's event on the freeing stream (and on streams added with npumem_record_stream);
+ * the same stream reuses the block at once, another stream only once that event has completed.
  */
 #ifndef NPUMEM_H
 #define NPUMEM_H

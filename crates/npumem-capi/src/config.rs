@@ -1,8 +1,10 @@
 //! The library's configuration, read once from the environment at first use:
-//! `NPUMEM_BACKEND` (`host`, the default, or `sim`), `NPUMEM_ALLOCATOR` (`npumem`, the default,
-//! `pytorch`, `torch_npu`, `direct`), `NPUMEM_ALLOC_CONF` (the `PYTORCH_NPU_ALLOC_CONF` grammar)
-//! and `NPUMEM_CAPACITY` (a size such as `8GiB`; for the host backend the default is the
-//! memory available now, for the simulator 32 GiB). An empty variable counts as unset.
+//! `NPUMEM_BACKEND` (`host`, the default, `sim`, or `acl` / `cuda`: AscendCL or the CUDA driver
+//! loaded at run time, found through `NPUMEM_ACL_LIB` / `NPUMEM_CUDA_LIB` as in npumem-core),
+//! `NPUMEM_ALLOCATOR` (`npumem`, the default, `pytorch`, `torch_npu`, `direct`),
+//! `NPUMEM_ALLOC_CONF` (the `PYTORCH_NPU_ALLOC_CONF` grammar) and `NPUMEM_CAPACITY` (a size such
+//! as `8GiB`; for the host backend the default is the memory available now, for the simulator
+//! 32 GiB, for an accelerator its whole memory). An empty variable counts as unset.
 //!
 //! Invariant: a `Config` names a valid backend, allocator and non-zero capacity; the allocator
 //! settings are checked when a device is built from it (the error then names the variable).
@@ -58,7 +60,9 @@ impl Config {
         };
         let capacity = match var(CAPACITY)? {
             None if backend == BackendKind::Host => default_capacity(),
-            None => SimConfig::default().capacity,
+            None if backend == BackendKind::Sim => SimConfig::default().capacity,
+            // An accelerator's whole memory (its runtime is loaded to ask).
+            None => backend.defaults(0).map_err(named(BACKEND, backend.name()))?.0,
             Some(v) => match parse_size(&v).map_err(named(CAPACITY, &v))? {
                 0 => return Err(AclError::invalid_param(format!("{CAPACITY}={v:?}: the capacity must be above 0"))),
                 bytes => bytes,
@@ -67,12 +71,14 @@ impl Config {
         Ok(Config { backend, allocator, alloc_conf: var(ALLOC_CONF)?.unwrap_or_default(), capacity })
     }
 
-    /// The configuration of one device; `normal_page` is the system's page for the host backend.
-    pub fn device_config(&self, normal_page: npumem_core::vm::PageSize) -> DeviceConfig {
+    /// The configuration of device `ordinal`; `normal_page` is the backend's own for a real
+    /// backend.
+    pub fn device_config(&self, normal_page: npumem_core::vm::PageSize, ordinal: i32) -> DeviceConfig {
         let sim = SimConfig { capacity: self.capacity, normal_page, ..SimConfig::default() };
         DeviceConfig {
             sim,
             backend: self.backend,
+            ordinal,
             allocator: self.allocator,
             alloc_conf: self.alloc_conf.clone(),
             faults: false,
@@ -82,7 +88,7 @@ impl Config {
 
     /// The settings as the environment would spell them (for error messages).
     pub fn describe(&self) -> String {
-        let backend = if self.backend == BackendKind::Host { "host" } else { "sim" };
+        let backend = self.backend.name();
         format!(
             "{BACKEND}={backend} {ALLOCATOR}={allocator} {ALLOC_CONF}={conf:?} {CAPACITY}={capacity}",
             allocator = match self.allocator {

@@ -13,11 +13,9 @@ use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use npumem_core::backend::{Backend, HostBackend, HostConfig};
 use npumem_core::sanitizer::SanitizerMode;
 use npumem_core::stream::{DEFAULT_STREAM, StreamId};
-use npumem_core::vm::{PageKind, PageSize};
-use npumem_core::{AclError, BackendKind, Device, Result};
+use npumem_core::{AclError, Device, Result};
 use rustc_hash::FxHashMap;
 
 use crate::config::Config;
@@ -36,14 +34,11 @@ pub struct Slot {
 }
 
 impl Slot {
-    fn new(config: &Config) -> Result<Slot> {
-        let normal_page = match config.backend {
-            BackendKind::Host => {
-                HostBackend::new(HostConfig { capacity: config.capacity })?.page_size(PageKind::Normal)
-            }
-            BackendKind::Sim => PageSize::Size4K,
-        };
-        let mut device = Device::new(config.device_config(normal_page))?;
+    /// Device `index` (the runtime's device of that number on an accelerator backend).
+    fn new(config: &Config, index: usize) -> Result<Slot> {
+        let ordinal = index as i32;
+        let normal_page = config.backend.defaults(ordinal)?.1;
+        let mut device = Device::new(config.device_config(normal_page, ordinal))?;
         // The C ABI has no way to read sanitizer findings: do not collect them.
         device.set_sanitizer(SanitizerMode::Off);
         Ok(Slot { device, streams: FxHashMap::default() })
@@ -110,7 +105,7 @@ pub fn with_device<T>(device: c_int, f: impl FnOnce(&mut Slot) -> Result<T>) -> 
         Some(slot) => slot,
         None => {
             let config = config()?;
-            let slot = Slot::new(config).map_err(|e| {
+            let slot = Slot::new(config, i).map_err(|e| {
                 AclError::new(e.code, format!("cannot create device {i} with {}: {}", config.describe(), e.message))
             })?;
             CREATED.fetch_or(1 << i, Ordering::Release);

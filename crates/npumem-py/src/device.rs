@@ -158,9 +158,10 @@ impl PyDevice {
         let normal_page = normal_page.map(|p| size_arg(p, "normal_page")).transpose()?;
         guard(py, || {
             let backend = BackendKind::parse(backend)?;
-            let defaults = SimConfig::default();
+            // A real backend's defaults come from it (its memory, its page), asked only when needed.
+            let defaults = || backend.defaults(0);
             let normal_page = match normal_page {
-                None => defaults.normal_page,
+                None => defaults()?.1,
                 Some(bytes) => PageSize::from_bytes(bytes)
                     .filter(|p| matches!(p, PageSize::Size4K | PageSize::Size64K))
                     .ok_or_else(|| {
@@ -170,14 +171,15 @@ impl PyDevice {
                         ))
                     })?,
             };
-            let default_capacity = match backend {
-                BackendKind::Sim => defaults.capacity,
-                BackendKind::Host => npumem_core::backend::host::default_capacity(),
+            let capacity = match capacity {
+                Some(c) => c,
+                None => defaults()?.0,
             };
-            let sim = SimConfig { capacity: capacity.unwrap_or(default_capacity), normal_page, giant_frames };
+            let sim = SimConfig { capacity, normal_page, giant_frames };
             let config = DeviceConfig {
                 sim,
                 backend,
+                ordinal: 0,
                 allocator: AllocatorKind::parse(allocator)?,
                 alloc_conf: alloc_conf.unwrap_or_default().to_string(),
                 faults,
@@ -1181,10 +1183,7 @@ impl PyDevice {
         } else {
             format!(", alloc_conf={:?}", self.config.alloc_conf)
         };
-        let backend = match self.config.backend {
-            BackendKind::Sim => "sim",
-            BackendKind::Host => "host",
-        };
+        let backend = self.config.backend.name();
         format!(
             "Device(capacity={}, normal_page={:?}, giant_frames={}, backend={backend:?}, allocator={:?}{conf})",
             capacity,

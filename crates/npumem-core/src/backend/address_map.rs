@@ -42,6 +42,12 @@ impl AddressMap {
 
     /// Releases the reservation that starts at `va`, which must have nothing mapped in it.
     pub fn release(&mut self, va: u64) -> Result<()> {
+        self.check_release(va)?;
+        self.va.release(va).map(|_| ())
+    }
+
+    /// Checks that `va` starts a reservation with nothing mapped in it (what `release` needs).
+    pub fn check_release(&self, va: u64) -> Result<()> {
         let Some((start, len)) = self.va.reservation_containing(va).filter(|&(s, _)| s == va) else {
             return Err(AclError::invalid_param(format!(
                 "{va:#x} is not the start of a VA reservation; pass the address reserve returned"
@@ -52,7 +58,12 @@ impl AddressMap {
                 "the reservation at {va:#x} still has a mapping at {m:#x}; unmap it before releasing"
             )));
         }
-        self.va.release(start).map(|_| ())
+        Ok(())
+    }
+
+    /// Whether `va` lies inside a live reservation.
+    pub fn reserved(&self, va: u64) -> bool {
+        self.va.reservation_containing(va).is_some()
     }
 
     /// Checks that `size` bytes of `page` pages may be mapped at `va`: inside one reservation,
@@ -109,6 +120,26 @@ impl AddressMap {
     /// The window reservations come from, `[start, end)`.
     pub fn window(&self) -> (u64, u64) {
         self.va.window()
+    }
+
+    /// Checks that every byte of `[va, va + len)` is mapped.
+    pub fn check_mapped(&self, va: u64, len: u64) -> Result<()> {
+        let end = va.checked_add(len).ok_or_else(|| {
+            AclError::rt_param(format!("{len} bytes at {va:#x} run past the end of the address space"))
+        })?;
+        let mut at = va;
+        while at < end {
+            let Some((m, mp)) = self.containing(at) else {
+                return Err(AclError::rt_param(format!("device address {at:#x} is not mapped")));
+            };
+            at = m + mp.size;
+        }
+        Ok(())
+    }
+
+    /// The mappings, as (start, mapping), in address order.
+    pub fn mappings(&self) -> Vec<(u64, Mapping)> {
+        self.mappings.iter().map(|(&m, &mp)| (m, mp)).collect()
     }
 
     /// The live reservations.

@@ -41,7 +41,7 @@ const MAX_WINDOW: u64 = VA_WINDOW_END - VA_WINDOW_START;
 
 /// The address window of a backend of `capacity` bytes: 16 times it (the npumem pool reserves
 /// 8 times the device), from 64 GiB to 8 TiB, so that many devices fit in one process.
-fn window_size(capacity: u64) -> u64 {
+pub(super) fn window_size(capacity: u64) -> u64 {
     capacity.saturating_mul(16).next_multiple_of(GIB).clamp(64 * GIB, MAX_WINDOW)
 }
 
@@ -204,21 +204,6 @@ impl HostBackend {
 
     pub fn config(&self) -> HostConfig {
         self.config
-    }
-
-    /// Checks that every byte of `[va, va + len)` is mapped.
-    fn check_mapped(&self, va: u64, len: u64) -> Result<()> {
-        let end = va.checked_add(len).ok_or_else(|| {
-            AclError::rt_param(format!("{len} bytes at {va:#x} run past the end of the address space"))
-        })?;
-        let mut at = va;
-        while at < end {
-            let Some((m, mp)) = self.space.containing(at) else {
-                return Err(AclError::rt_param(format!("device address {at:#x} is not mapped")));
-            };
-            at = m + mp.size;
-        }
-        Ok(())
     }
 
     fn release_memory(&mut self, handle: PhysHandle) {
@@ -391,7 +376,7 @@ impl Backend for HostBackend {
     }
 
     fn read(&mut self, va: u64, out: &mut [u8]) -> Result<()> {
-        self.check_mapped(va, out.len() as u64)?;
+        self.space.check_mapped(va, out.len() as u64)?;
         // SAFETY: every byte of the source is in a live read-write mapping of ours (checked), and
         // `out` is a distinct Rust buffer.
         unsafe { std::ptr::copy_nonoverlapping(va as *const u8, out.as_mut_ptr(), out.len()) };
@@ -400,7 +385,7 @@ impl Backend for HostBackend {
     }
 
     fn write(&mut self, va: u64, data: &[u8]) -> Result<()> {
-        self.check_mapped(va, data.len() as u64)?;
+        self.space.check_mapped(va, data.len() as u64)?;
         // SAFETY: every byte of the destination is in a live read-write mapping of ours.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), va as *mut u8, data.len()) };
         self.counters.bytes_written += data.len() as u64;
@@ -408,7 +393,7 @@ impl Backend for HostBackend {
     }
 
     fn fill(&mut self, va: u64, value: u8, count: u64) -> Result<()> {
-        self.check_mapped(va, count)?;
+        self.space.check_mapped(va, count)?;
         // SAFETY: every byte of the range is in a live read-write mapping of ours.
         unsafe { std::ptr::write_bytes(va as *mut u8, value, count as usize) };
         self.counters.bytes_written += count;
@@ -416,8 +401,8 @@ impl Backend for HostBackend {
     }
 
     fn copy(&mut self, dst: u64, src: u64, count: u64) -> Result<()> {
-        self.check_mapped(src, count)?;
-        self.check_mapped(dst, count)?;
+        self.space.check_mapped(src, count)?;
+        self.space.check_mapped(dst, count)?;
         // SAFETY: both ranges are in live read-write mappings of ours; `copy` allows overlap
         // (memmove), and ranges that alias through two mappings of one memfd behave the same.
         unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, count as usize) };

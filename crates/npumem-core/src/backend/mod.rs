@@ -3,8 +3,9 @@
 //!
 //! It mirrors AscendCL's VMM calls (`aclrtReserveMemAddress`, `aclrtMallocPhysical`,
 //! `aclrtMapMem`, `aclrtUnmapMem`, `aclrtFreePhysical`, `aclrtReleaseMemAddress`) plus byte access
-//! at device addresses and memory information, so a backend over real host memory or over
-//! AscendCL loaded at run time slots in behind the same allocators.
+//! at device addresses and memory information, so that four backends slot in behind the same
+//! allocators: the simulator (`sim`), real host memory (`host`), and AscendCL (`acl`) and the CUDA
+//! driver (`cuda`) loaded at run time (`driver` holds what those two share, `ffi` the loading).
 //!
 //! Contract every backend keeps: a physical allocation is mapped whole (size equal to its size,
 //! offset 0) at a VA aligned to its page size inside a live reservation; a reservation is
@@ -12,11 +13,18 @@
 //! the release of its memory until its last unmap (as `aclrtFreePhysical` does); byte access
 //! touches only mapped addresses and fails, never crashes, elsewhere.
 
+pub mod acl;
 pub mod address_map;
+pub mod cuda;
+pub mod driver;
 pub mod faulty;
+pub mod ffi;
 pub mod host;
 pub mod sim;
 
+pub use acl::{AclBackend, AclDriver, AclRuntime};
+pub use cuda::{CudaBackend, CudaDriver, CudaRuntime};
+pub use driver::{Driver, DriverBackend};
 pub use faulty::{FaultCounts, FaultPlan, FaultyBackend};
 pub use host::{HostBackend, HostConfig};
 pub use sim::{SimBackend, SimConfig};
@@ -46,7 +54,7 @@ pub struct BackendCounters {
 }
 
 pub trait Backend: Send {
-    /// A short name ("sim", "host", "acl").
+    /// A short name ("sim", "host", "acl", "cuda").
     fn name(&self) -> &'static str;
 
     /// The page size physical allocations of `kind` use (the allocation granularity).

@@ -29,7 +29,8 @@ use std::collections::BTreeMap;
 
 use crate::acl::{MemAttr, MemcpyKind, Policy};
 use crate::backend::{
-    Backend, BackendCounters, FaultCounts, FaultPlan, FaultyBackend, HostBackend, HostConfig, SimBackend, SimConfig,
+    AclBackend, Backend, BackendCounters, CudaBackend, FaultCounts, FaultPlan, FaultyBackend, HostBackend, HostConfig,
+    SimBackend, SimConfig,
 };
 use crate::error::{AclError, ErrorCode, Result};
 use crate::host::HostHeap;
@@ -95,17 +96,92 @@ pub enum BackendKind {
     Sim,
     /// Real host memory through the VMM calls (`HostBackend`): pointers can be dereferenced.
     Host,
+    /// AscendCL's VMM calls, the library loaded at run time (`AclBackend`).
+    Acl,
+    /// The CUDA driver's VMM calls, the library loaded at run time (`CudaBackend`).
+    Cuda,
 }
 
 impl BackendKind {
-    pub const NAMES: &'static str = "\"sim\" (the simulated device), \"host\" (real host memory)";
+    pub const NAMES: &'static str = "\"sim\" (the simulated device), \"host\" (real host memory), \"acl\" (AscendCL, \
+                                     loaded at run time), \"cuda\" (the CUDA driver, loaded at run time)";
 
     pub fn parse(name: &str) -> Result<Self> {
         match name {
             "sim" => Ok(BackendKind::Sim),
             "host" => Ok(BackendKind::Host),
+            "acl" => Ok(BackendKind::Acl),
+            "cuda" => Ok(BackendKind::Cuda),
             other => Err(AclError::invalid_param(format!("unknown backend {other:?}; available: {}", Self::NAMES))),
         }
+    }
+
+    /// The name `parse` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Sim => "sim",
+            BackendKind::Host => "host",
+            BackendKind::Acl => "acl",
+            BackendKind::Cuda => "cuda",
+        }
+    }
+
+    /// The capacity and normal page of a device of this kind (on the runtime's device
+    /// `ordinal`) unless told otherwise: the
+    /// simulator's 32 GiB of 4 KiB pages, the memory the host could take now in its system
+    /// pages, an accelerator's whole memory in its runtime's normal granularity.
+    pub fn defaults(self, ordinal: i32) -> Result<(u64, PageSize)> {
+        let normal = |b: &dyn Backend| b.page_size(crate::vm::PageKind::Normal);
+        Ok(match self {
+            BackendKind::Sim => (SimConfig::default().capacity, SimConfig::default().normal_page),
+            BackendKind::Host => {
+                let probe = HostBackend::new(HostConfig { capacity: 64 << 20 })?;
+                (crate::backend::host::default_capacity(), normal(&probe))
+            }
+            BackendKind::Acl => AclBackend::open(ordinal, None).map(|b| (b.capacity(), normal(&b)))?,
+            BackendKind::Cuda => CudaBackend::open(ordinal, None).map(|b| (b.capacity(), normal(&b)))?,
+        })
+    }
+
+    /// A backend of this kind for a device of `config` (the simulator's giant frames and
+    /// normal page are checked against what a real backend has); `va_slice` cuts the
+    /// simulator's window (see [`DeviceConfig::va_slice`]).
+    fn open(self, config: SimConfig, ordinal: i32, va_slice: Option<(u32, u32)>) -> Result<Box<dyn Backend>> {
+        let name = self.name();
+        if let (Some((index, count)), false) = (va_slice, self == BackendKind::Sim) {
+            return Err(AclError::invalid_param(format!(
+                "va_slice=({index}, {count}) cuts the simulator's window; {name}-backend devices get distinct \
+                 address windows from their memory's owner"
+            )));
+        }
+        if self != BackendKind::Sim && config.giant_frames > 0 {
+            return Err(AclError::invalid_param(format!(
+                "giant_frames={} sets 1 GiB frames aside in the simulator; the {name} backend takes 1 GiB pages \
+                 from its memory (the host's hugetlb pool: /sys/kernel/mm/hugepages/hugepages-1048576kB)",
+                config.giant_frames
+            )));
+        }
+        let backend: Box<dyn Backend> = match self {
+            BackendKind::Sim => {
+                let (start, end) = match va_slice {
+                    Some((index, count)) => crate::vm::va_slice(index, count)?,
+                    None => (crate::vm::VA_WINDOW_START, crate::vm::VA_WINDOW_END),
+                };
+                return Ok(Box::new(SimBackend::with_window(config, crate::vm::VaSpace::new(start, end))?));
+            }
+            BackendKind::Host => Box::new(HostBackend::new(HostConfig { capacity: config.capacity })?),
+            BackendKind::Acl => Box::new(AclBackend::open(ordinal, Some(config.capacity))?),
+            BackendKind::Cuda => Box::new(CudaBackend::open(ordinal, Some(config.capacity))?),
+        };
+        let normal = backend.page_size(crate::vm::PageKind::Normal);
+        if config.normal_page != normal {
+            return Err(AclError::invalid_param(format!(
+                "normal_page={} but the {name} backend's normal pages are {}; it uses its own",
+                config.normal_page.label(),
+                normal.label()
+            )));
+        }
+        Ok(backend)
     }
 }
 
@@ -116,6 +192,8 @@ pub struct DeviceConfig {
     /// and giant frames (the simulator's; the host backend takes its pages from the kernel).
     pub sim: SimConfig,
     pub backend: BackendKind,
+    /// The runtime's device the `acl` and `cuda` backends use (`aclrtSetDevice`, `cuDeviceGet`).
+    pub ordinal: i32,
     pub allocator: AllocatorKind,
     /// Settings of the allocator, in the PYTORCH_NPU_ALLOC_CONF grammar.
     pub alloc_conf: String,
@@ -133,6 +211,7 @@ impl Default for DeviceConfig {
         DeviceConfig {
             sim: SimConfig::default(),
             backend: BackendKind::Sim,
+            ordinal: 0,
             allocator: AllocatorKind::Npumem,
             alloc_conf: String::new(),
             faults: false,
@@ -341,45 +420,15 @@ pub struct Device {
     rt_dirty: runtime::Dirty,
     /// Streams adopted from the program (`adopt_stream`): never destroyed on the runtime.
     rt_adopted: runtime::Dirty,
+    /// Adopted streams (the default stream too) on a runtime with a queue: the program queues
+    /// work on them that npumem does not see, so they count as dirty always.
+    rt_opaque: runtime::Dirty,
 }
 
 impl Device {
-    /// A device on the simulator or on real host memory.
+    /// A device on the simulator, real host memory or an accelerator runtime.
     pub fn new(config: DeviceConfig) -> Result<Self> {
-        let backend: Box<dyn Backend> = match config.backend {
-            BackendKind::Sim => {
-                let (start, end) = match config.va_slice {
-                    Some((index, count)) => crate::vm::va_slice(index, count)?,
-                    None => (crate::vm::VA_WINDOW_START, crate::vm::VA_WINDOW_END),
-                };
-                Box::new(SimBackend::with_window(config.sim, crate::vm::VaSpace::new(start, end))?)
-            }
-            BackendKind::Host => {
-                if let Some((index, count)) = config.va_slice {
-                    return Err(AclError::invalid_param(format!(
-                        "va_slice=({index}, {count}) cuts the simulator's window; host-backend devices already \
-                         get distinct address windows from the kernel"
-                    )));
-                }
-                if config.sim.giant_frames > 0 {
-                    return Err(AclError::invalid_param(format!(
-                        "giant_frames={} sets 1 GiB frames aside in the simulator; the host backend takes 1 GiB \
-                         pages from the kernel's hugetlb pool (/sys/kernel/mm/hugepages/hugepages-1048576kB)",
-                        config.sim.giant_frames
-                    )));
-                }
-                let host = HostBackend::new(HostConfig { capacity: config.sim.capacity })?;
-                let system = host.page_size(crate::vm::PageKind::Normal);
-                if config.sim.normal_page != system {
-                    return Err(AclError::invalid_param(format!(
-                        "normal_page={} but this host's pages are {}; the host backend uses the system's",
-                        config.sim.normal_page.label(),
-                        system.label()
-                    )));
-                }
-                Box::new(host)
-            }
-        };
+        let backend = config.backend.open(config.sim, config.ordinal, config.va_slice)?;
         let (_, capacity) = backend.mem_info(crate::acl::MemScope::All);
         let allocator = config.allocator.build(&config.alloc_conf, capacity)?;
         let backend: Box<dyn Backend> = if config.faults { Box::new(FaultyBackend::new(backend)) } else { backend };
@@ -415,6 +464,7 @@ impl Device {
             rt_events: FxHashMap::default(),
             rt_dirty: runtime::Dirty::default(),
             rt_adopted: runtime::Dirty::default(),
+            rt_opaque: runtime::Dirty::default(),
         }
     }
 
@@ -717,7 +767,8 @@ impl Device {
     }
 
     /// `aclrtFreeHost`. It does not wait: freeing a block that queued async copies still use is
-    /// a use-after-free hazard (reported; those copies are lost).
+    /// a use-after-free hazard (reported; those copies are lost). On a runtime with a queue the
+    /// runtime's queued copies finish first (they would touch the freed memory).
     pub fn free_host(&mut self, ptr: u64) -> Result<()> {
         if ptr == 0 {
             return Err(AclError::invalid_param("free_host(NULL): pass a pointer returned by malloc_host"));
@@ -726,6 +777,9 @@ impl Device {
         if self.host.block_start(ptr) == Some(ptr) && self.sanitizer.tracks(ptr) {
             let clock = self.sched.host_clock().clone();
             self.sanitizer.check_free(ptr, 0, HOST, &clock, &[], None)?;
+        }
+        if self.host.block_start(ptr) == Some(ptr) {
+            self.rt_synchronize_device()?;
         }
         self.host.free(ptr)?;
         self.sanitizer.forget(ptr);

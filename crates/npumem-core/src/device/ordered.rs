@@ -44,12 +44,23 @@ impl Device {
             }
             None if self.reuse.follow_event_dependencies && !self.pending_frees.is_empty() => {
                 let clock = self.sched.next_clock(stream);
-                let followed = self
+                let mut followed = self
                     .pending_frees
                     .iter()
                     .take(64)
-                    .find(|(_, p)| fits(p) && p.point.iter().all(|(&s, &t)| crate::stream::covers(&clock, s, t)));
-                let Some((&key, _)) = followed else { return Ok(None) };
+                    .filter(|(_, p)| fits(p) && p.point.iter().all(|(&s, &t)| crate::stream::covers(&clock, s, t)))
+                    .map(|(&key, p)| (key, (!p.marks.is_empty()).then(|| p.marks.clone()), p.allocation.ptr));
+                // The simulated clock orders the stream after the free; on a runtime with a queue
+                // the runtime's marks must say the work is done too.
+                let key = if self.rt_any_dirty() {
+                    let candidates: Vec<_> = followed.collect();
+                    candidates
+                        .into_iter()
+                        .find(|(_, marks, ptr)| self.rt_done(marks.as_deref().unwrap_or(&[])) && self.busy_done(*ptr))
+                } else {
+                    followed.next()
+                };
+                let Some((key, _, _)) = key else { return Ok(None) };
                 self.stats.event_dependency_reuses += 1;
                 key
             }
@@ -192,7 +203,7 @@ impl Device {
         });
         // On a runtime with a queue of its own, the work the free waits for is also marked there:
         // the block comes back once the runtime's events say so (and the simulated clock agrees).
-        let marks = if self.rt_dirty.is_empty() { Ok(Vec::new()) } else { self.free_marks(&allocation, stream) };
+        let marks = if self.rt_any_dirty() { self.free_marks(&allocation, stream) } else { Ok(Vec::new()) };
         let marks = match marks {
             Ok(m) => m,
             Err(e) => {
@@ -395,7 +406,7 @@ impl Device {
             .map(|(&k, _)| k)
             .collect();
         // And, on a runtime with a queue, once the runtime says the work is done.
-        if !self.rt_dirty.is_empty() || self.pending_frees.values().any(|p| !p.marks.is_empty()) {
+        if self.rt_any_dirty() || self.pending_frees.values().any(|p| !p.marks.is_empty()) {
             due.retain(|k| {
                 let (marks, ptr) = (self.pending_frees[k].marks.clone(), self.pending_frees[k].allocation.ptr);
                 self.rt_done(&marks) && self.busy_done(ptr)
@@ -599,11 +610,7 @@ impl Device {
 
     /// Blocks the host until every stream's work is done (on the runtime too).
     pub fn synchronize_device(&mut self) -> Result<()> {
-        if !self.rt_dirty.is_empty() {
-            self.backend.streams().synchronize_device()?;
-            self.rt_dirty.clear();
-            self.rt_drop_busy_marks(None);
-        }
+        self.rt_synchronize_device()?;
         self.sched.synchronize_device();
         self.settle();
         self.apply_release_threshold();

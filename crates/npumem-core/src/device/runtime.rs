@@ -30,14 +30,23 @@ impl Device {
 
     /// A stream for a runtime stream the program already has (a framework's `aclrtStream` or
     /// `CUstream`, passed to the pluggable allocator): npumem orders its frees on it and waits
-    /// on its events, but never destroys it. Handle 0 is the default stream.
+    /// on its events, but never destroys it. Handle 0 is the default stream. On a runtime with a
+    /// queue the program's kernels on the stream are invisible to npumem, so the stream counts as
+    /// dirty always: a free on it records the runtime's event, and the block goes to another
+    /// stream only once that event completes (its own stream reuses it at once).
     pub fn adopt_stream(&mut self, handle: Handle) -> StreamId {
-        if handle == 0 {
-            return DEFAULT_STREAM;
+        let real = self.backend.streams().is_real();
+        let id = if handle == 0 {
+            DEFAULT_STREAM
+        } else {
+            let id = self.sched.create_stream();
+            self.rt_streams.insert(id, handle);
+            self.rt_adopted.insert(id);
+            id
+        };
+        if real {
+            self.rt_opaque.insert(id);
         }
-        let id = self.sched.create_stream();
-        self.rt_streams.insert(id, handle);
-        self.rt_adopted.insert(id);
         id
     }
 
@@ -55,6 +64,7 @@ impl Device {
                 self.backend.streams().destroy_stream(handle)?;
             }
             self.rt_adopted.remove(&stream);
+            self.rt_opaque.remove(&stream);
             self.rt_streams.remove(&stream);
         }
         self.sched.destroy_stream(stream)
@@ -106,7 +116,7 @@ impl Device {
     /// A mark of `stream`'s runtime work so far: an event recorded on it when it has runtime work
     /// that may be incomplete, else 0 (nothing to wait for).
     pub(super) fn rt_mark(&mut self, stream: StreamId) -> Result<Handle> {
-        if self.rt_dirty.is_empty() || !self.rt_dirty.contains(&stream) {
+        if !self.rt_dirty.contains(&stream) && !self.rt_opaque.contains(&stream) {
             return Ok(0);
         }
         let handle = self.rt_stream(stream);
@@ -117,6 +127,12 @@ impl Device {
             return Err(e);
         }
         Ok(event)
+    }
+
+    /// Whether a free may need runtime marks: some stream has runtime work that may be
+    /// incomplete, or runs work npumem does not see.
+    pub(super) fn rt_any_dirty(&self) -> bool {
+        !self.rt_dirty.is_empty() || !self.rt_opaque.is_empty()
     }
 
     /// Whether every mark in `marks` is complete. A runtime that cannot answer (an error) is
@@ -151,13 +167,24 @@ impl Device {
     /// Blocks the host until `stream`'s runtime work is done (its marks on busy blocks are then
     /// complete, and released).
     pub(super) fn rt_synchronize_stream(&mut self, stream: StreamId) -> Result<()> {
-        if self.rt_dirty.remove(&stream) {
+        if self.rt_dirty.remove(&stream) || self.rt_opaque.contains(&stream) {
             let handle = self.rt_stream(stream);
             if let Err(e) = self.backend.streams().synchronize_stream(handle) {
                 self.rt_dirty.insert(stream);
                 return Err(e);
             }
             self.rt_drop_busy_marks(Some(stream));
+        }
+        Ok(())
+    }
+
+    /// Blocks the host until all of npumem's runtime work is done (its marks on busy blocks are
+    /// then complete, and released).
+    pub(super) fn rt_synchronize_device(&mut self) -> Result<()> {
+        if self.rt_any_dirty() {
+            self.backend.streams().synchronize_device()?;
+            self.rt_dirty.clear();
+            self.rt_drop_busy_marks(None);
         }
         Ok(())
     }

@@ -130,7 +130,8 @@ const LARGE_PAGE: u64 = 2 * MIB;
 /// memory, large enough to keep map calls few.
 const SMALL_PAGE: u64 = 64 * 1024;
 
-/// The page size of `kind`'s pool.
+/// The page size of `kind`'s pool on a backend whose smallest physical allocation is at most
+/// this (a pool takes its backend's granularity where that is larger: a GPU's 2 MiB).
 fn page_bytes(kind: PoolKind) -> u64 {
     match kind {
         PoolKind::Small => SMALL_PAGE,
@@ -277,11 +278,17 @@ impl VmmAllocator {
         self.stats.reserved_bytes.all.current
     }
 
+    /// The page size of `kind`'s pool (set when the pool is made).
+    fn page_of(&self, kind: PoolKind) -> u64 {
+        self.pools[kind as usize].as_ref().map_or(page_bytes(kind), |p| p.page)
+    }
+
     fn ensure_pool(&mut self, backend: &mut dyn Backend, kind: PoolKind) -> Result<()> {
         if self.pools[kind as usize].is_some() {
             return Ok(());
         }
-        let page = page_bytes(kind);
+        let granularity = backend.page_size(PageKind::Normal).bytes();
+        let page = page_bytes(kind).max(granularity);
         let len = checked_align_up(self.capacity * VA_FACTOR, LARGE_PAGE).unwrap_or(LARGE_PAGE);
         let base = backend.reserve(len, LARGE_PAGE, None)?;
         self.pools[kind as usize] = Some(VmmPool {
@@ -332,7 +339,7 @@ impl VmmAllocator {
         if let Some(cached) = cached {
             return Ok(cached);
         }
-        let page = page_bytes(kind);
+        let page = self.page_of(kind);
         if self.reserved() + page > self.limit() {
             return Err(AclError::oom(format!(
                 "the npumem pool's limit of {} (memory fraction {}) is reached",
@@ -375,7 +382,7 @@ impl VmmAllocator {
         let Some(&(h, _)) = self.cache[kind as usize].last() else { return Ok(false) };
         backend.free_physical(h)?;
         self.cache[kind as usize].pop();
-        self.stats.on_page_free(kind, page_bytes(kind));
+        self.stats.on_page_free(kind, self.page_of(kind));
         Ok(true)
     }
 
@@ -564,7 +571,7 @@ impl VmmAllocator {
         let Some(at) = cache.iter().rposition(|&(_, pte)| pte != PageSize::Size2M) else { return Ok(false) };
         backend.free_physical(cache[at].0)?;
         cache.swap_remove(at);
-        self.stats.on_page_free(kind, page_bytes(kind));
+        self.stats.on_page_free(kind, self.page_of(kind));
         Ok(true)
     }
 
@@ -890,7 +897,7 @@ impl Allocator for VmmAllocator {
         f.segments = self.segments().iter().map(SegmentUse::of).collect();
         for kind in [PoolKind::Small, PoolKind::Large] {
             for _ in &self.cache[kind as usize] {
-                f.add_free(page_bytes(kind));
+                f.add_free(self.page_of(kind));
             }
         }
         // Idle and cached pages can be remapped under any range of their pool: a request can get
@@ -1178,7 +1185,7 @@ mod tests {
                     .iter()
                     .map(|&k| {
                         let mapped = a.pools[k as usize].as_ref().map_or(0, |p| p.mapped);
-                        (mapped + a.cache[k as usize].len() as u64) * page_bytes(k)
+                        (mapped + a.cache[k as usize].len() as u64) * a.page_of(k)
                     })
                     .sum();
                 prop_assert_eq!(a.reserved(), held + a.bypass.values().map(|b| b.segment.size).sum::<u64>());

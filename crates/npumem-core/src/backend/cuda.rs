@@ -1,0 +1,586 @@
+//! `CudaBackend`: the `Backend` trait over the CUDA driver API (`libcuda.so.1`) loaded at run
+//! time.
+//!
+//! The library is `NPUMEM_CUDA_LIB` (a path; when set, the only place looked), else
+//! `libcuda.so.1` on the loader path; a library that is missing or lacks one of the calls below
+//! is an `ACL_ERROR_FEATURE_UNSUPPORTED` (200006) error naming what was searched. Resolved up
+//! front: `cuInit`, `cuDeviceGet`, `cuDevicePrimaryCtxRetain`, `cuCtxGetCurrent`,
+//! `cuCtxSetCurrent`, `cuCtxSynchronize`, the VMM calls (`cuMemAddressReserve`, `cuMemCreate`,
+//! `cuMemMap`, `cuMemSetAccess`, `cuMemUnmap`, `cuMemRelease`, `cuMemAddressFree`,
+//! `cuMemGetAllocationGranularity`), `cuMemcpyHtoD` / `DtoH` / `DtoD`, `cuMemsetD8`,
+//! `cuMemGetInfo`, `cuGetErrorName`, and the stream and event calls (the backend's [`RuntimeStreams`]), by the
+//! symbol names `cuda.h` maps them to (`cuMemcpyHtoD_v2`, ...).
+//!
+//! Memory: the driver has one allocation granularity (2 MiB on current GPUs); it is the normal
+//! page, huge pages are 2 MiB and giant pages 1 GiB (sizes that are multiples of it). On a GPU
+//! whose granularity is 2 MiB, normal pages are 2 MiB: a physical allocation smaller than that
+//! is refused (`ACL_ERROR_INVALID_PARAM`), as the driver would. A mapping is made readable and
+//! writable with `cuMemSetAccess` right after `cuMemMap` (undone if that fails). The device's
+//! primary context is made current on each thread that calls.
+//!
+//! Errors: a `CUresult` becomes the nearest AscendCL code with the driver's name of the error
+//! in the message (`CUDA_ERROR_OUT_OF_MEMORY` → 207001, `CUDA_ERROR_INVALID_VALUE` → 107000,
+//! `CUDA_ERROR_INVALID_HANDLE` → 107017, `CUDA_ERROR_NOT_SUPPORTED` → 200006, ...; see
+//! [`nearest`]).
+//!
+//! Invariants: every call is made with the backend's context current on the calling thread; a
+//! driver error changes nothing in npumem's books (see `DriverBackend`).
+
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+
+use super::driver::{Driver, DriverBackend, RawHandle};
+use super::ffi::{self, Candidate, api};
+use crate::acl::MemScope;
+use crate::error::{AclError, ErrorCode, Result};
+use crate::stream::RuntimeStreams;
+use crate::stream::runtime::Handle;
+use crate::units::{GIB, MIB, format_size};
+use crate::vm::{PageKind, VA_WINDOW_START};
+
+/// `CUmemLocation`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CuMemLocation {
+    pub kind: c_uint,
+    pub id: c_int,
+}
+
+/// `CUmemAllocationProp`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CuMemAllocationProp {
+    pub kind: c_uint,
+    pub requested_handle_types: c_uint,
+    pub location: CuMemLocation,
+    pub win32_handle_meta_data: *mut c_void,
+    pub compression_type: u8,
+    pub gpu_direct_rdma_capable: u8,
+    pub usage: u16,
+    pub reserved: [u8; 4],
+}
+
+/// `CUmemAccessDesc`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CuMemAccessDesc {
+    pub location: CuMemLocation,
+    pub flags: c_uint,
+}
+
+const CU_MEM_ALLOCATION_TYPE_PINNED: c_uint = 1;
+const CU_MEM_LOCATION_TYPE_DEVICE: c_uint = 1;
+const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: c_uint = 3;
+const CU_MEM_ALLOC_GRANULARITY_MINIMUM: c_uint = 0;
+const CUDA_ERROR_NOT_READY: c_int = 600;
+
+api! {
+    /// The CUDA driver calls npumem uses, resolved up front.
+    pub struct CudaApi {
+        cuInit: fn(c_uint) -> c_int = "cuInit",
+        cuDeviceGet: fn(*mut c_int, c_int) -> c_int = "cuDeviceGet",
+        cuDevicePrimaryCtxRetain: fn(*mut *mut c_void, c_int) -> c_int = "cuDevicePrimaryCtxRetain",
+        cuCtxGetCurrent: fn(*mut *mut c_void) -> c_int = "cuCtxGetCurrent",
+        cuCtxSetCurrent: fn(*mut c_void) -> c_int = "cuCtxSetCurrent",
+        cuCtxSynchronize: fn() -> c_int = "cuCtxSynchronize",
+        cuMemAddressReserve: fn(*mut u64, usize, usize, u64, u64) -> c_int = "cuMemAddressReserve",
+        cuMemAddressFree: fn(u64, usize) -> c_int = "cuMemAddressFree",
+        cuMemCreate: fn(*mut u64, usize, *const CuMemAllocationProp, u64) -> c_int = "cuMemCreate",
+        cuMemRelease: fn(u64) -> c_int = "cuMemRelease",
+        cuMemMap: fn(u64, usize, usize, u64, u64) -> c_int = "cuMemMap",
+        cuMemUnmap: fn(u64, usize) -> c_int = "cuMemUnmap",
+        cuMemSetAccess: fn(u64, usize, *const CuMemAccessDesc, usize) -> c_int = "cuMemSetAccess",
+        cuMemGetAllocationGranularity: fn(*mut usize, *const CuMemAllocationProp, c_uint) -> c_int = "cuMemGetAllocationGranularity",
+        cuMemcpyHtoD: fn(u64, *const c_void, usize) -> c_int = "cuMemcpyHtoD_v2",
+        cuMemcpyDtoH: fn(*mut c_void, u64, usize) -> c_int = "cuMemcpyDtoH_v2",
+        cuMemcpyDtoD: fn(u64, u64, usize) -> c_int = "cuMemcpyDtoD_v2",
+        cuMemsetD8: fn(u64, u8, usize) -> c_int = "cuMemsetD8_v2",
+        cuMemGetInfo: fn(*mut usize, *mut usize) -> c_int = "cuMemGetInfo_v2",
+        cuGetErrorName: fn(c_int, *mut *const c_char) -> c_int = "cuGetErrorName",
+        cuStreamCreate: fn(*mut *mut c_void, c_uint) -> c_int = "cuStreamCreate",
+        cuStreamDestroy: fn(*mut c_void) -> c_int = "cuStreamDestroy_v2",
+        cuStreamSynchronize: fn(*mut c_void) -> c_int = "cuStreamSynchronize",
+        cuEventCreate: fn(*mut *mut c_void, c_uint) -> c_int = "cuEventCreate",
+        cuEventDestroy: fn(*mut c_void) -> c_int = "cuEventDestroy_v2",
+        cuEventRecord: fn(*mut c_void, *mut c_void) -> c_int = "cuEventRecord",
+        cuEventQuery: fn(*mut c_void) -> c_int = "cuEventQuery",
+        cuEventSynchronize: fn(*mut c_void) -> c_int = "cuEventSynchronize",
+        cuStreamWaitEvent: fn(*mut c_void, *mut c_void, c_uint) -> c_int = "cuStreamWaitEvent",
+        cuMemcpyAsync: fn(u64, u64, usize, *mut c_void) -> c_int = "cuMemcpyAsync",
+        cuMemsetD8Async: fn(u64, u8, usize, *mut c_void) -> c_int = "cuMemsetD8Async",
+    }
+}
+
+/// The AscendCL code nearest a `CUresult`.
+pub fn nearest(result: c_int) -> ErrorCode {
+    match result {
+        2 => ErrorCode::RtMemoryAllocation,               // CUDA_ERROR_OUT_OF_MEMORY
+        1 | 208 | 211 => ErrorCode::RtParamInvalid,       // INVALID_VALUE, ALREADY_MAPPED, NOT_MAPPED
+        101 => ErrorCode::InvalidParam,                   // INVALID_DEVICE
+        400 => ErrorCode::RtInvalidHandle,                // INVALID_HANDLE
+        100 | 800 | 801 => ErrorCode::FeatureUnsupported, // NO_DEVICE, NOT_PERMITTED, NOT_SUPPORTED
+        716 => ErrorCode::RtAddrUnaligned,                // MISALIGNED_ADDRESS
+        _ => ErrorCode::RtDrvInternal,
+    }
+}
+
+fn ptr(addr: u64) -> *mut c_void {
+    std::ptr::with_exposed_provenance_mut(addr as usize)
+}
+
+/// The CUDA driver, loaded and initialised: safe wrappers of its calls. Each needs the
+/// device's context current on the calling thread ([`CudaRuntime::use_context`]).
+pub struct CudaRuntime {
+    api: CudaApi,
+    path: String,
+}
+
+static RUNTIMES: std::sync::LazyLock<parking_lot::Mutex<Vec<&'static CudaRuntime>>> =
+    std::sync::LazyLock::new(Default::default);
+
+impl CudaRuntime {
+    /// The places searched for the driver, in order.
+    pub fn candidates() -> Vec<Candidate> {
+        match ffi::env("NPUMEM_CUDA_LIB") {
+            Some(path) => vec![Candidate::new("NPUMEM_CUDA_LIB", path)],
+            None => vec![Candidate::new("the loader path", "libcuda.so.1")],
+        }
+    }
+
+    /// Loads the driver from where the environment says ([`CudaRuntime::candidates`]).
+    pub fn load() -> Result<&'static CudaRuntime> {
+        Self::load_from(&Self::candidates())
+    }
+
+    /// Loads the driver from the first of `candidates` that opens (once per library path) and
+    /// initialises it.
+    pub fn load_from(candidates: &[Candidate]) -> Result<&'static CudaRuntime> {
+        let opened = ffi::open(
+            "the CUDA driver (libcuda.so.1)",
+            candidates,
+            "Install the NVIDIA driver, or set NPUMEM_CUDA_LIB to libcuda.so.1.",
+        )?;
+        let mut runtimes = RUNTIMES.lock();
+        if let Some(&rt) = runtimes.iter().find(|rt| rt.path == opened.path) {
+            return Ok(rt);
+        }
+        let rt = CudaRuntime { api: CudaApi::resolve(&opened, "the CUDA driver")?, path: opened.path };
+        // SAFETY: a plain call; flags must be 0.
+        rt.check(unsafe { (rt.api.cuInit)(0) }, || "cuInit(0)".into())?;
+        let rt: &'static CudaRuntime = Box::leak(Box::new(rt));
+        runtimes.push(rt);
+        Ok(rt)
+    }
+
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The driver's name of `result` (`cuGetErrorName`).
+    pub fn error_name(&self, result: c_int) -> String {
+        let mut name: *const c_char = std::ptr::null();
+        // SAFETY: a valid out-pointer; on success the driver points it at a static string.
+        if unsafe { (self.api.cuGetErrorName)(result, &mut name) } == 0 && !name.is_null() {
+            // SAFETY: a NUL-terminated static string of the driver's.
+            return unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned();
+        }
+        "an unknown CUresult".into()
+    }
+
+    /// `Ok` for `CUDA_SUCCESS`, else the nearest AscendCL error, naming `call` and the result.
+    fn check(&self, result: c_int, call: impl FnOnce() -> String) -> Result<()> {
+        if result == 0 {
+            return Ok(());
+        }
+        Err(AclError::new(nearest(result), format!("{} returned {} ({result})", call(), self.error_name(result))))
+    }
+
+    /// The primary context of `device` (retained; kept for the life of the process).
+    pub fn primary_context(&self, device: i32) -> Result<u64> {
+        let mut dev = 0;
+        // SAFETY: valid out-pointers.
+        self.check(unsafe { (self.api.cuDeviceGet)(&mut dev, device) }, || format!("cuDeviceGet({device})"))?;
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: as above.
+        self.check(unsafe { (self.api.cuDevicePrimaryCtxRetain)(&mut ctx, dev) }, || {
+            format!("cuDevicePrimaryCtxRetain({device})")
+        })?;
+        Ok(ctx.addr() as u64)
+    }
+
+    /// Makes `context` current on the calling thread (unless it is already).
+    pub fn use_context(&self, context: u64) -> Result<()> {
+        let mut current = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        if unsafe { (self.api.cuCtxGetCurrent)(&mut current) } == 0 && current.addr() as u64 == context {
+            return Ok(());
+        }
+        // SAFETY: a context the driver gave.
+        self.check(unsafe { (self.api.cuCtxSetCurrent)(ptr(context)) }, || format!("cuCtxSetCurrent({context:#x})"))
+    }
+
+    fn prop(device: i32) -> CuMemAllocationProp {
+        CuMemAllocationProp {
+            kind: CU_MEM_ALLOCATION_TYPE_PINNED,
+            requested_handle_types: 0,
+            location: CuMemLocation { kind: CU_MEM_LOCATION_TYPE_DEVICE, id: device },
+            win32_handle_meta_data: std::ptr::null_mut(),
+            compression_type: 0,
+            gpu_direct_rdma_capable: 0,
+            usage: 0,
+            reserved: [0; 4],
+        }
+    }
+
+    /// `cuMemGetAllocationGranularity` (minimum) of pinned memory on `device`.
+    pub fn granularity(&self, device: i32) -> Result<u64> {
+        let mut g = 0usize;
+        let prop = Self::prop(device);
+        // SAFETY: valid pointers.
+        let r = unsafe { (self.api.cuMemGetAllocationGranularity)(&mut g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) };
+        self.check(r, || format!("cuMemGetAllocationGranularity(device {device})"))?;
+        Ok(g as u64)
+    }
+
+    pub fn reserve(&self, size: u64, align: u64, hint: Option<u64>) -> Result<u64> {
+        let mut va = 0u64;
+        // SAFETY: a valid out-pointer; the hint is only a number to the driver.
+        let r = unsafe { (self.api.cuMemAddressReserve)(&mut va, size as usize, align as usize, hint.unwrap_or(0), 0) };
+        self.check(r, || format!("cuMemAddressReserve({}, align {})", format_size(size), format_size(align)))?;
+        Ok(va)
+    }
+
+    pub fn release(&self, va: u64, size: u64) -> Result<()> {
+        // SAFETY: the driver checks the range.
+        self.check(unsafe { (self.api.cuMemAddressFree)(va, size as usize) }, || {
+            format!("cuMemAddressFree({va:#x}, {})", format_size(size))
+        })
+    }
+
+    pub fn create(&self, size: u64, device: i32) -> Result<RawHandle> {
+        let mut h = 0u64;
+        let prop = Self::prop(device);
+        // SAFETY: valid pointers.
+        let r = unsafe { (self.api.cuMemCreate)(&mut h, size as usize, &prop, 0) };
+        self.check(r, || format!("cuMemCreate({})", format_size(size)))?;
+        Ok(h)
+    }
+
+    pub fn release_handle(&self, handle: RawHandle) -> Result<()> {
+        // SAFETY: the driver checks the handle.
+        self.check(unsafe { (self.api.cuMemRelease)(handle) }, || format!("cuMemRelease({handle:#x})"))
+    }
+
+    /// `cuMemMap` then `cuMemSetAccess` (read-write for `device`); the map is undone when the
+    /// access cannot be set.
+    pub fn map(&self, va: u64, size: u64, handle: RawHandle, device: i32) -> Result<()> {
+        // SAFETY: the driver checks the range and the handle.
+        let r = unsafe { (self.api.cuMemMap)(va, size as usize, 0, handle, 0) };
+        self.check(r, || format!("cuMemMap({va:#x}, {}, handle {handle:#x})", format_size(size)))?;
+        let desc = CuMemAccessDesc {
+            location: CuMemLocation { kind: CU_MEM_LOCATION_TYPE_DEVICE, id: device },
+            flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: one valid descriptor.
+        let r = unsafe { (self.api.cuMemSetAccess)(va, size as usize, &desc, 1) };
+        self.check(r, || format!("cuMemSetAccess({va:#x}, {})", format_size(size))).inspect_err(|_| {
+            let _ = self.unmap(va, size);
+        })
+    }
+
+    pub fn unmap(&self, va: u64, size: u64) -> Result<()> {
+        // SAFETY: the driver checks the range.
+        self.check(unsafe { (self.api.cuMemUnmap)(va, size as usize) }, || {
+            format!("cuMemUnmap({va:#x}, {})", format_size(size))
+        })
+    }
+
+    pub fn read(&self, va: u64, out: &mut [u8]) -> Result<()> {
+        // SAFETY: `out` is valid for its length; the driver checks the device range.
+        let r = unsafe { (self.api.cuMemcpyDtoH)(out.as_mut_ptr().cast(), va, out.len()) };
+        self.check(r, || format!("cuMemcpyDtoH({va:#x}, {} bytes)", out.len()))
+    }
+
+    pub fn write(&self, va: u64, data: &[u8]) -> Result<()> {
+        // SAFETY: `data` is valid for its length; the driver checks the device range.
+        let r = unsafe { (self.api.cuMemcpyHtoD)(va, data.as_ptr().cast(), data.len()) };
+        self.check(r, || format!("cuMemcpyHtoD({va:#x}, {} bytes)", data.len()))
+    }
+
+    pub fn copy(&self, dst: u64, src: u64, count: u64) -> Result<()> {
+        // SAFETY: device addresses, which the driver checks.
+        let r = unsafe { (self.api.cuMemcpyDtoD)(dst, src, count as usize) };
+        self.check(r, || format!("cuMemcpyDtoD({dst:#x}, {src:#x}, {count} bytes)"))
+    }
+
+    pub fn memset(&self, va: u64, value: u8, count: u64) -> Result<()> {
+        // SAFETY: a device address, which the driver checks.
+        let r = unsafe { (self.api.cuMemsetD8)(va, value, count as usize) };
+        self.check(r, || format!("cuMemsetD8({va:#x}, {value}, {count} bytes)"))
+    }
+
+    pub fn mem_info(&self) -> Result<(u64, u64)> {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: valid out-pointers.
+        self.check(unsafe { (self.api.cuMemGetInfo)(&mut free, &mut total) }, || "cuMemGetInfo()".into())?;
+        Ok((free as u64, total as u64))
+    }
+
+    pub fn synchronize_context(&self) -> Result<()> {
+        // SAFETY: a plain call.
+        self.check(unsafe { (self.api.cuCtxSynchronize)() }, || "cuCtxSynchronize()".into())
+    }
+}
+
+/// The runtime's streams and events, handles as integers (0: the default stream); the device
+/// must be current on the calling thread.
+impl CudaRuntime {
+    pub fn create_stream(&self) -> Result<Handle> {
+        let mut s = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; CU_STREAM_NON_BLOCKING (no implicit sync with stream 0).
+        self.check(unsafe { (self.api.cuStreamCreate)(&mut s, 1) }, || "cuStreamCreate()".into())?;
+        Ok(s.addr() as u64)
+    }
+
+    pub fn destroy_stream(&self, stream: Handle) -> Result<()> {
+        // SAFETY: the driver checks the handle.
+        self.check(unsafe { (self.api.cuStreamDestroy)(ptr(stream)) }, || format!("cuStreamDestroy({stream:#x})"))
+    }
+
+    pub fn synchronize_stream(&self, stream: Handle) -> Result<()> {
+        // SAFETY: the driver checks the handle.
+        self.check(unsafe { (self.api.cuStreamSynchronize)(ptr(stream)) }, || {
+            format!("cuStreamSynchronize({stream:#x})")
+        })
+    }
+
+    pub fn create_event(&self) -> Result<Handle> {
+        let mut e = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; CU_EVENT_DISABLE_TIMING (events for ordering only).
+        self.check(unsafe { (self.api.cuEventCreate)(&mut e, 2) }, || "cuEventCreate()".into())?;
+        Ok(e.addr() as u64)
+    }
+
+    pub fn destroy_event(&self, event: Handle) -> Result<()> {
+        // SAFETY: the driver checks the handle.
+        self.check(unsafe { (self.api.cuEventDestroy)(ptr(event)) }, || format!("cuEventDestroy({event:#x})"))
+    }
+
+    pub fn record_event(&self, event: Handle, stream: Handle) -> Result<()> {
+        // SAFETY: the driver checks both handles.
+        self.check(unsafe { (self.api.cuEventRecord)(ptr(event), ptr(stream)) }, || {
+            format!("cuEventRecord({event:#x}, {stream:#x})")
+        })
+    }
+
+    pub fn query_event(&self, event: Handle) -> Result<bool> {
+        // SAFETY: the driver checks the handle.
+        match unsafe { (self.api.cuEventQuery)(ptr(event)) } {
+            CUDA_ERROR_NOT_READY => Ok(false),
+            r => self.check(r, || format!("cuEventQuery({event:#x})")).map(|()| true),
+        }
+    }
+
+    pub fn synchronize_event(&self, event: Handle) -> Result<()> {
+        // SAFETY: the driver checks the handle.
+        self.check(unsafe { (self.api.cuEventSynchronize)(ptr(event)) }, || format!("cuEventSynchronize({event:#x})"))
+    }
+
+    pub fn stream_wait_event(&self, stream: Handle, event: Handle) -> Result<()> {
+        // SAFETY: the driver checks both handles.
+        self.check(unsafe { (self.api.cuStreamWaitEvent)(ptr(stream), ptr(event), 0) }, || {
+            format!("cuStreamWaitEvent({stream:#x}, {event:#x})")
+        })
+    }
+
+    /// Queues a copy of `count` bytes on `stream` (device or host addresses, either way).
+    ///
+    /// # Safety
+    /// Host memory among `dst` and `src` must stay valid until the copy has run (synchronize
+    /// the stream, or an event recorded after it, before freeing it).
+    pub unsafe fn memcpy_async(&self, dst: u64, src: u64, count: u64, stream: Handle) -> Result<()> {
+        // SAFETY: the caller's contract for host memory; the driver checks device memory.
+        let r = unsafe { (self.api.cuMemcpyAsync)(dst, src, count as usize, ptr(stream)) };
+        self.check(r, || format!("cuMemcpyAsync({dst:#x}, {src:#x}, {count} bytes, {stream:#x})"))
+    }
+
+    /// `cuMemsetD8Async` of `count` bytes at device address `dst`, queued on `stream`.
+    pub fn memset_async(&self, dst: u64, value: u8, count: u64, stream: Handle) -> Result<()> {
+        // SAFETY: the driver checks the device address and the stream.
+        let r = unsafe { (self.api.cuMemsetD8Async)(dst, value, count as usize, ptr(stream)) };
+        self.check(r, || format!("cuMemsetD8Async({dst:#x}, {value}, {count} bytes, {stream:#x})"))
+    }
+}
+
+/// The CUDA driver on one device (its primary context), for a [`DriverBackend`]. Its device
+/// addresses are one VA window it reserves when it opens (`cuMemAddressReserve`, asked for at
+/// npumem's 16 TiB, as large as the host backend's window for the same capacity, and halved
+/// while the driver cannot give that) and releases when it goes; the backend places every reservation inside it, so an address is the device's exactly
+/// when it is in the window (as on AscendCL), freed or not.
+pub struct CudaDriver {
+    rt: &'static CudaRuntime,
+    device: i32,
+    context: u64,
+    window: (u64, u64),
+}
+
+impl CudaDriver {
+    /// The driver (loaded on first use, from where the environment says) on `device`, for a
+    /// backend that will hold up to `capacity` bytes (default: the device's memory; it sizes the
+    /// address window).
+    pub fn open(device: i32, capacity: Option<u64>) -> Result<CudaDriver> {
+        Self::new(CudaRuntime::load()?, device, capacity)
+    }
+
+    /// `rt` on `device` (its primary context), `capacity` as in [`CudaDriver::open`].
+    pub fn new(rt: &'static CudaRuntime, device: i32, capacity: Option<u64>) -> Result<CudaDriver> {
+        let context = rt.primary_context(device)?;
+        rt.use_context(context)?;
+        let capacity = match capacity {
+            Some(c) => c,
+            None => rt.mem_info()?.1,
+        };
+        let mut size = super::host::window_size(capacity);
+        loop {
+            match rt.reserve(size, GIB, Some(VA_WINDOW_START)) {
+                Ok(start) => return Ok(CudaDriver { rt, device, context, window: (start, start + size) }),
+                // Too large for the driver (out of memory, or an invalid value): a smaller one.
+                Err(e)
+                    if size > 16 * GIB
+                        && matches!(e.code, ErrorCode::RtMemoryAllocation | ErrorCode::RtParamInvalid) =>
+                {
+                    size /= 2
+                }
+                Err(e) => {
+                    return Err(AclError::new(
+                        e.code,
+                        format!("cannot reserve the device's address window: {}", e.message),
+                    ));
+                }
+            }
+        }
+    }
+
+    pub fn runtime(&self) -> &'static CudaRuntime {
+        self.rt
+    }
+
+    fn bound(&self) -> Result<&'static CudaRuntime> {
+        self.rt.use_context(self.context)?;
+        Ok(self.rt)
+    }
+}
+
+impl Driver for CudaDriver {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn granularity(&self, kind: PageKind) -> Result<u64> {
+        let g = self.bound()?.granularity(self.device)?;
+        Ok(match kind {
+            PageKind::Normal => g,
+            PageKind::Huge if g <= 2 * MIB => 2 * MIB,
+            PageKind::Giant if g <= GIB => GIB,
+            _ => g,
+        })
+    }
+
+    fn window(&self) -> (u64, u64) {
+        self.window
+    }
+
+    fn owns_window(&self) -> bool {
+        true
+    }
+
+    fn holds_window(&self) -> bool {
+        true
+    }
+
+    fn reserve(&self, size: u64, align: u64, hint: Option<u64>) -> Result<u64> {
+        let rt = self.bound()?;
+        let va = rt.reserve(size, align, hint)?;
+        if hint.is_some_and(|h| h != va) {
+            // The driver takes the address as a hint; npumem's contract asks for it exactly.
+            let _ = rt.release(va, size);
+            return Err(AclError::invalid_param(format!(
+                "the range {:#x}+{} is not free; pass no address to let the driver choose",
+                hint.unwrap_or(0),
+                format_size(size)
+            )));
+        }
+        Ok(va)
+    }
+
+    fn release(&self, va: u64, size: u64) -> Result<()> {
+        self.bound()?.release(va, size)
+    }
+
+    fn create(&self, size: u64, _kind: PageKind) -> Result<RawHandle> {
+        self.bound()?.create(size, self.device)
+    }
+
+    fn free(&self, handle: RawHandle) -> Result<()> {
+        self.bound()?.release_handle(handle)
+    }
+
+    fn map(&self, va: u64, size: u64, handle: RawHandle) -> Result<()> {
+        self.bound()?.map(va, size, handle, self.device)
+    }
+
+    fn unmap(&self, va: u64, size: u64) -> Result<()> {
+        self.bound()?.unmap(va, size)
+    }
+
+    fn read(&self, va: u64, out: &mut [u8]) -> Result<()> {
+        self.bound()?.read(va, out)
+    }
+
+    fn write(&self, va: u64, data: &[u8]) -> Result<()> {
+        self.bound()?.write(va, data)
+    }
+
+    fn fill(&self, va: u64, value: u8, count: u64) -> Result<()> {
+        self.bound()?.memset(va, value, count)
+    }
+
+    fn copy(&self, dst: u64, src: u64, count: u64) -> Result<()> {
+        self.bound()?.copy(dst, src, count)
+    }
+
+    fn mem_info(&self, _scope: MemScope) -> Result<(u64, u64)> {
+        self.bound()?.mem_info()
+    }
+}
+
+impl Drop for CudaDriver {
+    fn drop(&mut self) {
+        // The backend has unmapped everything in the window by now (its books go first).
+        if let Ok(rt) = self.bound() {
+            let _ = rt.release(self.window.0, self.window.1 - self.window.0);
+        }
+    }
+}
+
+// The CUDA driver's own streams and events: what the device orders stream-ordered reuse and
+// async copies on.
+super::driver::runtime_streams!(CudaDriver, synchronize_context);
+
+/// The `Backend` over the CUDA driver.
+pub type CudaBackend = DriverBackend<CudaDriver>;
+
+impl CudaBackend {
+    /// A backend on CUDA `device` that may hold `capacity` bytes (default: the device's memory).
+    pub fn open(device: i32, capacity: Option<u64>) -> Result<CudaBackend> {
+        Self::with_driver(CudaDriver::open(device, capacity)?, capacity)
+    }
+
+    /// A backend over `driver` (capacity as in [`CudaBackend::open`]).
+    pub fn with_driver(driver: CudaDriver, capacity: Option<u64>) -> Result<CudaBackend> {
+        let capacity = match capacity {
+            Some(c) => c,
+            None => driver.mem_info(MemScope::All)?.1,
+        };
+        DriverBackend::new(driver, capacity)
+    }
+}

@@ -1,0 +1,651 @@
+//! `DriverBackend`: the `Backend` trait over a real accelerator runtime's VMM calls — AscendCL
+//! ([`super::acl`]) or the CUDA driver ([`super::cuda`]) — through the small [`Driver`] seam each
+//! of them implements. What the two share lives here: the bookkeeping of reservations,
+//! physical allocations and mappings (an [`AddressMap`], so the VMM contract is checked before
+//! the runtime is called), the capacity budget, byte access checked against the mappings,
+//! counters, translation and the clean-up when the backend goes.
+//!
+//! - `capacity` is a budget inside the runtime's device: physical allocations past it are
+//!   out-of-memory (207001) before the runtime is asked; the runtime's own out-of-memory
+//!   passes through with its code;
+//! - a reservation the runtime placed off the alignment asked for is made again `align` bytes
+//!   larger and used from its first aligned address (AscendCL takes no alignment); a driver that
+//!   holds one window for its life (CUDA) has its reservations placed inside it by the books;
+//! - freeing a mapped physical allocation frees it in the runtime at once (both runtimes defer
+//!   the release to the last unmap) and keeps it in the books until then;
+//! - freeing an unmapped physical allocation or releasing an empty reservation cannot fail under
+//!   the `Backend` contract (the allocators tear segments down on it); where the runtime refuses
+//!   all the same, the object is *stranded*: gone from the books the allocators see, kept in a
+//!   list that is retried before each new allocation or reservation and when the backend goes,
+//!   its bytes counted against the capacity until the runtime has taken it back;
+//! - an overlapping device-to-device copy goes through host memory in 1 MiB pieces, in the
+//!   order `memmove` would take (the runtimes' copies do not allow overlap);
+//! - physical addresses are not visible: `translate` reports the allocation's handle and the
+//!   offset in it (equal for two mappings of one byte) and the allocation's page size.
+//!
+//! Invariants: the books hold exactly what the runtime holds for this backend; every runtime
+//! call is made with the backend's device current on the calling thread; a call that fails —
+//! in the books' checks or in the runtime — leaves both as they were (a failure in the second of
+//! two runtime steps undoes the first); bytes in use never pass the capacity; dropping the
+//! backend unmaps, frees and releases everything it holds.
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use super::address_map::{AddressMap, Mapping};
+use super::{Backend, BackendCounters, PhysHandle};
+use crate::acl::MemScope;
+use crate::error::{AclError, ErrorCode, Result};
+use crate::stream::RuntimeStreams;
+use crate::stream::runtime::Handle;
+use crate::units::{MIB, checked_align_up, format_size};
+use crate::vm::{PageKind, PageSize, Translation, VaSpace};
+
+/// An opaque handle of the runtime's (`aclrtDrvMemHandle`, `CUmemGenericAllocationHandle`).
+pub type RawHandle = u64;
+
+/// What a runtime does for a [`DriverBackend`]: its VMM calls here, its streams and events as
+/// [`RuntimeStreams`]. Every call makes the backend's device current on the calling thread first.
+pub trait Driver: RuntimeStreams {
+    /// The backend's name ("acl", "cuda").
+    fn name(&self) -> &'static str;
+    /// The allocation granularity of physical memory of `kind`, in bytes.
+    fn granularity(&self, kind: PageKind) -> Result<u64>;
+    /// The range every reservation of the runtime lies in (for the books).
+    fn window(&self) -> (u64, u64);
+    /// Whether every address of `window` is the device's (AscendCL's VA window).
+    fn owns_window(&self) -> bool;
+    /// Whether `window` is one reservation the driver holds for its whole life (the CUDA
+    /// driver's): the backend then places its reservations inside it in its books, without
+    /// runtime calls.
+    fn holds_window(&self) -> bool {
+        false
+    }
+    /// Reserves `size` bytes of VA (aligned to `align` where the runtime takes an alignment),
+    /// exactly at `hint` when given.
+    fn reserve(&self, size: u64, align: u64, hint: Option<u64>) -> Result<u64>;
+    fn release(&self, va: u64, size: u64) -> Result<()>;
+    fn create(&self, size: u64, kind: PageKind) -> Result<RawHandle>;
+    fn free(&self, handle: RawHandle) -> Result<()>;
+    /// Maps the whole of `handle` (`size` bytes) at `va`, readable and writable.
+    fn map(&self, va: u64, size: u64, handle: RawHandle) -> Result<()>;
+    fn unmap(&self, va: u64, size: u64) -> Result<()>;
+    fn read(&self, va: u64, out: &mut [u8]) -> Result<()>;
+    fn write(&self, va: u64, data: &[u8]) -> Result<()>;
+    fn fill(&self, va: u64, value: u8, count: u64) -> Result<()>;
+    /// Copies between device ranges that do not overlap.
+    fn copy(&self, dst: u64, src: u64, count: u64) -> Result<()>;
+    /// (free, total) bytes of the runtime's device memory of `scope`.
+    fn mem_info(&self, scope: MemScope) -> Result<(u64, u64)>;
+}
+
+/// `RuntimeStreams` for a driver whose runtime (`self.bound()`) has the stream and event calls
+/// under these names (`AclRuntime`, `CudaRuntime`); `$synchronize_device` waits for the device.
+macro_rules! runtime_streams {
+    ($driver:ty, $synchronize_device:ident) => {
+        impl RuntimeStreams for $driver {
+            fn is_real(&self) -> bool {
+                true
+            }
+
+            fn create_stream(&mut self) -> Result<Handle> {
+                self.bound()?.create_stream()
+            }
+
+            fn destroy_stream(&mut self, stream: Handle) -> Result<()> {
+                self.bound()?.destroy_stream(stream)
+            }
+
+            fn create_event(&mut self) -> Result<Handle> {
+                self.bound()?.create_event()
+            }
+
+            fn destroy_event(&mut self, event: Handle) -> Result<()> {
+                self.bound()?.destroy_event(event)
+            }
+
+            fn record_event(&mut self, event: Handle, stream: Handle) -> Result<()> {
+                self.bound()?.record_event(event, stream)
+            }
+
+            fn stream_wait_event(&mut self, stream: Handle, event: Handle) -> Result<()> {
+                self.bound()?.stream_wait_event(stream, event)
+            }
+
+            fn query_event(&mut self, event: Handle) -> Result<bool> {
+                self.bound()?.query_event(event)
+            }
+
+            fn synchronize_event(&mut self, event: Handle) -> Result<()> {
+                self.bound()?.synchronize_event(event)
+            }
+
+            fn synchronize_stream(&mut self, stream: Handle) -> Result<()> {
+                self.bound()?.synchronize_stream(stream)
+            }
+
+            fn synchronize_device(&mut self) -> Result<()> {
+                self.bound()?.$synchronize_device()
+            }
+
+            fn memcpy_async(&mut self, dst: u64, src: u64, count: u64, stream: Handle) -> Result<bool> {
+                // SAFETY: the device checked both ranges (device memory, or its pinned host blocks,
+                // which it keeps until the runtime's work on them is complete) before queuing the copy.
+                unsafe { self.bound()?.memcpy_async(dst, src, count, stream) }.map(|()| true)
+            }
+
+            fn memset_async(&mut self, dst: u64, value: u8, count: u64, stream: Handle) -> Result<bool> {
+                self.bound()?.memset_async(dst, value, count, stream).map(|()| true)
+            }
+        }
+    };
+}
+pub(super) use runtime_streams;
+
+#[derive(Debug)]
+struct Physical {
+    raw: RawHandle,
+    size: u64,
+    page: PageSize,
+    mapped: u32,
+    free_requested: bool,
+}
+
+/// Bytes an overlapping copy moves through host memory at a time.
+const BOUNCE: u64 = MIB;
+
+pub struct DriverBackend<D: Driver> {
+    driver: D,
+    capacity: u64,
+    pages: [PageSize; 3],
+    space: AddressMap,
+    /// Reservations by their start: (the runtime's start, the runtime's size).
+    reservations: FxHashMap<u64, (u64, u64)>,
+    allocs: FxHashMap<PhysHandle, Physical>,
+    next_handle: PhysHandle,
+    in_use: u64,
+    counters: BackendCounters,
+    /// The runtime streams and events this backend created (and destroys when it goes).
+    streams: FxHashSet<Handle>,
+    events: FxHashSet<Handle>,
+    /// What the runtime refused to take back (see the module's notes), retried.
+    stranded: Vec<Stranded>,
+}
+
+/// A physical allocation (its raw handle and size) or a reservation (the runtime's start and
+/// size) the runtime refused to free.
+#[derive(Clone, Copy, Debug)]
+enum Stranded {
+    Physical(RawHandle, u64),
+    Reservation(u64, u64),
+}
+
+fn page_of(driver: &impl Driver, kind: PageKind) -> Result<PageSize> {
+    let bytes = driver.granularity(kind)?;
+    PageSize::from_bytes(bytes).ok_or_else(|| {
+        AclError::new(
+            ErrorCode::FeatureUnsupported,
+            format!(
+                "the {} runtime allocates {} memory in units of {}; npumem handles 4 KiB, 64 KiB, 2 MiB and 1 GiB",
+                driver.name(),
+                kind.label(),
+                format_size(bytes)
+            ),
+        )
+    })
+}
+
+impl<D: Driver> DriverBackend<D> {
+    /// A backend over `driver` that may hold `capacity` bytes (at most the device's memory).
+    pub fn new(driver: D, capacity: u64) -> Result<Self> {
+        let normal = page_of(&driver, PageKind::Normal)?;
+        // A runtime with one granularity (CUDA) may not answer for the larger kinds: their sizes
+        // are multiples of it all the same.
+        let larger = |kind, size| page_of(&driver, kind).unwrap_or(size);
+        let pages = [normal, larger(PageKind::Huge, PageSize::Size2M), larger(PageKind::Giant, PageSize::Size1G)];
+        let (_, total) = driver.mem_info(MemScope::All)?;
+        if capacity < normal.bytes() || capacity > total {
+            return Err(AclError::invalid_param(format!(
+                "capacity {} is out of range: the {} device has {} (and allocates at least {})",
+                format_size(capacity),
+                driver.name(),
+                format_size(total),
+                normal.label()
+            )));
+        }
+        let (lo, hi) = driver.window();
+        let space = AddressMap::new(VaSpace::with_granule(lo, hi, normal.bytes(), "runtime's address space"));
+        Ok(DriverBackend {
+            driver,
+            capacity,
+            pages,
+            space,
+            reservations: FxHashMap::default(),
+            allocs: FxHashMap::default(),
+            next_handle: 1,
+            in_use: 0,
+            counters: BackendCounters::default(),
+            streams: FxHashSet::default(),
+            events: FxHashSet::default(),
+            stranded: Vec::new(),
+        })
+    }
+
+    pub fn driver(&self) -> &D {
+        &self.driver
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Reserves at the runtime, making the range larger when the runtime placed it off `align`.
+    fn reserve_aligned(&self, size: u64, align: u64, hint: Option<u64>) -> Result<(u64, u64, u64)> {
+        let va = self.driver.reserve(size, align, hint)?;
+        if va % align == 0 {
+            return Ok((va, va, size));
+        }
+        self.driver.release(va, size)?;
+        if hint.is_some() {
+            return Err(AclError::invalid_param(format!(
+                "the runtime placed the reservation at {va:#x}, not at the hint aligned to {}",
+                format_size(align)
+            )));
+        }
+        let wide = size
+            .checked_add(align)
+            .ok_or_else(|| AclError::invalid_param(format!("reservation size {size} is too large")))?;
+        let base = self.driver.reserve(wide, align, None)?;
+        let start = checked_align_up(base, align).expect("inside the runtime's reservation");
+        Ok((start, base, wide))
+    }
+
+    /// Gives the memory of `handle` back to the books (the runtime has freed it already).
+    fn forget_physical(&mut self, handle: PhysHandle) {
+        if let Some(p) = self.allocs.remove(&handle) {
+            self.in_use -= p.size;
+            self.counters.physical_frees += 1;
+        }
+    }
+
+    /// Asks the runtime again to take back what it refused before; keeps what it still refuses.
+    fn retry_stranded(&mut self) {
+        if self.stranded.is_empty() {
+            return;
+        }
+        let driver = &self.driver;
+        let (in_use, counters) = (&mut self.in_use, &mut self.counters);
+        self.stranded.retain(|&s| match s {
+            Stranded::Physical(raw, size) => {
+                let kept = driver.free(raw).is_err();
+                if !kept {
+                    *in_use -= size;
+                    counters.physical_frees += 1;
+                }
+                kept
+            }
+            Stranded::Reservation(start, len) => {
+                let kept = driver.release(start, len).is_err();
+                if !kept {
+                    counters.releases += 1;
+                }
+                kept
+            }
+        });
+    }
+
+    fn live(&self, handle: PhysHandle) -> Result<&Physical> {
+        self.allocs.get(&handle).filter(|p| !p.free_requested).ok_or_else(|| {
+            AclError::new(ErrorCode::RtInvalidHandle, format!("physical handle {handle} is unknown or already freed"))
+        })
+    }
+}
+
+impl<D: Driver> Backend for DriverBackend<D> {
+    fn name(&self) -> &'static str {
+        self.driver.name()
+    }
+
+    fn page_size(&self, kind: PageKind) -> PageSize {
+        self.pages[kind as usize]
+    }
+
+    fn reserve(&mut self, size: u64, align: u64, hint: Option<u64>) -> Result<u64> {
+        let normal = self.pages[0].bytes();
+        let align = align.max(normal);
+        if size == 0 || !align.is_power_of_two() {
+            return Err(AclError::invalid_param(format!(
+                "cannot reserve {size} bytes aligned to {align}: the size must be above 0 and the alignment a power of two"
+            )));
+        }
+        let size = checked_align_up(size, normal)
+            .ok_or_else(|| AclError::invalid_param(format!("reservation size {size} is too large")))?;
+        self.retry_stranded();
+        if self.driver.holds_window() {
+            let va = self.space.reserve(size, align, hint)?;
+            self.reservations.insert(va, (va, 0));
+            self.counters.reserves += 1;
+            return Ok(va);
+        }
+        let (va, start, len) = self.reserve_aligned(size, align, hint)?;
+        if let Err(e) = self.space.reserve(size, normal, Some(va)) {
+            let _ = self.driver.release(start, len);
+            return Err(AclError::internal(format!(
+                "the runtime reserved {va:#x}+{} over a range npumem holds: {}",
+                format_size(size),
+                e.message
+            )));
+        }
+        self.reservations.insert(va, (start, len));
+        self.counters.reserves += 1;
+        Ok(va)
+    }
+
+    fn release(&mut self, va: u64) -> Result<()> {
+        // The books refuse a release with mappings (or of no reservation) before the runtime.
+        self.space.check_release(va)?;
+        let &(start, len) = self.reservations.get(&va).expect("the books and the runtime agree");
+        let refused = len > 0 && self.driver.release(start, len).is_err();
+        self.space.release(va)?;
+        self.reservations.remove(&va);
+        if refused {
+            self.stranded.push(Stranded::Reservation(start, len));
+        } else {
+            self.counters.releases += 1;
+        }
+        Ok(())
+    }
+
+    fn create_physical(&mut self, size: u64, kind: PageKind) -> Result<PhysHandle> {
+        let page = self.page_size(kind);
+        if size == 0 || size % page.bytes() != 0 {
+            return Err(AclError::invalid_param(format!(
+                "physical allocation size {size} must be a non-zero multiple of the {} granularity of {} memory",
+                page.label(),
+                kind.label()
+            )));
+        }
+        self.retry_stranded();
+        if self.in_use.saturating_add(size) > self.capacity {
+            return Err(AclError::oom(format!(
+                "the {} backend holds {} of its capacity of {}; {} more would pass it",
+                self.name(),
+                format_size(self.in_use),
+                format_size(self.capacity),
+                format_size(size)
+            )));
+        }
+        let raw = self.driver.create(size, kind)?;
+        let handle = self.next_handle;
+        self.next_handle += 1;
+        self.allocs.insert(handle, Physical { raw, size, page, mapped: 0, free_requested: false });
+        self.in_use += size;
+        self.counters.physical_allocs += 1;
+        Ok(handle)
+    }
+
+    fn free_physical(&mut self, handle: PhysHandle) -> Result<()> {
+        let p = self.live(handle)?;
+        if let Err(e) = self.driver.free(p.raw) {
+            if p.mapped > 0 {
+                return Err(e);
+            }
+            let p = self.allocs.remove(&handle).expect("live");
+            self.stranded.push(Stranded::Physical(p.raw, p.size));
+            return Ok(());
+        }
+        let p = self.allocs.get_mut(&handle).expect("live");
+        if p.mapped > 0 {
+            p.free_requested = true;
+        } else {
+            self.forget_physical(handle);
+        }
+        Ok(())
+    }
+
+    fn map(&mut self, va: u64, handle: PhysHandle) -> Result<()> {
+        let p = self.live(handle)?;
+        let (raw, size, page) = (p.raw, p.size, p.page);
+        self.space.check_map(va, size, page)?;
+        self.driver.map(va, size, raw)?;
+        self.allocs.get_mut(&handle).expect("live").mapped += 1;
+        self.space.insert(va, Mapping { handle, size });
+        self.counters.maps += 1;
+        self.counters.pages_mapped += size / page.bytes();
+        Ok(())
+    }
+
+    fn unmap(&mut self, va: u64) -> Result<()> {
+        let mapping = self.space.mapping_at(va)?;
+        self.driver.unmap(va, mapping.size)?;
+        self.space.remove(va);
+        let p = self.allocs.get_mut(&mapping.handle).expect("mapped handles are held");
+        p.mapped -= 1;
+        self.counters.unmaps += 1;
+        self.counters.pages_unmapped += mapping.size / p.page.bytes();
+        if p.mapped == 0 && p.free_requested {
+            self.forget_physical(mapping.handle);
+        }
+        Ok(())
+    }
+
+    fn read(&mut self, va: u64, out: &mut [u8]) -> Result<()> {
+        self.space.check_mapped(va, out.len() as u64)?;
+        if !out.is_empty() {
+            self.driver.read(va, out)?;
+        }
+        self.counters.bytes_read += out.len() as u64;
+        Ok(())
+    }
+
+    fn write(&mut self, va: u64, data: &[u8]) -> Result<()> {
+        self.space.check_mapped(va, data.len() as u64)?;
+        if !data.is_empty() {
+            self.driver.write(va, data)?;
+        }
+        self.counters.bytes_written += data.len() as u64;
+        Ok(())
+    }
+
+    fn fill(&mut self, va: u64, value: u8, count: u64) -> Result<()> {
+        self.space.check_mapped(va, count)?;
+        if count > 0 {
+            self.driver.fill(va, value, count)?;
+        }
+        self.counters.bytes_written += count;
+        Ok(())
+    }
+
+    fn copy(&mut self, dst: u64, src: u64, count: u64) -> Result<()> {
+        self.space.check_mapped(src, count)?;
+        self.space.check_mapped(dst, count)?;
+        if count > 0 && dst != src {
+            if dst.abs_diff(src) >= count {
+                self.driver.copy(dst, src, count)?;
+            } else {
+                // Overlap: through host memory, back to front when the destination is above
+                // the source (so no byte is overwritten before it is read).
+                let mut buf = vec![0u8; count.min(BOUNCE) as usize];
+                let pieces = count.div_ceil(BOUNCE);
+                for i in 0..pieces {
+                    let i = if dst > src { pieces - 1 - i } else { i };
+                    let off = i * BOUNCE;
+                    let piece = &mut buf[..(count - off).min(BOUNCE) as usize];
+                    self.driver.read(src + off, piece)?;
+                    self.driver.write(dst + off, piece)?;
+                }
+            }
+        }
+        self.counters.bytes_read += count;
+        self.counters.bytes_written += count;
+        Ok(())
+    }
+
+    fn mem_info(&self, scope: MemScope) -> (u64, u64) {
+        if scope == MemScope::Ddr {
+            return (0, 0);
+        }
+        let budget = self.capacity - self.in_use.min(self.capacity);
+        match self.driver.mem_info(scope) {
+            Ok((free, total)) => (free.min(budget), total.min(self.capacity)),
+            Err(_) => (budget, self.capacity),
+        }
+    }
+
+    fn translate(&self, va: u64) -> Result<Translation> {
+        let (m, mp) = self
+            .space
+            .containing(va)
+            .ok_or_else(|| AclError::rt_param(format!("device address {va:#x} is not mapped")))?;
+        let page = self.allocs[&mp.handle].page;
+        let depth = match page {
+            PageSize::Size1G => 2,
+            PageSize::Size2M => 3,
+            _ => 4,
+        };
+        Ok(Translation { pa: (mp.handle << 40) | (va - m), page_size: page, depth })
+    }
+
+    fn owns(&self, va: u64) -> bool {
+        let (lo, hi) = self.driver.window();
+        (self.driver.owns_window() && (lo..hi).contains(&va)) || self.space.reserved(va)
+    }
+
+    fn counters(&self) -> BackendCounters {
+        self.counters
+    }
+
+    fn streams(&mut self) -> &mut dyn RuntimeStreams {
+        self
+    }
+}
+
+impl<D: Driver> DriverBackend<D> {
+    fn known_event(&self, event: Handle) -> Result<()> {
+        if self.events.contains(&event) {
+            Ok(())
+        } else {
+            Err(AclError::new(
+                ErrorCode::RtInvalidHandle,
+                format!("event {event:#x} is not one the {} backend created (or it was destroyed)", self.name()),
+            ))
+        }
+    }
+}
+
+/// The runtime's own streams and events (the stream half of the seam), with books of what this
+/// backend created: an event it did not create (or destroyed) is an error before the runtime
+/// sees it; streams other than its own pass through (a framework's stream adopted by the device
+/// is the program's, and the runtime checks it).
+impl<D: Driver> RuntimeStreams for DriverBackend<D> {
+    fn is_real(&self) -> bool {
+        self.driver.is_real()
+    }
+
+    fn create_stream(&mut self) -> Result<Handle> {
+        let stream = self.driver.create_stream()?;
+        self.streams.insert(stream);
+        Ok(stream)
+    }
+
+    fn destroy_stream(&mut self, stream: Handle) -> Result<()> {
+        if !self.streams.contains(&stream) {
+            return Err(AclError::new(
+                ErrorCode::RtInvalidHandle,
+                format!("stream {stream:#x} is not one the {} backend created (or it was destroyed)", self.name()),
+            ));
+        }
+        self.driver.destroy_stream(stream)?;
+        self.streams.remove(&stream);
+        Ok(())
+    }
+
+    fn create_event(&mut self) -> Result<Handle> {
+        let event = self.driver.create_event()?;
+        self.events.insert(event);
+        Ok(event)
+    }
+
+    fn destroy_event(&mut self, event: Handle) -> Result<()> {
+        self.known_event(event)?;
+        self.driver.destroy_event(event)?;
+        self.events.remove(&event);
+        Ok(())
+    }
+
+    fn record_event(&mut self, event: Handle, stream: Handle) -> Result<()> {
+        self.known_event(event)?;
+        self.driver.record_event(event, stream)
+    }
+
+    fn stream_wait_event(&mut self, stream: Handle, event: Handle) -> Result<()> {
+        self.known_event(event)?;
+        self.driver.stream_wait_event(stream, event)
+    }
+
+    fn query_event(&mut self, event: Handle) -> Result<bool> {
+        self.known_event(event)?;
+        self.driver.query_event(event)
+    }
+
+    fn synchronize_event(&mut self, event: Handle) -> Result<()> {
+        self.known_event(event)?;
+        self.driver.synchronize_event(event)
+    }
+
+    fn synchronize_stream(&mut self, stream: Handle) -> Result<()> {
+        self.driver.synchronize_stream(stream)
+    }
+
+    fn synchronize_device(&mut self) -> Result<()> {
+        self.driver.synchronize_device()
+    }
+
+    fn memcpy_async(&mut self, dst: u64, src: u64, count: u64, stream: Handle) -> Result<bool> {
+        for (addr, role) in [(dst, "destination"), (src, "source")] {
+            if self.owns(addr) {
+                self.space
+                    .check_mapped(addr, count)
+                    .map_err(|e| AclError::new(e.code, format!("{role}: {}", e.message)))?;
+            }
+        }
+        let queued = self.driver.memcpy_async(dst, src, count, stream)?;
+        if queued {
+            self.counters.bytes_read += count;
+            self.counters.bytes_written += count;
+        }
+        Ok(queued)
+    }
+
+    fn memset_async(&mut self, dst: u64, value: u8, count: u64, stream: Handle) -> Result<bool> {
+        self.space.check_mapped(dst, count)?;
+        let queued = self.driver.memset_async(dst, value, count, stream)?;
+        if queued {
+            self.counters.bytes_written += count;
+        }
+        Ok(queued)
+    }
+}
+
+impl<D: Driver> Drop for DriverBackend<D> {
+    fn drop(&mut self) {
+        // Best effort: a runtime that fails here has nothing better to be told. Queued work
+        // finishes before its streams, events and memory go.
+        let _ = self.driver.synchronize_device();
+        for &event in &self.events {
+            let _ = self.driver.destroy_event(event);
+        }
+        for &stream in &self.streams {
+            let _ = self.driver.destroy_stream(stream);
+        }
+        for (va, mapping) in self.space.mappings() {
+            let _ = self.driver.unmap(va, mapping.size);
+        }
+        for p in self.allocs.values().filter(|p| !p.free_requested) {
+            let _ = self.driver.free(p.raw);
+        }
+        self.retry_stranded();
+        for &(start, len) in self.reservations.values().filter(|(_, len)| *len > 0) {
+            let _ = self.driver.release(start, len);
+        }
+    }
+}

@@ -1,0 +1,485 @@
+//! A stand-in `libascendcl.so`: AscendCL's device, VMM, copy, memset, memory-information,
+//! host-memory, stream and event calls with their C signatures (`acl_rt.h`, CANN 8), their
+//! argument rules and their `aclError` codes, over the host memory of `npumem-fake`. npumem's
+//! tests load it in place of the real runtime (`NPUMEM_ACL_LIB`).
+//!
+//! Rules enforced (from the AscendCL API reference, "Virtual memory management" and "Memory
+//! copy and set"):
+//! - `aclInit` first (a repeat returns `ACL_ERROR_REPEAT_INITIALIZE` 100002); every device call
+//!   needs a device made current on the calling thread by `aclrtSetDevice`
+//!   (`ACL_ERROR_RT_CONTEXT_NULL` 107002); device ids past the count are 107001;
+//! - `aclrtReserveMemAddress`: size > 0 and a multiple of the normal granularity, `alignment` 0,
+//!   `flags` 0 or 1, `expectPtr` NULL or a free, aligned address in the 16–24 TiB window
+//!   (`ACL_ERROR_INVALID_PARAM` 100000 otherwise); reservations land in that window, aligned to
+//!   the size's power of two (at least the granularity, at most 1 GiB);
+//! - `aclrtMallocPhysical`: `flags` 0, `handleType` NONE, `allocationType` PINNED, a location of
+//!   type HOST or DEVICE, a supported `memAttr` (HBM/MEM normal, huge and huge-1G kinds; DDR kinds
+//!   only for HOST), size a non-zero multiple of the granularity (100000); 207001 when the
+//!   configured capacity runs out; `ACL_HBM_MEM_NORMAL` is allocated as huge pages;
+//! - `aclrtMapMem`: size equal to the physical size, `offset` 0, `flags` 0 (100000); inside one
+//!   reservation, over nothing mapped (107000); an unknown or freed handle 107017; a VA not
+//!   aligned to the granularity 107008;
+//! - `aclrtFreePhysical` of a mapped handle defers the release to the last unmap;
+//!   `aclrtReleaseMemAddress` with live mappings fails (107000);
+//! - `aclrtMemcpy(Async)`: `count` 0 is a no-op; NULL pointers and kinds outside 0–5 are 100000;
+//!   `count > destMax` is 107000; device bytes must be mapped (107000); `aclrtMemset(Async)`
+//!   likewise with `maxCount`;
+//! - streams and events as `npumem-fake`'s `streams` module runs them (NULL is the default
+//!   stream); a queued operation that fails is reported by the next synchronize (507899).
+//!
+//! Test-only exports (`npumem_fake::export_test_hooks`): `npumem_fake_fail_next(kind, n)` (the
+//! fault switch: a physical allocation
+//! fails with 207001, a stream or event creation with 207008 / 207007, anything else with
+//! 507899), `npumem_fake_live_counts(out)` and `npumem_fake_set_delay_us(us)`.
+//!
+//! Invariant: no call unwinds into C or dereferences a handle; every failure is a code.
+
+// The exports are the runtime's C API: callers pass pointers under its documented contract (each
+// dereference says so in its SAFETY line), as C callers of the real library do.
+#![allow(clippy::not_unsafe_ptr_arg_deref)]
+
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use npumem_fake::{Fail, FaultKind, Flavor, Placement, Runtime, guard, put};
+
+/// `aclError`.
+type AclError = c_int;
+
+const ACL_SUCCESS: AclError = 0;
+const ACL_ERROR_INVALID_PARAM: AclError = 100_000;
+const ACL_ERROR_UNINITIALIZE: AclError = 100_001;
+const ACL_ERROR_REPEAT_INITIALIZE: AclError = 100_002;
+const ACL_ERROR_RT_PARAM_INVALID: AclError = 107_000;
+const ACL_ERROR_RT_INVALID_DEVICEID: AclError = 107_001;
+const ACL_ERROR_RT_CONTEXT_NULL: AclError = 107_002;
+const ACL_ERROR_RT_ADDR_UNALIGNED: AclError = 107_008;
+const ACL_ERROR_RT_INVALID_HANDLE: AclError = 107_017;
+const ACL_ERROR_RT_MEMORY_ALLOCATION: AclError = 207_001;
+const ACL_ERROR_RT_NO_EVENT_RESOURCE: AclError = 207_007;
+const ACL_ERROR_RT_NO_STREAM_RESOURCE: AclError = 207_008;
+const ACL_ERROR_RT_DRV_INTERNAL_ERROR: AclError = 507_899;
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+static RT: LazyLock<Runtime> = LazyLock::new(|| Runtime::new(Flavor::Acl));
+static INITIALIZED: AtomicBool = AtomicBool::new(false);
+
+fn code(fail: Fail) -> AclError {
+    match fail {
+        Fail::InvalidValue => ACL_ERROR_INVALID_PARAM,
+        Fail::RtParam | Fail::NotReserved | Fail::AlreadyMapped | Fail::NotMapped | Fail::NoAccess | Fail::InUse => {
+            ACL_ERROR_RT_PARAM_INVALID
+        }
+        Fail::OutOfMemory | Fail::Injected(FaultKind::Physical) => ACL_ERROR_RT_MEMORY_ALLOCATION,
+        Fail::InvalidHandle => ACL_ERROR_RT_INVALID_HANDLE,
+        Fail::Unaligned => ACL_ERROR_RT_ADDR_UNALIGNED,
+        Fail::NoContext => ACL_ERROR_RT_CONTEXT_NULL,
+        Fail::NotInitialized => ACL_ERROR_UNINITIALIZE,
+        Fail::InvalidDevice => ACL_ERROR_RT_INVALID_DEVICEID,
+        Fail::Injected(FaultKind::Stream) => ACL_ERROR_RT_NO_STREAM_RESOURCE,
+        Fail::Injected(FaultKind::Event) => ACL_ERROR_RT_NO_EVENT_RESOURCE,
+        Fail::Async | Fail::Injected(_) | Fail::Internal => ACL_ERROR_RT_DRV_INTERNAL_ERROR,
+    }
+}
+
+/// Runs an exported call that needs a current device.
+fn call(body: impl FnOnce(&'static Runtime) -> Result<(), Fail>) -> AclError {
+    guard(ACL_ERROR_RT_DRV_INTERNAL_ERROR, || {
+        let rt: &'static Runtime = &RT;
+        match rt.current().and_then(|_| body(rt)) {
+            Ok(()) => ACL_SUCCESS,
+            Err(f) => code(f),
+        }
+    })
+}
+
+fn require(ok: bool) -> Result<(), Fail> {
+    if ok { Ok(()) } else { Err(Fail::InvalidValue) }
+}
+
+/// `aclrtPhysicalMemProp`.
+#[repr(C)]
+pub struct AclrtPhysicalMemProp {
+    pub handle_type: u32,
+    pub allocation_type: u32,
+    pub mem_attr: u32,
+    pub location_id: u32,
+    pub location_type: u32,
+    pub reserve: u64,
+}
+
+const LOCATION_HOST: u32 = 0;
+const LOCATION_DEVICE: u32 = 1;
+
+/// The granularity of physical memory with `prop`'s attribute and location.
+fn granularity(prop: &AclrtPhysicalMemProp) -> Result<u64, Fail> {
+    let normal = RT.config.granularity;
+    // (granule, host-only DDR kind)
+    let (granule, ddr) = match prop.mem_attr {
+        12 | 15 => (normal, false),          // ACL_MEM_NORMAL, ACL_MEM_P2P_NORMAL
+        13 | 16 | 4 | 5 => (2 * MIB, false), // ACL_MEM_HUGE, _P2P_HUGE, ACL_HBM_MEM_HUGE, _NORMAL (as huge)
+        14 | 17 | 10 => (GIB, false),        // ACL_MEM_HUGE1G, _P2P_HUGE1G, ACL_HBM_MEM_HUGE1G
+        3 | 7 => (normal, true),             // ACL_DDR_MEM_NORMAL, _P2P_NORMAL
+        2 | 6 => (2 * MIB, true),            // ACL_DDR_MEM_HUGE, _P2P_HUGE
+        _ => return Err(Fail::InvalidValue), // whole-memory and HBM P2P kinds are not physical types
+    };
+    match prop.location_type {
+        LOCATION_DEVICE if ddr => Err(Fail::InvalidValue),
+        LOCATION_DEVICE if prop.location_id >= RT.config.devices => Err(Fail::InvalidDevice),
+        LOCATION_DEVICE | LOCATION_HOST => Ok(granule),
+        _ => Err(Fail::InvalidValue), // UNREGISTERED, MANAGED, HOST_NUMA
+    }
+}
+
+fn prop_ref<'a>(prop: *const AclrtPhysicalMemProp) -> Result<&'a AclrtPhysicalMemProp, Fail> {
+    // SAFETY: the caller passes NULL or a valid `aclrtPhysicalMemProp`.
+    unsafe { prop.as_ref() }.ok_or(Fail::InvalidValue)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclInit(_config_path: *const c_char) -> AclError {
+    guard(ACL_ERROR_RT_DRV_INTERNAL_ERROR, || {
+        LazyLock::force(&RT);
+        if INITIALIZED.swap(true, Ordering::SeqCst) { ACL_ERROR_REPEAT_INITIALIZE } else { ACL_SUCCESS }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclFinalize() -> AclError {
+    INITIALIZED.store(false, Ordering::SeqCst);
+    ACL_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtSetDevice(device_id: i32) -> AclError {
+    guard(ACL_ERROR_RT_DRV_INTERNAL_ERROR, || {
+        if !INITIALIZED.load(Ordering::SeqCst) {
+            return ACL_ERROR_UNINITIALIZE;
+        }
+        RT.set_current(device_id).map_or_else(code, |()| ACL_SUCCESS)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtResetDevice(device_id: i32) -> AclError {
+    guard(ACL_ERROR_RT_DRV_INTERNAL_ERROR, || {
+        if device_id < 0 || device_id as u32 >= RT.config.devices {
+            return ACL_ERROR_RT_INVALID_DEVICEID;
+        }
+        if RT.current() == Ok(device_id) {
+            RT.clear_current();
+        }
+        ACL_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtGetDevice(device_id: *mut i32) -> AclError {
+    // SAFETY: the caller passes NULL or a valid out-pointer.
+    call(|rt| unsafe { put(device_id, rt.current()?) })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtGetDeviceCount(count: *mut u32) -> AclError {
+    // SAFETY: as above.
+    guard(ACL_ERROR_RT_DRV_INTERNAL_ERROR, || unsafe { put(count, RT.config.devices) }.map_or_else(code, |()| 0))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtSynchronizeDevice() -> AclError {
+    call(|rt| rt.streams.synchronize_all())
+}
+
+/// The alignment of a reservation of `size` bytes: its power of two, from the granularity to 1 GiB.
+fn reservation_align(size: u64) -> u64 {
+    size.checked_next_power_of_two().unwrap_or(GIB).clamp(RT.config.granularity, GIB)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtReserveMemAddress(
+    vir_ptr: *mut *mut c_void,
+    size: usize,
+    alignment: usize,
+    expect_ptr: *mut c_void,
+    flags: u64,
+) -> AclError {
+    call(|rt| {
+        let size = size as u64;
+        require(!vir_ptr.is_null() && size > 0 && size % rt.config.granularity == 0)?;
+        require(alignment == 0 && flags <= 1)?;
+        rt.fault(FaultKind::Reserve)?;
+        let placement = match expect_ptr.addr() as u64 {
+            0 => Placement::Anywhere,
+            at => Placement::Exactly(at),
+        };
+        let va = rt.memory.lock().reserve(size, reservation_align(size), placement)?;
+        // SAFETY: checked non-null; the caller's out-pointer.
+        unsafe { put(vir_ptr, va as *mut c_void) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtReleaseMemAddress(vir_ptr: *mut c_void) -> AclError {
+    call(|rt| {
+        require(!vir_ptr.is_null())?;
+        rt.fault(FaultKind::Release)?;
+        rt.memory.lock().release(vir_ptr.addr() as u64, None)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtMallocPhysical(
+    handle: *mut *mut c_void,
+    size: usize,
+    prop: *const AclrtPhysicalMemProp,
+    flags: u64,
+) -> AclError {
+    call(|rt| {
+        let prop = prop_ref(prop)?;
+        require(!handle.is_null() && flags == 0 && prop.handle_type == 0 && prop.allocation_type == 0)?;
+        let granule = granularity(prop)?;
+        require(size > 0 && size as u64 % granule == 0)?;
+        rt.fault(FaultKind::Physical)?;
+        let h = rt.memory.lock().create(size as u64, granule)?;
+        // SAFETY: checked non-null.
+        unsafe { put(handle, h as *mut c_void) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtFreePhysical(handle: *mut c_void) -> AclError {
+    call(|rt| {
+        require(!handle.is_null())?;
+        rt.fault(FaultKind::FreePhysical)?;
+        rt.memory.lock().free(handle.addr() as u64)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtMapMem(
+    vir_ptr: *mut c_void,
+    size: usize,
+    offset: usize,
+    handle: *mut c_void,
+    flags: u64,
+) -> AclError {
+    call(|rt| {
+        require(!vir_ptr.is_null() && !handle.is_null() && offset == 0 && flags == 0)?;
+        let mut m = rt.memory.lock();
+        let physical_size = m.physical(handle.addr() as u64)?.size;
+        require(size as u64 == physical_size)?;
+        rt.fault(FaultKind::Map)?;
+        m.map(vir_ptr.addr() as u64, physical_size, handle.addr() as u64, true)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtUnmapMem(vir_ptr: *mut c_void) -> AclError {
+    call(|rt| {
+        require(!vir_ptr.is_null())?;
+        rt.fault(FaultKind::Unmap)?;
+        rt.memory.lock().unmap(vir_ptr.addr() as u64, None)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtMemGetAllocationGranularity(
+    prop: *mut AclrtPhysicalMemProp,
+    option: u32,
+    granularity_out: *mut usize,
+) -> AclError {
+    call(|_| {
+        let prop = prop_ref(prop)?;
+        require(option <= 1)?; // MINIMUM, RECOMMENDED
+        // SAFETY: the caller's out-pointer (NULL is refused).
+        unsafe { put(granularity_out, granularity(prop)? as usize) }
+    })
+}
+
+fn check_copy(dst: *mut c_void, src: *const c_void, kind: u32, count: usize, dest_max: usize) -> Result<(), Fail> {
+    require(!dst.is_null() && !src.is_null() && kind <= 5)?;
+    if count > dest_max { Err(Fail::RtParam) } else { Ok(()) }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtMemcpy(
+    dst: *mut c_void,
+    dest_max: usize,
+    src: *const c_void,
+    count: usize,
+    kind: u32,
+) -> AclError {
+    call(|rt| {
+        if count == 0 {
+            return Ok(());
+        }
+        check_copy(dst, src, kind, count, dest_max)?;
+        // The kind is advisory: the runtime decides the direction from the addresses.
+        rt.copy(dst.addr() as u64, src.addr() as u64, count as u64, None)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtMemcpyAsync(
+    dst: *mut c_void,
+    dest_max: usize,
+    src: *const c_void,
+    count: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> AclError {
+    call(|rt| {
+        if count == 0 {
+            return Ok(());
+        }
+        check_copy(dst, src, kind, count, dest_max)?;
+        rt.copy_async(dst.addr() as u64, src.addr() as u64, count as u64, None, stream.addr() as u64)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtMemset(dev_ptr: *mut c_void, max_count: usize, value: i32, count: usize) -> AclError {
+    call(|rt| {
+        if count == 0 {
+            return Ok(());
+        }
+        require(!dev_ptr.is_null())?;
+        if count > max_count {
+            return Err(Fail::RtParam);
+        }
+        rt.fill(dev_ptr.addr() as u64, value as u8, count as u64, false)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtMemsetAsync(
+    dev_ptr: *mut c_void,
+    max_count: usize,
+    value: i32,
+    count: usize,
+    stream: *mut c_void,
+) -> AclError {
+    call(|rt| {
+        if count == 0 {
+            return Ok(());
+        }
+        require(!dev_ptr.is_null())?;
+        if count > max_count {
+            return Err(Fail::RtParam);
+        }
+        rt.fill_async(dev_ptr.addr() as u64, value as u8, count as u64, false, stream.addr() as u64)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtGetMemInfo(attr: u32, free: *mut usize, total: *mut usize) -> AclError {
+    call(|rt| {
+        require(attr <= 17 && !free.is_null() && !total.is_null())?;
+        rt.fault(FaultKind::MemInfo)?;
+        // An HBM device has no DDR: those attributes report nothing.
+        let (f, t) = if matches!(attr, 0 | 2 | 3 | 6 | 7) { (0, 0) } else { rt.memory.lock().mem_info() };
+        // SAFETY: both checked non-null.
+        unsafe { put(free, f as usize).and_then(|()| put(total, t as usize)) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtMallocHost(host_ptr: *mut *mut c_void, size: usize) -> AclError {
+    call(|rt| {
+        require(!host_ptr.is_null() && size > 0)?;
+        let p = rt.memory.lock().malloc_host(size as u64)?;
+        // SAFETY: checked non-null.
+        unsafe { put(host_ptr, p as *mut c_void) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtFreeHost(host_ptr: *mut c_void) -> AclError {
+    call(|rt| {
+        require(!host_ptr.is_null())?;
+        rt.memory.lock().free_host(host_ptr.addr() as u64).map_err(|_| Fail::RtParam)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtCreateStream(stream: *mut *mut c_void) -> AclError {
+    call(|rt| {
+        require(!stream.is_null())?;
+        rt.fault(FaultKind::Stream)?;
+        let key = rt.streams.create_stream()?;
+        // SAFETY: checked non-null.
+        unsafe { put(stream, key as *mut c_void) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtDestroyStream(stream: *mut c_void) -> AclError {
+    call(|rt| {
+        require(!stream.is_null())?;
+        rt.streams.destroy_stream(stream.addr() as u64)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtSynchronizeStream(stream: *mut c_void) -> AclError {
+    call(|rt| rt.streams.synchronize(stream.addr() as u64))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtCreateEvent(event: *mut *mut c_void) -> AclError {
+    call(|rt| {
+        require(!event.is_null())?;
+        rt.fault(FaultKind::Event)?;
+        let key = rt.streams.create_event();
+        // SAFETY: checked non-null.
+        unsafe { put(event, key as *mut c_void) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtDestroyEvent(event: *mut c_void) -> AclError {
+    call(|rt| {
+        require(!event.is_null())?;
+        rt.streams.destroy_event(event.addr() as u64)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtRecordEvent(event: *mut c_void, stream: *mut c_void) -> AclError {
+    call(|rt| {
+        require(!event.is_null())?;
+        rt.streams.record(event.addr() as u64, stream.addr() as u64)
+    })
+}
+
+/// `aclrtEventRecordedStatus`: ACL_EVENT_RECORDED_STATUS_NOT_READY = 0, _COMPLETE = 1.
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtQueryEventStatus(event: *mut c_void, status: *mut u32) -> AclError {
+    call(|rt| {
+        require(!event.is_null())?;
+        let done = rt.streams.query(event.addr() as u64)?;
+        // SAFETY: the caller's out-pointer (NULL is refused).
+        unsafe { put(status, u32::from(done)) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtSynchronizeEvent(event: *mut c_void) -> AclError {
+    call(|rt| {
+        require(!event.is_null())?;
+        rt.streams.synchronize_event(event.addr() as u64)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtStreamWaitEvent(stream: *mut c_void, event: *mut c_void) -> AclError {
+    call(|rt| {
+        require(!event.is_null())?;
+        rt.streams.wait_event(stream.addr() as u64, event.addr() as u64)
+    })
+}
+
+npumem_fake::export_test_hooks!(RT);
