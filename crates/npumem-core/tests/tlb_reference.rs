@@ -23,10 +23,12 @@ const REPLACEMENTS: [Replacement; 4] =
     [Replacement::Lru, Replacement::Plru, Replacement::RoundRobin, Replacement::Random];
 
 fn array_config() -> impl Strategy<Value = ArrayConfig> {
-    // Ways up to 64 (past the 16 that are scanned: wide sets use the hash index), 1 to 5 sets
-    // (3 and 5 are not powers of two), any subset of page sizes, any replacement.
-    (0usize..7, 1usize..=5, 0u8..16, 0usize..4, 0u64..20).prop_map(|(w, sets, sizes, r, hit)| {
-        let ways = 1 << w;
+    // Ways up to 64 (past the 16 that are scanned: wide sets use the hash index; 3, 12 and 17
+    // are not powers of two), 1 to 5 sets (3 and 5 are not powers of two), any subset of page
+    // sizes, any replacement (pseudo-LRU only over a power of two).
+    (0usize..10, 1usize..=5, 0u8..16, 0usize..4, 0u64..20).prop_map(|(w, sets, sizes, r, hit)| {
+        let ways = [1, 2, 3, 4, 8, 12, 16, 17, 32, 64][w];
+        let r = if REPLACEMENTS[r] == Replacement::Plru && !usize::is_power_of_two(ways) { 0 } else { r };
         let page_sizes: Vec<PageSize> =
             PageSize::ALL.iter().enumerate().filter(|(i, _)| sizes & (1 << i) != 0).map(|(_, &p)| p).collect();
         ArrayConfig::new("a", ways * sets, ways, &page_sizes, REPLACEMENTS[r], hit)

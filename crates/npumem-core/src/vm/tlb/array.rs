@@ -33,6 +33,60 @@ pub(super) fn size_bit(p: PageSize) -> u8 {
     1 << (p as u8)
 }
 
+/// The 16-bit fingerprints of a narrow set's tags, one per way (ways past the set's width
+/// hold stale values and are masked off): a lookup compares the fingerprints of all ways at once
+/// and checks the full tag only where a fingerprint matches.
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C, align(32))]
+struct Fingerprints([u16; SCAN_WAYS]);
+
+/// The fingerprint of `tag` (its high bits after a multiplicative hash: tags of one set share
+/// their low page-number bits).
+#[inline(always)]
+fn fingerprint(tag: u64) -> u16 {
+    (tag.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 48) as u16
+}
+
+impl Fingerprints {
+    /// The ways whose fingerprint is `fp`, as a bit mask (bit `w` for way `w`).
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn matches(&self, fp: u16) -> u32 {
+        use std::arch::x86_64::*;
+        // SAFETY: SSE2 is part of the x86_64 baseline; `self.0` is 32 readable bytes (two
+        // unaligned 16-byte loads stay inside it).
+        unsafe {
+            let needle = _mm_set1_epi16(fp as i16);
+            let lo = _mm_cmpeq_epi16(_mm_loadu_si128(self.0.as_ptr().cast()), needle);
+            let hi = _mm_cmpeq_epi16(_mm_loadu_si128(self.0.as_ptr().add(8).cast()), needle);
+            // Each 16-bit lane is all ones or all zeros: packing to bytes keeps it, one bit a way.
+            _mm_movemask_epi8(_mm_packs_epi16(lo, hi)) as u32
+        }
+    }
+
+    /// The ways whose fingerprint is `fp`, as a bit mask (bit `w` for way `w`).
+    #[cfg(not(target_arch = "x86_64"))]
+    #[inline(always)]
+    fn matches(&self, fp: u16) -> u32 {
+        self.0.iter().enumerate().fold(0, |m, (w, &f)| m | u32::from(f == fp) << w)
+    }
+}
+
+/// The slot of `tags` holding `tag` in the narrow set starting at slot `base`, whose
+/// fingerprints are `fps` and ways `way_bits`.
+#[inline(always)]
+fn find_narrow(tags: &[u64], fps: &Fingerprints, way_bits: u32, base: usize, tag: u64) -> Option<usize> {
+    let mut candidates = fps.matches(fingerprint(tag)) & way_bits;
+    while candidates != 0 {
+        let slot = base + candidates.trailing_zeros() as usize;
+        if tags[slot] == tag {
+            return Some(slot);
+        }
+        candidates &= candidates - 1;
+    }
+    None
+}
+
 /// The index of a wide array, and its recency lists under LRU.
 #[derive(Debug)]
 struct Wide {
@@ -91,6 +145,10 @@ impl Wide {
 #[derive(Debug)]
 pub(super) struct Array {
     pub(super) tags: Box<[u64]>,
+    /// Per set of a narrow array, the fingerprints of its tags (empty for a wide array).
+    fps: Box<[Fingerprints]>,
+    /// Bits of the ways of a set (`ways` ones).
+    way_bits: u32,
     /// LRU in narrow sets: the clock of each slot's last use.
     stamps: Box<[u64]>,
     /// Per set: how many ways hold tags.
@@ -119,6 +177,8 @@ impl Array {
         let has_meta = matches!(replacement, Replacement::Plru | Replacement::RoundRobin);
         Array {
             tags: vec![EMPTY; entries].into(),
+            fps: vec![Fingerprints::default(); if wide { 0 } else { sets }].into(),
+            way_bits: if wide { 0 } else { u32::MAX >> (32 - ways) },
             stamps: vec![0; if narrow_lru { entries } else { 0 }].into(),
             filled: vec![0; sets].into(),
             meta: vec![0; if has_meta { sets } else { 0 }].into(),
@@ -152,8 +212,7 @@ impl Array {
         if let Some(wide) = &self.wide {
             return wide.index.get(&tag).map(|&slot| slot as usize);
         }
-        let base = set * self.ways;
-        self.tags[base..base + self.ways].iter().position(|&t| t == tag).map(|w| base + w)
+        find_narrow(&self.tags, &self.fps[set], self.way_bits, set * self.ways, tag)
     }
 
     /// Looks `tag` (of page number `vpn`) up; a hit updates the replacement state.
@@ -269,11 +328,14 @@ impl Array {
         };
         let slot = set * self.ways + way;
         let old = std::mem::replace(&mut self.tags[slot], tag);
-        if let Some(wide) = &mut self.wide {
-            if evicted {
-                wide.index.remove(&old);
+        match &mut self.wide {
+            Some(wide) => {
+                if evicted {
+                    wide.index.remove(&old);
+                }
+                wide.index.insert(tag, slot as u32);
             }
-            wide.index.insert(tag, slot as u32);
+            None => self.fps[set].0[way] = fingerprint(tag),
         }
         self.touch(set, slot, now);
         evicted
@@ -322,7 +384,8 @@ impl Array {
     fn pass_narrow_lru(&mut self, accesses: &[Access], reach: &[u32], hit: &mut [bool]) -> (u64, u64, u64) {
         let (ways, sets, set_mask, sizes) = (self.ways, self.sets as u64, self.set_mask, self.sizes_mask);
         let (mut lookups, mut hits, mut evictions) = (0, 0, 0);
-        let (tags, stamps, filled) = (&mut self.tags[..], &mut self.stamps[..], &mut self.filled[..]);
+        let way_bits = self.way_bits;
+        let (tags, stamps, filled, fps) = (&mut self.tags[..], &mut self.stamps[..], &mut self.filled[..], &mut self.fps[..]);
         for (j, &i) in reach.iter().enumerate() {
             let a = &accesses[i as usize];
             if sizes & size_bit(a.page) == 0 {
@@ -337,7 +400,7 @@ impl Array {
             let base = set * ways;
             let set_tags = &mut tags[base..base + ways];
             let set_stamps = &mut stamps[base..base + ways];
-            if let Some(w) = set_tags.iter().position(|&t| t == a.tag) {
+            if let Some(w) = find_narrow(set_tags, &fps[set], way_bits, 0, a.tag) {
                 set_stamps[w] = a.now;
                 hits += 1;
                 hit[j] = true;
@@ -359,6 +422,7 @@ impl Array {
                 best
             };
             set_tags[w] = a.tag;
+            fps[set].0[w] = fingerprint(a.tag);
             set_stamps[w] = a.now;
         }
         (lookups, hits, evictions)

@@ -16,6 +16,7 @@
 //! Invariants: a batch holds accesses in clock order; after `drain` it is empty and every access
 //! has been simulated exactly once.
 
+use super::array::size_bit;
 use super::{PageSize, Replacement, Tlb};
 
 /// Accesses simulated per batch: large enough to amortise a level's set-up, small enough that
@@ -41,6 +42,9 @@ pub(super) struct Batch {
     pass: Vec<u32>,
     /// Per access of `reach`, whether the level held its entry.
     hit: Vec<bool>,
+    /// The page sizes of the accesses (a mask of `size_bit`s): arrays holding none of them
+    /// are skipped.
+    sizes: u8,
 }
 
 impl Batch {
@@ -50,6 +54,7 @@ impl Batch {
         if self.accesses.capacity() == 0 {
             self.accesses.reserve_exact(BATCH);
         }
+        self.sizes |= size_bit(access.page);
         self.accesses.push(access);
         self.accesses.len() >= BATCH
     }
@@ -67,14 +72,16 @@ impl Tlb {
                 self.simulate(access);
             }
             batch.accesses.clear();
+            batch.sizes = 0;
             return;
         }
-        let Batch { accesses, reach, pass, hit } = batch;
+        let Batch { accesses, reach, pass, hit, sizes } = batch;
+        let sizes = std::mem::take(sizes);
         reach.clear();
         reach.extend(0..accesses.len() as u32);
         for level in 0..self.plans[0].level_ends.len() {
             if self.split[level] {
-                self.split_level(level, accesses, reach, pass, hit);
+                self.split_level(level, sizes, accesses, reach, pass, hit);
             } else {
                 self.level(level, accesses, reach, pass);
             }
@@ -89,11 +96,22 @@ impl Tlb {
 
     /// [`Tlb::level`] for a level where no page size has two arrays: each array takes the
     /// accesses of its page sizes on its own (their states are independent), in one pass.
-    fn split_level(&mut self, level: usize, accesses: &[Access], reach: &[u32], pass: &mut Vec<u32>, hit: &mut Vec<bool>) {
+    fn split_level(
+        &mut self,
+        level: usize,
+        sizes: u8,
+        accesses: &[Access],
+        reach: &[u32],
+        pass: &mut Vec<u32>,
+        hit: &mut Vec<bool>,
+    ) {
         hit.clear();
         hit.resize(reach.len(), false);
         let mut cycles = self.stats.cycles;
         for ai in self.level_arrays[level].clone() {
+            if self.arrays[ai].sizes_mask & sizes == 0 {
+                continue;
+            }
             self.arrays[ai].pass(accesses, reach, hit, &mut self.counters[ai], &mut cycles, &mut self.rng);
         }
         self.stats.cycles = cycles;
