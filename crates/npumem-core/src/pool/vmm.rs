@@ -126,6 +126,9 @@ impl VmmConfig {
 /// The physical page of the large pool: one 2 MiB frame (or 512 normal frames when no 2 MiB
 /// frame is free).
 const LARGE_PAGE: u64 = 2 * MIB;
+/// Free extents `economical_place` weighs at most (shortest first): past them, the pages a
+/// block would save are not worth the time of a slow-path malloc.
+const PLACE_SCAN: usize = 64;
 /// The physical page of the small pool: small enough that scattered small blocks pin little
 /// memory, large enough to keep map calls few.
 const SMALL_PAGE: u64 = 64 * 1024;
@@ -198,6 +201,44 @@ impl VmmPool {
     fn mapped_neighbours(&self, i: usize) -> u32 {
         let mapped = |j: usize| (self.slot(j).handle != NO_HANDLE) as u32;
         i.checked_sub(1).map_or(0, mapped) + mapped(i + 1)
+    }
+
+    /// The pages a block at `[ptr, ptr + size)`, inside one free extent, would take from the
+    /// free memory: the pages under it that hold no block (an unmapped one needs a new page, an
+    /// idle one is a page that could serve elsewhere). Only its first and last page can hold
+    /// blocks (the others lie inside the free extent), so this is O(1).
+    fn pages_needed(&self, ptr: u64, size: u64) -> usize {
+        let pages = self.pages_of(ptr, size);
+        let shared = |i: usize| usize::from(self.slot(i).live > 0);
+        let (first, last) = (pages.start, pages.end - 1);
+        pages.len() - shared(first) - if last > first { shared(last) } else { 0 }
+    }
+
+    /// Where a block of `size` bytes (a multiple of `quantum`) needs the fewest pages: in each
+    /// free extent that fits it, at its start or end, or with one end on a page boundary; the
+    /// fewest pages, then the shortest extent, then the lowest address. Extents are taken
+    /// shortest first and the search stops at a placement that needs no page or after
+    /// [`PLACE_SCAN`] extents. Returns the address and the pages it needs.
+    fn economical_place(&self, size: u64, quantum: u64) -> Option<(u64, usize)> {
+        let page = self.page;
+        let mut best: Option<(usize, u64, u64)> = None;
+        for (start, len) in self.space.free_extents_by_len(size).take(PLACE_SCAN) {
+            let end = start + len;
+            let last = (end - size) / quantum * quantum;
+            let page_start = start.div_ceil(page) * page;
+            let page_end = (end / page * page).checked_sub(size);
+            for ptr in [Some(start), Some(last), Some(page_start), page_end] {
+                let Some(ptr) = ptr.filter(|&p| p >= start && p + size <= end) else { continue };
+                let key = (self.pages_needed(ptr, size), len, ptr);
+                if best.is_none_or(|b| key < b) {
+                    best = Some(key);
+                }
+            }
+            if best.is_some_and(|b| b.0 == 0) {
+                break;
+            }
+        }
+        best.map(|(needed, _, ptr)| (ptr, needed))
     }
 
     /// Gives the block `[ptr, ptr + size)` back to the free space; pages it leaves without a
@@ -669,22 +710,19 @@ impl VmmAllocator {
                 self.trim_to(backend, target)?;
             }
         }
-        self.ensure_pool(backend, kind)?;
-        let quantum = self.config.quantum;
-        let placed =
-            if huge_only { self.place_huge_only(size) } else { self.pool_mut(kind).space.reserve(size, quantum) };
-        let ptr = placed.map_err(|e| if e.code.is_out_of_memory() { self.oom(e, request) } else { e })?;
         let device_allocs = self.stats.num_device_alloc;
-        let reserved_before = self.reserved();
-        let page = match self.map_range(backend, kind, ptr, size, huge_only) {
-            Ok(p) => p,
-            Err(e) => {
-                self.pool_mut(kind).space.release(ptr)?;
-                // Pages obtained for the failed request go back to the device, as far as the
-                // driver lets them: a failure must not grow the pool.
-                while self.reserved() > reserved_before && matches!(self.release_one(backend, kind), Ok(true)) {}
-                return Err(if e.code.is_out_of_memory() { self.oom(e, request) } else { e });
+        let (kind, ptr, page) = match self.malloc_in(backend, kind, size, huge_only) {
+            Ok((ptr, page)) => (kind, ptr, page),
+            // A small block that finds no memory for the small pool's pages may still fit in the
+            // free parts of the large pool's pages (the ends of holes between large blocks):
+            // where its policy lets it take any page, it goes there.
+            Err(e) if e.code.is_out_of_memory() && kind == PoolKind::Small && policy == Policy::HugeFirst => {
+                match self.borrow_large(backend, size) {
+                    Some((ptr, page)) => (PoolKind::Large, ptr, page),
+                    None => return Err(self.oom(e, request)),
+                }
             }
+            Err(e) => return Err(if e.code.is_out_of_memory() { self.oom(e, request) } else { e }),
         };
         if self.stats.num_device_alloc > device_allocs {
             self.stats.num_cache_misses += 1;
@@ -692,6 +730,82 @@ impl VmmAllocator {
         self.pool_mut(kind).blocks.insert(ptr, Block { size, requested: request.size, page });
         self.stats.on_alloc(kind, size, request.size);
         Ok(Grant { ptr, granted: size, page })
+    }
+
+    /// Places a block of `size` bytes in `kind`'s pool (best fit) and maps its pages (see
+    /// `place_and_map`).
+    fn malloc_in(
+        &mut self,
+        backend: &mut dyn Backend,
+        kind: PoolKind,
+        size: u64,
+        huge_only: bool,
+    ) -> Result<(u64, PageSize)> {
+        self.ensure_pool(backend, kind)?;
+        let quantum = self.config.quantum;
+        let pool = self.pool_mut(kind);
+        let ptr = if huge_only {
+            self.place_huge_only(size)?
+        } else if kind == PoolKind::Large {
+            // 2 MiB pages: where a block's ends fall decides how much of its end pages lies
+            // unused beside a hole, so placement counts pages first (see `economical_place`).
+            match pool.economical_place(size, quantum) {
+                Some((ptr, _)) => pool.space.reserve_at(ptr, size, quantum)?,
+                None => pool.space.reserve(size, quantum)?,
+            }
+        } else {
+            pool.space.reserve(size, quantum)?
+        };
+        self.place_and_map(backend, kind, ptr, size, huge_only)
+    }
+
+    /// Places a small block in the large pool where it needs the fewest pages (the small pool
+    /// ran out of memory), if the large pool exists and the block can be mapped there.
+    fn borrow_large(&mut self, backend: &mut dyn Backend, size: u64) -> Option<(u64, PageSize)> {
+        let quantum = self.config.quantum;
+        let pool = self.pools[PoolKind::Large as usize].as_mut()?;
+        let (ptr, _) = pool.economical_place(size, quantum)?;
+        let ptr = pool.space.reserve_at(ptr, size, quantum).ok()?;
+        self.place_and_map(backend, PoolKind::Large, ptr, size, false).ok()
+    }
+
+    /// Maps the pages under the block reserved at `ptr`; when memory runs out, tries once more
+    /// where the block needs the fewest pages (its ends on pages that live blocks already hold:
+    /// best fit by length ignores them, and near the device's limit they decide whether a
+    /// request fits). On failure the reservation is released and the pages obtained for it go
+    /// back to the device, as far as the driver lets them: a failure must not grow the pool.
+    /// Returns where the block lies and its page size.
+    fn place_and_map(
+        &mut self,
+        backend: &mut dyn Backend,
+        kind: PoolKind,
+        ptr: u64,
+        size: u64,
+        huge_only: bool,
+    ) -> Result<(u64, PageSize)> {
+        let reserved_before = self.reserved();
+        let mut ptr = ptr;
+        let mut retried = huge_only;
+        loop {
+            let err = match self.map_range(backend, kind, ptr, size, huge_only) {
+                Ok(page) => return Ok((ptr, page)),
+                Err(e) => e,
+            };
+            self.pool_mut(kind).space.release(ptr)?;
+            while self.reserved() > reserved_before && matches!(self.release_one(backend, kind), Ok(true)) {}
+            if retried || !err.code.is_out_of_memory() {
+                return Err(err);
+            }
+            retried = true;
+            let quantum = self.config.quantum;
+            let pool = self.pool_mut(kind);
+            match pool.economical_place(size, quantum) {
+                Some((better, needed)) if needed < pool.pages_needed(ptr, size) => {
+                    ptr = pool.space.reserve_at(better, size, quantum)?;
+                }
+                _ => return Err(err),
+            }
+        }
     }
 
     /// The fast path of a malloc: a waiting block of exactly the request's rounded size, in the
