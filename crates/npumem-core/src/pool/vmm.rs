@@ -2,8 +2,13 @@
 //!
 //! Each pool (small ≤ 1 MiB, large above) owns one VA reservation several times the device's size
 //! (address space is cheap; contiguous VA for any request that fits physically is not). Blocks are
-//! placed in that range best fit (512-byte quantum, lowest address among equals), so freed blocks
-//! coalesce by address; physical memory is mapped under them on demand, page by page (64 KiB
+//! placed in that range (512-byte quantum) so that freed blocks coalesce by address: in the small
+//! pool best fit (lowest address among equals); in the large pool where the block needs the
+//! fewest pages that hold no block yet (its end pages shared with live neighbours), then best
+//! fit — with 2 MiB pages, where a block's ends fall decides how much of its end pages lies
+//! unused beside a hole. A small HUGE_FIRST block for which no memory is left in the small pool
+//! borrows the free part of a large-pool page; a mapping that runs out of memory is retried
+//! once where the block needs the fewest pages. Physical memory is mapped under blocks on demand, page by page (64 KiB
 //! pages in the small pool, 2 MiB in the large one), and stays mapped while idle so that reuse
 //! costs no driver call. Physical pages are not tied to
 //! addresses: when a request needs pages and the device has no free frames, idle pages (mapped
@@ -1138,6 +1143,52 @@ mod tests {
         a.free(&mut sim, w.ptr).unwrap();
         a.empty_cache(&mut sim).unwrap();
         assert_eq!(a.reserved(), 0);
+    }
+
+    #[test]
+    fn large_blocks_go_where_they_need_the_fewest_pages() {
+        // 2 MiB pages. Blocks at [0, 1.5), [4.5, 8.5) and [11.5, 13) MiB leave two 3 MiB holes:
+        // [1.5, 4.5), holding all of page 1, and [8.5, 11.5), whose pages 4 and 5 both hold live
+        // blocks. Best fit (lowest address among equals) would put 2.5 MiB in the first and use
+        // page 1; page-economical placement puts it in the second, where it needs no page.
+        let (mut a, mut sim) = setup(64 * MIB, "");
+        let sizes = [3 * MIB / 2, 3 * MIB, 4 * MIB, 3 * MIB, 3 * MIB / 2];
+        let g: Vec<Grant> = sizes.iter().map(|&s| a.malloc(&mut sim, &req(s)).unwrap()).collect();
+        let base = g[0].ptr;
+        let offsets: Vec<u64> = g.iter().map(|x| (x.ptr - base) * 2 / MIB).collect();
+        assert_eq!(offsets, [0, 3, 9, 17, 23], "laid out back to back (half MiB units)");
+        a.free(&mut sim, g[1].ptr).unwrap();
+        a.free(&mut sim, g[3].ptr).unwrap();
+        let pages = a.stats.num_device_alloc;
+        let x = a.malloc(&mut sim, &req(5 * MIB / 2)).unwrap();
+        assert_eq!(x.ptr, g[3].ptr, "the hole whose pages are held already");
+        assert_eq!(a.stats.num_device_alloc, pages);
+        let pool = a.pool(PoolKind::Large);
+        let page1 = pool.pages_of(base + 2 * MIB, 1).start;
+        assert!(pool.slot(page1).live == 0 && pool.slot(page1).handle != NO_HANDLE, "page 1 stays idle");
+        for ptr in [g[0].ptr, g[2].ptr, g[4].ptr, x.ptr] {
+            a.free(&mut sim, ptr).unwrap();
+        }
+        a.empty_cache(&mut sim).unwrap();
+        assert_eq!(a.reserved(), 0);
+    }
+
+    #[test]
+    fn a_small_block_borrows_a_large_page_when_memory_runs_out() {
+        // 4 MiB device: a 3 MiB block holds both 2 MiB pages; 512 KiB finds no frame for the
+        // small pool's pages but fits in the free end of the second large page.
+        let (mut a, mut sim) = setup(4 * MIB, "");
+        let big = a.malloc(&mut sim, &req(3 * MIB)).unwrap();
+        let small = a.malloc(&mut sim, &req(512 * 1024)).unwrap();
+        assert_eq!((small.ptr, small.page), (big.ptr + 3 * MIB, PageSize::Size2M));
+        assert_eq!(a.stats.allocated_bytes.large_pool().current, 3 * MIB + 512 * 1024);
+        // NORMAL_ONLY promises normal pages: it may not borrow.
+        let normal = Request { policy: Policy::NormalOnly, ..req(256 * 1024) };
+        assert!(a.malloc(&mut sim, &normal).unwrap_err().code.is_out_of_memory());
+        a.free(&mut sim, small.ptr).unwrap();
+        a.free(&mut sim, big.ptr).unwrap();
+        a.empty_cache(&mut sim).unwrap();
+        assert_eq!((a.reserved(), a.stats.allocated_bytes.all.current), (0, 0));
     }
 
     #[test]
