@@ -8,7 +8,7 @@ STAMP := $(VENV)/.deps-stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run test build wheel lint test-rust test-loom test-python fuzz miri bench bench-replay bench-streams bench-plan bench-fastpath bench-pools bench-host bench-pagesize validate-tlb sweep-demo bench-workloads bench-stress bench-pyacl check-gpu clean
+.PHONY: run test build wheel lint test-rust test-loom test-python fuzz miri bench bench-replay bench-streams bench-plan bench-fastpath bench-pools bench-host bench-pagesize validate-tlb sweep-demo bench-workloads bench-stress bench-pyacl check-gpu bench-tlb clean
 
 run: build
 	npumem demo
@@ -102,6 +102,12 @@ bench-plan: build
 
 validate-tlb: build
 	python benches/validate_tlb.py
+
+# The TLB model's speed from Python (issue #17): streaming, strided, uniform random and Zipf over
+# 1 GiB of 2 MiB and of 4 KiB pages, beside the reference model; then the criterion benches.
+bench-tlb: build
+	python benches/bench_tlb.py
+	cargo bench -p npumem-core --bench vm -- tlb
 
 # Real memory (issue #13): pooled allocation on the host backend against a mapping per call,
 # glibc malloc and numpy; and 4 KiB against 2 MiB pages under a pointer chase and GEMMs. The

@@ -98,8 +98,11 @@ class TlbStats:
 class Tlb:
     """A TLB hierarchy over a device's page table."""
 
-    def __init__(self, preset: str, device: Device, **overrides: Any) -> None:
+    def __init__(self, preset: str, device: Device, *, model: str = "fast", **overrides: Any) -> None:
+        """``model="reference"`` runs the model as first written (linear scans): bit-identical
+        results, many times slower; for cross-checks and before/after benchmarks."""
         preset = _args.text(preset, "preset")
+        model = _args.choice(model, "model", ("fast", "reference"))
         if not isinstance(device, _native.Device):
             raise _args.type_error("device", device, "an npumem.Device")
         for key, value in overrides.items():
@@ -107,14 +110,14 @@ class Tlb:
                 _args.integer(value, key)  # counts and cycles are ints from 0 to 2**64-1
             elif isinstance(value, (bool, np.bool_)):
                 raise _args.type_error(key, value, "an int or a str")
-        self._tlb = _native.Tlb(preset, device, overrides or None)
+        self._tlb = _native.Tlb(preset, device, overrides or None, model)
         self.device = device
 
     @classmethod
-    def preset(cls, name: str, device: Device, **overrides: Any) -> Tlb:
+    def preset(cls, name: str, device: Device, *, model: str = "fast", **overrides: Any) -> Tlb:
         """A preset geometry (``Tlb.presets()``); overrides as ``walk_step_cycles=...`` or
         ``**{"1.0.entries": 4096}`` (level 1, array 0)."""
-        return cls(name, device, **overrides)
+        return cls(name, device, model=model, **overrides)
 
     @staticmethod
     def presets() -> list[str]:

@@ -7,7 +7,7 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use npumem_core::units::{GIB, KIB, MIB};
+use npumem_core::units::{GIB, KIB, MIB, format_size};
 use npumem_core::vm::{FrameAllocator, PageSize, PageTable};
 
 const FRAMES: usize = 4096;
@@ -88,35 +88,57 @@ fn page_table(c: &mut Criterion) {
     g.finish();
 }
 
+/// Address streams of `n` accesses over `span` bytes from `base`: streaming (64 B steps),
+/// strided (one access per 4 KiB page + 64 B, so every access is on a new 4 KiB page), uniform
+/// random, and Zipf-distributed pages (s = 1, by inverting the log-uniform distribution of
+/// ranks; ranks scattered over the pages by an odd multiplier) at random offsets.
+fn tlb_streams(base: u64, span: u64, n: u64) -> Vec<(&'static str, Vec<u64>)> {
+    let mut x = 1u64;
+    let mut next = move || {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        x >> 11
+    };
+    let pages = span / 4096;
+    let zipf = |u: u64| -> u64 {
+        let rank = ((u as f64 / (1u64 << 53) as f64) * (pages as f64).ln()).exp() as u64 - 1;
+        (rank.min(pages - 1).wrapping_mul(0x9E37_79B9_7F4A_7C15 | 1)) % pages
+    };
+    vec![
+        ("streaming, 64 B steps", (0..n).map(|i| base + i * 64 % span).collect()),
+        ("strided, 4 KiB + 64 B", (0..n).map(|i| base + i * 4160 % span).collect()),
+        ("uniform random", (0..n).map(|_| base + next() % span).collect()),
+        ("Zipf pages (s = 1)", (0..n).map(|_| base + zipf(next()) * 4096 + next() % 4096).collect()),
+    ]
+}
+
+/// The TLB model against the model as first written (`ReferenceTlb`, linear scans: the figures
+/// before issue 17), on 4 KiB pages (zen4, 64 MiB) and 2 MiB pages (skylake, 1 GiB).
 fn tlb(c: &mut Criterion) {
     use criterion::Throughput;
+    use npumem_core::vm::tlb::reference::ReferenceTlb;
     use npumem_core::vm::{Tlb, TlbConfig, Translation};
     const BASE: u64 = 0x1000_0000_0000;
     const N: u64 = 1 << 20;
-    let mut pt = PageTable::new();
-    for i in 0..(64 * MIB / 4096) {
-        pt.map(BASE + i * 4096, i * 4096, PageSize::Size4K).unwrap();
+    for (preset, page, span) in [("zen4", PageSize::Size4K, 64 * MIB), ("skylake", PageSize::Size2M, GIB)] {
+        let mut pt = PageTable::new();
+        for i in 0..span / page.bytes() {
+            pt.map(BASE + i * page.bytes(), i * page.bytes(), page).unwrap();
+        }
+        let translate = |va: u64| -> Option<Translation> { pt.translate(va) };
+        let mut g = c.benchmark_group(format!("tlb ({preset}, {} pages over {})", page.label(), format_size(span)));
+        g.throughput(Throughput::Elements(N));
+        for (name, addresses) in tlb_streams(BASE, span, N) {
+            g.bench_function(name, |b| {
+                let mut tlb = Tlb::new(TlbConfig::preset(preset).unwrap()).unwrap();
+                b.iter(|| tlb.run(black_box(&addresses), translate));
+            });
+            g.bench_function(format!("{name} (reference model)"), |b| {
+                let mut tlb = ReferenceTlb::new(TlbConfig::preset(preset).unwrap()).unwrap();
+                b.iter(|| tlb.run(black_box(&addresses), translate));
+            });
+        }
+        g.finish();
     }
-    let translate = |va: u64| -> Option<Translation> { pt.translate(va) };
-    let mut g = c.benchmark_group("tlb (zen4 preset, 4 KiB pages)");
-    g.throughput(Throughput::Elements(N));
-    let streaming: Vec<u64> = (0..N).map(|i| BASE + i * 64 % (64 * MIB)).collect();
-    g.bench_function("streaming, 64 B steps", |b| {
-        let mut tlb = Tlb::new(TlbConfig::preset("zen4").unwrap()).unwrap();
-        b.iter(|| tlb.run(black_box(&streaming), translate));
-    });
-    let mut x = 1u64;
-    let random: Vec<u64> = (0..N)
-        .map(|_| {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            BASE + (x >> 20) % (64 * MIB)
-        })
-        .collect();
-    g.bench_function("uniform random over 64 MiB", |b| {
-        let mut tlb = Tlb::new(TlbConfig::preset("zen4").unwrap()).unwrap();
-        b.iter(|| tlb.run(black_box(&random), translate));
-    });
-    g.finish();
 }
 
 criterion_group!(benches, frames, page_table, tlb);

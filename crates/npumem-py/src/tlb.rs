@@ -1,8 +1,9 @@
 //! `npumem._native.Tlb`: the TLB model, fed from numpy address arrays through a device's page table.
 
 use npumem_core::AclError;
-use npumem_core::vm::PageSize;
-use npumem_core::vm::tlb::{self, ArrayConfig, Replacement, Tlb, TlbConfig, field_range};
+use npumem_core::vm::tlb::reference::ReferenceTlb;
+use npumem_core::vm::tlb::{self, ArrayConfig, Replacement, Tlb, TlbConfig, TlbStats, field_range};
+use npumem_core::vm::{PageSize, Translation};
 use numpy::PyReadonlyArray1;
 use parking_lot::Mutex;
 use pyo3::exceptions::PyTypeError;
@@ -15,8 +16,60 @@ use crate::errors::{guard, to_py};
 
 #[pyclass(module = "npumem._native", name = "Tlb", frozen)]
 pub struct PyTlb {
-    tlb: Mutex<Tlb>,
+    tlb: Mutex<Model>,
     device: Py<PyDevice>,
+}
+
+/// The model a `Tlb` runs: the fast one, or the reference (the model as first written, with
+/// linear scans: bit-identical and many times slower, for cross-checks and before/after
+/// benchmarks).
+enum Model {
+    Fast(Tlb),
+    Reference(ReferenceTlb),
+}
+
+impl Model {
+    fn run(&mut self, addresses: &[u64], translate: impl Fn(u64) -> Option<Translation>) {
+        match self {
+            Model::Fast(t) => t.run(addresses, translate),
+            Model::Reference(t) => t.run(addresses, translate),
+        }
+    }
+
+    fn reset_stats(&mut self) {
+        match self {
+            Model::Fast(t) => t.reset_stats(),
+            Model::Reference(t) => t.reset_stats(),
+        }
+    }
+
+    fn stats(&self) -> &TlbStats {
+        match self {
+            Model::Fast(t) => t.stats(),
+            Model::Reference(t) => t.stats(),
+        }
+    }
+
+    fn config(&self) -> &TlbConfig {
+        match self {
+            Model::Fast(t) => t.config(),
+            Model::Reference(t) => t.config(),
+        }
+    }
+
+    fn effective_reach(&self) -> Vec<u64> {
+        match self {
+            Model::Fast(t) => t.effective_reach(),
+            Model::Reference(t) => t.effective_reach(),
+        }
+    }
+
+    fn nominal_reach(&self, page: PageSize) -> Vec<u64> {
+        match self {
+            Model::Fast(t) => t.nominal_reach(page),
+            Model::Reference(t) => t.nominal_reach(page),
+        }
+    }
 }
 
 fn page_label(p: &PageSize) -> &'static str {
@@ -29,15 +82,22 @@ impl PyTlb {
     /// `walk_step_cycles`, `walk_cache_entries` (3 ints), `coalesce` and, per array,
     /// `"<level>.<array>.<field>"` with field entries, ways, replacement or hit_cycles. Every
     /// size and cycle count is checked against the core's bounds (`vm::tlb::limits`) before
-    /// anything is allocated.
+    /// anything is allocated. `model` is "fast" or "reference" (the model as first written).
     #[new]
-    #[pyo3(signature = (preset, device, overrides = None))]
+    #[pyo3(signature = (preset, device, overrides = None, model = "fast"))]
     fn new(
         py: Python<'_>,
         preset: &str,
         device: Py<PyDevice>,
         overrides: Option<&Bound<'_, PyDict>>,
+        model: &str,
     ) -> PyResult<Self> {
+        if !matches!(model, "fast" | "reference") {
+            return Err(to_py(
+                py,
+                AclError::invalid_param(format!("TLB model must be \"fast\" or \"reference\", got {model:?}")),
+            ));
+        }
         let mut config = TlbConfig::preset(preset).map_err(|e| to_py(py, e))?;
         if let Some(o) = overrides {
             for (k, v) in o.iter() {
@@ -45,7 +105,11 @@ impl PyTlb {
                 apply_override(py, &mut config, &key, &v)?;
             }
         }
-        let tlb = guard(py, || Tlb::new(config))?;
+        let tlb = if model == "fast" {
+            Model::Fast(guard(py, || Tlb::new(config))?)
+        } else {
+            Model::Reference(guard(py, || ReferenceTlb::new(config))?)
+        };
         Ok(PyTlb { tlb: Mutex::new(tlb), device })
     }
 

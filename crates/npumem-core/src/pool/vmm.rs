@@ -2,8 +2,13 @@
 //!
 //! Each pool (small ≤ 1 MiB, large above) owns one VA reservation several times the device's size
 //! (address space is cheap; contiguous VA for any request that fits physically is not). Blocks are
-//! placed in that range best fit (512-byte quantum, lowest address among equals), so freed blocks
-//! coalesce by address; physical memory is mapped under them on demand, page by page (64 KiB
+//! placed in that range (512-byte quantum) so that freed blocks coalesce by address: in the small
+//! pool best fit (lowest address among equals); in the large pool where the block needs the
+//! fewest pages that hold no block yet (its end pages shared with live neighbours), then best
+//! fit — with 2 MiB pages, where a block's ends fall decides how much of its end pages lies
+//! unused beside a hole. A small HUGE_FIRST block for which no memory is left in the small pool
+//! borrows the free part of a large-pool page; a mapping that runs out of memory is retried
+//! once where the block needs the fewest pages. Physical memory is mapped under blocks on demand, page by page (64 KiB
 //! pages in the small pool, 2 MiB in the large one), and stays mapped while idle so that reuse
 //! costs no driver call. Physical pages are not tied to
 //! addresses: when a request needs pages and the device has no free frames, idle pages (mapped
@@ -126,6 +131,9 @@ impl VmmConfig {
 /// The physical page of the large pool: one 2 MiB frame (or 512 normal frames when no 2 MiB
 /// frame is free).
 const LARGE_PAGE: u64 = 2 * MIB;
+/// Free extents `economical_place` weighs at most (shortest first): past them, the pages a
+/// block would save are not worth the time of a slow-path malloc.
+const PLACE_SCAN: usize = 64;
 /// The physical page of the small pool: small enough that scattered small blocks pin little
 /// memory, large enough to keep map calls few.
 const SMALL_PAGE: u64 = 64 * 1024;
@@ -199,6 +207,44 @@ impl VmmPool {
     fn mapped_neighbours(&self, i: usize) -> u32 {
         let mapped = |j: usize| (self.slot(j).handle != NO_HANDLE) as u32;
         i.checked_sub(1).map_or(0, mapped) + mapped(i + 1)
+    }
+
+    /// The pages a block at `[ptr, ptr + size)`, inside one free extent, would take from the
+    /// free memory: the pages under it that hold no block (an unmapped one needs a new page, an
+    /// idle one is a page that could serve elsewhere). Only its first and last page can hold
+    /// blocks (the others lie inside the free extent), so this is O(1).
+    fn pages_needed(&self, ptr: u64, size: u64) -> usize {
+        let pages = self.pages_of(ptr, size);
+        let shared = |i: usize| usize::from(self.slot(i).live > 0);
+        let (first, last) = (pages.start, pages.end - 1);
+        pages.len() - shared(first) - if last > first { shared(last) } else { 0 }
+    }
+
+    /// Where a block of `size` bytes (a multiple of `quantum`) needs the fewest pages: in each
+    /// free extent that fits it, at its start or end, or with one end on a page boundary; the
+    /// fewest pages, then the shortest extent, then the lowest address. Extents are taken
+    /// shortest first and the search stops at a placement that needs no page or after
+    /// [`PLACE_SCAN`] extents. Returns the address and the pages it needs.
+    fn economical_place(&self, size: u64, quantum: u64) -> Option<(u64, usize)> {
+        let page = self.page;
+        let mut best: Option<(usize, u64, u64)> = None;
+        for (start, len) in self.space.free_extents_by_len(size).take(PLACE_SCAN) {
+            let end = start + len;
+            let last = (end - size) / quantum * quantum;
+            let page_start = start.div_ceil(page) * page;
+            let page_end = (end / page * page).checked_sub(size);
+            for ptr in [Some(start), Some(last), Some(page_start), page_end] {
+                let Some(ptr) = ptr.filter(|&p| p >= start && p + size <= end) else { continue };
+                let key = (self.pages_needed(ptr, size), len, ptr);
+                if best.is_none_or(|b| key < b) {
+                    best = Some(key);
+                }
+            }
+            if best.is_some_and(|b| b.0 == 0) {
+                break;
+            }
+        }
+        best.map(|(needed, _, ptr)| (ptr, needed))
     }
 
     /// Gives the block `[ptr, ptr + size)` back to the free space; pages it leaves without a
@@ -676,22 +722,19 @@ impl VmmAllocator {
                 self.trim_to(backend, target)?;
             }
         }
-        self.ensure_pool(backend, kind)?;
-        let quantum = self.config.quantum;
-        let placed =
-            if huge_only { self.place_huge_only(size) } else { self.pool_mut(kind).space.reserve(size, quantum) };
-        let ptr = placed.map_err(|e| if e.code.is_out_of_memory() { self.oom(e, request) } else { e })?;
         let device_allocs = self.stats.num_device_alloc;
-        let reserved_before = self.reserved();
-        let page = match self.map_range(backend, kind, ptr, size, huge_only) {
-            Ok(p) => p,
-            Err(e) => {
-                self.pool_mut(kind).space.release(ptr)?;
-                // Pages obtained for the failed request go back to the device, as far as the
-                // driver lets them: a failure must not grow the pool.
-                while self.reserved() > reserved_before && matches!(self.release_one(backend, kind), Ok(true)) {}
-                return Err(if e.code.is_out_of_memory() { self.oom(e, request) } else { e });
+        let (kind, ptr, page) = match self.malloc_in(backend, kind, size, huge_only) {
+            Ok((ptr, page)) => (kind, ptr, page),
+            // A small block that finds no memory for the small pool's pages may still fit in the
+            // free parts of the large pool's pages (the ends of holes between large blocks):
+            // where its policy lets it take any page, it goes there.
+            Err(e) if e.code.is_out_of_memory() && kind == PoolKind::Small && policy == Policy::HugeFirst => {
+                match self.borrow_large(backend, size) {
+                    Some((ptr, page)) => (PoolKind::Large, ptr, page),
+                    None => return Err(self.oom(e, request)),
+                }
             }
+            Err(e) => return Err(if e.code.is_out_of_memory() { self.oom(e, request) } else { e }),
         };
         if self.stats.num_device_alloc > device_allocs {
             self.stats.num_cache_misses += 1;
@@ -699,6 +742,82 @@ impl VmmAllocator {
         self.pool_mut(kind).blocks.insert(ptr, Block { size, requested: request.size, page });
         self.stats.on_alloc(kind, size, request.size);
         Ok(Grant { ptr, granted: size, page })
+    }
+
+    /// Places a block of `size` bytes in `kind`'s pool (best fit) and maps its pages (see
+    /// `place_and_map`).
+    fn malloc_in(
+        &mut self,
+        backend: &mut dyn Backend,
+        kind: PoolKind,
+        size: u64,
+        huge_only: bool,
+    ) -> Result<(u64, PageSize)> {
+        self.ensure_pool(backend, kind)?;
+        let quantum = self.config.quantum;
+        let pool = self.pool_mut(kind);
+        let ptr = if huge_only {
+            self.place_huge_only(size)?
+        } else if kind == PoolKind::Large {
+            // 2 MiB pages: where a block's ends fall decides how much of its end pages lies
+            // unused beside a hole, so placement counts pages first (see `economical_place`).
+            match pool.economical_place(size, quantum) {
+                Some((ptr, _)) => pool.space.reserve_at(ptr, size, quantum)?,
+                None => pool.space.reserve(size, quantum)?,
+            }
+        } else {
+            pool.space.reserve(size, quantum)?
+        };
+        self.place_and_map(backend, kind, ptr, size, huge_only)
+    }
+
+    /// Places a small block in the large pool where it needs the fewest pages (the small pool
+    /// ran out of memory), if the large pool exists and the block can be mapped there.
+    fn borrow_large(&mut self, backend: &mut dyn Backend, size: u64) -> Option<(u64, PageSize)> {
+        let quantum = self.config.quantum;
+        let pool = self.pools[PoolKind::Large as usize].as_mut()?;
+        let (ptr, _) = pool.economical_place(size, quantum)?;
+        let ptr = pool.space.reserve_at(ptr, size, quantum).ok()?;
+        self.place_and_map(backend, PoolKind::Large, ptr, size, false).ok()
+    }
+
+    /// Maps the pages under the block reserved at `ptr`; when memory runs out, tries once more
+    /// where the block needs the fewest pages (its ends on pages that live blocks already hold:
+    /// best fit by length ignores them, and near the device's limit they decide whether a
+    /// request fits). On failure the reservation is released and the pages obtained for it go
+    /// back to the device, as far as the driver lets them: a failure must not grow the pool.
+    /// Returns where the block lies and its page size.
+    fn place_and_map(
+        &mut self,
+        backend: &mut dyn Backend,
+        kind: PoolKind,
+        ptr: u64,
+        size: u64,
+        huge_only: bool,
+    ) -> Result<(u64, PageSize)> {
+        let reserved_before = self.reserved();
+        let mut ptr = ptr;
+        let mut retried = huge_only;
+        loop {
+            let err = match self.map_range(backend, kind, ptr, size, huge_only) {
+                Ok(page) => return Ok((ptr, page)),
+                Err(e) => e,
+            };
+            self.pool_mut(kind).space.release(ptr)?;
+            while self.reserved() > reserved_before && matches!(self.release_one(backend, kind), Ok(true)) {}
+            if retried || !err.code.is_out_of_memory() {
+                return Err(err);
+            }
+            retried = true;
+            let quantum = self.config.quantum;
+            let pool = self.pool_mut(kind);
+            match pool.economical_place(size, quantum) {
+                Some((better, needed)) if needed < pool.pages_needed(ptr, size) => {
+                    ptr = pool.space.reserve_at(better, size, quantum)?;
+                }
+                _ => return Err(err),
+            }
+        }
     }
 
     /// The fast path of a malloc: a waiting block of exactly the request's rounded size, in the
@@ -1031,6 +1150,52 @@ mod tests {
         a.free(&mut sim, w.ptr).unwrap();
         a.empty_cache(&mut sim).unwrap();
         assert_eq!(a.reserved(), 0);
+    }
+
+    #[test]
+    fn large_blocks_go_where_they_need_the_fewest_pages() {
+        // 2 MiB pages. Blocks at [0, 1.5), [4.5, 8.5) and [11.5, 13) MiB leave two 3 MiB holes:
+        // [1.5, 4.5), holding all of page 1, and [8.5, 11.5), whose pages 4 and 5 both hold live
+        // blocks. Best fit (lowest address among equals) would put 2.5 MiB in the first and use
+        // page 1; page-economical placement puts it in the second, where it needs no page.
+        let (mut a, mut sim) = setup(64 * MIB, "");
+        let sizes = [3 * MIB / 2, 3 * MIB, 4 * MIB, 3 * MIB, 3 * MIB / 2];
+        let g: Vec<Grant> = sizes.iter().map(|&s| a.malloc(&mut sim, &req(s)).unwrap()).collect();
+        let base = g[0].ptr;
+        let offsets: Vec<u64> = g.iter().map(|x| (x.ptr - base) * 2 / MIB).collect();
+        assert_eq!(offsets, [0, 3, 9, 17, 23], "laid out back to back (half MiB units)");
+        a.free(&mut sim, g[1].ptr).unwrap();
+        a.free(&mut sim, g[3].ptr).unwrap();
+        let pages = a.stats.num_device_alloc;
+        let x = a.malloc(&mut sim, &req(5 * MIB / 2)).unwrap();
+        assert_eq!(x.ptr, g[3].ptr, "the hole whose pages are held already");
+        assert_eq!(a.stats.num_device_alloc, pages);
+        let pool = a.pool(PoolKind::Large);
+        let page1 = pool.pages_of(base + 2 * MIB, 1).start;
+        assert!(pool.slot(page1).live == 0 && pool.slot(page1).handle != NO_HANDLE, "page 1 stays idle");
+        for ptr in [g[0].ptr, g[2].ptr, g[4].ptr, x.ptr] {
+            a.free(&mut sim, ptr).unwrap();
+        }
+        a.empty_cache(&mut sim).unwrap();
+        assert_eq!(a.reserved(), 0);
+    }
+
+    #[test]
+    fn a_small_block_borrows_a_large_page_when_memory_runs_out() {
+        // 4 MiB device: a 3 MiB block holds both 2 MiB pages; 512 KiB finds no frame for the
+        // small pool's pages but fits in the free end of the second large page.
+        let (mut a, mut sim) = setup(4 * MIB, "");
+        let big = a.malloc(&mut sim, &req(3 * MIB)).unwrap();
+        let small = a.malloc(&mut sim, &req(512 * 1024)).unwrap();
+        assert_eq!((small.ptr, small.page), (big.ptr + 3 * MIB, PageSize::Size2M));
+        assert_eq!(a.stats.allocated_bytes.large_pool().current, 3 * MIB + 512 * 1024);
+        // NORMAL_ONLY promises normal pages: it may not borrow.
+        let normal = Request { policy: Policy::NormalOnly, ..req(256 * 1024) };
+        assert!(a.malloc(&mut sim, &normal).unwrap_err().code.is_out_of_memory());
+        a.free(&mut sim, small.ptr).unwrap();
+        a.free(&mut sim, big.ptr).unwrap();
+        a.empty_cache(&mut sim).unwrap();
+        assert_eq!((a.reserved(), a.stats.allocated_bytes.all.current), (0, 0));
     }
 
     #[test]

@@ -78,6 +78,12 @@ impl VaSpace {
         self.free_by_addr.iter().map(|(&s, &l)| (s, l))
     }
 
+    /// Free extents of at least `min_len` bytes, shortest first (lowest address among equals),
+    /// as (start, len).
+    pub fn free_extents_by_len(&self, min_len: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.free_by_len.range((min_len, 0)..).map(|&(len, start)| (start, len))
+    }
+
     /// The free extents overlapping `[lo, hi)`, clipped to it, in address order.
     pub fn free_extents_in(&self, lo: u64, hi: u64) -> Vec<(u64, u64)> {
         let mut out: Vec<(u64, u64)> = self

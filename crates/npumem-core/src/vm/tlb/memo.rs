@@ -1,0 +1,98 @@
+//! `Memo`: the translations one `Tlb::run` has already asked for, so that random access over a
+//! footprint costs a table probe instead of a page-table walk per address.
+//!
+//! Two direct-mapped tables: one by 2 MiB region, which answers for a region covered by one
+//! 2 MiB or 1 GiB page (or says the region holds smaller pages), and one by 4 KiB granule, which
+//! answers for 4 KiB and 64 KiB pages and for granules that are not mapped. A slot is valid only
+//! for the run that filled it (its generation), so a new run, which may see another page table,
+//! starts empty without clearing anything.
+//!
+//! Invariants: a valid slot holds what `translate` said for an address in its region or granule
+//! during the current run (the page table does not change during a run; every address of a page
+//! translates to that page); a slot never answers for another key (the key is compared).
+
+use crate::vm::PageSize;
+
+const REGION_SHIFT: u32 = 21;
+const GRANULE_SHIFT: u32 = 12;
+/// 2 MiB regions remembered: 8 GiB mapped with huge or giant pages without a conflict.
+const REGION_BITS: u32 = 12;
+/// 4 KiB granules remembered: 128 MiB mapped with 4 KiB pages, in 512 KiB of slots.
+const GRANULE_BITS: u32 = 15;
+
+/// What a run knows of an address's page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Known {
+    /// Mapped: its page size, walk depth and the pages its TLB entry covers.
+    Page { page: PageSize, depth: u32, group: u32 },
+    /// Not mapped.
+    Fault,
+    /// A 2 MiB region that holds pages smaller than itself (ask the granule table).
+    Split,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    key: u64,
+    generation: u32,
+    known: Known,
+}
+
+#[derive(Debug)]
+pub(super) struct Memo {
+    generation: u32,
+    regions: Vec<Slot>,
+    granules: Vec<Slot>,
+}
+
+#[inline]
+fn slot_of(key: u64, bits: u32) -> usize {
+    (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - bits)) as usize
+}
+
+impl Memo {
+    pub(super) fn new() -> Self {
+        let empty = Slot { key: 0, generation: 0, known: Known::Fault };
+        Memo { generation: 0, regions: vec![empty; 1 << REGION_BITS], granules: vec![empty; 1 << GRANULE_BITS] }
+    }
+
+    /// Forgets everything (a new run).
+    pub(super) fn start_run(&mut self) {
+        self.generation = self.generation.wrapping_add(1);
+        if self.generation == 0 {
+            // After 2^32 runs the oldest slots could look current again: clear them once.
+            self.regions.iter_mut().chain(self.granules.iter_mut()).for_each(|s| s.generation = 0);
+            self.generation = 1;
+        }
+    }
+
+    /// What this run knows of `va`'s page, if anything.
+    #[inline]
+    pub(super) fn get(&self, va: u64) -> Option<Known> {
+        let region = va >> REGION_SHIFT;
+        let r = self.regions[slot_of(region, REGION_BITS)];
+        if r.generation != self.generation || r.key != region {
+            return None;
+        }
+        if r.known != Known::Split {
+            return Some(r.known);
+        }
+        let granule = va >> GRANULE_SHIFT;
+        let g = self.granules[slot_of(granule, GRANULE_BITS)];
+        (g.generation == self.generation && g.key == granule).then_some(g.known)
+    }
+
+    /// Remembers what `translate` said of `va` (`Known::Page` or `Known::Fault`).
+    #[inline]
+    pub(super) fn put(&mut self, va: u64, known: Known) {
+        let generation = self.generation;
+        let region = va >> REGION_SHIFT;
+        let whole = matches!(known, Known::Page { page: PageSize::Size2M | PageSize::Size1G, .. });
+        self.regions[slot_of(region, REGION_BITS)] =
+            Slot { key: region, generation, known: if whole { known } else { Known::Split } };
+        if !whole {
+            let granule = va >> GRANULE_SHIFT;
+            self.granules[slot_of(granule, GRANULE_BITS)] = Slot { key: granule, generation, known };
+        }
+    }
+}

@@ -1,0 +1,641 @@
+//! `Tlb`: a translation lookaside buffer hierarchy that translates through the real `PageTable`.
+//!
+//! A hierarchy has levels (L1, L2, ...); each level holds one or more arrays — one unified array
+//! for every page size, or arrays split by page size (as Intel's L1 DTLB). An array is
+//! set-associative (`ways` per set; fully associative when `ways == entries`) with LRU,
+//! tree-pseudo-LRU, round-robin or random replacement. A lookup that misses every level walks the
+//! page table; page-walk caches per table level let a walk skip the upper steps. Entries are
+//! tagged with (page size, virtual page number), so what the allocator mapped — 4 KiB, 64 KiB,
+//! 2 MiB or 1 GiB pages — is exactly what the TLB caches.
+//!
+//! Speed: a lookup costs O(1) at any associativity (narrow sets are scanned, wide ones and the
+//! walk caches hashed: [`array`]); `run` remembers the translations it has asked for
+//! ([`memo`]), counts a run of accesses to the page of the previous one in bulk, and precomputes
+//! which arrays hold each page size. [`reference::ReferenceTlb`] is the model as first written
+//! (linear scans); the two give bit-identical counters and contents on every configuration and
+//! address stream (property tests in `tests/tlb_reference.rs`).
+//!
+//! Every size and cycle count of a configuration is checked against the bounds in [`limits`]
+//! before anything is allocated: they sit far above every real part, and keep a hierarchy within
+//! about 200 MiB of host memory (16 bytes an entry, up to 56 in sets wider than 16 ways, which
+//! carry a hash index).
+//!
+//! Invariants: a set never holds two entries with the same tag nor more than `ways` entries;
+//! fills are inclusive (a walk fills every level that holds the page size); per-array counters
+//! satisfy hits + misses = lookups; the cycle counter saturates at `u64::MAX`, never wraps; the
+//! previous access's entry, when an L1 array holds it, is the most recent of its set in every L1
+//! array that holds its page size (so the next access to it changes no replacement state).
+
+mod array;
+mod batch;
+mod config;
+mod memo;
+pub mod reference;
+
+pub use config::{ArrayConfig, Replacement, TlbConfig, field_range, limits, out_of_range};
+
+use rustc_hash::FxHashMap;
+
+use self::array::{Array, EMPTY, size_bit};
+use self::batch::{Access, Batch};
+use self::memo::{Known, Memo};
+use super::{PageSize, Translation};
+use crate::error::Result;
+
+/// Counters of one array.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ArrayStats {
+    pub lookups: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub evictions: u64,
+}
+
+/// Counters of a run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TlbStats {
+    pub accesses: u64,
+    /// Addresses that are not mapped (skipped).
+    pub faults: u64,
+    /// Per level, per array.
+    pub arrays: Vec<Vec<ArrayStats>>,
+    pub walks: u64,
+    /// Walk steps skipped thanks to the walk caches, and steps taken.
+    pub walk_steps_skipped: u64,
+    pub walk_steps: u64,
+    /// Translation cycles: hit costs beyond L1 plus walk steps (saturating at `u64::MAX`).
+    pub cycles: u64,
+}
+
+#[derive(Debug)]
+pub struct Tlb {
+    config: TlbConfig,
+    /// Every array, level by level (level 0's first, so an L1 array's index is its bit in a mask).
+    arrays: Vec<Array>,
+    /// Per array, its counters during a run (copied into `stats` at the end).
+    counters: Vec<ArrayStats>,
+    /// Per page size (`PageSize as usize`): the arrays holding that size, level by level.
+    plans: [Plan; 4],
+    /// Per level: the range of its arrays in `arrays`, and whether each page size has at most
+    /// one of them (then the arrays take a batch one after the other).
+    level_arrays: Vec<std::ops::Range<usize>>,
+    split: Vec<bool>,
+    /// Page-walk caches of table levels 0, 1, 2 (none where the configuration has 0 entries).
+    walk_caches: [Option<Array>; 3],
+    stats: TlbStats,
+    now: u64,
+    rng: u64,
+    /// The tag of the previous access and the L1 arrays that hold it: another access to the
+    /// same page is an L1 hit that changes no replacement state (it is already the most recent
+    /// in its set), so it only counts.
+    last: Option<(u64, u8)>,
+    /// Translations of the current run (allocated by the first run).
+    memo: Option<Box<Memo>>,
+}
+
+/// The arrays that hold one page size, in lookup order.
+#[derive(Debug)]
+struct Plan {
+    /// Indices into `Tlb::arrays`, level by level.
+    arrays: Vec<u8>,
+    /// Per level, the end of its arrays in `arrays`.
+    level_ends: Vec<usize>,
+    /// The level-1 arrays among them, as a mask.
+    l1_mask: u8,
+}
+
+impl Plan {
+    fn new(config: &TlbConfig, holds: impl Fn(usize) -> bool) -> Self {
+        let (mut arrays, mut level_ends, mut first) = (Vec::new(), Vec::new(), 0);
+        for level in &config.levels {
+            arrays.extend((first..first + level.len()).filter(|&i| holds(i)).map(|i| i as u8));
+            level_ends.push(arrays.len());
+            first += level.len();
+        }
+        let l1_mask = (0..config.levels[0].len()).filter(|&i| holds(i)).fold(0u8, |m, i| m | 1 << i);
+        Plan { arrays, level_ends, l1_mask }
+    }
+}
+
+/// The VA bits below each walk cache's tag (table levels 0, 1, 2).
+const WALK_CACHE_SHIFT: [u32; 3] = [39, 30, 21];
+
+impl Tlb {
+    pub fn new(config: TlbConfig) -> Result<Self> {
+        config.validate()?;
+        let arrays: Vec<Array> = config.levels.iter().flatten().cloned().map(Array::new).collect();
+        let plans = PageSize::ALL.map(|p| Plan::new(&config, |i| arrays[i].sizes_mask & size_bit(p) != 0));
+        let walk_caches = config.walk_cache_entries.map(|n| (n > 0).then(|| Array::walk_cache(n)));
+        let mut level_arrays = Vec::new();
+        for level in &config.levels {
+            let start = level_arrays.last().map_or(0, |r: &std::ops::Range<usize>| r.end);
+            level_arrays.push(start..start + level.len());
+        }
+        let split = level_arrays
+            .iter()
+            .map(|r| arrays[r.clone()].iter().try_fold(0u8, |seen, a| (seen & a.sizes_mask == 0).then_some(seen | a.sizes_mask)).is_some())
+            .collect();
+        let stats = TlbStats {
+            arrays: config.levels.iter().map(|l| vec![ArrayStats::default(); l.len()]).collect(),
+            ..Default::default()
+        };
+        Ok(Tlb {
+            counters: vec![ArrayStats::default(); arrays.len()],
+            config,
+            arrays,
+            plans,
+            level_arrays,
+            split,
+            walk_caches,
+            stats,
+            now: 0,
+            rng: 0x9E37_79B9_7F4A_7C15,
+            last: None,
+            memo: None,
+        })
+    }
+
+    pub fn config(&self) -> &TlbConfig {
+        &self.config
+    }
+
+    pub fn stats(&self) -> &TlbStats {
+        &self.stats
+    }
+
+    /// Clears the counters (the contents stay: a warm TLB).
+    pub fn reset_stats(&mut self) {
+        self.last = None;
+        self.counters.iter_mut().for_each(|c| *c = ArrayStats::default());
+        let mut arrays = std::mem::take(&mut self.stats.arrays);
+        arrays.iter_mut().flatten().for_each(|a| *a = ArrayStats::default());
+        self.stats = TlbStats { arrays, ..Default::default() };
+    }
+
+    /// Copies the per-array counters into `stats`.
+    fn publish(&mut self) {
+        for (out, c) in self.stats.arrays.iter_mut().flatten().zip(&self.counters) {
+            *out = *c;
+        }
+    }
+
+    /// Simulates one access of the translation `t` of `va` (one page per entry).
+    pub fn access(&mut self, va: u64, t: Translation) {
+        if let Some(access) = self.admit(va, t.page_size, t.depth, 1) {
+            self.simulate(access);
+        }
+        self.publish();
+    }
+
+    /// Counts `n` L1 hits on the arrays of `mask` (accesses to the previous access's entry).
+    #[inline]
+    fn count_l1_hits(&mut self, mask: u8, n: u64) {
+        let mut m = mask;
+        while m != 0 {
+            let c = &mut self.counters[m.trailing_zeros() as usize];
+            c.lookups += n;
+            c.hits += n;
+            m &= m - 1;
+        }
+    }
+
+    /// Counts one access whose entry covers `group` contiguous pages (a power of two): another
+    /// access to the previous access's entry, held in L1, is counted as an L1 hit at once;
+    /// anything else is returned to be simulated, stamped with the next clock tick.
+    #[inline]
+    fn admit(&mut self, va: u64, page: PageSize, depth: u32, group: u32) -> Option<Access> {
+        self.stats.accesses += 1;
+        // The entry's unit: `group` pages; the tag packs the unit number, log2(group) and the size.
+        let vpn = va >> (page.bytes().trailing_zeros() + group.trailing_zeros());
+        let tag = (vpn << 6) | ((group.trailing_zeros() as u64) << 2) | page as u64;
+        if let Some((last, mask)) = self.last {
+            if last == tag {
+                self.count_l1_hits(mask, 1);
+                return None;
+            }
+        }
+        self.now += 1;
+        let l1_mask = self.plans[page as usize].l1_mask;
+        self.last = (l1_mask != 0).then_some((tag, l1_mask));
+        Some(Access { tag, va, now: self.now, page, depth: depth as u8 })
+    }
+
+    /// Simulates `access` through every level, then the walk (the order of the reference model).
+    fn simulate(&mut self, access: Access) {
+        let Access { tag, now, page, .. } = access;
+        let vpn = tag >> 6;
+        let plan = &self.plans[page as usize];
+        let mut start = 0;
+        for &end in &plan.level_ends {
+            let mut hit = false;
+            for &ai in &plan.arrays[start..end] {
+                let ai = ai as usize;
+                let (a, c) = (&mut self.arrays[ai], &mut self.counters[ai]);
+                c.lookups += 1;
+                if a.lookup(tag, vpn, now) {
+                    c.hits += 1;
+                    self.stats.cycles = self.stats.cycles.saturating_add(a.hit_cycles);
+                    hit = true;
+                } else {
+                    c.misses += 1;
+                }
+            }
+            if hit {
+                // Fill the closer levels (inclusive hierarchy).
+                self.fill(page, start, tag, now);
+                return;
+            }
+            start = end;
+        }
+        self.walk(access.va, u32::from(access.depth), now);
+        self.fill(page, start, tag, now);
+    }
+
+    /// Fills `tag` into the first `n` arrays of `page`'s plan.
+    #[inline]
+    fn fill(&mut self, page: PageSize, n: usize, tag: u64, now: u64) {
+        for &ai in &self.plans[page as usize].arrays[..n] {
+            let ai = ai as usize;
+            if self.arrays[ai].fill(tag, tag >> 6, now, &mut self.rng) {
+                self.counters[ai].evictions += 1;
+            }
+        }
+    }
+
+    /// A page walk of `depth` descriptor reads at clock `now`; the walk caches skip the upper ones.
+    #[inline]
+    fn walk(&mut self, va: u64, depth: u32, now: u64) {
+        self.stats.walks += 1;
+        // Table levels above the leaf: depth 4 → tables 0,1,2; depth 3 → 0,1; depth 2 → 0.
+        let tables = (depth as usize).saturating_sub(1).min(3);
+        let mut probe = |level: usize| {
+            self.walk_caches[level].as_mut().is_some_and(|c| c.lookup_fill(va >> WALK_CACHE_SHIFT[level], now))
+        };
+        let mut skipped = 0;
+        for level in (0..tables).rev() {
+            if probe(level) {
+                skipped = level as u64 + 1;
+                break;
+            }
+        }
+        // Fill the caches of the levels below the hit too (the walk read them).
+        for level in skipped as usize..tables {
+            probe(level);
+        }
+        let steps = depth as u64 - skipped;
+        self.stats.walk_steps_skipped += skipped;
+        self.stats.walk_steps += steps;
+        self.stats.cycles = self.stats.cycles.saturating_add(steps * self.config.walk_step_cycles);
+    }
+
+    /// Runs `addresses` through the TLB, translating each through `translate` (the device's page
+    /// table, which must not change during the call: every address of a page translates to that
+    /// page); unmapped addresses count as faults. Each page is translated once per call (a
+    /// direct-mapped memo; a conflict asks again), and consecutive accesses to one page reuse its
+    /// translation.
+    ///
+    /// The accesses that need simulating are collected in batches and run level by level (see
+    /// [`batch`]): every array's state depends only on the accesses that reach its level, in
+    /// order, so this gives exactly the result of simulating them one by one.
+    pub fn run(&mut self, addresses: &[u64], translate: impl Fn(u64) -> Option<Translation>) {
+        let mut memo = self.memo.take().unwrap_or_else(|| Box::new(Memo::new()));
+        memo.start_run();
+        let mut batch = Batch::default();
+        // Pages one coalesced entry covers, per (unit, page size), for this call.
+        let mut groups: FxHashMap<(u64, PageSize), u32> = FxHashMap::default();
+        let k = self.config.coalesce;
+        // (page start, page end, page size, depth, pages its entry covers) of the last translation.
+        let mut last: Option<(u64, u64, PageSize, u32, u32)> = None;
+        // Fast path: an access to the same page as the previous one is an L1 hit on the most
+        // recent entry; a streak of them is only counted, and added up when it ends.
+        let mut streak = 0u64;
+        let mut range = (1u64, 0u64);
+        for &va in addresses {
+            if va >= range.0 && va < range.1 {
+                streak += 1;
+                continue;
+            }
+            self.flush_streak(&mut streak);
+            let (page, depth, group) = match last {
+                Some((lo, hi, page, depth, group)) if va >= lo && va < hi => (page, depth, group),
+                _ => {
+                    let known = memo.get(va).unwrap_or_else(|| {
+                        let known = match translate(va) {
+                            Some(t) => {
+                                let group = if k > 1 {
+                                    let unit = va / (t.page_size.bytes() * k as u64);
+                                    *groups
+                                        .entry((unit, t.page_size))
+                                        .or_insert_with(|| if coalescible(va, t, k, &translate) { k } else { 1 })
+                                } else {
+                                    1
+                                };
+                                Known::Page { page: t.page_size, depth: t.depth, group }
+                            }
+                            None => Known::Fault,
+                        };
+                        memo.put(va, known);
+                        known
+                    });
+                    match known {
+                        Known::Page { page, depth, group } => {
+                            let lo = va & !(page.bytes() - 1);
+                            last = Some((lo, lo + page.bytes(), page, depth, group));
+                            (page, depth, group)
+                        }
+                        Known::Fault | Known::Split => {
+                            self.stats.faults += 1;
+                            continue;
+                        }
+                    }
+                }
+            };
+            if let Some(access) = self.admit(va, page, depth, group) {
+                if batch.push(access) {
+                    self.drain(&mut batch);
+                }
+            }
+            // Later accesses to this page may take the fast path when it is held in L1.
+            range = match (last, self.last) {
+                (Some((lo, hi, ..)), Some(_)) => (lo, hi),
+                _ => (1, 0),
+            };
+        }
+        self.flush_streak(&mut streak);
+        self.drain(&mut batch);
+        self.memo = Some(memo);
+        self.publish();
+    }
+
+    /// Counts `streak` fast-path L1 hits on the arrays holding the last entry.
+    #[inline]
+    fn flush_streak(&mut self, streak: &mut u64) {
+        if *streak == 0 {
+            return;
+        }
+        let mask = self.last.map_or(0, |(_, m)| m);
+        self.stats.accesses += *streak;
+        self.count_l1_hits(mask, *streak);
+        *streak = 0;
+    }
+
+    /// The arrays of each level.
+    fn levels(&self) -> impl Iterator<Item = &[Array]> {
+        let mut rest = &self.arrays[..];
+        self.config.levels.iter().map(move |l| {
+            let (level, tail) = rest.split_at(l.len());
+            rest = tail;
+            level
+        })
+    }
+
+    /// Bytes the valid entries of each level map right now (effective reach).
+    pub fn effective_reach(&self) -> Vec<u64> {
+        let sizes = PageSize::ALL;
+        self.levels()
+            .map(|l| {
+                l.iter()
+                    .flat_map(|a| a.tags.iter())
+                    .filter(|&&tag| tag != EMPTY)
+                    .map(|tag| sizes[(tag & 3) as usize].bytes() << ((tag >> 2) & 15))
+                    .sum()
+            })
+            .collect()
+    }
+
+    /// The tag of every entry, per level and array in slot order (set by set, way by way; `u64::MAX`
+    /// for an empty one), then of every walk cache: the whole state two models must share.
+    pub fn contents(&self) -> (Vec<Vec<Vec<u64>>>, Vec<Vec<u64>>) {
+        let arrays = self.levels().map(|l| l.iter().map(|a| a.tags.to_vec()).collect()).collect();
+        let caches = self.walk_caches.iter().map(|c| c.as_ref().map_or_else(Vec::new, |c| c.tags.to_vec())).collect();
+        (arrays, caches)
+    }
+
+    /// The largest footprint the entries of each level could map if every entry held a page of
+    /// `page` size (nominal reach).
+    pub fn nominal_reach(&self, page: PageSize) -> Vec<u64> {
+        self.levels()
+            .map(|l| {
+                l.iter()
+                    .filter(|a| a.sizes_mask & size_bit(page) != 0)
+                    .map(|a| a.cfg.entries as u64 * page.bytes())
+                    .sum()
+            })
+            .collect()
+    }
+}
+
+/// Whether the `k` pages of `t`'s size around `va` (aligned to `k` pages) are all mapped with
+/// that size onto one physically contiguous, equally aligned run.
+pub(crate) fn coalescible(va: u64, t: Translation, k: u32, translate: &impl Fn(u64) -> Option<Translation>) -> bool {
+    let size = t.page_size.bytes();
+    let span = size * k as u64;
+    let base = va - va % span;
+    let Some(first) = translate(base) else { return false };
+    if first.page_size != t.page_size || first.pa % span != 0 {
+        return false;
+    }
+    (1..k as u64)
+        .all(|j| translate(base + j * size).is_some_and(|x| x.page_size == t.page_size && x.pa == first.pa + j * size))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn array(name: &str, entries: usize, ways: usize, sizes: &[PageSize], r: Replacement, hit: u64) -> ArrayConfig {
+        ArrayConfig::new(name, entries, ways, sizes, r, hit)
+    }
+
+    fn t(page: PageSize) -> Translation {
+        Translation { pa: 0, page_size: page, depth: if page == PageSize::Size2M { 3 } else { 4 } }
+    }
+
+    fn one_level(entries: usize, ways: usize, replacement: Replacement) -> Tlb {
+        Tlb::new(TlbConfig {
+            name: "test".into(),
+            levels: vec![vec![array("L1", entries, ways, &[], replacement, 0)]],
+            walk_cache_entries: [0, 0, 0],
+            walk_step_cycles: 10,
+            source: "test".into(),
+            coalesce: 1,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn sequential_misses_once_per_page() {
+        let mut tlb = one_level(64, 4, Replacement::Lru);
+        let addrs: Vec<u64> = (0..(1u64 << 20)).step_by(64).map(|o| 0x1000_0000_0000 + o).collect();
+        tlb.run(&addrs, |_| Some(t(PageSize::Size4K)));
+        assert_eq!(tlb.stats().arrays[0][0].misses, 256);
+        assert_eq!(tlb.stats().walks, 256);
+        assert_eq!(tlb.stats().cycles, 256 * 4 * 10);
+        let mut huge = one_level(64, 4, Replacement::Lru);
+        huge.run(&addrs, |_| Some(t(PageSize::Size2M)));
+        assert_eq!(huge.stats().arrays[0][0].misses, 1);
+    }
+
+    #[test]
+    fn within_reach_never_misses_after_warm_up() {
+        let mut tlb = one_level(64, 64, Replacement::Lru);
+        let pages: Vec<u64> = (0..64u64).map(|p| p * 4096).collect();
+        tlb.run(&pages, |_| Some(t(PageSize::Size4K)));
+        tlb.reset_stats();
+        let mut chase: Vec<u64> = (0..10_000u64).map(|i| (i * 37 % 64) * 4096 + 8).collect();
+        chase.reverse();
+        tlb.run(&chase, |_| Some(t(PageSize::Size4K)));
+        assert_eq!(tlb.stats().arrays[0][0].misses, 0);
+        // One page more than the reach, cycled: LRU misses every time.
+        let mut over = one_level(64, 64, Replacement::Lru);
+        let cyc: Vec<u64> = (0..650u64).map(|i| (i % 65) * 4096).collect();
+        over.run(&cyc, |_| Some(t(PageSize::Size4K)));
+        assert_eq!(over.stats().arrays[0][0].misses, 650);
+    }
+
+    #[test]
+    fn lru_set_behaves_exactly() {
+        // One set of 2 ways: A B A C → C evicts B (least recent); then B misses, A hits? A was
+        // touched at step 3, C at 4, B refills evicting A.
+        let mut tlb = one_level(2, 2, Replacement::Lru);
+        let (a, b, c) = (0u64, 4096u64, 8192u64);
+        tlb.run(&[a, b, a, c], |_| Some(t(PageSize::Size4K)));
+        assert_eq!(tlb.stats().arrays[0][0].misses, 3);
+        tlb.run(&[a], |_| Some(t(PageSize::Size4K)));
+        assert_eq!(tlb.stats().arrays[0][0].misses, 3, "A survived");
+        tlb.run(&[b], |_| Some(t(PageSize::Size4K)));
+        assert_eq!(tlb.stats().arrays[0][0].misses, 4, "B had been evicted");
+        assert_eq!(tlb.stats().arrays[0][0].evictions, 2);
+    }
+
+    #[test]
+    fn plru_round_robin_random_and_split_arrays() {
+        for r in [Replacement::Plru, Replacement::RoundRobin, Replacement::Random] {
+            let mut tlb = one_level(8, 4, r);
+            let addrs: Vec<u64> = (0..1000u64).map(|i| (i % 8) * 4096).collect();
+            tlb.run(&addrs, |_| Some(t(PageSize::Size4K)));
+            assert_eq!(tlb.stats().arrays[0][0].misses, 8, "{r:?}: 8 pages fit 8 entries");
+        }
+        let mut sky = Tlb::new(TlbConfig::preset("skylake").unwrap()).unwrap();
+        sky.run(&[0, 2 << 20], |va| Some(t(if va == 0 { PageSize::Size4K } else { PageSize::Size2M })));
+        let s = sky.stats();
+        assert_eq!((s.arrays[0][0].lookups, s.arrays[0][1].lookups, s.arrays[0][2].lookups), (1, 1, 0));
+        assert_eq!(sky.nominal_reach(PageSize::Size2M)[0], 32 * (2 << 20));
+        assert!(TlbConfig::preset("nope").is_err());
+        let mut bad = TlbConfig::preset("zen4").unwrap();
+        bad.levels[0][0].ways = 7;
+        assert!(Tlb::new(bad).is_err());
+    }
+
+    #[test]
+    fn coalescing_multiplies_reach_only_for_contiguous_pages() {
+        let mut cfg = TlbConfig::preset("zen4").unwrap();
+        cfg.coalesce = 8;
+        let base = 0x1000_0000_0000u64;
+        let addrs: Vec<u64> = (0..64u64).map(|p| base + p * 4096).collect();
+        // Contiguous frames: 64 pages in 8 entries.
+        let mut tlb = Tlb::new(cfg.clone()).unwrap();
+        tlb.run(&addrs, |va| Some(Translation { pa: va - base, page_size: PageSize::Size4K, depth: 4 }));
+        assert_eq!(tlb.stats().walks, 8);
+        assert_eq!(tlb.effective_reach()[0], 64 * 4096);
+        // Scattered frames: every page its own entry.
+        let mut scattered = Tlb::new(cfg).unwrap();
+        scattered.run(&addrs, |va| {
+            Some(Translation { pa: ((va - base) / 4096 * 7919 % 64) * 4096, page_size: PageSize::Size4K, depth: 4 })
+        });
+        assert_eq!(scattered.stats().walks, 64);
+        let mut bad = TlbConfig::preset("zen4").unwrap();
+        bad.coalesce = 3;
+        assert!(Tlb::new(bad).is_err());
+    }
+
+    /// The message of the error `Tlb::new` gives for `cfg`, which must be refused as an
+    /// invalid parameter.
+    fn refusal(cfg: TlbConfig) -> String {
+        let err = Tlb::new(cfg).unwrap_err();
+        assert_eq!(err.code, crate::ErrorCode::InvalidParam);
+        err.message
+    }
+
+    #[test]
+    fn sizes_and_cycles_are_bounded_before_anything_is_allocated() {
+        let zen4 = || TlbConfig::preset("zen4").unwrap();
+        // Sizes that would ask for terabytes of host memory, or overflow the capacity.
+        for n in [1usize << 40, 1 << 62, usize::MAX] {
+            let mut cfg = zen4();
+            cfg.walk_cache_entries = [n, 1, 1];
+            let msg = refusal(cfg);
+            assert!(msg.contains("walk_cache_entries[0]") && msg.contains(&n.to_string()), "{msg}");
+            assert!(msg.contains("0 to 4096"), "{msg}");
+            let mut cfg = zen4();
+            cfg.levels[0][0].entries = n;
+            cfg.levels[0][0].ways = 1;
+            let msg = refusal(cfg);
+            assert!(
+                msg.contains("0.0.entries") && msg.contains(&n.to_string()) && msg.contains("1 to 1048576"),
+                "{msg}"
+            );
+        }
+        let mut cfg = zen4();
+        cfg.walk_step_cycles = u64::MAX;
+        assert!(refusal(cfg).contains("walk_step_cycles = 18446744073709551615"));
+        let mut cfg = zen4();
+        cfg.levels[1][0].hit_cycles = 1_000_001;
+        assert!(refusal(cfg).contains("1.0.hit_cycles"));
+        let mut cfg = zen4();
+        cfg.levels[0][0] = array("huge FA", 16384, 16384, &[], Replacement::Lru, 0);
+        assert!(refusal(cfg).contains("0.0.ways"));
+        let mut cfg = zen4();
+        cfg.levels[0][0] = array("wide PLRU", 128, 128, &[], Replacement::Plru, 0);
+        assert!(refusal(cfg).contains("power of two for pseudo-LRU"));
+        let mut cfg = zen4();
+        cfg.levels[0] = (0..9).map(|_| array("x", 4, 4, &[], Replacement::Lru, 0)).collect();
+        assert!(refusal(cfg).contains("level 0 (number of arrays) = 9"));
+        let mut cfg = zen4();
+        cfg.levels = (0..5).map(|_| vec![array("x", 4, 4, &[], Replacement::Lru, 0)]).collect();
+        assert!(refusal(cfg).contains("levels (number of levels) = 5"));
+        let mut cfg = zen4();
+        cfg.levels = vec![vec![array("big", 1 << 20, 8, &[], Replacement::Lru, 0)]; 4];
+        cfg.walk_cache_entries = [1, 1, 1];
+        assert!(refusal(cfg).contains("total entries (all arrays and walk caches) = 4194307"));
+        let mut cfg = zen4();
+        cfg.coalesce = 1024;
+        assert!(refusal(cfg).contains("coalesce = 1024"));
+        // The largest accepted hierarchy builds.
+        let mut cfg = zen4();
+        cfg.levels = vec![vec![array("big", 1 << 20, 8192, &[], Replacement::Lru, 1_000_000)]; 4];
+        cfg.levels[3][0].entries = (1 << 20) - 3 * 4096;
+        cfg.levels[3][0].ways = 4096;
+        cfg.walk_cache_entries = [4096; 3];
+        cfg.walk_step_cycles = 1_000_000;
+        Tlb::new(cfg).unwrap();
+        for field in ["entries", "ways", "hit_cycles", "walk_step_cycles", "walk_cache_entries", "coalesce"] {
+            assert!(field_range(field).is_some(), "{field}");
+        }
+        assert!(field_range("name").is_none());
+    }
+
+    #[test]
+    fn the_cycle_counter_saturates_instead_of_wrapping() {
+        let mut cfg = TlbConfig::preset("gem5_gpu").unwrap();
+        cfg.walk_step_cycles = 1_000_000;
+        let mut tlb = Tlb::new(cfg).unwrap();
+        tlb.stats.cycles = u64::MAX - 5;
+        tlb.run(&[0, 1 << 30, 2 << 30], |_| Some(t(PageSize::Size4K)));
+        assert_eq!(tlb.stats().cycles, u64::MAX);
+        assert_eq!(tlb.stats().walks, 3);
+    }
+
+    #[test]
+    fn walk_caches_skip_upper_steps() {
+        let mut cfg = TlbConfig::preset("champsim_default").unwrap();
+        cfg.levels = vec![vec![array("L1", 1, 1, &[], Replacement::Lru, 0)]];
+        let mut tlb = Tlb::new(cfg).unwrap();
+        tlb.run(&[0, 4096, 8192], |_| Some(t(PageSize::Size4K)));
+        let s = tlb.stats();
+        assert_eq!(s.walks, 3);
+        // The first walk reads 4 descriptors; the next two hit the level-2 walk cache.
+        assert_eq!(s.walk_steps, 4 + 1 + 1);
+        assert_eq!(s.walk_steps_skipped, 3 + 3);
+    }
+}

@@ -1,0 +1,211 @@
+//! The fast TLB model (`vm::Tlb`: hashed and set-indexed lookups, a translation memo, bulk
+//! counting) against the model as first written (`vm::tlb::reference::ReferenceTlb`: linear
+//! scans), over random hierarchies and random address streams through a real page table that
+//! holds every page size, holes and physically contiguous runs (for coalescing), and changes
+//! between runs. After every run the counters, every entry of every array and walk cache (slot by
+//! slot) and the effective reach must be identical.
+
+use npumem_core::units::{GIB, KIB, MIB};
+use npumem_core::vm::tlb::reference::ReferenceTlb;
+use npumem_core::vm::tlb::{ArrayConfig, Replacement};
+use npumem_core::vm::{PageSize, PageTable, Tlb, TlbConfig, Translation};
+use proptest::prelude::*;
+
+const BASE: u64 = 0x1000_0000_0000;
+/// Layout of the test page table: a 1 GiB page, then a GiB of 2 MiB pages, then 4 KiB pages, then
+/// 64 KiB pages (with holes wherever the case leaves a page out).
+const GIANT: u64 = BASE;
+const HUGE: u64 = BASE + GIB;
+const SMALL: u64 = BASE + 2 * GIB;
+const MEDIUM: u64 = BASE + 2 * GIB + 64 * MIB;
+
+const REPLACEMENTS: [Replacement; 4] =
+    [Replacement::Lru, Replacement::Plru, Replacement::RoundRobin, Replacement::Random];
+
+fn array_config() -> impl Strategy<Value = ArrayConfig> {
+    // Ways up to 64 (past the 16 that are scanned: wide sets use the hash index; 3, 12 and 17
+    // are not powers of two), 1 to 5 sets (3 and 5 are not powers of two), any subset of page
+    // sizes, any replacement (pseudo-LRU only over a power of two).
+    (0usize..10, 1usize..=5, 0u8..16, 0usize..4, 0u64..20).prop_map(|(w, sets, sizes, r, hit)| {
+        let ways = [1, 2, 3, 4, 8, 12, 16, 17, 32, 64][w];
+        let r = if REPLACEMENTS[r] == Replacement::Plru && !usize::is_power_of_two(ways) { 0 } else { r };
+        let page_sizes: Vec<PageSize> =
+            PageSize::ALL.iter().enumerate().filter(|(i, _)| sizes & (1 << i) != 0).map(|(_, &p)| p).collect();
+        ArrayConfig::new("a", ways * sets, ways, &page_sizes, REPLACEMENTS[r], hit)
+    })
+}
+
+fn tlb_config() -> impl Strategy<Value = TlbConfig> {
+    (
+        prop::collection::vec(prop::collection::vec(array_config(), 1..=3), 1..=3),
+        [0usize..40, 0usize..40, 0usize..40],
+        0u64..50,
+        0u32..4,
+    )
+        .prop_map(|(levels, walk_cache_entries, walk_step_cycles, c)| TlbConfig {
+            name: "random".into(),
+            levels,
+            walk_cache_entries,
+            walk_step_cycles,
+            source: "proptest".into(),
+            coalesce: 1 << c,
+        })
+}
+
+/// Which pages of each region are mapped, and whether small pages get contiguous frames.
+#[derive(Clone, Debug)]
+struct Layout {
+    giant: bool,
+    huge: Vec<bool>,
+    small: Vec<bool>,
+    medium: Vec<bool>,
+    contiguous: bool,
+}
+
+fn layout() -> impl Strategy<Value = Layout> {
+    (
+        any::<bool>(),
+        prop::collection::vec(prop::bool::weighted(0.8), 64),
+        prop::collection::vec(prop::bool::weighted(0.8), 256),
+        prop::collection::vec(prop::bool::weighted(0.8), 32),
+        any::<bool>(),
+    )
+        .prop_map(|(giant, huge, small, medium, contiguous)| Layout { giant, huge, small, medium, contiguous })
+}
+
+fn map(pt: &mut PageTable, layout: &Layout) {
+    if layout.giant {
+        pt.map(GIANT, 4 * GIB, PageSize::Size1G).unwrap();
+    }
+    for (i, _) in layout.huge.iter().enumerate().filter(|(_, m)| **m) {
+        pt.map(HUGE + i as u64 * 2 * MIB, 8 * GIB + i as u64 * 2 * MIB, PageSize::Size2M).unwrap();
+    }
+    for (i, _) in layout.small.iter().enumerate().filter(|(_, m)| **m) {
+        // Contiguous frames in order, or scrambled (odd multiplier: a permutation).
+        let frame = if layout.contiguous { i as u64 } else { (i as u64 * 37) % 256 };
+        pt.map(SMALL + i as u64 * 4 * KIB, 16 * GIB + frame * 4 * KIB, PageSize::Size4K).unwrap();
+    }
+    for (i, _) in layout.medium.iter().enumerate().filter(|(_, m)| **m) {
+        pt.map(MEDIUM + i as u64 * 64 * KIB, 20 * GIB + i as u64 * 64 * KIB, PageSize::Size64K).unwrap();
+    }
+}
+
+/// One address: a region (0 giant, 1 huge, 2 small, 3 medium, 4 unmapped), a page in it, an
+/// offset, and how often it repeats (streaks of one page take the bulk path).
+fn address() -> impl Strategy<Value = (u8, u16, u32, u8)> {
+    (0u8..5, any::<u16>(), any::<u32>(), prop_oneof![3 => Just(1u8), 1 => 2u8..20])
+}
+
+fn addresses(raw: &[(u8, u16, u32, u8)]) -> Vec<u64> {
+    let mut out = Vec::new();
+    for &(region, page, offset, repeat) in raw {
+        let (base, pages, size) = match region {
+            0 => (GIANT, 4, 256 * MIB), // four "pages" of 256 MiB: spread over the 1 GiB page
+            1 => (HUGE, 64, 2 * MIB),
+            2 => (SMALL, 256, 4 * KIB),
+            3 => (MEDIUM, 32, 64 * KIB),
+            _ => (BASE + 8 * GIB, 16, 4 * KIB),
+        };
+        let va = base + (u64::from(page) % pages) * size + u64::from(offset) % size;
+        for r in 0..u64::from(repeat) {
+            out.push(va + (r * 8) % size);
+        }
+    }
+    out
+}
+
+fn same(fast: &Tlb, slow: &ReferenceTlb) -> Result<(), TestCaseError> {
+    prop_assert_eq!(fast.stats(), slow.stats());
+    prop_assert_eq!(fast.contents(), slow.contents());
+    prop_assert_eq!(fast.effective_reach(), slow.effective_reach());
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 384, ..ProptestConfig::default() })]
+
+    #[test]
+    fn fast_model_is_bit_identical_to_the_reference(
+        config in tlb_config(),
+        first in layout(),
+        second in layout(),
+        runs in prop::collection::vec(prop::collection::vec(address(), 0..400), 1..4),
+        resets in prop::collection::vec(any::<bool>(), 4),
+        direct in prop::collection::vec((any::<u16>(), 0usize..4), 0..8),
+    ) {
+        let mut fast = Tlb::new(config.clone()).unwrap();
+        let mut slow = ReferenceTlb::new(config).unwrap();
+        let mut pt = PageTable::new();
+        map(&mut pt, &first);
+        for (i, raw) in runs.iter().enumerate() {
+            if i == 1 {
+                // The page table changes between runs: what a run remembered must not carry over.
+                pt = PageTable::new();
+                map(&mut pt, &second);
+            }
+            let addrs = addresses(raw);
+            fast.run(&addrs, |va| pt.translate(va));
+            slow.run(&addrs, |va| pt.translate(va));
+            same(&fast, &slow)?;
+            if resets[i] {
+                fast.reset_stats();
+                slow.reset_stats();
+                same(&fast, &slow)?;
+            }
+        }
+        // Single accesses with a translation given directly.
+        for &(page, size) in &direct {
+            let size = PageSize::ALL[size];
+            let va = BASE + u64::from(page) * size.bytes();
+            let t = Translation { pa: 0, page_size: size, depth: 4 - (size as u32).saturating_sub(1) };
+            fast.access(va, t);
+            slow.access(va, t);
+        }
+        same(&fast, &slow)?;
+    }
+}
+
+/// Every preset on long streams (streaming, strided, uniform random and a hot set) over 4 KiB
+/// and 2 MiB pages, with far more pages than the memo's tables hold without conflicts.
+#[test]
+fn presets_match_the_reference_on_long_streams() {
+    const SPAN: u64 = 256 * MIB;
+    let mut small = PageTable::new();
+    let mut huge = PageTable::new();
+    for i in 0..SPAN / (4 * KIB) {
+        small.map(BASE + i * 4 * KIB, ((i * 7919) % (SPAN / (4 * KIB))) * 4 * KIB, PageSize::Size4K).unwrap();
+    }
+    for i in 0..SPAN / (2 * MIB) {
+        huge.map(BASE + i * 2 * MIB, i * 2 * MIB, PageSize::Size2M).unwrap();
+    }
+    let mut x = 7u64;
+    let mut rand = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let n = 6_000u64;
+    let streams: Vec<Vec<u64>> = vec![
+        (0..n).map(|i| BASE + i * 64 % SPAN).collect(),
+        (0..n).map(|i| BASE + i * 4160 % SPAN).collect(),
+        (0..n).map(|_| BASE + rand() % SPAN).collect(),
+        (0..n).map(|_| BASE + (rand() % 3000) * 4 * KIB + rand() % 4096).collect(),
+    ];
+    for &name in TlbConfig::PRESETS {
+        for coalesce in [1, 16] {
+            let mut config = TlbConfig::preset(name).unwrap();
+            config.coalesce = coalesce;
+            for pt in [&small, &huge] {
+                let mut fast = Tlb::new(config.clone()).unwrap();
+                let mut slow = ReferenceTlb::new(config.clone()).unwrap();
+                for s in &streams {
+                    fast.run(s, |va| pt.translate(va));
+                    slow.run(s, |va| pt.translate(va));
+                    assert_eq!(fast.stats(), slow.stats(), "{name}, coalesce {coalesce}");
+                    assert_eq!(fast.contents(), slow.contents(), "{name}, coalesce {coalesce}");
+                }
+            }
+        }
+    }
+}
