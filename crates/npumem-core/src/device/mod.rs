@@ -20,7 +20,7 @@ mod live;
 mod ordered;
 mod vmm;
 
-pub use batch::ReplayOutcome;
+pub use batch::{Replay, ReplayEvents, ReplayOutcome, ReplaySample};
 use live::LiveTable;
 
 use rustc_hash::FxHashMap;
@@ -386,24 +386,25 @@ impl Device {
         self.history = enabled.then(|| History::new(max_entries));
     }
 
-    /// Moves the allocator's segment events into the history, then records `action`.
+    /// Moves the allocator's segment events into the history, then records `action` for
+    /// `stream`.
     #[inline]
-    fn trace(&mut self, action: Action, addr: u64, size: u64) {
+    fn trace(&mut self, action: Action, addr: u64, size: u64, stream: StreamId) {
         if self.history.is_none() {
             return;
         }
-        self.flush_events();
+        self.flush_events(stream);
         if let Some(history) = self.history.as_mut() {
             let time_us = self.started.elapsed().as_micros() as u64;
-            history.push(TraceEntry { action, addr, size, time_us });
+            history.push(TraceEntry { action, addr, size, stream, time_us });
         }
     }
 
-    fn flush_events(&mut self) {
+    fn flush_events(&mut self, stream: StreamId) {
         let Some(history) = self.history.as_mut() else { return };
         let time_us = self.started.elapsed().as_micros() as u64;
         for (action, addr, size) in self.allocator.take_events() {
-            history.push(TraceEntry { action, addr, size, time_us });
+            history.push(TraceEntry { action, addr, size, stream, time_us });
         }
     }
 
@@ -506,7 +507,7 @@ impl Device {
                 if e.code.is_out_of_memory() {
                     self.stats.failed_mallocs += 1;
                     let free = self.backend.mem_info(crate::acl::MemScope::All).0;
-                    self.trace(Action::Oom, free, size);
+                    self.trace(Action::Oom, free, size, stream);
                 }
                 return Err(self.malloc_error(e, size, policy));
             }
@@ -542,7 +543,7 @@ impl Device {
     #[inline]
     fn record_live(&mut self, allocation: Allocation) {
         self.live.insert(allocation);
-        self.trace(Action::Alloc, allocation.ptr, allocation.granted);
+        self.trace(Action::Alloc, allocation.ptr, allocation.granted, allocation.stream);
         self.stats.on_mallocs(Tally { blocks: 1, bytes: allocation.granted, requested: allocation.size });
     }
 
@@ -750,7 +751,7 @@ impl Device {
     pub fn empty_cache(&mut self) -> Result<()> {
         self.settle();
         let result = self.allocator.empty_cache(self.backend.as_mut());
-        self.flush_events();
+        self.flush_events(DEFAULT_STREAM);
         self.charge_driver();
         result
     }
@@ -758,7 +759,7 @@ impl Device {
     /// Returns the coldest cached memory to the device until at most `bytes` are reserved.
     pub fn trim_to(&mut self, bytes: u64) -> Result<u64> {
         let result = self.allocator.trim_to(self.backend.as_mut(), bytes);
-        self.flush_events();
+        self.flush_events(DEFAULT_STREAM);
         self.charge_driver();
         result
     }
