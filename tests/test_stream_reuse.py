@@ -140,3 +140,21 @@ def test_reads_of_memory_written_on_a_destroyed_stream_need_no_extra_sync(dev):
     dev.synchronize_device()
     assert dev.read(p, 1) == b"\x01"
     assert kinds(dev) == []
+
+
+def test_a_block_taken_back_by_another_stream_belongs_to_that_stream(dev):
+    # s1's block is written by the default stream, then freed (a hazard: the default stream's
+    # write is not ordered before it); the default stream follows its own write, so it may take
+    # the block back at once (event dependencies) — and the block is then the default stream's.
+    s1 = dev.create_stream()
+    p = dev.malloc(1500, stream=s1)
+    dev.launch(0, 500.0, writes=[p])
+    dev.free(p)
+    assert kinds(dev) == ["use_after_free"]
+    q = dev.malloc(1500)
+    if dev.stats()["event_dependency_reuses"] == 0:
+        pytest.skip(f"the {dev.allocator} family placed the block elsewhere")
+    assert q == p and dev.allocation(q)["stream"] == 0
+    dev.clear_sanitizer_reports()
+    dev.free(q)  # freed on its own stream, whose write it waits for: no hazard
+    assert kinds(dev) == []

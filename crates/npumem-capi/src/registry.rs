@@ -65,7 +65,9 @@ impl Slot {
                 MAX_STREAMS + 1
             )));
         }
-        let id = self.device.scheduler().create_stream();
+        // The framework's stream handle is the runtime's (aclrtStream / CUstream) on an
+        // accelerator backend: npumem orders its frees on it and never destroys it.
+        let id = self.device.adopt_stream(key as u64);
         self.streams.insert(key, id);
         Ok(id)
     }

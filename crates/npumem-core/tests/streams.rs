@@ -19,7 +19,7 @@ fn async_copy_lands_at_completion() {
     let dev = d.malloc(n, Policy::HugeFirst).unwrap();
     d.write(host, &vec![5u8; n as usize]).unwrap();
     d.memset(dev, n, 0, n).unwrap();
-    let s = d.scheduler().create_stream();
+    let s = d.create_stream().unwrap();
     let (_, end) = d.memcpy_async(dev, n, host, n, MemcpyKind::HostToDevice as u32, s).unwrap();
     let mut out = [9u8; 4];
     d.read(dev, &mut out).unwrap();
@@ -37,12 +37,12 @@ fn events_order_two_streams() {
     let n = MIB;
     let (a, b) = (d.malloc(n, Policy::HugeFirst).unwrap(), d.malloc(n, Policy::HugeFirst).unwrap());
     let host = d.malloc_host(n).unwrap();
-    let (compute, copy) = (d.scheduler().create_stream(), d.scheduler().create_stream());
+    let (compute, copy) = (d.create_stream().unwrap(), d.create_stream().unwrap());
     d.memset_async(a, n, 3, n, compute).unwrap();
     let (_, kernel_end) = d.launch(compute, 1_000_000, &[a], &[a]).unwrap();
-    let done = d.scheduler().create_event();
-    d.scheduler().record_event(done, compute).unwrap();
-    d.scheduler().stream_wait_event(copy, done).unwrap();
+    let done = d.create_event().unwrap();
+    d.record_event(done, compute).unwrap();
+    d.stream_wait_event(copy, done).unwrap();
     let (start, _) = d.memcpy_async(b, n, a, n, MemcpyKind::DeviceToDevice as u32, copy).unwrap();
     assert!(start >= kernel_end, "the copy waits for the kernel");
     d.memcpy_async(host, n, b, n, MemcpyKind::DeviceToHost as u32, copy).unwrap();
@@ -52,8 +52,8 @@ fn events_order_two_streams() {
     let mut out = [0u8; 2];
     d.read(host, &mut out).unwrap();
     assert_eq!(out, [3, 3]);
-    let later = d.scheduler().create_event();
-    d.scheduler().record_event(later, DEFAULT_STREAM).unwrap();
+    let later = d.create_event().unwrap();
+    d.record_event(later, DEFAULT_STREAM).unwrap();
     let t = d.scheduler().event_time(later).unwrap();
     assert_eq!(t, d.scheduler().now_ns(), "an idle stream's event completes at once");
     let ms = d.event_elapsed_time(done, later).unwrap();
@@ -66,7 +66,7 @@ fn freeing_under_another_streams_work_is_a_hazard_but_the_memory_waits() {
     let n = MIB;
     let host = d.malloc_host(n).unwrap();
     let dev = d.malloc(n, Policy::HugeFirst).unwrap();
-    let s = d.scheduler().create_stream();
+    let s = d.create_stream().unwrap();
     d.memcpy_async(dev, n, host, n, 1, s).unwrap();
     // aclrtFree would not wait for stream s: a use-after-free hazard. npumem keeps the memory
     // until the copy is done, so nothing else gets it meanwhile and the copy is not lost.
@@ -78,14 +78,14 @@ fn freeing_under_another_streams_work_is_a_hazard_but_the_memory_waits() {
     assert_eq!(d.stats().pending_frees, 1);
     let other = d.malloc(n, Policy::HugeFirst).unwrap();
     assert_ne!(other, dev, "not handed out while the copy runs");
-    d.synchronize_device();
+    d.synchronize_device().unwrap();
     assert_eq!((d.stats().lost_effects, d.stats().pending_frees), (0, 0));
     // Freeing the pinned source under the queued copy is the same hazard; that copy is lost.
     let dev2 = d.malloc(n, Policy::HugeFirst).unwrap();
     d.memcpy_async(dev2, n, host, n, 1, s).unwrap();
     d.free_host(host).unwrap();
     assert_eq!(d.sanitizer_reports()[1].kind, FindingKind::UseAfterFree);
-    d.synchronize_device();
+    d.synchronize_device().unwrap();
     assert_eq!(d.stats().lost_effects, 1);
 }
 
@@ -93,7 +93,7 @@ fn freeing_under_another_streams_work_is_a_hazard_but_the_memory_waits() {
 fn frees_wait_for_their_streams_then_any_stream_reuses_the_block() {
     let mut d = device();
     let n = 4 * MIB;
-    let compute = d.scheduler().create_stream();
+    let compute = d.create_stream().unwrap();
     let x = d.malloc_on(n, Policy::HugeFirst, true, compute).unwrap();
     let (_, end) = d.launch(compute, 1_000_000, &[x], &[x]).unwrap();
     d.free(x).unwrap();
@@ -113,7 +113,7 @@ fn frees_wait_for_their_streams_then_any_stream_reuses_the_block() {
 fn record_stream_and_stream_ordered_free() {
     let mut d = device();
     let n = MIB;
-    let (a, b, f) = (d.scheduler().create_stream(), d.scheduler().create_stream(), d.scheduler().create_stream());
+    let (a, b, f) = (d.create_stream().unwrap(), d.create_stream().unwrap(), d.create_stream().unwrap());
     let x = d.malloc_on(n, Policy::HugeFirst, true, a).unwrap();
     d.launch(b, 2_000_000, &[x], &[]).unwrap();
     d.record_stream(x, b).unwrap();
@@ -125,9 +125,9 @@ fn record_stream_and_stream_ordered_free() {
     // Event-driven free: the free stream waits on an event recorded after the last use.
     let y = d.malloc_on(n, Policy::HugeFirst, true, a).unwrap();
     let (_, used_until) = d.launch(a, 1_000_000, &[y], &[y]).unwrap();
-    let e = d.scheduler().create_event();
-    d.scheduler().record_event(e, a).unwrap();
-    d.scheduler().stream_wait_event(f, e).unwrap();
+    let e = d.create_event().unwrap();
+    d.record_event(e, a).unwrap();
+    d.stream_wait_event(f, e).unwrap();
     d.free_on(y, Some(f)).unwrap();
     assert!(d.scheduler().now_ns() < used_until, "the host did not block");
     assert_eq!(d.stats().pending_frees, 1);
@@ -140,7 +140,7 @@ fn record_stream_and_stream_ordered_free() {
 fn oom_waits_for_pending_frees_and_retries() {
     let mut d = device();
     d.set_reuse_policy(npumem_core::ReusePolicy { allow_internal_dependencies: false, ..Default::default() });
-    let s = d.scheduler().create_stream();
+    let s = d.create_stream().unwrap();
     let x = d.malloc_on(200 * MIB, Policy::HugeFirst, true, s).unwrap();
     d.launch(s, 5_000_000, &[x], &[x]).unwrap();
     d.free(x).unwrap();
@@ -154,7 +154,7 @@ fn oom_waits_for_pending_frees_and_retries() {
 fn the_same_stream_reuses_a_block_at_once() {
     let mut d = device();
     let n = 8 * MIB;
-    let s = d.scheduler().create_stream();
+    let s = d.create_stream().unwrap();
     let x = d.malloc_on(n, Policy::HugeFirst, true, s).unwrap();
     d.launch(s, 1_000_000, &[x], &[x]).unwrap();
     d.free(x).unwrap();
@@ -167,7 +167,7 @@ fn the_same_stream_reuses_a_block_at_once() {
     d.malloc_on(n, Policy::NormalOnly, true, s).unwrap();
     d.malloc_on(n / 4, Policy::HugeFirst, true, s).unwrap();
     assert_eq!(d.stats().same_stream_reuses, 1);
-    d.synchronize_device();
+    d.synchronize_device().unwrap();
     assert_eq!(d.stats().pending_frees, 0);
 }
 
@@ -176,18 +176,18 @@ fn reuse_policies() {
     // Follow event dependencies: b waited on an event recorded after a's free point.
     let mut d = device();
     let n = 4 * MIB;
-    let (a, b) = (d.scheduler().create_stream(), d.scheduler().create_stream());
+    let (a, b) = (d.create_stream().unwrap(), d.create_stream().unwrap());
     let x = d.malloc_on(n, Policy::HugeFirst, true, a).unwrap();
     d.launch(a, 1_000_000, &[x], &[x]).unwrap();
     d.free(x).unwrap();
-    let e = d.scheduler().create_event();
+    let e = d.create_event().unwrap();
     d.record_event(e, a).unwrap();
     d.stream_wait_event(b, e).unwrap();
     let y = d.malloc_on(n, Policy::HugeFirst, true, b).unwrap();
     assert_eq!(y, x);
     assert_eq!(d.stats().event_dependency_reuses, 1);
     d.free(y).unwrap();
-    d.synchronize_device();
+    d.synchronize_device().unwrap();
 
     // Without following event dependencies, b gets fresh memory.
     let mut no_follow = npumem_core::ReusePolicy { follow_event_dependencies: false, ..Default::default() };
@@ -200,7 +200,7 @@ fn reuse_policies() {
     let y = d.malloc_on(n, Policy::HugeFirst, true, b).unwrap();
     assert_ne!(y, x);
     d.free(y).unwrap();
-    d.synchronize_device();
+    d.synchronize_device().unwrap();
 
     // Not opportunistic: a completed free waits until the host synchronises with it.
     no_follow.allow_opportunistic = false;
@@ -219,7 +219,7 @@ fn reuse_policies() {
 #[test]
 fn internal_dependency_on_out_of_memory_and_release_threshold() {
     let mut d = device();
-    let (a, b) = (d.scheduler().create_stream(), d.scheduler().create_stream());
+    let (a, b) = (d.create_stream().unwrap(), d.create_stream().unwrap());
     let x = d.malloc_on(200 * MIB, Policy::HugeFirst, true, a).unwrap();
     let (_, end) = d.launch(a, 5_000_000, &[x], &[x]).unwrap();
     d.free(x).unwrap();
@@ -231,6 +231,6 @@ fn internal_dependency_on_out_of_memory_and_release_threshold() {
     assert!(d.scheduler().now_ns() < end, "the host did not block");
     d.free(y).unwrap();
     d.set_reuse_policy(npumem_core::ReusePolicy { release_threshold: 0, ..Default::default() });
-    d.synchronize_device();
+    d.synchronize_device().unwrap();
     assert_eq!(d.pool_stats().reserved_bytes.all.current, 0, "released down to the threshold");
 }

@@ -245,8 +245,8 @@ impl Harness {
         let mut d = Device::new(config).expect("a valid device");
         let mode = [SanitizerMode::Collect, SanitizerMode::Off, SanitizerMode::Raise][usize::from(p.sanitizer % 3)];
         d.set_sanitizer(mode);
-        let streams = (0..STREAMS).map(|_| d.scheduler().create_stream()).collect();
-        let events = (0..EVENTS).map(|_| d.scheduler().create_event()).collect();
+        let streams = (0..STREAMS).map(|_| d.create_stream().unwrap()).collect();
+        let events = (0..EVENTS).map(|_| d.create_event().unwrap()).collect();
         let host = [d.malloc_host(HOST_BLOCK).expect("host"), d.malloc_host(HOST_BLOCK).expect("host")];
         Harness { d, live: Vec::new(), freed: Vec::new(), streams, events, host, raise: mode == SanitizerMode::Raise }
     }
@@ -479,13 +479,13 @@ impl Harness {
             }
             Action::ReplaceStream(k) => {
                 let k = usize::from(*k) % STREAMS;
-                let r = self.d.scheduler().destroy_stream(self.streams[k]);
+                let r = self.d.destroy_stream(self.streams[k]);
                 assert!(r.is_ok(), "destroy_stream of a live stream: {r:?}");
-                self.streams[k] = self.d.scheduler().create_stream();
+                self.streams[k] = self.d.create_stream().unwrap();
                 (false, false)
             }
             Action::SynchronizeDevice => {
-                self.d.synchronize_device();
+                self.d.synchronize_device().expect("synchronize");
                 (false, false)
             }
             Action::Fill { slot, value } => {
@@ -621,11 +621,11 @@ fn run_family(kind: AllocatorKind, p: &Program) {
     }
     // Everything freed and the cache emptied: nothing is held, every frame is free again.
     let context = Context { kind, step: None };
-    h.d.synchronize_device();
+    h.d.synchronize_device().expect("synchronize");
     let ptrs: Vec<u64> = h.live.iter().map(|l| l.ptr).collect();
     h.d.free_many(&ptrs).expect("free_many of every live pointer");
     h.live.clear();
-    h.d.synchronize_device();
+    h.d.synchronize_device().expect("synchronize");
     h.check(&context);
     assert_eq!(h.d.stats().pending_frees, 0, "{context}: frees still pending after synchronize_device");
     h.d.empty_cache().expect("empty_cache");

@@ -812,13 +812,13 @@ impl PyDevice {
     // ----- streams, events and the simulated clock -----
 
     /// A new stream (an int handle; 0 is the default stream).
-    fn create_stream(&self) -> u64 {
-        self.inner.lock().scheduler().create_stream()
+    fn create_stream(&self, py: Python<'_>) -> PyResult<u64> {
+        self.run(py, |d| d.create_stream())
     }
 
     fn destroy_stream(&self, py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
         let stream = uint_arg(stream, "stream")?;
-        self.run(py, |d| d.scheduler().destroy_stream(stream))
+        self.run(py, |d| d.destroy_stream(stream))
     }
 
     /// Blocks (on the simulated clock) until the stream's queued work is done.
@@ -829,19 +829,16 @@ impl PyDevice {
     }
 
     fn synchronize_device(&self, py: Python<'_>) -> PyResult<()> {
-        self.run(py, |d| {
-            d.synchronize_device();
-            Ok(())
-        })
+        self.run(py, |d| d.synchronize_device())
     }
 
-    fn create_event(&self) -> u64 {
-        self.inner.lock().scheduler().create_event()
+    fn create_event(&self, py: Python<'_>) -> PyResult<u64> {
+        self.run(py, |d| d.create_event())
     }
 
     fn destroy_event(&self, py: Python<'_>, event: &Bound<'_, PyAny>) -> PyResult<()> {
         let event = uint_arg(event, "event")?;
-        self.run(py, |d| d.scheduler().destroy_event(event))
+        self.run(py, |d| d.destroy_event(event))
     }
 
     /// `aclrtRecordEvent`: the event completes when the stream's work queued so far has.

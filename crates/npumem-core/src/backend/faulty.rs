@@ -173,6 +173,10 @@ impl Backend for FaultyBackend {
         self.inner.host_accessible()
     }
 
+    fn streams(&mut self) -> &mut dyn crate::stream::RuntimeStreams {
+        self.inner.streams()
+    }
+
     fn driver_calls(&self) -> u64 {
         self.inner.driver_calls()
     }

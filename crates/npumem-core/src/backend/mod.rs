@@ -23,6 +23,7 @@ pub use sim::{SimBackend, SimConfig};
 
 use crate::acl::MemScope;
 use crate::error::Result;
+use crate::stream::{NoRuntime, RuntimeStreams};
 use crate::vm::{FrameStats, PageKind, PageSize, PageTableStats, Translation};
 
 /// An opaque physical-allocation handle (`aclrtDrvMemHandle`).
@@ -117,6 +118,13 @@ pub trait Backend: Send {
     /// may read and write directly (the host backend); the simulator's are not.
     fn host_accessible(&self) -> bool {
         false
+    }
+
+    /// The backend's own streams and events (the stream half of the seam). Backends without a
+    /// runtime queue (the simulator, host memory) have `NoRuntime`: the simulated clock decides.
+    fn streams(&mut self) -> &mut dyn RuntimeStreams {
+        // `NoRuntime` is a zero-sized type: leaking one allocates nothing.
+        Box::leak(Box::new(NoRuntime))
     }
 
     /// The fault injector, when this backend is wrapped in one.

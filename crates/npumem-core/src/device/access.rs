@@ -291,6 +291,9 @@ impl Device {
         self.sched.tail_ns(stream)?;
         let ns = self.sched.cost.copy_ns(count, false, true, false);
         self.sched.plan_enqueue(stream, ns, "copy H2D (pageable)")?;
+        // A pageable copy on a stream runs after the stream's queued work: on a runtime with a
+        // queue, the host waits for it first.
+        self.rt_synchronize_stream(stream)?;
         let clock = self.sched.next_clock(stream);
         self.stream_op(stream, &clock, &[(ptr, count, true)])?;
         let span = self.sched.enqueue(stream, ns, "copy H2D (pageable)", count, None)?;
@@ -313,6 +316,7 @@ impl Device {
         self.sched.tail_ns(stream)?;
         let ns = self.sched.cost.copy_ns(count, true, false, false);
         self.sched.plan_enqueue(stream, ns, "copy D2H (pageable)")?;
+        self.rt_synchronize_stream(stream)?;
         let clock = self.sched.next_clock(stream);
         self.stream_op(stream, &clock, &[(ptr, count, false)])?;
         let span = self.sched.enqueue(stream, ns, "copy D2H (pageable)", count, None)?;

@@ -18,6 +18,7 @@ mod access;
 mod batch;
 mod live;
 mod ordered;
+mod runtime;
 mod vmm;
 
 pub use batch::{Replay, ReplayEvents, ReplayOutcome, ReplaySample};
@@ -217,11 +218,22 @@ enum Side {
 type PendingKey = (u64, u64);
 
 /// A freed block waiting for its streams, and the point (vector clock) its free sits at: work
-/// that follows that point may reuse it.
+/// that follows that point may reuse it; `marks` are the runtime events (if any) its streams'
+/// work must reach first.
 #[derive(Clone, Debug)]
 struct PendingFree {
     allocation: Allocation,
     point: Clock,
+    marks: Vec<crate::stream::runtime::Handle>,
+}
+
+/// Queued work touching a block: its stream, when the operation ends on the simulated clock, and
+/// the runtime's mark after it (0 without runtime work).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Busy {
+    stream: StreamId,
+    end_ns: u64,
+    mark: crate::stream::runtime::Handle,
 }
 
 /// The stream-ordered reuse rules (`aclrtMemPoolAttr` / cudaMallocAsync's pool attributes).
@@ -296,7 +308,7 @@ pub struct Device {
     /// Queued work touching a block (launch arguments, async copies and memsets), by the
     /// block's start: (stream, end of its last such operation). Kept until the block's memory
     /// goes back to the allocator, through a free and a revival.
-    busy: FxHashMap<u64, Vec<(StreamId, u64)>>,
+    busy: FxHashMap<u64, Vec<Busy>>,
     /// The pending frees by start address (for operations completing on their memory).
     pending_by_addr: BTreeMap<u64, PendingKey>,
     /// Freed blocks waiting for their streams, by `PendingKey` (ready time, sequence).
@@ -317,6 +329,13 @@ pub struct Device {
     pins: FxHashMap<u64, u32>,
     /// The program's own reservations, physical allocations and mappings (the VMM calls).
     user_vmm: vmm::UserVmm,
+    /// Runtime handles of the streams and events (absent: 0), and the streams whose runtime work
+    /// may be incomplete (see `runtime.rs`).
+    rt_streams: FxHashMap<StreamId, crate::stream::runtime::Handle>,
+    rt_events: FxHashMap<EventId, crate::stream::runtime::Handle>,
+    rt_dirty: runtime::Dirty,
+    /// Streams adopted from the program (`adopt_stream`): never destroyed on the runtime.
+    rt_adopted: runtime::Dirty,
 }
 
 impl Device {
@@ -375,6 +394,10 @@ impl Device {
             tags: FxHashMap::default(),
             pins: FxHashMap::default(),
             user_vmm: vmm::UserVmm::default(),
+            rt_streams: FxHashMap::default(),
+            rt_events: FxHashMap::default(),
+            rt_dirty: runtime::Dirty::default(),
+            rt_adopted: runtime::Dirty::default(),
         }
     }
 
@@ -464,7 +487,7 @@ impl Device {
             }
             // Memory is held by frees waiting for their streams: wait for them and retry.
             self.stats.sync_reclaims += 1;
-            self.synchronize_device();
+            self.synchronize_device()?;
             granted = self.allocate(size, policy, padded);
         }
         self.finish_malloc(granted, size, policy, stream)

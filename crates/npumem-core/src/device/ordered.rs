@@ -1,11 +1,15 @@
 //! Streams on the device: async copies, memsets and kernels on the simulated clock, events and
 //! synchronisation, stream-ordered frees with their reuse rules (same stream, event
 //! dependencies, opportunistic, internal dependencies, release threshold), and the sanitizer.
+//! On a backend whose runtime has a queue of its own (see `runtime.rs`), async copies and memsets
+//! run on the runtime's streams and a freed block also waits for the runtime's events; kernels
+//! (`launch`) are the simulated clock's on every backend.
 //!
 //! Invariants: a freed block goes back to the allocator exactly once — reaped when its streams
-//! are done (and, without opportunistic reuse, the host has synchronised with them) or revived
-//! by a malloc that follows its free point; a data effect is applied once, after its operation
-//! completes on the host clock.
+//! are done on the simulated clock and on the runtime (and, without opportunistic reuse, the host
+//! has synchronised with them) or revived by a malloc that follows its free point; a data effect
+//! is applied once, after its operation completes on the host clock (the simulated clock's
+//! effects only: a runtime moves its own bytes).
 
 use super::*;
 
@@ -51,7 +55,7 @@ impl Device {
             }
             None => return Ok(None),
         };
-        Ok(Some(self.revive(key, size, booked, policy)))
+        Ok(Some(self.revive(key, size, booked, policy, stream)))
     }
 
     /// On out-of-memory: takes the earliest pending block that fits and makes `stream` wait
@@ -68,19 +72,21 @@ impl Device {
             .pending_frees
             .iter()
             .find(|(_, p)| p.allocation.granted >= size && p.allocation.policy.base() == policy.base())
-            .map(|(&key, p)| (key, p.point.clone()));
-        let Some((key, point)) = found else { return Ok(None) };
+            .map(|(&key, p)| (key, p.point.clone(), p.marks.clone(), p.allocation.ptr));
+        let Some((key, point, mut marks, ptr)) = found else { return Ok(None) };
+        marks.extend(self.busy.get(&ptr).into_iter().flatten().map(|b| b.mark));
+        self.rt_wait_marks(stream, &marks)?;
         self.sched.stream_wait_point(stream, key.0, &point)?;
         self.stats.internal_dependency_reuses += 1;
-        Ok(Some(self.revive(key, size, booked, policy)))
+        Ok(Some(self.revive(key, size, booked, policy, stream)))
     }
 
     /// Turns the pending free at `key` back into a live allocation of `size` bytes.
-    pub(super) fn revive(&mut self, key: PendingKey, size: u64, booked: u64, policy: Policy) -> u64 {
+    pub(super) fn revive(&mut self, key: PendingKey, size: u64, booked: u64, policy: Policy, stream: StreamId) -> u64 {
         let old = self.take_pending(key);
         // The block's old work may still be queued: its busy streams and sanitizer records stay
-        // with the memory.
-        self.record_live(Allocation { size, booked, policy, ..old });
+        // with the memory. The new allocation belongs to the stream that asked for it.
+        self.record_live(Allocation { size, booked, policy, stream, ..old });
         old.ptr
     }
 
@@ -151,10 +157,10 @@ impl Device {
             self.stream_uses.get(&ptr).map_or(&[][..], Vec::as_slice)
         };
         let busy = if self.busy.is_empty() { &[][..] } else { self.busy.get(&ptr).map_or(&[][..], Vec::as_slice) };
-        let busy_until = busy.iter().map(|&(_, end)| end).max().unwrap_or(0);
+        let busy_until = busy.iter().map(|b| b.end_ns).max().unwrap_or(0);
         let own_stream_only = uses.is_empty()
             && stream.is_none_or(|s| s == allocation.stream)
-            && busy.iter().all(|&(s, end)| s == allocation.stream || end <= now);
+            && busy.iter().all(|b| b.stream == allocation.stream || b.end_ns <= now);
         // The free's point: after the given stream's work so far, or after the block's own
         // stream's and every recorded stream's; never before the work that touches it.
         let ready = match stream {
@@ -177,25 +183,38 @@ impl Device {
                     point
                 }
             };
-            for &(s, end) in busy {
-                if end > now {
-                    crate::stream::join(&mut point, self.sched.clock(s));
+            for b in busy {
+                if b.end_ns > now {
+                    crate::stream::join(&mut point, self.sched.clock(b.stream));
                 }
             }
             point
         });
-        let completed = ready <= now;
-        if completed {
-            if let Err(e) = self.allocator.free(self.backend.as_mut(), ptr) {
+        // On a runtime with a queue of its own, the work the free waits for is also marked there:
+        // the block comes back once the runtime's events say so (and the simulated clock agrees).
+        let marks = if self.rt_dirty.is_empty() { Ok(Vec::new()) } else { self.free_marks(&allocation, stream) };
+        let marks = match marks {
+            Ok(m) => m,
+            Err(e) => {
                 self.live.insert(allocation);
                 return Err(e);
             }
+        };
+        let completed = ready <= now && self.rt_done(&marks) && self.busy_done(ptr);
+        if completed {
+            if let Err(e) = self.allocator.free(self.backend.as_mut(), ptr) {
+                self.rt_release(&marks);
+                self.live.insert(allocation);
+                return Err(e);
+            }
+            self.rt_release(&marks);
         }
         self.forget_freed(&allocation, completed);
         if !completed {
             self.free_seq += 1;
             let key = (ready, self.free_seq);
-            self.pending_frees.insert(key, PendingFree { allocation, point: point.unwrap_or_default() });
+            let point = point.unwrap_or_else(|| self.sched.clock(allocation.stream).clone());
+            self.pending_frees.insert(key, PendingFree { allocation, point, marks });
             self.pending_by_addr.insert(ptr, key);
             if own_stream_only {
                 self.same_stream.entry(allocation.stream).or_default().insert((allocation.granted, ptr), key);
@@ -220,6 +239,42 @@ impl Device {
         };
         let tag = self.tags.get(&allocation.ptr);
         self.sanitizer.check_free(allocation.ptr, allocation.size, actor, &clock, &waited, tag)
+    }
+
+    /// The runtime marks a free waits for: the given stream's, or the block's own and recorded
+    /// streams' (each only while it has runtime work that may be incomplete).
+    fn free_marks(
+        &mut self,
+        allocation: &Allocation,
+        stream: Option<StreamId>,
+    ) -> Result<Vec<crate::stream::runtime::Handle>> {
+        let waited: Vec<StreamId> = match stream {
+            Some(s) => vec![s],
+            None => std::iter::once(allocation.stream)
+                .chain(self.stream_uses.get(&allocation.ptr).into_iter().flatten().copied())
+                .collect(),
+        };
+        let mut marks = Vec::with_capacity(waited.len());
+        for s in waited {
+            match self.rt_mark(s) {
+                Ok(0) => {}
+                Ok(m) => marks.push(m),
+                Err(e) => {
+                    self.rt_release(&marks);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(marks)
+    }
+
+    /// Whether the runtime work that touches the block at `ptr` is complete.
+    fn busy_done(&mut self, ptr: u64) -> bool {
+        if self.busy.is_empty() {
+            return true;
+        }
+        let marks: Vec<_> = self.busy.get(&ptr).into_iter().flatten().map(|b| b.mark).filter(|&m| m != 0).collect();
+        self.rt_done(&marks)
     }
 
     /// The device's side of a free whose memory went back to the allocator (`completed`) or is
@@ -257,14 +312,18 @@ impl Device {
     #[inline(always)]
     fn forget_memory(&mut self, ptr: u64) {
         if !self.busy.is_empty() {
-            self.busy.remove(&ptr);
+            if let Some(entries) = self.busy.remove(&ptr) {
+                let marks: Vec<_> = entries.iter().map(|b| b.mark).collect();
+                self.rt_release(&marks);
+            }
         }
         self.sanitizer.forget(ptr);
     }
 
-    /// Takes the pending free at `key` out of the pending tables.
+    /// Takes the pending free at `key` out of the pending tables (its marks released).
     fn take_pending(&mut self, key: PendingKey) -> Allocation {
-        let a = self.pending_frees.remove(&key).expect("pending free").allocation;
+        let PendingFree { allocation: a, marks, .. } = self.pending_frees.remove(&key).expect("pending free");
+        self.rt_release(&marks);
         self.pending_by_addr.remove(&a.ptr);
         if let Some(index) = self.same_stream.get_mut(&a.stream) {
             index.remove(&(a.granted, a.ptr));
@@ -278,11 +337,21 @@ impl Device {
     pub(super) fn note_busy(&mut self, stream: StreamId, end_ns: u64, addrs: &[u64]) {
         for &addr in addrs {
             let Some(base) = self.containing(addr).map(|a| a.ptr) else { continue };
+            // After runtime work, a mark of its own (the latest op of a stream replaces the mark of
+            // the one before, whose work it follows).
+            let mark = self.rt_op_mark(stream);
             let entries = self.busy.entry(base).or_default();
-            match entries.iter_mut().find(|(s, _)| *s == stream) {
-                Some((_, end)) => *end = (*end).max(end_ns),
-                None => entries.push((stream, end_ns)),
-            }
+            let old = match entries.iter_mut().find(|b| b.stream == stream) {
+                Some(b) => {
+                    b.end_ns = b.end_ns.max(end_ns);
+                    std::mem::replace(&mut b.mark, mark)
+                }
+                None => {
+                    entries.push(Busy { stream, end_ns, mark });
+                    0
+                }
+            };
+            self.rt_release(&[old]);
         }
     }
 
@@ -319,22 +388,26 @@ impl Device {
         let now = self.sched.now_ns();
         let opportunistic = self.reuse.allow_opportunistic;
         let host = self.sched.host_clock();
-        let due: Vec<PendingKey> = self
+        let mut due: Vec<PendingKey> = self
             .pending_frees
-            .range(..(now + 1, 0))
+            .range(..=(now, u64::MAX))
             .filter(|(_, p)| opportunistic || p.point.iter().all(|(&s, &t)| crate::stream::covers(host, s, t)))
             .map(|(&k, _)| k)
             .collect();
+        // And, on a runtime with a queue, once the runtime says the work is done.
+        if !self.rt_dirty.is_empty() || self.pending_frees.values().any(|p| !p.marks.is_empty()) {
+            due.retain(|k| {
+                let (marks, ptr) = (self.pending_frees[k].marks.clone(), self.pending_frees[k].allocation.ptr);
+                self.rt_done(&marks) && self.busy_done(ptr)
+            });
+        }
         for key in due {
-            let point = self.pending_frees[&key].point.clone();
-            let a = self.take_pending(key);
-            if self.allocator.free(self.backend.as_mut(), a.ptr).is_err() {
+            let pending = self.pending_frees[&key].clone();
+            if self.allocator.free(self.backend.as_mut(), pending.allocation.ptr).is_err() {
                 // The driver failed: the block stays pending (the next settle tries again).
-                self.pending_frees.insert(key, PendingFree { allocation: a, point });
-                self.pending_by_addr.insert(a.ptr, key);
-                self.stats.pending_frees += 1;
                 continue;
             }
+            let a = self.take_pending(key);
             self.forget_memory(a.ptr);
             self.trace(Action::FreeCompleted, a.ptr, a.granted, a.stream);
         }
@@ -386,7 +459,10 @@ impl Device {
         self.sched.plan_enqueue(stream, ns, label)?;
         let clock = self.sched.next_clock(stream);
         self.stream_op(stream, &clock, &[(src, count, false), (dst, count, true)])?;
-        let span = self.sched.enqueue(stream, ns, label, count, Some(Effect::Copy { dst, src, count }))?;
+        // A runtime with a queue runs the copy itself; else the bytes move on the simulated clock.
+        let queued = self.rt_queue(stream, |rt, handle| rt.memcpy_async(dst, src, count, handle))?;
+        let effect = (!queued).then_some(Effect::Copy { dst, src, count });
+        let span = self.sched.enqueue(stream, ns, label, count, effect)?;
         self.note_busy(stream, span.1, &[src, dst]);
         Ok(span)
     }
@@ -414,7 +490,9 @@ impl Device {
         self.sched.plan_enqueue(stream, ns, "memset")?;
         let clock = self.sched.next_clock(stream);
         self.stream_op(stream, &clock, &[(ptr, count, true)])?;
-        let effect = (count > 0).then_some(Effect::Fill { dst: ptr, value: value as u8, count });
+        let queued =
+            count > 0 && self.rt_queue(stream, |rt, handle| rt.memset_async(ptr, value as u8, count, handle))?;
+        let effect = (count > 0 && !queued).then_some(Effect::Fill { dst: ptr, value: value as u8, count });
         let span = self.sched.enqueue(stream, ns, "memset", count, effect)?;
         if count > 0 {
             self.note_busy(stream, span.1, &[ptr]);
@@ -496,8 +574,11 @@ impl Device {
         &mut self.sched
     }
 
-    /// Blocks the host until `stream`'s work is done, then applies its effects.
+    /// Blocks the host until `stream`'s work is done (on the runtime too), then applies its
+    /// effects.
     pub fn synchronize_stream(&mut self, stream: StreamId) -> Result<()> {
+        self.sched.tail_ns(stream)?;
+        self.rt_synchronize_stream(stream)?;
         self.sched.synchronize_stream(stream)?;
         self.settle();
         self.apply_release_threshold();
@@ -505,25 +586,56 @@ impl Device {
     }
 
     pub fn synchronize_event(&mut self, event: EventId) -> Result<()> {
+        self.sched.event_time(event).or_else(|e| if self.sched.has_event(event) { Ok(0) } else { Err(e) })?;
+        let handle = self.rt_event(event);
+        if handle != 0 {
+            self.backend.streams().synchronize_event(handle)?;
+        }
         self.sched.synchronize_event(event)?;
         self.settle();
         self.apply_release_threshold();
         Ok(())
     }
 
-    pub fn synchronize_device(&mut self) {
+    /// Blocks the host until every stream's work is done (on the runtime too).
+    pub fn synchronize_device(&mut self) -> Result<()> {
+        if !self.rt_dirty.is_empty() {
+            self.backend.streams().synchronize_device()?;
+            self.rt_dirty.clear();
+            self.rt_drop_busy_marks(None);
+        }
         self.sched.synchronize_device();
         self.settle();
         self.apply_release_threshold();
+        Ok(())
     }
 
     /// `aclrtRecordEvent`: the event completes when `stream`'s work queued so far has.
     pub fn record_event(&mut self, event: EventId, stream: StreamId) -> Result<()> {
+        self.sched.tail_ns(stream)?;
+        if !self.sched.has_event(event) {
+            return self.sched.record_event(event, stream); // the error naming the event
+        }
+        let (e, s) = (self.rt_event(event), self.rt_stream(stream));
+        if e != 0 {
+            self.backend.streams().record_event(e, s)?;
+        }
         self.sched.record_event(event, stream)
     }
 
     /// `aclrtStreamWaitEvent`: `stream`'s later work starts after `event` completes.
     pub fn stream_wait_event(&mut self, stream: StreamId, event: EventId) -> Result<()> {
+        self.sched.tail_ns(stream)?;
+        if !self.sched.has_event(event) {
+            return self.sched.stream_wait_event(stream, event);
+        }
+        let e = self.rt_event(event);
+        if e != 0 {
+            let s = self.rt_stream(stream);
+            self.backend.streams().stream_wait_event(s, e)?;
+            // Its later work now follows the event's: treat it as busy until synchronised.
+            self.rt_dirty.insert(stream);
+        }
         self.sched.stream_wait_event(stream, event)
     }
 
@@ -553,10 +665,12 @@ impl Device {
         (self.live.sorted(), self.host.live_count(), streams, self.sched.event_ids())
     }
 
-    /// Whether the event has completed on the host clock.
+    /// Whether the event has completed (on the host clock, and on the runtime).
     pub fn query_event(&mut self, event: EventId) -> Result<bool> {
         self.settle();
-        self.sched.query_event(event)
+        let done = self.sched.query_event(event)?;
+        let handle = self.rt_event(event);
+        Ok(done && (handle == 0 || self.backend.streams().query_event(handle)?))
     }
 
     /// `aclrtEventElapsedTime`: milliseconds between two recorded events.

@@ -24,8 +24,10 @@
 //! call (operation epochs, ids) cannot reach 2^64.
 
 pub mod cost;
+pub mod runtime;
 
 pub use cost::{CostModel, duration_from_us};
+pub use runtime::{NoRuntime, RuntimeStreams};
 
 use std::collections::BTreeMap;
 
@@ -191,6 +193,10 @@ impl Scheduler {
         self.events.remove(&id).ok_or_else(|| AclError::rt_param(format!("event {id} does not exist")))?;
         self.event_clocks.remove(&id);
         Ok(())
+    }
+
+    pub fn has_event(&self, id: EventId) -> bool {
+        self.events.contains_key(&id)
     }
 
     pub fn event_ids(&self) -> Vec<EventId> {
