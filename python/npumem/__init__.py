@@ -2,7 +2,7 @@
 in Rust, driven from Python.
 
 ``import npumem`` loads the device and its errors; the other modules (``npumem.plan``,
-``npumem.graph``, ``npumem.replay``, ``npumem.tlb``, ``npumem.traces``, ``npumem.importers``,
+``npumem.graph``, ``npumem.replay``, ``npumem.formats``, ``npumem.tlb``, ``npumem.traces``, ``npumem.importers``,
 ``npumem.patterns``, ``npumem.hostpool``, ``npumem.capi``, ...) load on first use, so ``npumem.plan.Problem``
 works without an import of its own and the package stays quick to import.
 """
@@ -58,6 +58,7 @@ _SUBMODULES = frozenset(
         "device",
         "enums",
         "errors",
+        "formats",
         "graph",
         "hostpool",
         "importers",

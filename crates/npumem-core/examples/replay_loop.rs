@@ -1,4 +1,4 @@
-//! A replay of a synthetic trace through `Device::replay_events`, for the replay rate
+//! A replay of a synthetic trace through `Device::replay_chunk`, for the replay rate
 //! (events per second) and instruction counts (`valgrind --tool=callgrind`).
 //!
 //! `cargo build --release -p npumem-core --example replay_loop`, then
@@ -11,6 +11,7 @@
 use std::time::Instant;
 
 use npumem_core::backend::SimConfig;
+use npumem_core::device::{Replay, ReplayEvents};
 use npumem_core::units::GIB;
 use npumem_core::{AllocatorKind, Device, DeviceConfig, Policy};
 
@@ -109,8 +110,15 @@ fn main() -> npumem_core::Result<()> {
     };
     let sim = SimConfig { capacity: 64 * GIB, ..Default::default() };
     let mut dev = Device::new(DeviceConfig { sim, allocator, ..Default::default() })?;
+    // The trace as the columns a caller holds (what the Python binding passes in).
+    let is_alloc: Vec<u8> = trace.iter().map(|e| e.0 as u8).collect();
+    let ids: Vec<u64> = trace.iter().map(|e| e.1).collect();
+    let sizes: Vec<u64> = trace.iter().map(|e| e.2).collect();
+    let events = ReplayEvents { is_alloc: &is_alloc, ids: &ids, sizes: &sizes, streams: None };
     let (start, cpu) = (Instant::now(), cpu_seconds());
-    let out = dev.replay_events(&trace, Policy::HugeFirst, false)?;
+    let mut replay = Replay::new(ids.iter().max().map_or(0, |m| m + 1), ids.len() as u64, 0);
+    dev.replay_chunk(&mut replay, events, Policy::HugeFirst, false)?;
+    let out = replay.finish();
     let (s, c) = (start.elapsed().as_secs_f64(), cpu_seconds() - cpu);
     let rate = |t: f64| trace.len() as f64 / t / 1e6;
     println!(

@@ -114,7 +114,6 @@ impl Device {
         // Taken out of the live table and sorted on the way: frees that complete now (no
         // recorded stream, the block's stream idle) go to the allocator's batch path; the
         // others follow the stream rules one by one.
-        let now = self.sched.now_ns();
         let mut last: Option<(StreamId, bool)> = None;
         let (mut at_once, mut ordered) = (Vec::with_capacity(ptrs.len()), Vec::new());
         for (i, &p) in ptrs.iter().enumerate() {
@@ -133,7 +132,7 @@ impl Device {
             let idle = match last {
                 Some((s, idle)) if s == a.stream => idle,
                 _ => {
-                    let idle = self.sched.tail_ns(a.stream).is_ok_and(|t| t <= now);
+                    let idle = self.idle(a.stream);
                     last = Some((a.stream, idle));
                     idle
                 }
@@ -477,11 +476,13 @@ impl Device {
             && self.busy.is_empty()
     }
 
-    /// Whether `stream` exists and has no queued work left.
+    /// Whether `stream` exists and has no queued work left: on the simulated clock, and on a
+    /// runtime with a queue of its own (no work there that may be incomplete).
     #[inline]
     fn idle(&self, stream: StreamId) -> bool {
         let now = self.sched.now_ns();
         self.sched.tail_ns(stream).is_ok_and(|t| t <= now)
+            && (self.rt_dirty.is_empty() || !self.rt_dirty.contains(&stream))
     }
 
     /// Notes the memory in use after event `index` of `replay`.

@@ -644,6 +644,16 @@ impl Device {
         Ok(base)
     }
 
+    /// Pins the live allocation that starts at `ptr` for an object that owns it (on any
+    /// backend): a plain `free` of it is refused until `unpin` (the owner frees it then).
+    pub fn hold(&mut self, ptr: u64) -> Result<()> {
+        if !self.live.contains(ptr) {
+            return Err(self.bad_pointer(ptr));
+        }
+        *self.pins.entry(ptr).or_default() += 1;
+        Ok(())
+    }
+
     /// Releases one pin of the allocation at `base`.
     pub fn unpin(&mut self, base: u64) {
         if let Some(n) = self.pins.get_mut(&base) {
@@ -658,8 +668,8 @@ impl Device {
     fn pinned(&self, ptr: u64) -> Option<AclError> {
         let n = *self.pins.get(&ptr)?;
         Some(AclError::bad_free(format!(
-            "the memory at {ptr:#x} has {n} live view(s) (to_numpy(copy=False)); delete them before freeing or \
-             unmapping it"
+            "the memory at {ptr:#x} is held by {n} view(s) or owner(s) (to_numpy(copy=False), Device.buffer); \
+             delete them before freeing or unmapping it"
         )))
     }
 
