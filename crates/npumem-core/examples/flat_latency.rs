@@ -7,10 +7,8 @@
 //!
 //! `cargo build --release -p npumem-core --example flat_latency`, then
 //! `target/release/examples/flat_latency [MODE] [N...] [-- FAMILIES]` (defaults: both modes,
-//! N = 1000 100000 1000000, every family). Instruction counts: `OPS=... valgrind
+//! N = 1000 100000 1000000, every family); times are the thread's CPU time. Instruction counts: `OPS=... valgrind
 //! --tool=callgrind target/release/examples/flat_latency churn 1000000 npumem`.
-
-use std::time::Instant;
 
 use npumem_core::backend::SimConfig;
 use npumem_core::units::GIB;
@@ -36,7 +34,16 @@ fn device(allocator: AllocatorKind) -> Device {
     Device::new(DeviceConfig { sim, allocator, ..Default::default() }).expect("device")
 }
 
-/// ns per operation of the batch loop with `n` blocks.
+/// CPU time of this thread, in ns: steadier than wall time on a shared, loaded machine, where
+/// other processes take turns on the cores.
+fn cpu_ns() -> f64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    t.tv_sec as f64 * 1e9 + t.tv_nsec as f64
+}
+
+/// ns (CPU time) per operation of the batch loop with `n` blocks.
 fn batch(allocator: AllocatorKind, n: usize, ops: usize) -> f64 {
     let mut dev = device(allocator);
     let sizes = vec![4096u64; n];
@@ -44,15 +51,15 @@ fn batch(allocator: AllocatorKind, n: usize, ops: usize) -> f64 {
     // One warm round: the pool's pages and records exist before timing.
     let ptrs = dev.malloc_many(&sizes, Policy::HugeFirst, 0).expect("malloc_many");
     dev.free_many(&ptrs).expect("free_many");
-    let start = Instant::now();
+    let start = cpu_ns();
     for _ in 0..rounds {
         let ptrs = dev.malloc_many(&sizes, Policy::HugeFirst, 0).expect("malloc_many");
         dev.free_many(&ptrs).expect("free_many");
     }
-    start.elapsed().as_nanos() as f64 / (2 * n * rounds) as f64
+    (cpu_ns() - start) / (2 * n * rounds) as f64
 }
 
-/// ns per malloc + free pair with `n` blocks held live.
+/// ns (CPU time) per malloc + free pair with `n` blocks held live.
 fn churn(allocator: AllocatorKind, n: usize, ops: usize) -> f64 {
     let mut dev = device(allocator);
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
@@ -67,11 +74,11 @@ fn churn(allocator: AllocatorKind, n: usize, ops: usize) -> f64 {
     for _ in 0..ops.min(n) {
         step(&mut dev, &mut live, &mut rng);
     }
-    let start = Instant::now();
+    let start = cpu_ns();
     for _ in 0..ops {
         step(&mut dev, &mut live, &mut rng);
     }
-    start.elapsed().as_nanos() as f64 / ops as f64
+    (cpu_ns() - start) / ops as f64
 }
 
 fn main() {
@@ -93,15 +100,16 @@ fn main() {
     for mode in modes {
         for fam in &families {
             let kind = AllocatorKind::parse(fam).expect("family");
-            let row: Vec<String> = ns
+            let times: Vec<f64> = ns
                 .iter()
                 .map(|&n| {
                     let ops = if *fam == "direct" { ops / 20 } else { ops };
-                    let t = if mode == "batch" { batch(kind, n, ops.max(2 * n)) } else { churn(kind, n, ops) };
-                    format!("{n}: {t:.1} ns")
+                    if mode == "batch" { batch(kind, n, ops.max(2 * n)) } else { churn(kind, n, ops) }
                 })
                 .collect();
-            println!("{mode:<6} {fam:<10} {}", row.join("  "));
+            let row: Vec<String> = ns.iter().zip(&times).map(|(n, t)| format!("{n}: {t:.1} ns")).collect();
+            let ratio = times.last().unwrap_or(&0.0) / times.first().unwrap_or(&1.0);
+            println!("{mode:<6} {fam:<10} {}  (largest / smallest: {ratio:.2}x)", row.join("  "));
         }
     }
 }

@@ -2,11 +2,13 @@
 //! (events per second) and instruction counts (`valgrind --tool=callgrind`).
 //!
 //! `cargo build --release -p npumem-core --example replay_loop`, then
-//! `target/release/examples/replay_loop [EVENTS] [LIVE] [SHAPE] [ALLOCATOR]`: a trace of
+//! `[BASELINE=1] target/release/examples/replay_loop [EVENTS] [LIVE] [SHAPE] [ALLOCATOR]`: a trace of
 //! EVENTS events (default 10,000,000) holding about LIVE blocks (default 2,000), replayed once
 //! on a fresh 64 GiB simulated device. SHAPE `training` is training steps of a model with fixed
 //! shapes (`training`); a number is a seeded random churn whose sizes come from that many
-//! distinct values (default 64, log-uniform from 512 B to 4 MiB; 0: every size random).
+//! distinct values (default 64, log-uniform from 512 B to 4 MiB; 0: every size random). With
+//! BASELINE set, the same events made one by one (`malloc` / `free`) on a fresh device follow,
+//! and the ratio of their CPU times.
 
 use std::time::Instant;
 
@@ -98,6 +100,27 @@ pub fn training(events: usize, layers: usize) -> Vec<(bool, u64, u64)> {
     out
 }
 
+/// The events one by one with `malloc` / `free` and a hash map from id to pointer (what
+/// `replay_events` did before `replay_chunk`), on a fresh device: CPU seconds.
+fn one_by_one(allocator: AllocatorKind, trace: &[(bool, u64, u64)]) -> npumem_core::Result<f64> {
+    let mut dev = device(allocator)?;
+    let cpu = cpu_seconds();
+    let mut live: rustc_hash::FxHashMap<u64, u64> = rustc_hash::FxHashMap::default();
+    for &(is_alloc, id, size) in trace {
+        if is_alloc {
+            live.insert(id, dev.malloc(size, Policy::HugeFirst)?);
+        } else if let Some(p) = live.remove(&id) {
+            dev.free(p)?;
+        }
+    }
+    Ok(cpu_seconds() - cpu)
+}
+
+fn device(allocator: AllocatorKind) -> npumem_core::Result<Device> {
+    let sim = SimConfig { capacity: 64 * GIB, ..Default::default() };
+    Device::new(DeviceConfig { sim, allocator, ..Default::default() })
+}
+
 fn main() -> npumem_core::Result<()> {
     let mut args = std::env::args().skip(1);
     let events: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(10_000_000);
@@ -108,8 +131,7 @@ fn main() -> npumem_core::Result<()> {
         Ok(sizes) => trace(events, live, sizes, 7),
         Err(_) => training(events, live / 4),
     };
-    let sim = SimConfig { capacity: 64 * GIB, ..Default::default() };
-    let mut dev = Device::new(DeviceConfig { sim, allocator, ..Default::default() })?;
+    let mut dev = device(allocator)?;
     // The trace as the columns a caller holds (what the Python binding passes in).
     let is_alloc: Vec<u8> = trace.iter().map(|e| e.0 as u8).collect();
     let ids: Vec<u64> = trace.iter().map(|e| e.1).collect();
@@ -121,14 +143,16 @@ fn main() -> npumem_core::Result<()> {
     let out = replay.finish();
     let (s, c) = (start.elapsed().as_secs_f64(), cpu_seconds() - cpu);
     let rate = |t: f64| trace.len() as f64 / t / 1e6;
+    let base = if std::env::var_os("BASELINE").is_some() { Some(one_by_one(allocator, &trace)?) } else { None };
     println!(
-        "{} events ({} allocs, {} OOMs, peak live {} B): {s:.3} s wall ({:.2} M events/s), {c:.3} s CPU ({:.2} M events/s)",
+        "{} events ({} allocs, {} OOMs, peak live {} B): {s:.3} s wall ({:.2} M events/s), {c:.3} s CPU ({:.2} M events/s){}",
         trace.len(),
         out.allocs,
         out.ooms,
         out.peak_live,
         rate(s),
-        rate(c)
+        rate(c),
+        base.map_or(String::new(), |b| format!("; one by one: {:.2} M events/s CPU ({:.2}x)", rate(b), b / c)),
     );
     Ok(())
 }
