@@ -8,7 +8,7 @@ STAMP := $(VENV)/.deps-stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run test build wheel lint test-rust test-loom test-python fuzz miri bench bench-replay bench-streams bench-plan bench-fastpath bench-pools bench-host bench-pagesize validate-tlb sweep-demo bench-workloads bench-stress bench-pyacl check-gpu bench-tlb clean
+.PHONY: run test build wheel lint test-rust test-loom test-python fuzz miri bench bench-replay bench-streams bench-plan bench-fastpath bench-pools bench-host bench-pagesize validate-tlb sweep-demo bench-workloads bench-stress bench-pyacl check-gpu bench-tlb bench-replay-speed bench-flat-latency bench-buffer clean
 
 run: build
 	npumem demo
@@ -85,6 +85,24 @@ bench: build
 
 bench-replay: build
 	python benches/bench_replay.py
+
+# The native replay's rate on 10^7-event traces with about 2,000 live blocks (training steps with
+# fixed shapes, and a random churn over 8 sizes), per family: M events/s of wall and CPU time, and
+# the same events made one by one (malloc / free) for the ratio.
+REPLAY_EVENTS ?= 10000000
+bench-replay-speed:
+	cargo build -p npumem-core --release --example replay_loop -q
+	for fam in npumem pytorch torch_npu; do for shape in training 8; do \
+		echo "$$fam $$shape: `BASELINE=1 target/release/examples/replay_loop $(REPLAY_EVENTS) 2000 $$shape $$fam`"; done; done
+
+# Per-allocation latency at 10^3, 10^5 and 10^6 live blocks, every family (issue 16).
+bench-flat-latency:
+	cargo build -p npumem-core --release --example flat_latency -q
+	target/release/examples/flat_latency
+
+# Device.buffer create+drop against np.empty(4096)+del in the same run.
+bench-buffer: build
+	python benches/bench_buffer.py
 
 bench-streams: build
 	python benches/bench_streams.py

@@ -194,6 +194,11 @@ def test_replay_result_fields():
         "physical_allocs": 2,
         "cache_hit_rate": pytest.approx(1 / 3),
         "first_oom": None,
+        "driver_calls": 4,
+        "seconds": pytest.approx(r.seconds),
+        "ns_per_event": pytest.approx(r.ns_per_event),
+        "alloc_conf": "",
+        "capacity": 64 * MiB,
     }
 
 

@@ -2,7 +2,7 @@
 in Rust, driven from Python.
 
 ``import npumem`` loads the device and its errors; the other modules (``npumem.plan``,
-``npumem.graph``, ``npumem.replay``, ``npumem.tlb``, ``npumem.traces``, ``npumem.importers``,
+``npumem.graph``, ``npumem.replay``, ``npumem.formats``, ``npumem.tlb``, ``npumem.traces``, ``npumem.importers``,
 ``npumem.patterns``, ``npumem.hostpool``, ``npumem.capi``, ``npumem.workloads``, ``npumem.testing``,
 ``npumem.stress``, ...) load on first use, as do ``npumem.profiler`` and ``npumem.profile``; so
 ``npumem.plan.Problem`` works without an import of its own and the package stays quick to import.
@@ -60,6 +60,7 @@ _SUBMODULES = frozenset(
         "device",
         "enums",
         "errors",
+        "formats",
         "graph",
         "hostpool",
         "importers",

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ._native import DeviceBuffer
 from .errors import InvalidParamError, invalid_param
 
 U64_MAX = 2**64 - 1
@@ -51,8 +52,10 @@ def type_error(name: str, value: Any, expected: str) -> TypeError:
 
 
 def is_int(value: Any) -> bool:
-    """An int or a NumPy integer, not a bool."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    """An int or a NumPy integer, not a bool (or a DeviceBuffer: it stands for its pointer)."""
+    return (isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))) or type(
+        value
+    ) is DeviceBuffer
 
 
 def integer(value: Any, name: str, lo: int = 0, hi: int = U64_MAX) -> int:

@@ -1,6 +1,6 @@
 """Type stubs of the native extension ``npumem._native``."""
 
-from collections.abc import Buffer, Sequence
+from collections.abc import Buffer, Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -53,8 +53,18 @@ class Device:
     def malloc_many(self, sizes: Any, policy: int | None = None, stream: int | None = None) -> Any: ...
     def free_many(self, ptrs: Any) -> None: ...
     def _replay(
-        self, is_alloc: Any, ids: Any, sizes: Any, policy: int | None = None, stop_on_oom: bool = False
+        self,
+        is_alloc: Any,
+        ids: Any,
+        sizes: Any,
+        streams: Any = None,
+        policy: int | None = None,
+        stop_on_oom: bool = False,
+        sample_every: int = 0,
+        chunk: int = 0,
+        progress: Callable[[int, int], None] | None = None,
     ) -> dict[str, Any]: ...
+    def buffer(self, nbytes: int | str, policy: int | None = None, stream: int | None = None) -> DeviceBuffer: ...
     def malloc_host(self, size: int | str) -> int: ...
     def free_host(self, ptr: int) -> None: ...
     def memcpy(self, dst: int, dst_max: int, src: int, count: int, kind: int | None = None) -> None: ...
@@ -151,6 +161,18 @@ class DeviceView(Buffer):
     def __len__(self) -> int: ...
     @property
     def address(self) -> int: ...
+
+class DeviceBuffer(Buffer):
+    """An allocation that owns its block (Device.buffer): freed when collected; converts to its
+    pointer; exports its bytes through the buffer protocol on the host backend."""
+
+    def __len__(self) -> int: ...
+    def __index__(self) -> int: ...
+    def __int__(self) -> int: ...
+    @property
+    def ptr(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
 
 class Tlb:
     def __new__(

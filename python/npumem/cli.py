@@ -1,8 +1,9 @@
 """The ``npumem`` command line (also ``python -m npumem``): ``npumem demo`` runs the main job on
 the simulated device, ``npumem tlb sweep`` tabulates the TLB model, ``npumem plan`` plans a
-problem CSV or a saved graph, ``npumem sweep`` runs a sweep config on Dask, ``npumem report``
-makes a self-contained HTML report of its results, and ``npumem stress`` searches for the workload
-that fragments an allocator family the most (:mod:`npumem.cli_stress`).
+problem CSV or a saved graph, ``npumem replay`` replays a trace file on allocator families side
+by side, ``npumem sweep`` runs a sweep config on Dask, ``npumem report`` makes a self-contained HTML
+report of its results, and ``npumem stress`` searches for the workload that fragments an allocator
+family the most (:mod:`npumem.cli_stress`).
 
 Exit status, one meaning each:
   0    done
@@ -206,6 +207,7 @@ def _parser() -> argparse.ArgumentParser:
     from .cli_stress import add_parser as add_stress
 
     add_stress(sub)
+    _add_replay(sub)
     return parser
 
 
@@ -482,6 +484,124 @@ def _report(args: argparse.Namespace) -> int:
     for hint in missing:
         print(f"npumem report: {hint}", file=sys.stderr)
     return EXIT_MISSING_DEPENDENCY if missing else EXIT_OK
+
+
+# -- replay -----------------------------------------------------------------------------------
+
+#: Traces at least this long show their progress on stderr.
+PROGRESS_EVENTS = 2_000_000
+
+
+def _add_replay(sub: Any) -> None:
+    r = sub.add_parser(
+        "replay",
+        help="replay a trace file (RMM log CSV, PyTorch snapshot pickle, torch.profiler JSON, npz) on allocator "
+        "families side by side",
+    )
+    r.add_argument("trace", help="the trace file; its format is detected from its content")
+    r.add_argument(
+        "--allocator",
+        action="append",
+        default=None,
+        help="an allocator family (npumem, pytorch, torch_npu, direct); repeat to compare (default: all four)",
+    )
+    r.add_argument(
+        "--alloc-conf",
+        action="append",
+        default=None,
+        help="allocator settings (PYTORCH_NPU_ALLOC_CONF grammar): once for every family, or once per --allocator",
+    )
+    size = r.add_mutually_exclusive_group()
+    size.add_argument("--capacity", default=None, help="device size (default: 4x the trace's peak live bytes, >= 1GiB)")
+    size.add_argument(
+        "--min-capacity", action="store_true", help="also search each family's smallest device that runs the trace"
+    )
+    r.add_argument("--plot", default=None, help="write the timeline (allocated vs reserved per family) as a PNG")
+    r.add_argument(
+        "--snapshot",
+        default=None,
+        help="write the replay's PyTorch memory snapshot (memory_viz opens it); with several families, one file each "
+        "(NAME.FAMILY.pickle)",
+    )
+    r.add_argument("--json", action="store_true", help="print the table as JSON")
+    r.set_defaults(run=_replay)
+
+
+def _snapshot_path(path: str, family: str, several: bool) -> str:
+    if not several:
+        return path
+    stem, dot, ext = path.rpartition(".")
+    return f"{stem}.{family}.{ext}" if dot and "/" not in ext else f"{path}.{family}"
+
+
+def _replay(args: argparse.Namespace) -> int:
+    """Replays the trace on each family; prints the table (or JSON); exit 3 when a requested plot
+    needs matplotlib (everything else done)."""
+    import json
+
+    from . import _args, formats
+    from .device import Device
+    from .replay import Comparison, compare
+    from .replay import _replay as replay_on
+
+    families = args.allocator or ["npumem", "pytorch", "torch_npu", "direct"]
+    confs = args.alloc_conf or [None]
+    if len(confs) not in (1, len(families)):
+        raise UsageError(f"{len(confs)} --alloc-conf for {len(families)} --allocator; give one, or one per allocator")
+    for out, option in ((args.plot, "--plot"), (args.snapshot, "--snapshot")):
+        if out:
+            _output_path(out, option)
+    capacity = None if args.capacity is None else _args.size(args.capacity, "--capacity", 1 << 20, 1 << 40)
+    trace = formats.load(args.trace)
+    if not len(trace):
+        raise UsageError(f"{args.trace}: the trace has no alloc or free events")
+    n = len(trace)
+    show = n >= PROGRESS_EVENTS and not args.json
+
+    def progress(family: str, done: int, total: int) -> None:
+        print(f"\r  {family}: {done:,}/{total:,} events ({100 * done // total}%)", end="", file=sys.stderr, flush=True)
+        if done == total:
+            print(file=sys.stderr)
+
+    sample_every = max(1, n // 2000) if args.plot else 0
+    table: Comparison = compare(
+        trace,
+        families,
+        alloc_conf=confs if len(confs) > 1 else confs[0],
+        capacity=capacity,
+        min_capacity=args.min_capacity,
+        sample_every=sample_every,
+        progress=progress if show else None,
+    )
+    if args.snapshot:
+        for r, conf in zip(table.results, confs * len(families) if len(confs) == 1 else confs, strict=True):
+            dev = Device(r.capacity, allocator=r.allocator, alloc_conf=conf)
+            dev.record_memory_history(True, max_entries=max(1, 8 * n))
+            replay_on(trace, dev, 0, False)
+            path = _snapshot_path(args.snapshot, r.allocator, len(families) > 1)
+            formats.write_snapshot(dev, path)
+            if not args.json:
+                print(f"snapshot ({r.allocator}) -> {path}")
+    if args.json:
+        print(json.dumps({"trace": args.trace, "events": n, "peak_live": table.peak_live, "results": table.rows()}))
+    else:
+        from .units import fmt
+
+        extra = f", {trace.failed_allocs} failed allocations in the log (not replayed)" if trace.failed_allocs else ""
+        streams = trace.stream_values()
+        print(f"{args.trace}: {n:,} events, peak live {fmt(table.peak_live)}, {len(streams)} stream(s){extra}")
+        print(table)
+    if not args.plot:
+        return EXIT_OK
+
+    def draw() -> None:
+        from .replay import plot_timeline
+
+        plot_timeline(table, args.plot, title=os.path.basename(args.trace))
+        if not args.json:
+            print(f"timeline -> {args.plot}")
+
+    return EXIT_MISSING_DEPENDENCY if _try_plot(draw, True) else EXIT_OK
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@
 
 use npumem_core::acl::MemPoolAttr;
 use npumem_core::backend::{FaultPlan, SimConfig};
+use npumem_core::device::{Replay, ReplayEvents, ReplaySample};
+use npumem_core::pool::Action;
 use npumem_core::pool::PoolKind;
 use npumem_core::sanitizer::{FindingKind, HOST, SanitizerMode};
 use npumem_core::stream::{CostModel, duration_from_us};
@@ -19,6 +21,7 @@ use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
+use crate::buffer::DeviceBuffer;
 use crate::convert::{array_slice, enum_arg, i32_arg, size_arg, uint_arg};
 use crate::errors::{catch_panics, guard, to_py};
 use crate::view::DeviceView;
@@ -286,33 +289,99 @@ impl PyDevice {
         self.run_detached_if(py, true, |d| d.free_many(ptrs))
     }
 
-    /// Replays a trace given as three equal-length arrays (is_alloc as uint8, id, size) in Rust;
-    /// returns allocs, ooms, peak_live, first_oom and the pointers still live (`leftover`).
-    #[pyo3(signature = (is_alloc, ids, sizes, policy = None, stop_on_oom = false))]
+    /// Replays a trace given as equal-length arrays (is_alloc as uint8, id, size, and optionally
+    /// each event's device stream) in Rust, `chunk` events at a time (all at once when 0) without
+    /// the GIL; between chunks `progress(done, total)` is called (when given) and Ctrl-C is
+    /// honoured. With `sample_every` > 0 the memory in use is sampled after every that many
+    /// events. Returns allocs, ooms, peak_live, first_oom, the pointers still live (`leftover`)
+    /// and the samples (`sample_event`, `sample_live`, `sample_allocated`, `sample_reserved`).
+    #[pyo3(signature = (is_alloc, ids, sizes, streams = None, policy = None, stop_on_oom = false,
+                        sample_every = 0, chunk = 0, progress = None))]
+    #[allow(clippy::too_many_arguments)]
     fn _replay<'py>(
         &self,
         py: Python<'py>,
         is_alloc: PyReadonlyArray1<'py, u8>,
         ids: PyReadonlyArray1<'py, u64>,
         sizes: PyReadonlyArray1<'py, u64>,
+        streams: Option<PyReadonlyArray1<'py, u64>>,
         policy: Option<&Bound<'_, PyAny>>,
         stop_on_oom: bool,
+        sample_every: u64,
+        chunk: usize,
+        progress: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let policy = policy.map(|p| enum_arg(p, "policy")).transpose()?.unwrap_or(0);
+        let policy = Policy::from_raw(policy.map(|p| enum_arg(p, "policy")).transpose()?.unwrap_or(0))
+            .map_err(|e| to_py(py, e))?;
         let (a, i, s) = (array_slice(&is_alloc)?, array_slice(&ids)?, array_slice(&sizes)?);
-        if a.len() != i.len() || a.len() != s.len() {
-            return Err(to_py(py, AclError::invalid_param("is_alloc, ids and sizes must have the same length")));
+        let st = streams.as_ref().map(array_slice).transpose()?;
+        let n = a.len();
+        if i.len() != n || s.len() != n || st.is_some_and(|st| st.len() != n) {
+            return Err(to_py(
+                py,
+                AclError::invalid_param("is_alloc, ids, sizes (and streams) must have the same length"),
+            ));
         }
-        let events: Vec<(bool, u64, u64)> = (0..a.len()).map(|k| (a[k] != 0, i[k], s[k])).collect();
-        let out =
-            self.run_detached_if(py, true, |d| d.replay_events(&events, Policy::from_raw(policy)?, stop_on_oom))?;
+        let id_bound = i.iter().max().map_or(0, |&m| m.saturating_add(1));
+        let mut replay = Replay::new(id_bound, n as u64, sample_every);
+        let chunk = if chunk == 0 { n.max(1) } else { chunk };
+        let mut start = 0;
+        while start < n && !replay.stopped() {
+            let end = n.min(start.saturating_add(chunk));
+            let events = ReplayEvents {
+                is_alloc: &a[start..end],
+                ids: &i[start..end],
+                sizes: &s[start..end],
+                streams: st.map(|st| &st[start..end]),
+            };
+            let r = &mut replay;
+            self.run_detached_if(py, true, move |d| d.replay_chunk(r, events, policy, stop_on_oom))?;
+            start = end;
+            if let Err(e) = py.check_signals() {
+                // Interrupted: what the replay holds goes back before the error propagates.
+                let left = std::mem::replace(&mut replay, Replay::new(0, 0, 0)).finish().leftover;
+                self.run(py, |d| d.free_many(&left))?;
+                return Err(e);
+            }
+            if let Some(progress) = progress {
+                progress.call1((start, n))?;
+            }
+        }
+        let samples = replay.samples().to_vec();
+        let out = replay.finish();
         let dict = PyDict::new(py);
         dict.set_item("allocs", out.allocs)?;
         dict.set_item("ooms", out.ooms)?;
         dict.set_item("peak_live", out.peak_live)?;
         dict.set_item("first_oom", out.first_oom)?;
         dict.set_item("leftover", PyArray1::from_vec(py, out.leftover))?;
+        let column = |f: fn(&ReplaySample) -> u64| PyArray1::from_iter(py, samples.iter().map(f));
+        dict.set_item("sample_event", column(|x| x.event))?;
+        dict.set_item("sample_live", column(|x| x.live))?;
+        dict.set_item("sample_allocated", column(|x| x.allocated))?;
+        dict.set_item("sample_reserved", column(|x| x.reserved))?;
         Ok(dict)
+    }
+
+    /// One owning allocation of `nbytes` on `stream`: a `DeviceBuffer` that converts to its
+    /// pointer and frees its block when collected (a plain `free` of it is refused meanwhile).
+    #[pyo3(signature = (nbytes, policy = None, stream = None))]
+    fn buffer(
+        slf: &Bound<'_, Self>,
+        nbytes: &Bound<'_, PyAny>,
+        policy: Option<&Bound<'_, PyAny>>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<DeviceBuffer> {
+        let py = slf.py();
+        let size = size_arg(nbytes, "nbytes")?;
+        let policy = policy.map(|p| enum_arg(p, "policy")).transpose()?.unwrap_or(0);
+        let stream = opt_stream(stream)?.unwrap_or(0);
+        let ptr = slf.get().run(py, |d| {
+            let ptr = d.malloc_on(size, Policy::from_raw(policy)?, true, stream)?;
+            d.hold(ptr)?;
+            Ok(ptr)
+        })?;
+        Ok(DeviceBuffer::new(slf.clone().unbind(), ptr, size))
     }
 
     /// Marks the allocation at `ptr` as used by `stream` too: its free waits for that stream.
@@ -1097,9 +1166,10 @@ impl PyDevice {
         for e in entries {
             let d = PyDict::new(py);
             d.set_item("action", e.action.name())?;
-            d.set_item("addr", e.addr)?;
+            // PyTorch's OOM entry carries the device's free bytes as `device_free` (no address).
+            d.set_item(if e.action == Action::Oom { "device_free" } else { "addr" }, e.addr)?;
             d.set_item("size", e.size)?;
-            d.set_item("stream", 0)?;
+            d.set_item("stream", e.stream)?;
             d.set_item("time_us", e.time_us)?;
             d.set_item("frames", PyList::empty(py))?;
             out.append(d)?;

@@ -1,6 +1,7 @@
 //! `npumem._native`: the PyO3 bindings of npumem-core. Conversions, GIL handling and error
 //! mapping only; every rule lives in the core crate.
 
+mod buffer;
 mod convert;
 mod device;
 mod errors;
@@ -25,6 +26,9 @@ mod _native {
 
     #[pymodule_export]
     use crate::view::DeviceView;
+
+    #[pymodule_export]
+    use crate::buffer::DeviceBuffer;
 
     #[pymodule_export]
     use crate::hostpool::{HostBlock, PyHostPool};

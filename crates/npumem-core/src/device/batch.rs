@@ -6,6 +6,7 @@
 //! holds (or frees them when it stops on an error).
 
 use super::*;
+use crate::pool::Grant;
 
 /// What a replayed trace did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -34,41 +35,9 @@ impl Device {
         self.settle();
         let mut ptrs = Vec::with_capacity(sizes.len());
         let mut grants = Vec::with_capacity(sizes.len());
-        let mut failed = None;
-        let mut i = 0;
-        while i < sizes.len() {
-            // While no free is pending (stream-ordered reuse comes first), the allocator serves
-            // what its front cache can in one call; the request it stops at goes through the
-            // full rules (search, release-and-retry on out-of-memory).
-            if self.pending_frees.is_empty() {
-                let served = self.allocator.malloc_cached(&sizes[i..], policy, &mut grants);
-                let mut tally = Tally::default();
-                for (grant, &size) in grants.drain(..).zip(&sizes[i..i + served]) {
-                    // Checked above: the booking cannot fail here (and an error would strand
-                    // the blocks already recorded).
-                    let booked = booked_size(size, policy, true).unwrap_or(size);
-                    let a = self.allocation_of(grant, size, booked, policy, stream);
-                    self.live.insert(a);
-                    self.trace(Action::Alloc, a.ptr, a.granted);
-                    tally.add(a.granted, a.size);
-                    ptrs.push(a.ptr);
-                }
-                self.stats.on_mallocs(tally);
-                i += served;
-                if i == sizes.len() {
-                    break;
-                }
-            }
-            let size = sizes[i];
-            match self.malloc_settled(size, policy, true, stream) {
-                Ok(p) => ptrs.push(p),
-                Err(e) => {
-                    failed = Some(AclError::new(e.code, format!("malloc_many: size #{i} ({size}): {}", e.message)));
-                    break;
-                }
-            }
-            i += 1;
-        }
+        let failed = self
+            .malloc_run(sizes, policy, stream, &mut grants, &mut ptrs)
+            .map(|(i, e)| AclError::new(e.code, format!("malloc_many: size #{i} ({}): {}", sizes[i], e.message)));
         let undone = match failed {
             Some(mut e) => {
                 // Undo: every block this call made is freed (a free the driver fails is tried
@@ -92,6 +61,50 @@ impl Device {
         undone.map(|()| ptrs)
     }
 
+    /// Allocates one block per size on `stream` (sizes already checked, the stream checked and
+    /// settled), appending the pointers to `ptrs`, until the first failure, which it returns
+    /// with its index (the blocks before it stay allocated). While no free is pending
+    /// (stream-ordered reuse comes first), the allocator serves what its front cache can in one
+    /// call; the request it stops at goes through the full rules (search, release-and-retry on
+    /// out-of-memory). The caller charges the driver calls.
+    fn malloc_run(
+        &mut self,
+        sizes: &[u64],
+        policy: Policy,
+        stream: StreamId,
+        grants: &mut Vec<Grant>,
+        ptrs: &mut Vec<u64>,
+    ) -> Option<(usize, AclError)> {
+        let mut i = 0;
+        while i < sizes.len() {
+            if self.pending_frees.is_empty() {
+                let served = self.allocator.malloc_cached(&sizes[i..], policy, grants);
+                let mut tally = Tally::default();
+                for (grant, &size) in grants.drain(..).zip(&sizes[i..i + served]) {
+                    // Checked by the caller: the booking cannot fail here (and an error would
+                    // strand the blocks already recorded).
+                    let booked = booked_size(size, policy, true).unwrap_or(size);
+                    let a = self.allocation_of(grant, size, booked, policy, stream);
+                    self.live.insert(a);
+                    self.trace(Action::Alloc, a.ptr, a.granted, a.stream);
+                    tally.add(a.granted, a.size);
+                    ptrs.push(a.ptr);
+                }
+                self.stats.on_mallocs(tally);
+                i += served;
+                if i == sizes.len() {
+                    break;
+                }
+            }
+            match self.malloc_settled(sizes[i], policy, true, stream) {
+                Ok(p) => ptrs.push(p),
+                Err(e) => return Some((i, e)),
+            }
+            i += 1;
+        }
+        None
+    }
+
     /// Frees every pointer, after checking that all are live and distinct (nothing is freed when
     /// one is not): the pointers are taken out of the live table first (a pointer that is not
     /// live, or appears twice, puts the ones taken back), then freed. Should the driver fail part
@@ -101,7 +114,6 @@ impl Device {
         // Taken out of the live table and sorted on the way: frees that complete now (no
         // recorded stream, the block's stream idle) go to the allocator's batch path; the
         // others follow the stream rules one by one.
-        let now = self.sched.now_ns();
         let mut last: Option<(StreamId, bool)> = None;
         let (mut at_once, mut ordered) = (Vec::with_capacity(ptrs.len()), Vec::new());
         for (i, &p) in ptrs.iter().enumerate() {
@@ -120,7 +132,7 @@ impl Device {
             let idle = match last {
                 Some((s, idle)) if s == a.stream => idle,
                 _ => {
-                    let idle = self.sched.tail_ns(a.stream).is_ok_and(|t| t <= now);
+                    let idle = self.idle(a.stream);
                     last = Some((a.stream, idle));
                     idle
                 }
@@ -150,24 +162,7 @@ impl Device {
             own = at_once.iter().map(|a| a.ptr).collect();
             &own
         };
-        let mut done = 0;
-        let mut result = Ok(());
-        while done < immediate.len() {
-            done += self.allocator.free_cached(&immediate[done..]);
-            if done < immediate.len() {
-                if let Err(e) = self.allocator.free(self.backend.as_mut(), immediate[done]) {
-                    result = Err(e);
-                    break;
-                }
-                done += 1;
-            }
-        }
-        let mut tally = Tally::default();
-        for a in &at_once[..done] {
-            self.untrack(a, true);
-            tally.add(a.granted, a.size);
-        }
-        self.stats.on_frees(tally);
+        let (done, mut result) = self.free_now(immediate, &at_once);
         let mut ordered = ordered.into_iter();
         if result.is_ok() {
             for a in ordered.by_ref() {
@@ -183,6 +178,32 @@ impl Device {
         result
     }
 
+    /// Frees `allocs` (already taken out of the live table, each of which completes at once:
+    /// its streams idle, no recorded streams, queued work or sanitizer records), whose pointers
+    /// are `ptrs`, in order through the allocator's batch path; returns how many were freed
+    /// and the driver's error that stopped it (the rest are the caller's to put back).
+    fn free_now(&mut self, ptrs: &[u64], allocs: &[Allocation]) -> (usize, Result<()>) {
+        let mut done = 0;
+        let mut result = Ok(());
+        while done < ptrs.len() {
+            done += self.allocator.free_cached(&ptrs[done..]);
+            if done < ptrs.len() {
+                if let Err(e) = self.allocator.free(self.backend.as_mut(), ptrs[done]) {
+                    result = Err(e);
+                    break;
+                }
+                done += 1;
+            }
+        }
+        let mut tally = Tally::default();
+        for a in &allocs[..done] {
+            self.untrack(a, true);
+            tally.add(a.granted, a.size);
+        }
+        self.stats.on_frees(tally);
+        (done, result)
+    }
+
     /// Replays a trace of `(is_alloc, id, size)` events (a free names the id of an earlier
     /// alloc; its size is ignored). Out-of-memory allocations are counted and skipped (their
     /// frees too), or end the replay with `stop_on_oom`. Allocations still live at the end are
@@ -194,53 +215,485 @@ impl Device {
         policy: Policy,
         stop_on_oom: bool,
     ) -> Result<ReplayOutcome> {
-        let mut live: FxHashMap<u64, (u64, u64)> = FxHashMap::default();
-        let mut out = ReplayOutcome::default();
-        let mut live_bytes = 0u64;
-        let mut result = Ok(());
-        for (n, &(is_alloc, id, size)) in events.iter().enumerate() {
-            if is_alloc {
-                out.allocs += 1;
-                match self.malloc(size, policy) {
-                    Ok(p) => {
-                        if live.insert(id, (p, size)).is_some() {
-                            result = Err(AclError::invalid_param(format!("event {n}: id {id} allocated twice")));
-                            break;
-                        }
-                        live_bytes += size;
-                        out.peak_live = out.peak_live.max(live_bytes);
-                    }
-                    Err(e) if e.code.is_out_of_memory() => {
-                        out.ooms += 1;
-                        out.first_oom.get_or_insert(e.message);
-                        if stop_on_oom {
-                            break;
-                        }
-                    }
-                    Err(e) => {
-                        result = Err(e);
-                        break;
-                    }
-                }
-            } else if let Some((p, size)) = live.remove(&id) {
-                live_bytes -= size;
-                if let Err(e) = self.free(p) {
-                    result = Err(e);
-                    break;
+        let is_alloc: Vec<u8> = events.iter().map(|e| e.0 as u8).collect();
+        let ids: Vec<u64> = events.iter().map(|e| e.1).collect();
+        let sizes: Vec<u64> = events.iter().map(|e| e.2).collect();
+        let mut replay = Replay::new(ids.iter().max().map_or(0, |&m| m.saturating_add(1)), events.len() as u64, 0);
+        let trace = ReplayEvents { is_alloc: &is_alloc, ids: &ids, sizes: &sizes, streams: None };
+        self.replay_chunk(&mut replay, trace, policy, stop_on_oom)?;
+        Ok(replay.finish())
+    }
+
+    /// Replays the next events of `replay` (a trace may come in chunks, so that a caller can
+    /// show progress): what `replay_events` does, with each alloc on its event's stream and
+    /// each free ordered on its event's stream when `streams` is given. After an error other
+    /// than out-of-memory, everything the replay allocated is freed and the error returned;
+    /// once a replay has stopped (an error, or `stop_on_oom`), further chunks do nothing.
+    pub fn replay_chunk(
+        &mut self,
+        replay: &mut Replay,
+        trace: ReplayEvents<'_>,
+        policy: Policy,
+        stop_on_oom: bool,
+    ) -> Result<()> {
+        let n = trace.is_alloc.len();
+        if trace.ids.len() != n || trace.sizes.len() != n || trace.streams.is_some_and(|s| s.len() != n) {
+            return Err(AclError::invalid_param(
+                "the replay's event arrays (is_alloc, ids, sizes, streams) differ in length",
+            ));
+        }
+        if replay.stopped {
+            return Ok(());
+        }
+        // Every stream the chunk names exists (checked once per run of equal streams).
+        if let Some(streams) = trace.streams {
+            let mut last = None;
+            for &s in streams {
+                if last != Some(s) {
+                    self.sched.tail_ns(s)?;
+                    last = Some(s);
                 }
             }
         }
-        match result {
-            Ok(()) => {
-                out.leftover = live.into_values().map(|(p, _)| p).collect();
-                Ok(out)
+        let mut result = Ok(());
+        let mut k = 0;
+        while k < n && !replay.stopped {
+            // A run: events of one kind on one stream, ending at the next sample.
+            let alloc = trace.is_alloc[k] != 0;
+            let stream = trace.streams.map(|s| s[k]);
+            let mut end = n;
+            if replay.sample_every != 0 {
+                let to_sample = replay.sample_every - replay.events % replay.sample_every;
+                end = end.min(k.saturating_add(usize::try_from(to_sample).unwrap_or(usize::MAX)));
             }
-            Err(e) => {
-                for (p, _) in live.into_values() {
-                    self.free(p)?;
+            let mut stop = k + 1;
+            while stop < end && (trace.is_alloc[stop] != 0) == alloc && trace.streams.is_none_or(|s| s[stop] == s[k]) {
+                stop += 1;
+            }
+            let run = if alloc {
+                self.replay_allocs(replay, &trace.ids[k..stop], &trace.sizes[k..stop], stream, policy, stop_on_oom)
+            } else {
+                self.replay_frees(replay, &trace.ids[k..stop], stream)
+            };
+            if let Err(e) = run {
+                result = Err(e);
+                break;
+            }
+            k = stop;
+            if replay.sample_every != 0 && replay.events % replay.sample_every == 0 {
+                self.sample(replay, replay.events - 1);
+            }
+        }
+        if let Err(e) = result {
+            replay.stopped = true;
+            for p in replay.ids.drain() {
+                self.free(p)?;
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// A run of allocs on one stream: runs of at least `RUN` through `malloc_run` (the
+    /// allocator's front cache serves them with one statistics update), shorter ones one by one.
+    /// Returns early (having counted the events it did) when the replay stops.
+    fn replay_allocs(
+        &mut self,
+        replay: &mut Replay,
+        ids: &[u64],
+        sizes: &[u64],
+        stream: Option<StreamId>,
+        policy: Policy,
+        stop_on_oom: bool,
+    ) -> Result<()> {
+        let stream = stream.unwrap_or(DEFAULT_STREAM);
+        let mut k = 0;
+        while k < ids.len() {
+            let index = replay.events;
+            let mut served = 0;
+            let mut failed = None;
+            if ids.len() - k >= RUN && self.pending_frees.is_empty() {
+                // The run's valid prefix: sizes that book, ids not live (marked as they are
+                // seen, so that an id repeated within the run ends the prefix there).
+                let mut valid = k;
+                while valid < ids.len()
+                    && replay.ids.get(ids[valid]) == 0
+                    && booked_size(sizes[valid], policy, true).is_ok()
+                {
+                    replay.ids.set(ids[valid], PENDING);
+                    valid += 1;
                 }
-                Err(e)
+                self.settle();
+                let mut ptrs = std::mem::take(&mut replay.ptrs);
+                ptrs.clear();
+                let mut grants = std::mem::take(&mut replay.grants);
+                failed = self.malloc_run(&sizes[k..valid], policy, stream, &mut grants, &mut ptrs).map(|(_, e)| e);
+                replay.grants = grants;
+                self.charge_driver();
+                served = ptrs.len();
+                for (j, &p) in ptrs.iter().enumerate() {
+                    replay.ids.set(ids[k + j], p);
+                    replay.live_bytes += sizes[k + j];
+                    replay.outcome.peak_live = replay.outcome.peak_live.max(replay.live_bytes);
+                }
+                replay.ptrs = ptrs;
+                for &id in &ids[k + served..valid] {
+                    replay.ids.set(id, 0);
+                }
             }
+            if served == 0 && failed.is_none() {
+                // One by one: a short run, or the event that ends a run's valid prefix.
+                if replay.ids.get(ids[k]) != 0 {
+                    replay.outcome.allocs += 1;
+                    replay.events += 1;
+                    return Err(AclError::invalid_param(format!("event {index}: id {} allocated twice", ids[k])));
+                }
+                match self.replay_malloc(sizes[k], policy, stream) {
+                    Ok(p) => {
+                        replay.ids.set(ids[k], p);
+                        replay.live_bytes += sizes[k];
+                        replay.outcome.peak_live = replay.outcome.peak_live.max(replay.live_bytes);
+                        served = 1;
+                    }
+                    Err(e) => failed = Some(e),
+                }
+            }
+            replay.outcome.allocs += served as u64;
+            replay.events += served as u64;
+            k += served;
+            let Some(e) = failed else { continue };
+            replay.outcome.allocs += 1;
+            replay.events += 1;
+            k += 1;
+            if !e.code.is_out_of_memory() {
+                return Err(AclError::new(e.code, format!("event {}: {}", replay.events - 1, e.message)));
+            }
+            replay.outcome.ooms += 1;
+            replay.outcome.first_oom.get_or_insert(e.message);
+            if stop_on_oom {
+                replay.stopped = true;
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// A run of frees on one stream (None: each block's own): while nothing is pending and the
+    /// blocks complete at once, runs of at least `RUN` go through the allocator's batch path;
+    /// the rest one by one. A free of an id that is not live (its alloc failed) does nothing.
+    fn replay_frees(&mut self, replay: &mut Replay, ids: &[u64], stream: Option<StreamId>) -> Result<()> {
+        let mut k = 0;
+        while k < ids.len() {
+            if ids.len() - k >= RUN && self.quiet() && stream.is_none_or(|s| self.idle(s)) {
+                let mut ptrs = std::mem::take(&mut replay.ptrs);
+                let mut allocs = std::mem::take(&mut replay.allocs);
+                ptrs.clear();
+                allocs.clear();
+                let mut last = None;
+                let mut taken = k;
+                while taken < ids.len() {
+                    let p = replay.ids.get(ids[taken]);
+                    if p != 0 {
+                        let Some(a) = self.live.remove(p) else { break };
+                        let idle = match last {
+                            Some((s, idle)) if s == a.stream => idle,
+                            _ => {
+                                let idle = self.idle(a.stream);
+                                last = Some((a.stream, idle));
+                                idle
+                            }
+                        };
+                        if !idle || self.sanitizer.tracks(p) {
+                            self.live.insert(a);
+                            break;
+                        }
+                        ptrs.push(p);
+                        allocs.push(a);
+                    }
+                    taken += 1;
+                }
+                let (done, result) = self.free_now(&ptrs, &allocs);
+                for a in &allocs[done..] {
+                    self.live.insert(*a);
+                }
+                // The ids of the blocks freed are no longer live (the others keep theirs).
+                let mut freed = 0;
+                let mut j = k;
+                while freed < done {
+                    let p = replay.ids.get(ids[j]);
+                    if p != 0 {
+                        replay.ids.set(ids[j], 0);
+                        replay.live_bytes -= allocs[freed].size;
+                        freed += 1;
+                    }
+                    j += 1;
+                }
+                self.charge_driver();
+                replay.ptrs = ptrs;
+                replay.allocs = allocs;
+                if let Err(e) = result {
+                    // The failing free is the next event whose id is live.
+                    while replay.ids.get(ids[j]) == 0 {
+                        j += 1;
+                    }
+                    replay.events += (j - k + 1) as u64;
+                    return Err(AclError::new(e.code, format!("event {}: {}", replay.events - 1, e.message)));
+                }
+                replay.events += (taken - k) as u64;
+                let moved = taken > k;
+                k = taken;
+                if moved {
+                    continue;
+                }
+            }
+            // One by one.
+            let index = replay.events;
+            replay.events += 1;
+            let p = replay.ids.take(ids[k]);
+            k += 1;
+            if p == 0 {
+                continue;
+            }
+            match self.replay_free(p, stream) {
+                Ok(size) => replay.live_bytes -= size,
+                Err(e) => {
+                    replay.ids.set(ids[k - 1], p);
+                    return Err(AclError::new(e.code, format!("event {index}: {}", e.message)));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether nothing is pending that a free must wait for or settle first: no deferred frees,
+    /// no completed work, no views, recorded streams or queued work on any block.
+    #[inline]
+    fn quiet(&self) -> bool {
+        self.pending_frees.is_empty()
+            && !self.sched.has_due()
+            && self.pins.is_empty()
+            && self.stream_uses.is_empty()
+            && self.busy.is_empty()
+    }
+
+    /// Whether `stream` exists and has no queued work left: on the simulated clock, and on a
+    /// runtime with a queue of its own (no work there that may be incomplete).
+    #[inline]
+    fn idle(&self, stream: StreamId) -> bool {
+        let now = self.sched.now_ns();
+        self.sched.tail_ns(stream).is_ok_and(|t| t <= now)
+            && (self.rt_dirty.is_empty() || !self.rt_dirty.contains(&stream))
+    }
+
+    /// Notes the memory in use after event `index` of `replay`.
+    fn sample(&self, replay: &mut Replay, index: u64) {
+        let stats = self.allocator.stats();
+        replay.samples.push(ReplaySample {
+            event: index,
+            live: replay.live_bytes,
+            allocated: stats.allocated_bytes.all.current,
+            reserved: stats.reserved_bytes.all.current,
+        });
+    }
+
+    /// One alloc of a replay: when nothing is pending (no deferred free, no completed work to
+    /// settle), straight to the allocator — `malloc_on` less the checks the replay made once
+    /// (the stream exists) and the settling there is nothing for.
+    #[inline(always)]
+    fn replay_malloc(&mut self, size: u64, policy: Policy, stream: StreamId) -> Result<u64> {
+        if !self.pending_frees.is_empty() || self.sched.has_due() {
+            return self.malloc_on(size, policy, true, stream);
+        }
+        let granted = self.allocate(size, policy, true);
+        let result = self.finish_malloc(granted, size, policy, stream);
+        self.charge_driver();
+        result
+    }
+
+    /// One free of a replay (of a pointer the replay allocated), on `stream` when given;
+    /// returns the allocation's size. A free that completes at once (nothing pending, no views,
+    /// recorded streams, queued work or sanitizer records on the block, its streams idle) goes
+    /// straight to the allocator; any other takes the full `free_on` path.
+    #[inline(always)]
+    fn replay_free(&mut self, ptr: u64, stream: Option<StreamId>) -> Result<u64> {
+        self.settle();
+        let Some(a) = self.live.remove(ptr) else {
+            // Not live (the replay only frees what it allocated): the error free_on gives.
+            return self.free_on(ptr, stream).map(|()| 0);
+        };
+        if self.quiet() && !self.sanitizer.tracks(ptr) && self.idle(a.stream) && stream.is_none_or(|s| self.idle(s)) {
+            if let Err(e) = self.allocator.free(self.backend.as_mut(), ptr) {
+                self.live.insert(a);
+                return Err(e);
+            }
+            self.forget_freed(&a, true);
+        } else {
+            // free_removed puts the allocation back when it fails.
+            self.free_removed(a, stream)?;
+        }
+        self.charge_driver();
+        Ok(a.size)
+    }
+}
+
+/// Runs of at least this many allocs (or frees) go through the batch paths; shorter ones cost
+/// less one by one (the batch paths update the statistics of both pools once per run).
+const RUN: usize = 4;
+
+/// An id's mark in the table while its alloc is part of a run being served (no allocation
+/// starts at address 1).
+const PENDING: u64 = 1;
+
+/// The event arrays of (a chunk of) a trace: `is_alloc` (non-zero for an alloc), the id each
+/// event names, the size of each alloc (ignored for frees), and optionally each event's stream.
+#[derive(Clone, Copy, Debug)]
+pub struct ReplayEvents<'a> {
+    pub is_alloc: &'a [u8],
+    pub ids: &'a [u64],
+    pub sizes: &'a [u64],
+    pub streams: Option<&'a [StreamId]>,
+}
+
+/// The memory in use after one event of a replay.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplaySample {
+    /// The event's index in the trace.
+    pub event: u64,
+    /// Live requested bytes (what the program holds).
+    pub live: u64,
+    /// The allocator's allocated bytes (blocks handed out, with their rounding).
+    pub allocated: u64,
+    /// The allocator's reserved bytes (memory taken from the device).
+    pub reserved: u64,
+}
+
+/// A replay in progress: which pointer each live id holds, the counters, and the samples.
+#[derive(Debug)]
+pub struct Replay {
+    ids: IdTable,
+    outcome: ReplayOutcome,
+    live_bytes: u64,
+    events: u64,
+    sample_every: u64,
+    samples: Vec<ReplaySample>,
+    /// Buffers of the runs, kept between them.
+    ptrs: Vec<u64>,
+    allocs: Vec<Allocation>,
+    grants: Vec<Grant>,
+    stopped: bool,
+}
+
+impl Replay {
+    /// A replay of a trace whose ids are below `id_bound` (a hint: ids past it work too, and a
+    /// sparse trace is kept in a hash map) and that has about `events` events; with
+    /// `sample_every` > 0, memory use is sampled after every `sample_every`-th event.
+    pub fn new(id_bound: u64, events: u64, sample_every: u64) -> Self {
+        Replay {
+            ids: IdTable::new(id_bound, events),
+            outcome: ReplayOutcome::default(),
+            live_bytes: 0,
+            events: 0,
+            sample_every,
+            samples: Vec::new(),
+            ptrs: Vec::new(),
+            allocs: Vec::new(),
+            grants: Vec::new(),
+            stopped: false,
+        }
+    }
+
+    /// Events replayed so far.
+    pub fn events(&self) -> u64 {
+        self.events
+    }
+
+    /// Whether the replay has stopped (on out-of-memory with `stop_on_oom`, or an error).
+    pub fn stopped(&self) -> bool {
+        self.stopped
+    }
+
+    /// The counters so far (without `leftover`).
+    pub fn outcome(&self) -> &ReplayOutcome {
+        &self.outcome
+    }
+
+    pub fn samples(&self) -> &[ReplaySample] {
+        &self.samples
+    }
+
+    /// Ends the replay: the counters, with the pointers still live in `leftover`.
+    pub fn finish(mut self) -> ReplayOutcome {
+        self.outcome.leftover = self.ids.drain();
+        self.outcome
+    }
+}
+
+/// Which pointer each live id of a replay holds (0: none; no allocation starts at 0): a vector
+/// indexed by id for the dense ids traces have, a hash map past `DENSE_LIMIT`.
+#[derive(Debug)]
+enum IdTable {
+    Dense(Vec<u64>),
+    Sparse(FxHashMap<u64, u64>),
+}
+
+/// Ids up to this bound (and up to 4x the events, plus a margin) are kept in a vector.
+const DENSE_LIMIT: u64 = 1 << 30;
+
+impl IdTable {
+    fn new(id_bound: u64, events: u64) -> Self {
+        if id_bound <= DENSE_LIMIT && id_bound <= events.saturating_mul(4).saturating_add(1 << 16) {
+            IdTable::Dense(vec![0; id_bound as usize])
+        } else {
+            IdTable::Sparse(FxHashMap::default())
+        }
+    }
+
+    #[inline(always)]
+    fn get(&self, id: u64) -> u64 {
+        match self {
+            IdTable::Dense(v) => v.get(id as usize).copied().unwrap_or(0),
+            IdTable::Sparse(m) => m.get(&id).copied().unwrap_or(0),
+        }
+    }
+
+    #[inline(always)]
+    fn set(&mut self, id: u64, ptr: u64) {
+        match self {
+            IdTable::Dense(v) if id < v.len() as u64 => v[id as usize] = ptr,
+            IdTable::Dense(v) if id < DENSE_LIMIT && id <= 2 * v.len() as u64 + (1 << 16) => {
+                v.resize((id as usize + 1).max(2 * v.len()), 0);
+                v[id as usize] = ptr;
+            }
+            IdTable::Dense(v) => {
+                let mut m: FxHashMap<u64, u64> =
+                    v.iter().enumerate().filter(|&(_, &p)| p != 0).map(|(i, &p)| (i as u64, p)).collect();
+                m.insert(id, ptr);
+                *self = IdTable::Sparse(m);
+            }
+            IdTable::Sparse(m) => {
+                m.insert(id, ptr);
+            }
+        }
+    }
+
+    /// The pointer of `id`, which is no longer live.
+    #[inline(always)]
+    fn take(&mut self, id: u64) -> u64 {
+        match self {
+            IdTable::Dense(v) => v.get_mut(id as usize).map_or(0, std::mem::take),
+            IdTable::Sparse(m) => m.remove(&id).unwrap_or(0),
+        }
+    }
+
+    /// Every live pointer, leaving the table empty.
+    fn drain(&mut self) -> Vec<u64> {
+        match self {
+            IdTable::Dense(v) => {
+                let out = v.iter().copied().filter(|&p| p != 0).collect();
+                v.fill(0);
+                out
+            }
+            IdTable::Sparse(m) => m.drain().map(|(_, p)| p).filter(|&p| p != 0).collect(),
         }
     }
 }

@@ -21,7 +21,7 @@ mod ordered;
 mod runtime;
 mod vmm;
 
-pub use batch::ReplayOutcome;
+pub use batch::{Replay, ReplayEvents, ReplayOutcome, ReplaySample};
 use live::LiveTable;
 
 use rustc_hash::FxHashMap;
@@ -476,24 +476,25 @@ impl Device {
         self.history = enabled.then(|| History::new(max_entries));
     }
 
-    /// Moves the allocator's segment events into the history, then records `action`.
+    /// Moves the allocator's segment events into the history, then records `action` for
+    /// `stream`.
     #[inline]
-    fn trace(&mut self, action: Action, addr: u64, size: u64) {
+    fn trace(&mut self, action: Action, addr: u64, size: u64, stream: StreamId) {
         if self.history.is_none() {
             return;
         }
-        self.flush_events();
+        self.flush_events(stream);
         if let Some(history) = self.history.as_mut() {
             let time_us = self.started.elapsed().as_micros() as u64;
-            history.push(TraceEntry { action, addr, size, time_us });
+            history.push(TraceEntry { action, addr, size, stream, time_us });
         }
     }
 
-    fn flush_events(&mut self) {
+    fn flush_events(&mut self, stream: StreamId) {
         let Some(history) = self.history.as_mut() else { return };
         let time_us = self.started.elapsed().as_micros() as u64;
         for (action, addr, size) in self.allocator.take_events() {
-            history.push(TraceEntry { action, addr, size, time_us });
+            history.push(TraceEntry { action, addr, size, stream, time_us });
         }
     }
 
@@ -601,7 +602,7 @@ impl Device {
                 if e.code.is_out_of_memory() {
                     self.stats.failed_mallocs += 1;
                     let free = self.backend.mem_info(crate::acl::MemScope::All).0;
-                    self.trace(Action::Oom, free, size);
+                    self.trace(Action::Oom, free, size, stream);
                 }
                 return Err(self.malloc_error(e, size, policy));
             }
@@ -637,7 +638,7 @@ impl Device {
     #[inline]
     fn record_live(&mut self, allocation: Allocation) {
         self.live.insert(allocation);
-        self.trace(Action::Alloc, allocation.ptr, allocation.granted);
+        self.trace(Action::Alloc, allocation.ptr, allocation.granted, allocation.stream);
         self.stats.on_mallocs(Tally { blocks: 1, bytes: allocation.granted, requested: allocation.size });
     }
 
@@ -715,6 +716,16 @@ impl Device {
         Ok(base)
     }
 
+    /// Pins the live allocation that starts at `ptr` for an object that owns it (on any
+    /// backend): a plain `free` of it is refused until `unpin` (the owner frees it then).
+    pub fn hold(&mut self, ptr: u64) -> Result<()> {
+        if !self.live.contains(ptr) {
+            return Err(self.bad_pointer(ptr));
+        }
+        *self.pins.entry(ptr).or_default() += 1;
+        Ok(())
+    }
+
     /// Releases one pin of the allocation at `base`.
     pub fn unpin(&mut self, base: u64) {
         if let Some(n) = self.pins.get_mut(&base) {
@@ -729,8 +740,8 @@ impl Device {
     fn pinned(&self, ptr: u64) -> Option<AclError> {
         let n = *self.pins.get(&ptr)?;
         Some(AclError::bad_free(format!(
-            "the memory at {ptr:#x} has {n} live view(s) (to_numpy(copy=False)); delete them before freeing or \
-             unmapping it"
+            "the memory at {ptr:#x} is held by {n} view(s) or owner(s) (to_numpy(copy=False), Device.buffer); \
+             delete them before freeing or unmapping it"
         )))
     }
 
@@ -849,7 +860,7 @@ impl Device {
     pub fn empty_cache(&mut self) -> Result<()> {
         self.settle();
         let result = self.allocator.empty_cache(self.backend.as_mut());
-        self.flush_events();
+        self.flush_events(DEFAULT_STREAM);
         self.charge_driver();
         result
     }
@@ -857,7 +868,7 @@ impl Device {
     /// Returns the coldest cached memory to the device until at most `bytes` are reserved.
     pub fn trim_to(&mut self, bytes: u64) -> Result<u64> {
         let result = self.allocator.trim_to(self.backend.as_mut(), bytes);
-        self.flush_events();
+        self.flush_events(DEFAULT_STREAM);
         self.charge_driver();
         result
     }

@@ -311,9 +311,9 @@ impl Device {
         if completed {
             self.forget_memory(ptr);
         }
-        self.trace(Action::FreeRequested, ptr, allocation.granted);
+        self.trace(Action::FreeRequested, ptr, allocation.granted, allocation.stream);
         if completed {
-            self.trace(Action::FreeCompleted, ptr, allocation.granted);
+            self.trace(Action::FreeCompleted, ptr, allocation.granted, allocation.stream);
         }
         self.recently_freed.push(ptr);
     }
@@ -420,7 +420,7 @@ impl Device {
             }
             let a = self.take_pending(key);
             self.forget_memory(a.ptr);
-            self.trace(Action::FreeCompleted, a.ptr, a.granted);
+            self.trace(Action::FreeCompleted, a.ptr, a.granted, a.stream);
         }
     }
 
@@ -438,7 +438,7 @@ impl Device {
         let threshold = self.reuse.release_threshold;
         if threshold != u64::MAX && self.allocator.stats().reserved_bytes.all.current > threshold {
             let _ = self.allocator.trim_to(self.backend.as_mut(), threshold);
-            self.flush_events();
+            self.flush_events(DEFAULT_STREAM);
         }
     }
 

@@ -56,8 +56,13 @@ impl Action {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TraceEntry {
     pub action: Action,
+    /// The block's (or segment's) address; for `Oom`, the device's free bytes at the failure
+    /// (PyTorch's trace entry names it `device_free`).
     pub addr: u64,
     pub size: u64,
+    /// The stream the allocation is ordered on (0: the default stream); segment events carry
+    /// the stream of the call that made them.
+    pub stream: u64,
     pub time_us: u64,
 }
 

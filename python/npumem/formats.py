@@ -1,0 +1,505 @@
+"""Trace files in and out: RMM's ``logging_resource_adaptor`` CSV, PyTorch memory snapshots, and
+npumem's compact ``.npz``, with :class:`Trace`, the columnar form every replay takes.
+
+- **RMM CSV** (``Thread,Time,Action,Pointer,Size,Stream``; actions ``allocate``,
+  ``allocate failure``, ``free``; hex pointers and streams): :func:`read_rmm_csv` keeps each
+  row's thread and stream and the rows' order (the original interleaving of the threads);
+  ``allocate failure`` rows are counted (``Trace.failed_allocs``), not replayed, as RMM's own
+  replay does. :func:`write_rmm_csv` writes a :class:`Trace`, or the history a :class:`Device`
+  recorded (``record_memory_history``) on any allocator family.
+- **PyTorch memory snapshots** (``_dump_snapshot`` pickles): read by
+  :func:`npumem.importers.snapshot_trace`; :func:`write_snapshot` writes a device's (a replay
+  run with ``snapshot=`` records one) and :func:`check_snapshot` checks every field that
+  PyTorch's memory_viz (``stats``, ``trace``, ``segments``, ``trace_plot``) reads.
+- **npz** (:func:`write_npz` / :func:`read_npz`): the trace's columns as NumPy arrays in the
+  narrowest integer types that hold them: about 13 bytes an event uncompressed, read without a
+  Python object per event (10^8 events load in seconds).
+- :func:`load` reads any of them (and torch.profiler Chrome traces, compact ``{"events": ...}``
+  JSON), telling the format from the file's first bytes.
+
+Malformed input raises InvalidParamError naming the file and the row; a file that cannot be
+opened raises OSError.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import os
+import pickle
+import threading
+import zipfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import _args, _files
+from .errors import invalid_param
+
+#: The header RMM's logging_resource_adaptor writes.
+RMM_HEADER = ["Thread", "Time", "Action", "Pointer", "Size", "Stream"]
+
+
+@dataclass
+class Trace:
+    """A trace as columns: event ``k`` allocates (``is_alloc[k] != 0``) or frees the block
+    ``ids[k]`` (dense ints from 0) of ``sizes[k]`` bytes, on ``streams[k]`` (the stream value
+    the trace names: RMM's ``cudaStream_t``, 0 for the default stream) from thread
+    ``threads[k]``. Frees name an id allocated earlier and still live."""
+
+    is_alloc: np.ndarray
+    ids: np.ndarray
+    sizes: np.ndarray
+    streams: np.ndarray | None = None
+    threads: np.ndarray | None = None
+    #: Allocations the recorded program asked for and did not get (RMM's ``allocate failure``).
+    failed_allocs: int = 0
+    #: Where the trace came from (a file name and format), for messages.
+    source: str = "the trace"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.is_alloc)
+        self.is_alloc = np.ascontiguousarray(self.is_alloc, dtype=np.uint8)
+        self.ids = np.ascontiguousarray(self.ids, dtype=np.uint64)
+        self.sizes = np.ascontiguousarray(self.sizes, dtype=np.uint64)
+        for name in ("ids", "sizes", "streams", "threads"):
+            col = getattr(self, name)
+            if col is not None and len(col) != n:
+                raise invalid_param(f"{self.source}: column {name} has {len(col)} entries, is_alloc has {n}")
+        if self.streams is not None:
+            self.streams = np.ascontiguousarray(self.streams, dtype=np.uint64)
+        if self.threads is not None:
+            self.threads = np.ascontiguousarray(self.threads, dtype=np.uint64)
+
+    def __len__(self) -> int:
+        return len(self.is_alloc)
+
+    @classmethod
+    def from_events(cls, events: Iterable[Any], *, source: str = "the trace") -> Trace:
+        """A trace of replay events (``("alloc", id, size)`` / ``("free", id)`` or mappings, as
+        :mod:`npumem.replay` reads them; a mapping's ``stream`` is kept)."""
+        from .replay import _events, normalize
+
+        events = _events(events)
+        evs = normalize(events)
+        index: dict[Any, int] = {}
+        is_alloc = np.fromiter((a for a, _, _ in evs), dtype=np.uint8, count=len(evs))
+        ids = np.fromiter((index.setdefault(k, len(index)) for _, k, _ in evs), dtype=np.uint64, count=len(evs))
+        sizes = np.fromiter((s for _, _, s in evs), dtype=np.uint64, count=len(evs))
+        streams = _mapping_streams(events, len(evs))
+        return cls(is_alloc, ids, sizes, streams, source=source)
+
+    def events(self) -> list[tuple[str, int, int]]:
+        """The events as ``("alloc", id, size)`` / ``("free", id, size)`` tuples."""
+        return [
+            ("alloc" if a else "free", int(i), int(s))
+            for a, i, s in zip(self.is_alloc.tolist(), self.ids.tolist(), self.sizes.tolist(), strict=True)
+        ]
+
+    def stream_values(self) -> list[int]:
+        """The distinct streams the trace names, in order of first use (0 first when used)."""
+        if self.streams is None or not len(self.streams):
+            return [0]
+        values, first = np.unique(self.streams, return_index=True)
+        ordered = [int(v) for _, v in sorted(zip(first.tolist(), values.tolist(), strict=True))]
+        return sorted(ordered, key=lambda v: v != 0)
+
+    def peak_live(self) -> int:
+        """The largest sum of live requested bytes over the trace."""
+        if not len(self):
+            return 0
+        delta = np.where(self.is_alloc != 0, self.sizes.astype(np.int64), -self.sizes.astype(np.int64))
+        return max(0, int(np.cumsum(delta).max()))
+
+
+def _mapping_streams(events: list[Any], n: int) -> np.ndarray | None:
+    """The ``stream`` of each alloc/free mapping event, when any event names one."""
+    if not any(isinstance(e, Mapping) and "stream" in e for e in events):
+        return None
+    out = []
+    for k, e in enumerate(events):
+        if not isinstance(e, Mapping):
+            out.append(0)
+            continue
+        if e.get("action") not in ("alloc", "free", "free_completed", "free_requested"):
+            continue
+        out.append(_args.integer(e.get("stream", 0), f"event {k}: stream"))
+    if len(out) != n:  # free_requested of a trace that also has free_completed is dropped
+        return None
+    return np.array(out, dtype=np.uint64)
+
+
+def as_trace(events: Any) -> Trace:
+    """``events`` as a :class:`Trace` (itself when it is one)."""
+    return events if isinstance(events, Trace) else Trace.from_events(events)
+
+
+# -- RMM CSV ----------------------------------------------------------------------------------
+
+
+def _hex_or_int(text: str, where: str) -> int:
+    t = text.strip()
+    if t in ("(nil)", "nil", "(null)", "0x0", ""):
+        return 0
+    try:
+        v = int(t, 16) if t.lower().startswith("0x") else int(t, 0 if t[:1] == "0" and len(t) > 1 else 10)
+    except ValueError:
+        try:
+            v = int(t, 16)
+        except ValueError:
+            raise invalid_param(f"{where} is {t!r}, not a pointer or stream (hex like 0x7f1c2a000000)") from None
+    if not 0 <= v <= _args.U64_MAX:
+        raise invalid_param(f"{where} is {t!r}, outside 0 to 2**64-1")
+    return v
+
+
+def read_rmm_csv(path: Any) -> Trace:
+    """A trace from RMM's ``logging_resource_adaptor`` CSV (see the module doc): rows in file
+    order, with each row's thread and stream."""
+    name = _files.path_arg(path)
+    with open(name, newline="", encoding="utf-8", errors="replace") as f:
+        rows = csv.reader(f)
+        header = next(rows, None)
+        if header is None or [h.strip() for h in header[:6]] != RMM_HEADER:
+            raise invalid_param(f"{name}: not an RMM log: the header is {header!r}, expected {','.join(RMM_HEADER)}")
+        is_alloc: list[int] = []
+        ids: list[int] = []
+        sizes: list[int] = []
+        streams: list[int] = []
+        threads: list[int] = []
+        live: dict[int, tuple[int, int]] = {}
+        failed = next_key = 0
+        for n, row in enumerate(rows, start=2):
+            if not row or (len(row) == 1 and not row[0].strip()):
+                continue
+            where = f"{name}: line {n}"
+            if len(row) < 6:
+                raise invalid_param(f"{where} has {len(row)} fields, expected 6 ({','.join(RMM_HEADER)})")
+            action = row[2].strip()
+            thread = _hex_or_int(row[0], f"{where}: Thread") if row[0].strip() else 0
+            size_text = row[4].strip()
+            if not size_text.isdigit():
+                raise invalid_param(f"{where}: Size is {size_text!r}, not a byte count")
+            size = int(size_text)
+            stream = _hex_or_int(row[5], f"{where}: Stream")
+            if action == "allocate failure":
+                failed += 1
+                continue
+            ptr = _hex_or_int(row[3], f"{where}: Pointer")
+            if action == "allocate":
+                if size == 0:
+                    continue  # RMM returns nullptr for 0 bytes; nothing to replay
+                if ptr in live:  # a free the log lost: close the old block first
+                    old, old_size = live.pop(ptr)
+                    is_alloc.append(0)
+                    ids.append(old)
+                    sizes.append(old_size)
+                    streams.append(stream)
+                    threads.append(thread)
+                live[ptr] = (next_key, size)
+                is_alloc.append(1)
+                ids.append(next_key)
+                sizes.append(size)
+                next_key += 1
+            elif action == "free":
+                if ptr not in live:
+                    continue  # memory allocated before the log began
+                key, size = live.pop(ptr)
+                is_alloc.append(0)
+                ids.append(key)
+                sizes.append(size)
+            else:
+                raise invalid_param(f"{where}: Action is {action!r}; RMM logs 'allocate', 'allocate failure', 'free'")
+            streams.append(stream)
+            threads.append(thread)
+    return Trace(
+        np.array(is_alloc, dtype=np.uint8),
+        np.array(ids, dtype=np.uint64),
+        np.array(sizes, dtype=np.uint64),
+        np.array(streams, dtype=np.uint64),
+        np.array(threads, dtype=np.uint64),
+        failed_allocs=failed,
+        source=name,
+    )
+
+
+def write_rmm_csv(source: Any, path: Any) -> int:
+    """Writes RMM's CSV for ``source``: a :class:`Trace` (or replay events), with each block's
+    pointer made up from its id, or a :class:`npumem.Device` whose history was recorded
+    (``record_memory_history``): its allocations, completed frees and out-of-memory errors on
+    any allocator family, with their real pointers and streams. Returns the rows written."""
+    from .device import Device
+
+    name = _files.path_arg(path)
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(RMM_HEADER)
+    rows = 0
+    if isinstance(source, Device):
+        thread = threading.get_native_id()
+        for e in source.memory_snapshot()["device_traces"][0]:
+            action = {"alloc": "allocate", "free_completed": "free", "oom": "allocate failure"}.get(e["action"])
+            if action is None:
+                continue
+            ptr = "(nil)" if action == "allocate failure" else f"{e['addr']:#x}"
+            w.writerow([thread, _clock(e["time_us"]), action, ptr, e["size"], f"{e['stream']:#x}"])
+            rows += 1
+    else:
+        trace = as_trace(source)
+        streams = trace.streams if trace.streams is not None else np.zeros(len(trace), np.uint64)
+        threads = trace.threads if trace.threads is not None else np.zeros(len(trace), np.uint64)
+        # Pointers: a made-up 256-byte-aligned address per id (ids are reused only after a free).
+        for a, i, s, st, th in zip(
+            trace.is_alloc.tolist(),
+            trace.ids.tolist(),
+            trace.sizes.tolist(),
+            streams.tolist(),
+            threads.tolist(),
+            strict=True,
+        ):
+            w.writerow([th, _clock(rows), "allocate" if a else "free", f"{0x7F0000000000 + 256 * i:#x}", s, f"{st:#x}"])
+            rows += 1
+    with open(name, "w", encoding="utf-8", newline="") as f:
+        f.write(out.getvalue())
+    return rows
+
+
+def _clock(us: int) -> str:
+    """``%H:%M:%S.%f`` of a time in microseconds (RMM's Time column)."""
+    s, micro = divmod(int(us), 1_000_000)
+    h, rest = divmod(s, 3600)
+    return f"{h % 24:02d}:{rest // 60:02d}:{rest % 60:02d}.{micro:06d}"
+
+
+# -- npz --------------------------------------------------------------------------------------
+
+_NPZ_VERSION = 1
+
+
+def _narrow(col: np.ndarray) -> np.ndarray:
+    """``col`` in the narrowest unsigned type that holds its values."""
+    top = int(col.max()) if len(col) else 0
+    for t in (np.uint8, np.uint16, np.uint32):
+        if top <= np.iinfo(t).max:
+            return col.astype(t)
+    return col
+
+
+def write_npz(source: Any, path: Any, *, compress: bool = False) -> None:
+    """Writes ``source`` (a :class:`Trace` or replay events) as npumem's compact trace: one
+    ``.npz`` of its columns in the narrowest types (zlib-compressed with ``compress``)."""
+    trace = as_trace(source)
+    name = _files.path_arg(path)
+    cols = {
+        "npumem_trace": np.array([_NPZ_VERSION, trace.failed_allocs], dtype=np.uint64),
+        "is_alloc": trace.is_alloc,
+        "ids": _narrow(trace.ids),
+        "sizes": trace.sizes,
+    }
+    if trace.streams is not None:
+        cols["streams"] = trace.streams
+    if trace.threads is not None:
+        cols["threads"] = trace.threads
+    with open(name, "wb") as f:  # savez would add .npz to a name without it
+        (np.savez_compressed if compress else np.savez)(f, **cols)
+
+
+def read_npz(path: Any) -> Trace:
+    """A trace written by :func:`write_npz`."""
+    name = _files.path_arg(path)
+    try:
+        with np.load(name, allow_pickle=False) as z:
+            if "npumem_trace" not in z.files:
+                raise invalid_param(f"{name}: an .npz without npumem_trace: not a trace npumem wrote")
+            version, failed = (int(v) for v in z["npumem_trace"][:2])
+            if version != _NPZ_VERSION:
+                raise invalid_param(f"{name}: npz trace version {version}; this npumem reads {_NPZ_VERSION}")
+            cols = {k: z[k] for k in ("is_alloc", "ids", "sizes", "streams", "threads") if k in z.files}
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
+        if isinstance(e, OSError) and not isinstance(e, zipfile.BadZipFile) and not os.path.exists(name):
+            raise
+        raise invalid_param(f"{name}: not an npz trace ({e})") from None
+    for k in ("is_alloc", "ids", "sizes"):
+        if k not in cols:
+            raise invalid_param(f"{name}: the npz trace has no {k} column")
+    for k, col in cols.items():
+        if col.ndim != 1 or col.dtype.kind not in "ui":
+            raise invalid_param(f"{name}: column {k} is {col.dtype} of {col.ndim} dimensions, not integers")
+    trace = Trace(
+        cols["is_alloc"],
+        cols["ids"].astype(np.uint64),
+        cols["sizes"].astype(np.uint64),
+        cols.get("streams"),
+        cols.get("threads"),
+        failed_allocs=failed,
+        source=name,
+    )
+    _check_pairs(trace)
+    return trace
+
+
+def _check_pairs(trace: Trace) -> None:
+    """Every free names a live id and no live id is allocated again (vectorised: the events of
+    each id alternate alloc, free, alloc, ...)."""
+    if not len(trace):
+        return
+    order = np.argsort(trace.ids, kind="stable")
+    ids, alloc = trace.ids[order], trace.is_alloc[order] != 0
+    first = np.ones(len(ids), dtype=bool)
+    first[1:] = ids[1:] != ids[:-1]
+    prev_alloc = np.empty(len(ids), dtype=bool)
+    prev_alloc[0] = False
+    prev_alloc[1:] = alloc[:-1]
+    bad = (first & ~alloc) | (~first & (alloc == prev_alloc))
+    if bad.any():
+        k = int(order[int(np.argmax(bad))])
+        what = "allocated twice without a free" if trace.is_alloc[k] else "freed while not live"
+        raise invalid_param(f"{trace.source}: event {k}: id {int(trace.ids[k])} {what}")
+    if (trace.sizes[trace.is_alloc != 0] == 0).any():
+        k = int(np.argmax((trace.sizes == 0) & (trace.is_alloc != 0)))
+        raise invalid_param(f"{trace.source}: event {k}: alloc of 0 bytes; sizes must be from 1 to 2**64-1")
+
+
+# -- PyTorch snapshots ------------------------------------------------------------------------
+
+#: Trace actions PyTorch's snapshots use.
+SNAPSHOT_ACTIONS = frozenset(
+    {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map", "segment_unmap"}
+    | {"snapshot", "oom"}
+)
+_BLOCK_STATES = frozenset({"active_allocated", "active_pending_free", "inactive"})
+
+
+def write_snapshot(device: Any, path: Any) -> None:
+    """Pickles ``device``'s memory snapshot (PyTorch's ``_dump_snapshot`` format), after checking
+    it with :func:`check_snapshot`."""
+    snap = device.memory_snapshot()
+    check_snapshot(snap)
+    name = _files.path_arg(path)
+    with open(name, "wb") as f:
+        pickle.dump(snap, f)
+
+
+def check_snapshot(snap: Any) -> None:
+    """Raises InvalidParamError naming the first field that PyTorch's memory_viz would miss or
+    misread: ``stats`` (segments' ``total_size``, ``stream``, blocks' ``size``, ``state``,
+    ``requested_size`` adding up to the segment), ``segments`` (``stream``, ``address``,
+    blocks' ``frames``), ``trace`` (``device_traces`` entries: ``action``, ``addr`` and ``size``,
+    ``device_free`` for ``oom``; segments' ``allocated_size``) and ``trace_plot`` (plain data
+    that pickles, entries' ``time_us``, ``stream`` and ``frames``), following PyTorch's documented
+    snapshot format (``torch.cuda.memory._snapshot``)."""
+    if not isinstance(snap, Mapping):
+        raise invalid_param(f"a snapshot is a dict, got {type(snap).__name__}")
+    segments = snap.get("segments")
+    if not isinstance(segments, list):
+        raise invalid_param("snapshot['segments'] is missing or not a list")
+    for i, seg in enumerate(segments):
+        at = f"segments[{i}]"
+        _fields(seg, at, {"device", "address", "total_size", "allocated_size", "active_size", "requested_size"})
+        _fields(seg, at, {"stream"})
+        if seg.get("segment_type") not in ("small", "large"):
+            raise invalid_param(f"{at}: segment_type is {seg.get('segment_type')!r}, not 'small' or 'large'")
+        if not isinstance(seg.get("blocks"), list) or not isinstance(seg.get("frames", []), list):
+            raise invalid_param(f"{at}: blocks (and frames) must be lists")
+        total = allocated = 0
+        for j, b in enumerate(seg["blocks"]):
+            bat = f"{at}.blocks[{j}]"
+            _fields(b, bat, {"address", "size", "requested_size"})
+            if b.get("state") not in _BLOCK_STATES:
+                raise invalid_param(f"{bat}: state is {b.get('state')!r}, not one of {sorted(_BLOCK_STATES)}")
+            if not isinstance(b.get("frames"), list):
+                raise invalid_param(f"{bat}: frames must be a list (memory_viz's segments reads it)")
+            if b["state"] == "active_allocated":
+                if b["requested_size"] > b["size"]:
+                    raise invalid_param(f"{bat}: requested_size {b['requested_size']} > size {b['size']}")
+                allocated += b["size"]
+            if b["address"] != seg["address"] + total:
+                raise invalid_param(f"{bat}: address {b['address']:#x} is not where the blocks before it end")
+            total += b["size"]
+        if total != seg["total_size"]:
+            raise invalid_param(f"{at}: its blocks add up to {total} bytes, total_size is {seg['total_size']}")
+        if allocated != seg["allocated_size"]:
+            raise invalid_param(f"{at}: allocated_size {seg['allocated_size']} != its active blocks' {allocated}")
+    traces = snap.get("device_traces")
+    if not isinstance(traces, list) or not all(isinstance(t, list) for t in traces):
+        raise invalid_param("snapshot['device_traces'] is missing or not a list of per-device lists")
+    for d, entries in enumerate(traces):
+        for k, e in enumerate(entries):
+            at = f"device_traces[{d}][{k}]"
+            if not isinstance(e, Mapping):
+                raise invalid_param(f"{at} is {type(e).__name__}, not a trace entry (a dict)")
+            if e.get("action") not in SNAPSHOT_ACTIONS:
+                raise invalid_param(f"{at}: action {e.get('action')!r} is not one of {sorted(SNAPSHOT_ACTIONS)}")
+            _fields(e, at, {"size", "stream", "time_us"})
+            _fields(e, at, {"device_free"} if e["action"] == "oom" else {"addr"})
+            if e["action"] == "oom" and "addr" in e:
+                raise invalid_param(f"{at}: an oom entry has device_free, not addr")
+            if not isinstance(e.get("frames"), list):
+                raise invalid_param(f"{at}: frames must be a list")
+    if not isinstance(snap.get("allocator_settings", {}), Mapping):
+        raise invalid_param("snapshot['allocator_settings'] must be a dict")
+    try:
+        pickle.loads(pickle.dumps(snap))
+    except Exception as e:  # trace_plot pickles the snapshot into the page
+        raise invalid_param(f"the snapshot does not pickle ({e})") from None
+
+
+def _fields(d: Any, at: str, names: set[str]) -> None:
+    if not isinstance(d, Mapping):
+        raise invalid_param(f"{at} is {type(d).__name__}, not a dict")
+    for n in sorted(names):
+        v = d.get(n)
+        if not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+            raise invalid_param(f"{at}: {n} is {v!r}, not a non-negative int")
+
+
+# -- any format -------------------------------------------------------------------------------
+
+#: The formats :func:`load` tells apart.
+FORMATS = ("rmm-csv", "npz", "snapshot", "profiler", "compact-json")
+
+
+def detect(path: Any) -> str:
+    """The format of the trace file at ``path`` (one of :data:`FORMATS`), from its first bytes."""
+    name = _files.path_arg(path)
+    with open(name, "rb") as f:
+        head = f.read(512)
+    if head.startswith(b"PK"):
+        return "npz"
+    if head[:1] == b"\x80":
+        return "snapshot"
+    if head.lstrip(b"\xef\xbb\xbf").startswith(b"Thread,Time,Action"):
+        return "rmm-csv"
+    if head.startswith(b"\x1f\x8b"):
+        try:
+            with gzip.open(name, "rb") as f:
+                head = f.read(1 << 16)
+        except (OSError, EOFError) as e:
+            raise invalid_param(f"{name}: a broken gzip file ({e})") from None
+    if head.lstrip()[:1] == b"{":
+        return "profiler" if b'"traceEvents"' in head else "compact-json"
+    raise invalid_param(
+        f"{name}: not a trace npumem reads: expected an RMM log (CSV), an npz trace, a PyTorch memory "
+        "snapshot (pickle), a torch.profiler trace or a compact trace (JSON)"
+    )
+
+
+def load(path: Any) -> Trace:
+    """The trace in ``path``, whatever its format (see :func:`detect`)."""
+    from . import importers, traces
+
+    name = _files.path_arg(path)
+    kind = detect(name)
+    if kind == "rmm-csv":
+        return read_rmm_csv(name)
+    if kind == "npz":
+        return read_npz(name)
+    if kind == "snapshot":
+        return Trace.from_events(importers.snapshot_trace(name), source=name)
+    if kind == "profiler":
+        return Trace.from_events(importers.profiler_trace(name), source=name)
+    return Trace.from_events(traces.load(name), source=name)
