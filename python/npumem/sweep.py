@@ -20,8 +20,8 @@ Invariants:
   written when its task's result reaches the client; a task whose worker dies is rerun by the
   scheduler and still yields one result);
 - a cell's key is the SHA-256 of its parameters (a trace file's content digest, not its path)
-  and npumem's version: a rerun reads every cell whose key is cached and computes only the rest,
-  and a new npumem version recomputes everything;
+  and npumem's build (version and native extension digest): a rerun reads every cell whose key is
+  cached and computes only the rest, and a rebuilt npumem recomputes everything;
 - the whole config is checked (types, names, sizes, workloads built, ``alloc_conf`` parsed)
   before a cluster is started or a file is written: a bad config is one
   :class:`npumem.InvalidParamError` naming the key, the value and what is accepted;
@@ -32,6 +32,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -154,11 +155,23 @@ def _unknown(table: Mapping[str, Any], known: set[str], where: str) -> None:
         raise invalid_param(f"{where} has unknown keys {extra}; use {', '.join(sorted(known))}")
 
 
-def cell_key(kind: str, params: Mapping[str, Any]) -> str:
-    """The cache key of a cell: SHA-256 of its kind, parameters and npumem's version."""
-    from . import __version__
+@functools.lru_cache(maxsize=1)
+def build_id() -> str:
+    """npumem's version and a digest of its native extension: a rebuilt model (a development
+    checkout keeps its version number from commit to commit) is a new build."""
+    from . import __version__, _native
 
-    doc = json.dumps({"kind": kind, "params": params, "npumem": __version__}, sort_keys=True, default=repr)
+    digest = hashlib.sha256()
+    with open(_native.__file__, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return f"{__version__}+{digest.hexdigest()[:16]}"
+
+
+def cell_key(kind: str, params: Mapping[str, Any]) -> str:
+    """The cache key of a cell: SHA-256 of its kind, parameters and npumem's build
+    (:func:`build_id`)."""
+    doc = json.dumps({"kind": kind, "params": params, "npumem": build_id()}, sort_keys=True, default=repr)
     return hashlib.sha256(doc.encode()).hexdigest()
 
 
@@ -596,26 +609,21 @@ def _on_dask(
 
 
 def _worker_version() -> str:
-    from . import __version__
-
-    return __version__
+    return build_id()
 
 
 def _same_version(client: Any) -> None:
-    """Every worker runs this npumem version (cells are cached under it)."""
-    from . import __version__
-
+    """Every worker runs this npumem build (cells are cached under it)."""
+    ours = build_id()
     try:
         versions = client.run(_worker_version)
     except ModuleNotFoundError as e:
-        raise invalid_param(
-            f"a Dask worker cannot import npumem ({e}); install npumem {__version__} on the workers"
-        ) from None
-    other = {w: v for w, v in versions.items() if v != __version__}
+        raise invalid_param(f"a Dask worker cannot import npumem ({e}); install npumem {ours} on the workers") from None
+    other = {w: v for w, v in versions.items() if v != ours}
     if other:
         w, v = next(iter(other.items()))
         raise invalid_param(
-            f"Dask worker {w} runs npumem {v}, this process {__version__}; results are cached by version, "
+            f"Dask worker {w} runs npumem {v}, this process {ours}; results are cached by build, "
             "so every worker must run the same one"
         )
 
