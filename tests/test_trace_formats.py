@@ -273,3 +273,19 @@ def test_cli_replay_without_matplotlib_keeps_the_table(tmp_path, capsys, rmm_log
     out, err = capsys.readouterr()
     assert code == 3 and "npumem" in out and "peak allocated" in out
     assert err.strip().count("\n") == 0 and "matplotlib" in err
+
+
+def test_a_progress_callback_that_raises_leaves_nothing_live():
+    n = (1 << 20) + 10
+    t = Trace(np.tile(np.array([1, 0], np.uint8), n // 2), np.repeat(np.arange(n // 2), 2), np.full(n, 512))
+    # Ids allocated in the first chunk and freed in the second are live when the callback raises.
+    t.is_alloc[: 1 << 10] = 1
+    t.ids[: 1 << 10] = np.arange(1 << 10) + n
+    dev = npumem.Device("1GiB")
+
+    def stop(done, total):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        replay.replay(t, dev, progress=stop)
+    assert dev.stats()["live_count"] == 0

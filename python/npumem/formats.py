@@ -141,20 +141,28 @@ def as_trace(events: Any) -> Trace:
 # -- RMM CSV ----------------------------------------------------------------------------------
 
 
-def _hex_or_int(text: str, where: str) -> int:
-    t = text.strip()
-    if t in ("(nil)", "nil", "(null)", "0x0", ""):
+def _hex(text: str, where: str) -> int:
+    """A pointer or stream as RMM prints them: hex, with or without ``0x``; ``(nil)`` is 0."""
+    t = text.strip().lower()
+    if t in ("(nil)", "nil", "(null)", ""):
         return 0
     try:
-        v = int(t, 16) if t.lower().startswith("0x") else int(t, 0 if t[:1] == "0" and len(t) > 1 else 10)
+        v = int(t, 16)
     except ValueError:
-        try:
-            v = int(t, 16)
-        except ValueError:
-            raise invalid_param(f"{where} is {t!r}, not a pointer or stream (hex like 0x7f1c2a000000)") from None
+        raise invalid_param(f"{where} is {text.strip()!r}, not a hex pointer or stream (like 0x7f1c2a000000)") from None
     if not 0 <= v <= _args.U64_MAX:
-        raise invalid_param(f"{where} is {t!r}, outside 0 to 2**64-1")
+        raise invalid_param(f"{where} is {text.strip()!r}, outside 0 to 2**64-1")
     return v
+
+
+def _thread(text: str, where: str) -> int:
+    """A thread id (decimal, as spdlog's ``%t`` prints it)."""
+    t = text.strip()
+    if not t:
+        return 0
+    if not t.isdigit() or int(t) > _args.U64_MAX:
+        raise invalid_param(f"{where} is {t!r}, not a thread id (a decimal number)")
+    return int(t)
 
 
 def read_rmm_csv(path: Any) -> Trace:
@@ -180,16 +188,16 @@ def read_rmm_csv(path: Any) -> Trace:
             if len(row) < 6:
                 raise invalid_param(f"{where} has {len(row)} fields, expected 6 ({','.join(RMM_HEADER)})")
             action = row[2].strip()
-            thread = _hex_or_int(row[0], f"{where}: Thread") if row[0].strip() else 0
+            thread = _thread(row[0], f"{where}: Thread")
             size_text = row[4].strip()
             if not size_text.isdigit():
                 raise invalid_param(f"{where}: Size is {size_text!r}, not a byte count")
             size = int(size_text)
-            stream = _hex_or_int(row[5], f"{where}: Stream")
+            stream = _hex(row[5], f"{where}: Stream")
             if action == "allocate failure":
                 failed += 1
                 continue
-            ptr = _hex_or_int(row[3], f"{where}: Pointer")
+            ptr = _hex(row[3], f"{where}: Pointer")
             if action == "allocate":
                 if size == 0:
                     continue  # RMM returns nullptr for 0 bytes; nothing to replay
