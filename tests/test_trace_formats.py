@@ -305,3 +305,16 @@ def test_profiler_trace_from_a_device(tmp_path):
     assert formats.detect(tmp_path / "p.json") == "profiler"
     back = formats.load(tmp_path / "p.json")
     assert [e[:2] for e in _events(back)] == [e[:2] for e in _events(t)]
+
+
+def test_streams_of_mapping_events_are_kept():
+    evs = [
+        {"action": "alloc", "addr": 1, "size": 8, "stream": 7},
+        {"action": "free_requested", "addr": 1, "size": 8, "stream": 7},
+        {"action": "free_completed", "addr": 1, "size": 8, "stream": 7},
+        {"action": "segment_map", "addr": 0, "size": 2 << 20, "stream": 0},
+        {"action": "alloc", "addr": 2, "size": 2**63, "stream": 0},
+    ]
+    t = Trace.from_events(evs)
+    assert t.streams.tolist() == [7, 7, 0] and t.is_alloc.tolist() == [1, 0, 1]
+    assert t.peak_live() == 2**63  # past int64, no wrap-around

@@ -114,6 +114,12 @@ class Trace:
         """The largest sum of live requested bytes over the trace."""
         if not len(self):
             return 0
+        if int(self.sizes.max()) >= (1 << 63) // max(1, len(self)):  # int64 sums could wrap
+            live = peak = 0
+            for a, s in zip(self.is_alloc.tolist(), self.sizes.tolist(), strict=True):
+                live += s if a else -s
+                peak = max(peak, live)
+            return peak
         delta = np.where(self.is_alloc != 0, self.sizes.astype(np.int64), -self.sizes.astype(np.int64))
         return max(0, int(np.cumsum(delta).max()))
 
@@ -122,17 +128,16 @@ def _mapping_streams(events: list[Any], n: int) -> np.ndarray | None:
     """The ``stream`` of each alloc/free mapping event, when any event names one."""
     if not any(isinstance(e, Mapping) and "stream" in e for e in events):
         return None
+    # The events normalize keeps: a trace with free_completed marks drops its free_requested.
+    completed = any(isinstance(e, Mapping) and e.get("action") == "free_completed" for e in events)
+    kept = {"alloc", "free", "free_completed"} | (set() if completed else {"free_requested"})
     out = []
     for k, e in enumerate(events):
         if not isinstance(e, Mapping):
             out.append(0)
-            continue
-        if e.get("action") not in ("alloc", "free", "free_completed", "free_requested"):
-            continue
-        out.append(_args.integer(e.get("stream", 0), f"event {k}: stream"))
-    if len(out) != n:  # free_requested of a trace that also has free_completed is dropped
-        return None
-    return np.array(out, dtype=np.uint64)
+        elif e.get("action") in kept:
+            out.append(_args.integer(e.get("stream", 0), f"event {k}: stream"))
+    return np.array(out, dtype=np.uint64) if len(out) == n else None
 
 
 def as_trace(events: Any) -> Trace:
