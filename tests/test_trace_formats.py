@@ -318,3 +318,12 @@ def test_streams_of_mapping_events_are_kept():
     t = Trace.from_events(evs)
     assert t.streams.tolist() == [7, 7, 0] and t.is_alloc.tolist() == [1, 0, 1]
     assert t.peak_live() == 2**63  # past int64, no wrap-around
+
+
+def test_cli_replay_says_no_when_the_capacity_is_too_small(rmm_log, capsys):
+    assert main(["replay", str(rmm_log), "--allocator", "direct", "--capacity", "1MiB"]) == 1
+    assert main(["replay", str(rmm_log), "--allocator", "direct", "--capacity", "1GiB"]) == 0
+    big = rmm_log.parent / "big.csv"
+    big.write_text("Thread,Time,Action,Pointer,Size,Stream\n1,00:00:00.0,allocate,0x10,99999999999999999999999,0x0\n")
+    assert main(["replay", str(big)]) == 2
+    assert "not a byte count" in capsys.readouterr().err

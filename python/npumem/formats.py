@@ -197,8 +197,8 @@ def read_rmm_csv(path: Any) -> Trace:
             action = row[2].strip()
             thread = _thread(row[0], f"{where}: Thread")
             size_text = row[4].strip()
-            if not size_text.isdigit():
-                raise invalid_param(f"{where}: Size is {size_text!r}, not a byte count")
+            if not size_text.isdigit() or int(size_text) > _args.U64_MAX:
+                raise invalid_param(f"{where}: Size is {size_text!r}, not a byte count (0 to 2**64-1)")
             size = int(size_text)
             stream = _hex(row[5], f"{where}: Stream")
             if action == "allocate failure":
