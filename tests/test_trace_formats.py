@@ -327,3 +327,17 @@ def test_cli_replay_says_no_when_the_capacity_is_too_small(rmm_log, capsys):
     big.write_text("Thread,Time,Action,Pointer,Size,Stream\n1,00:00:00.0,allocate,0x10,99999999999999999999999,0x0\n")
     assert main(["replay", str(big)]) == 2
     assert "not a byte count" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "cols, match",
+    [
+        (([1], [-1], [8]), "holds -1"),
+        (([1], [0], [8.5]), "float64"),
+        (([1, 0], [0], [8, 8]), "has 1 entries"),
+        (([[1]], [0], [8]), "2 dimensions"),
+    ],
+)
+def test_trace_columns_are_checked(cols, match):
+    with pytest.raises(InvalidParamError, match=match):
+        Trace(*(np.array(c) for c in cols))

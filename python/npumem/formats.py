@@ -64,18 +64,16 @@ class Trace:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        n = len(self.is_alloc)
-        self.is_alloc = np.ascontiguousarray(self.is_alloc, dtype=np.uint8)
-        self.ids = np.ascontiguousarray(self.ids, dtype=np.uint64)
-        self.sizes = np.ascontiguousarray(self.sizes, dtype=np.uint64)
-        for name in ("ids", "sizes", "streams", "threads"):
+        n = None
+        for name in ("is_alloc", "ids", "sizes", "streams", "threads"):
             col = getattr(self, name)
-            if col is not None and len(col) != n:
+            if col is None and name in ("streams", "threads"):
+                continue
+            col = _column(col, name, self.source)
+            if n is not None and len(col) != n:
                 raise invalid_param(f"{self.source}: column {name} has {len(col)} entries, is_alloc has {n}")
-        if self.streams is not None:
-            self.streams = np.ascontiguousarray(self.streams, dtype=np.uint64)
-        if self.threads is not None:
-            self.threads = np.ascontiguousarray(self.threads, dtype=np.uint64)
+            n = len(col)
+            setattr(self, name, col.astype(np.uint8 if name == "is_alloc" else np.uint64, copy=False))
 
     def __len__(self) -> int:
         return len(self.is_alloc)
@@ -122,6 +120,18 @@ class Trace:
             return peak
         delta = np.where(self.is_alloc != 0, self.sizes.astype(np.int64), -self.sizes.astype(np.int64))
         return max(0, int(np.cumsum(delta).max()))
+
+
+def _column(values: Any, name: str, source: str) -> np.ndarray:
+    """A trace column as a 1-D C-contiguous array of non-negative integers (never wrapped)."""
+    col = np.asarray(values)
+    if col.ndim != 1 or (col.dtype.kind not in "ui" and not (col.dtype.kind == "b" and name == "is_alloc")):
+        if not (col.size == 0 and col.ndim == 1):
+            raise invalid_param(f"{source}: column {name} is {col.dtype} of {col.ndim} dimensions; use 1-D integers")
+        col = col.astype(np.uint64)
+    if col.dtype.kind == "i" and col.size and int(col.min()) < 0:
+        raise invalid_param(f"{source}: column {name} holds {int(col.min())}; trace columns are non-negative")
+    return np.ascontiguousarray(col)
 
 
 def _mapping_streams(events: list[Any], n: int) -> np.ndarray | None:
