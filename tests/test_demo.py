@@ -14,7 +14,7 @@ def test_demo_runs_every_section():
     demo.run(out=out)
     text = out.getvalue()
     sections = re.findall(r"^(\d+)\. ", text, re.M)
-    assert sections == [str(i) for i in range(1, 12)]
+    assert sections == [str(i) for i in range(1, 13)]
     assert "7. Graph planning" in text and "8. Host memory pool" in text
     assert "owned by 'npumem_host_pool' (ok)" in text
     assert "9. Device allocation at Python speed" in text and "is caught as use after free" in text

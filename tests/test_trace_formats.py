@@ -128,6 +128,11 @@ def test_npz_and_rmm_writers_round_trip(tmp_path_factory, raw, compress):
     assert _events(back) == _events(t)
     formats.write_rmm_csv(t, d / "t.csv")
     assert _events(formats.load(d / "t.csv")) == _events(t)
+    if not len(t):
+        return  # a profiler trace without [memory] events is refused on reading (by design)
+    formats.write_profiler_trace(t, d / "t.json.gz")
+    no_streams = [(a, b, s, 0, 0) for a, b, s, _, _ in _events(t)]
+    assert _events(formats.load(d / "t.json.gz")) == no_streams
 
 
 def test_npz_refuses_broken_pairs(tmp_path):
@@ -273,3 +278,66 @@ def test_cli_replay_without_matplotlib_keeps_the_table(tmp_path, capsys, rmm_log
     out, err = capsys.readouterr()
     assert code == 3 and "npumem" in out and "peak allocated" in out
     assert err.strip().count("\n") == 0 and "matplotlib" in err
+
+
+def test_a_progress_callback_that_raises_leaves_nothing_live():
+    n = (1 << 20) + 10
+    t = Trace(np.tile(np.array([1, 0], np.uint8), n // 2), np.repeat(np.arange(n // 2), 2), np.full(n, 512))
+    # Ids allocated in the first chunk and freed in the second are live when the callback raises.
+    t.is_alloc[: 1 << 10] = 1
+    t.ids[: 1 << 10] = np.arange(1 << 10) + n
+    dev = npumem.Device("1GiB")
+
+    def stop(done, total):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        replay.replay(t, dev, progress=stop)
+    assert dev.stats()["live_count"] == 0
+
+
+def test_profiler_trace_from_a_device(tmp_path):
+    dev = npumem.Device("1GiB", allocator="torch_npu")
+    dev.record_memory_history()
+    t = Trace.from_events(EVENTS)
+    replay._replay(t, dev, 0, False)
+    assert formats.write_profiler_trace(dev, tmp_path / "p.json") == len(EVENTS)
+    assert formats.detect(tmp_path / "p.json") == "profiler"
+    back = formats.load(tmp_path / "p.json")
+    assert [e[:2] for e in _events(back)] == [e[:2] for e in _events(t)]
+
+
+def test_streams_of_mapping_events_are_kept():
+    evs = [
+        {"action": "alloc", "addr": 1, "size": 8, "stream": 7},
+        {"action": "free_requested", "addr": 1, "size": 8, "stream": 7},
+        {"action": "free_completed", "addr": 1, "size": 8, "stream": 7},
+        {"action": "segment_map", "addr": 0, "size": 2 << 20, "stream": 0},
+        {"action": "alloc", "addr": 2, "size": 2**63, "stream": 0},
+    ]
+    t = Trace.from_events(evs)
+    assert t.streams.tolist() == [7, 7, 0] and t.is_alloc.tolist() == [1, 0, 1]
+    assert t.peak_live() == 2**63  # past int64, no wrap-around
+
+
+def test_cli_replay_says_no_when_the_capacity_is_too_small(rmm_log, capsys):
+    assert main(["replay", str(rmm_log), "--allocator", "direct", "--capacity", "1MiB"]) == 1
+    assert main(["replay", str(rmm_log), "--allocator", "direct", "--capacity", "1GiB"]) == 0
+    big = rmm_log.parent / "big.csv"
+    big.write_text("Thread,Time,Action,Pointer,Size,Stream\n1,00:00:00.0,allocate,0x10,99999999999999999999999,0x0\n")
+    assert main(["replay", str(big)]) == 2
+    assert "not a byte count" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "cols, match",
+    [
+        (([1], [-1], [8]), "holds -1"),
+        (([1], [0], [8.5]), "float64"),
+        (([1, 0], [0], [8, 8]), "has 1 entries"),
+        (([[1]], [0], [8]), "2 dimensions"),
+    ],
+)
+def test_trace_columns_are_checked(cols, match):
+    with pytest.raises(InvalidParamError, match=match):
+        Trace(*(np.array(c) for c in cols))

@@ -7,8 +7,9 @@ family the most (:mod:`npumem.cli_stress`).
 
 Exit status, one meaning each:
   0    done
-  1    the answer is no: the plan does not fit --capacity, or the graph does not meet --mem-limit;
-       or some cells of a sweep failed (each is listed; the others were written)
+  1    the answer is no: the plan does not fit --capacity, the graph does not meet --mem-limit, a
+       replayed trace ran out of memory on --capacity, or some cells of a sweep failed (each is
+       listed; the others were written)
   2    usage or input error (an unknown option, a bad value, a file that cannot be read or is not
        what the command reads); a one-line message says which
   3    a requested output (--plot, a sweep's Parquet tables or its cluster, a report's plots) needs
@@ -573,15 +574,6 @@ def _replay(args: argparse.Namespace) -> int:
         sample_every=sample_every,
         progress=progress if show else None,
     )
-    if args.snapshot:
-        for r, conf in zip(table.results, confs * len(families) if len(confs) == 1 else confs, strict=True):
-            dev = Device(r.capacity, allocator=r.allocator, alloc_conf=conf)
-            dev.record_memory_history(True, max_entries=max(1, 8 * n))
-            replay_on(trace, dev, 0, False)
-            path = _snapshot_path(args.snapshot, r.allocator, len(families) > 1)
-            formats.write_snapshot(dev, path)
-            if not args.json:
-                print(f"snapshot ({r.allocator}) -> {path}")
     if args.json:
         print(json.dumps({"trace": args.trace, "events": n, "peak_live": table.peak_live, "results": table.rows()}))
     else:
@@ -591,8 +583,19 @@ def _replay(args: argparse.Namespace) -> int:
         streams = trace.stream_values()
         print(f"{args.trace}: {n:,} events, peak live {fmt(table.peak_live)}, {len(streams)} stream(s){extra}")
         print(table)
+    if args.snapshot:
+        for r, conf in zip(table.results, confs * len(families) if len(confs) == 1 else confs, strict=True):
+            dev = Device(r.capacity, allocator=r.allocator, alloc_conf=conf)
+            dev.record_memory_history(True, max_entries=max(1, 8 * n))
+            replay_on(trace, dev, 0, False)
+            path = _snapshot_path(args.snapshot, r.allocator, len(families) > 1)
+            formats.write_snapshot(dev, path)
+            if not args.json:
+                print(f"snapshot ({r.allocator}) -> {path}")
+    # The answer is no (exit 1) when a family ran out of memory on the --capacity asked about.
+    done = EXIT_NO if capacity is not None and any(r.ooms for r in table.results) else EXIT_OK
     if not args.plot:
-        return EXIT_OK
+        return done
 
     def draw() -> None:
         from .replay import plot_timeline
@@ -601,7 +604,7 @@ def _replay(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"timeline -> {args.plot}")
 
-    return EXIT_MISSING_DEPENDENCY if _try_plot(draw, True) else EXIT_OK
+    return EXIT_MISSING_DEPENDENCY if _try_plot(draw, True) else done
 
 
 if __name__ == "__main__":

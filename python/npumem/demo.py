@@ -592,6 +592,8 @@ def generated_workload(out: TextIO, plot_path: str | None) -> list[str]:
             missing.append(str(e))
     out.write("\n")
     return missing
+
+
 def pyacl(out: TextIO) -> None:
     """A pyACL program, unchanged, on two simulated devices of one address space: copies, a P2P
     copy at the P2P bandwidth, and the leak report of what it forgot."""

@@ -39,7 +39,8 @@ from typing import Any
 
 from . import _args, _files
 from .errors import invalid_param
-from .replay import _replay, min_capacity, normalize, peak_live_bytes
+from .formats import as_trace
+from .replay import _replay, min_capacity, peak_live_bytes
 
 FAMILIES = ("npumem", "pytorch", "torch_npu", "direct")
 OBJECTIVES = ("capacity", "reserved", "oom")
@@ -179,7 +180,7 @@ def _objective(
         cfg["alloc_conf"] = alloc_conf
 
     def score(w: Workload) -> float:
-        evs = normalize(w)
+        evs = as_trace(w)
         if peak_live_bytes(w) < min_live:
             return 0.0
         peak = bound(w)
@@ -203,7 +204,7 @@ def figures(events: Workload, allocator: str, alloc_conf: str | None = None) -> 
     cfg: dict[str, Any] = {"allocator": allocator}
     if alloc_conf is not None and allocator != "direct":
         cfg["alloc_conf"] = alloc_conf
-    evs = normalize(events)
+    evs = as_trace(events)
     return {
         "min_capacity": min_capacity(events, cfg),
         "peak_reserved": _replay(evs, Device(ROOMY, **cfg), 0, False).peak_reserved,

@@ -17,7 +17,8 @@ use crate::device::PyDevice;
 use crate::errors::to_py;
 use crate::export::fill_buffer;
 
-#[pyclass(name = "DeviceBuffer", module = "npumem._native", frozen)]
+// A free list keeps recently dropped objects for reuse: one is made and dropped per buffer.
+#[pyclass(name = "DeviceBuffer", module = "npumem._native", frozen, freelist = 64)]
 pub struct DeviceBuffer {
     device: Py<PyDevice>,
     ptr: u64,

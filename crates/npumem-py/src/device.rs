@@ -337,14 +337,13 @@ impl PyDevice {
             let r = &mut replay;
             self.run_detached_if(py, true, move |d| d.replay_chunk(r, events, policy, stop_on_oom))?;
             start = end;
-            if let Err(e) = py.check_signals() {
-                // Interrupted: what the replay holds goes back before the error propagates.
+            let between = py.check_signals().and_then(|()| progress.map_or(Ok(()), |p| p.call1((start, n)).map(drop)));
+            if let Err(e) = between {
+                // Interrupted (Ctrl-C, or the progress callback raised): what the replay holds
+                // goes back before the error propagates.
                 let left = std::mem::replace(&mut replay, Replay::new(0, 0, 0)).finish().leftover;
                 self.run(py, |d| d.free_many(&left))?;
                 return Err(e);
-            }
-            if let Some(progress) = progress {
-                progress.call1((start, n))?;
             }
         }
         let samples = replay.samples().to_vec();
