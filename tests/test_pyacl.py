@@ -261,6 +261,11 @@ def test_memcpy2d(system):
     assert dev_bytes(dev, 24) == rows[:, :6].tobytes()
     assert acl.rt.memcpy2d(dev, 6, rows.ctypes.data, 8, 7, 4, H2D) == 100000  # width > dpitch
     assert acl.rt.memcpy2d(dev, 6, rows.ctypes.data, 8, 0, 4, H2D) == 0
+    packed = np.arange(24, dtype=np.uint8) + 100  # pitches equal to the width: one copy
+    assert acl.rt.memcpy2d(dev, 6, packed.ctypes.data, 6, 6, 4, H2D) == 0
+    assert dev_bytes(dev, 24) == packed.tobytes()
+    assert acl.rt.memcpy2d(dev, 1, packed.ctypes.data, 1, 1, 1 << 40, H2D) == 107000  # checked, not looped
+    assert acl.rt.memcpy2d(dev, 6, rows.ctypes.data, 8, 6, 4, H2D) == 0
     assert acl.rt.memcpy2d(dev, 6, rows.ctypes.data, 8, 6, 5, H2D) == 107000  # past the allocation
     out = np.zeros((4, 8), np.uint8)
     s, _ = acl.rt.create_stream()

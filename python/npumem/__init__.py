@@ -4,7 +4,8 @@ in Rust, driven from Python.
 ``import npumem`` loads the device and its errors; the other modules (``npumem.plan``,
 ``npumem.graph``, ``npumem.replay``, ``npumem.tlb``, ``npumem.traces``, ``npumem.importers``,
 ``npumem.patterns``, ``npumem.hostpool``, ``npumem.capi``, ...) load on first use, so ``npumem.plan.Problem``
-works without an import of its own and the package stays quick to import.
+works without an import of its own and the package stays quick to import. ``npumem.acl`` is a
+pyACL-compatible layer (``import npumem.acl as acl``; ``python -m npumem.run script.py``).
 """
 
 from __future__ import annotations

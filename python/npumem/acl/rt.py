@@ -623,6 +623,8 @@ def _copy2d(fn: str, args: tuple[Any, ...], stream: Stream | None) -> int:
             ret = 0
         if ret:
             return ret
+    if width == dpitch == spitch:  # rows back to back on both sides: one copy
+        return _copy(fn, dst, width * height, src, width * height, kind, stream)
     for row in range(height):
         ret = _copy(fn, dst + row * dpitch, width, src + row * spitch, width, kind, stream)
         if ret:
