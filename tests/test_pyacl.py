@@ -551,7 +551,10 @@ def test_leak_report_names_call_sites(system, capsys):
     found = acl.report()
     assert [a["site"] for a in found["allocations"] if a["ptr"] == p] == [f"{__file__}:{line}"]
     assert [x["stream"] for x in found["streams"]] == [s]
-    assert any("use_after_free" in m for m in found["misuse"])
+    # The finding names the block's call site and the stream as the program knows them.
+    (finding,) = [m for m in found["misuse"] if "use_after_free" in m]
+    assert f"malloc_host block at {host:#x} (allocated at {__file__}:{line + 2})" in finding
+    assert f"while stream {s:#x} still used it" in finding
     assert acl.finalize() == 0
     err = capsys.readouterr().err
     assert "leak and misuse report" in err and f"test_pyacl.py:{line}" in err and "never destroyed" in err

@@ -23,6 +23,7 @@ import os
 import sys
 import threading
 from bisect import bisect_right
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,8 @@ LOCK = threading.RLock()
 #: and physical-memory handles alike so that one is never taken for another.
 _HANDLES = itertools.count(0x5A0000001000, 0x40)
 PAGE = 4096
+#: How many freed blocks' call sites the report can still name.
+FREED_SITES = 4096
 
 
 def new_handle() -> int:
@@ -182,6 +185,10 @@ class Runtime:
         self.peer_pending: dict[tuple[int, int], set[int]] = {}
         self.ipc: dict[str, IpcKey] = {}
         self.misuse: list[str] = []
+        #: Every stream handle by (device, native stream), destroyed ones too, and the call sites
+        #: of recently freed memory: sanitizer findings name them as the program knows them.
+        self.stream_names: dict[tuple[int, int], int] = {}
+        self.freed_sites: OrderedDict[int, str] = OrderedDict()
         #: Copies whose kind named another direction than their addresses (the kind is advisory).
         self.kind_mismatches = 0
 
@@ -274,6 +281,13 @@ class Runtime:
                     dev.synchronize_stream(self.sys().peer_stream(other))
                 except AclError as e:
                     self.misuse.append(f"completing a peer copy on device {other}: {e.message}")
+
+    def forget_site(self, ptr: int, site: str) -> None:
+        """Keeps the call site of memory just freed (the last ``FREED_SITES``)."""
+        self.freed_sites[ptr] = site
+        self.freed_sites.move_to_end(ptr)
+        if len(self.freed_sites) > FREED_SITES:
+            self.freed_sites.popitem(last=False)
 
     # ----- where an address lives -----
 

@@ -373,6 +373,7 @@ def _free(fn: str, ptr: int, api_ok: Callable[[Alloc], bool], hint: str) -> int:
     _, ret = _native(RT.sys().device(alloc.device).free, alloc.base or ptr)
     if ret == 0:
         del RT.allocs[ptr]
+        RT.forget_site(alloc.base or ptr, alloc.site)
     return ret
 
 
@@ -409,6 +410,7 @@ def free_host(host_ptr: Any) -> int:
     _, ret = _native(RT.sys().device(block.owner).free_host, ptr)
     if ret == 0:
         RT.remove_host_block(ptr)
+        RT.forget_site(ptr, block.site)
     return ret
 
 
@@ -871,6 +873,7 @@ def create_stream() -> tuple[int, int]:
         return 0, ret
     s = Stream(new_handle(), ctx.device, native, ctx.handle, call_site(3))
     RT.streams[s.handle] = s
+    RT.stream_names[ctx.device, native] = s.handle
     ctx.streams.add(s.handle)
     return s.handle, C.ACL_SUCCESS
 
