@@ -54,7 +54,7 @@ def call_site(depth: int = 2) -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
-@dataclass
+@dataclass(slots=True)
 class Context:
     handle: int
     device: int
@@ -63,7 +63,7 @@ class Context:
     streams: set[int] = field(default_factory=set)
 
 
-@dataclass
+@dataclass(slots=True)
 class Stream:
     handle: int
     device: int
@@ -72,7 +72,7 @@ class Stream:
     site: str
 
 
-@dataclass
+@dataclass(slots=True)
 class Event:
     handle: int
     device: int
@@ -80,7 +80,7 @@ class Event:
     site: str
 
 
-@dataclass
+@dataclass(slots=True)
 class Alloc:
     device: int
     size: int
@@ -90,14 +90,14 @@ class Alloc:
     base: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class HostBlock:
     owner: int
     size: int
     site: str
 
 
-@dataclass
+@dataclass(slots=True)
 class IpcKey:
     device: int
     ptr: int

@@ -325,7 +325,7 @@ def _malloc(fn: str, size: Any, policy: Any, api: str, site: str) -> tuple[int, 
         return 0, RT.fail(C.ACL_ERROR_INVALID_PARAM, f"acl.rt.{fn} size must be greater than 0")
     dev = RT.sys().device(ctx.device)
     method = dev.malloc_align32 if api == "malloc_align32" else dev.malloc
-    ptr, ret = _native(method, n, chosen, tag=site)
+    ptr, ret = _native(method, n, chosen, 0, site)
     if ret:
         return 0, ret
     RT.allocs[ptr] = Alloc(ctx.device, n, site, api)
