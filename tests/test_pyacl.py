@@ -501,16 +501,35 @@ def test_ipc_export_import(system):
     pid, _ = acl.rt.device_get_bare_tgid()
     assert acl.rt.ipc_mem_set_import_pid(key, [pid]) == 0
     imported, ret = acl.rt.ipc_mem_import_by_key(key, 1)
-    assert ret == 0
+    assert ret == 0 and imported != big  # a second mapping of the same pages
+    assert acl.rt.pointer_get_attributes(imported)[0]["location"] == {"id": 0, "type": 1}
+    dev0 = RT.sys().device(0)
+    assert dev0.translate(imported)[0] == dev0.translate(big)[0]
     put(imported, b"shared")  # written through the importer's pointer
     acl.rt.set_device(0)
     assert dev_bytes(big, 6) == b"shared"  # seen by the exporter
-    assert acl.rt.ipc_mem_close(key) == 0  # importer first
+    put(big + 6, b"!")
+    assert dev_bytes(imported, 7) == b"shared!"  # and back
+    assert acl.rt.ipc_mem_close(key) == 0  # importer first: its mapping goes
+    assert acl.rt.memcpy(np.zeros(1).ctypes.data, 1, imported, 1, D2H) == 107000
     assert acl.rt.ipc_mem_close(key) == 0  # then the exporter
     assert acl.rt.ipc_mem_close(key) == 107000
     assert acl.rt.free(big) == 0
     assert acl.rt.ipc_mem_import_by_key("nope", 0) == (0, 107000)
     assert acl.rt.ipc_mem_get_export_key(big, 64, 10, 0) == ("", 100000)
+
+
+def test_ipc_import_outlives_the_exporters_free(system):
+    buf, _ = acl.rt.malloc(2 * MiB, HUGE_FIRST)
+    put(buf, b"kept")
+    key, _ = acl.rt.ipc_mem_get_export_key(buf, 2 * MiB, 65, 1)  # no pid check
+    imported, ret = acl.rt.ipc_mem_import_by_key(key, 0)
+    assert ret == 0
+    assert acl.rt.free(buf) == 0  # wrong order: the exporter frees before the importer closes
+    assert dev_bytes(imported, 4) == b"kept"  # the importer's mapping keeps the pages
+    assert any("freed while its IPC key" in m for m in acl.report()["misuse"])
+    assert acl.rt.ipc_mem_close(key) == 0 and acl.rt.ipc_mem_close(key) == 0
+    assert acl.report()["ipc_keys"] == []
 
 
 def test_ipc_small_carved_blocks_fail_the_export_check(system):

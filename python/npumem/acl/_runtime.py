@@ -104,7 +104,8 @@ class IpcKey:
     size: int
     pids: set[int]
     check_pid: bool
-    imports: int = 0
+    #: The addresses the imports got (second mappings of the same pages), latest last.
+    imports: list[int] = field(default_factory=list)
 
 
 class _Thread(threading.local):

@@ -1148,8 +1148,9 @@ def ipc_mem_set_import_pid(key: Any, pids: Any) -> int:
 
 @_locked
 def ipc_mem_import_by_key(key: Any, flags: Any) -> tuple[int, int]:
-    """``(dev_ptr, ret)``: the exported memory, at the address it has in the one address space
-    (the same pages: writes through either side are seen by the other)."""
+    """``(dev_ptr, ret)``: the exported memory mapped a second time, at a new address of the
+    exporter's device (the same physical pages: writes through either address are seen through
+    the other; the pages live until this import is closed, even past the exporter's free)."""
     fl = _k(flags, "ipc_mem_import_by_key", "flags")
     k = _key(key, "ipc_mem_import_by_key")
     if isinstance(k, int):
@@ -1164,20 +1165,26 @@ def ipc_mem_import_by_key(key: Any, flags: Any) -> tuple[int, int]:
             C.ACL_ERROR_RT_NO_PERMISSION,
             f"pid {getpid()} is not on the key's whitelist: the exporter calls acl.rt.ipc_mem_set_import_pid first",
         )
+    alias, ret = _native(RT.sys().device(k.device)._map_alias, k.ptr, k.size)
+    if ret:
+        return 0, ret
     if fl == _IPC_IMPORT_ENABLE_PEER_ACCESS and ctx.device != k.device:
         RT.peers.add((ctx.device, k.device))
-    k.imports += 1
-    return k.ptr, C.ACL_SUCCESS
+    k.imports.append(alias)
+    return alias, C.ACL_SUCCESS
 
 
 @_locked
 def ipc_mem_close(key: Any) -> int:
-    """Closes one side: the importers first (each import), then the exporter (the key goes)."""
+    """Closes one side: the importers first (each close unmaps the latest import), then the
+    exporter (the key goes)."""
     k = _key(key, "ipc_mem_close")
     if isinstance(k, int):
         return k
-    if k.imports > 0:
-        k.imports -= 1
-    else:
-        del RT.ipc[key]
+    if k.imports:
+        _, ret = _native(RT.sys().device(k.device)._unmap_alias, k.imports[-1])
+        if ret == 0:
+            k.imports.pop()
+        return ret
+    del RT.ipc[key]
     return C.ACL_SUCCESS
