@@ -261,6 +261,11 @@ def test_memcpy2d(system):
     assert dev_bytes(dev, 24) == rows[:, :6].tobytes()
     assert acl.rt.memcpy2d(dev, 6, rows.ctypes.data, 8, 7, 4, H2D) == 100000  # width > dpitch
     assert acl.rt.memcpy2d(dev, 6, rows.ctypes.data, 8, 0, 4, H2D) == 0
+    packed = np.arange(24, dtype=np.uint8) + 100  # pitches equal to the width: one copy
+    assert acl.rt.memcpy2d(dev, 6, packed.ctypes.data, 6, 6, 4, H2D) == 0
+    assert dev_bytes(dev, 24) == packed.tobytes()
+    assert acl.rt.memcpy2d(dev, 1, packed.ctypes.data, 1, 1, 1 << 40, H2D) == 107000  # checked, not looped
+    assert acl.rt.memcpy2d(dev, 6, rows.ctypes.data, 8, 6, 4, H2D) == 0
     assert acl.rt.memcpy2d(dev, 6, rows.ctypes.data, 8, 6, 5, H2D) == 107000  # past the allocation
     out = np.zeros((4, 8), np.uint8)
     s, _ = acl.rt.create_stream()
@@ -496,16 +501,35 @@ def test_ipc_export_import(system):
     pid, _ = acl.rt.device_get_bare_tgid()
     assert acl.rt.ipc_mem_set_import_pid(key, [pid]) == 0
     imported, ret = acl.rt.ipc_mem_import_by_key(key, 1)
-    assert ret == 0
+    assert ret == 0 and imported != big  # a second mapping of the same pages
+    assert acl.rt.pointer_get_attributes(imported)[0]["location"] == {"id": 0, "type": 1}
+    dev0 = RT.sys().device(0)
+    assert dev0.translate(imported)[0] == dev0.translate(big)[0]
     put(imported, b"shared")  # written through the importer's pointer
     acl.rt.set_device(0)
     assert dev_bytes(big, 6) == b"shared"  # seen by the exporter
-    assert acl.rt.ipc_mem_close(key) == 0  # importer first
+    put(big + 6, b"!")
+    assert dev_bytes(imported, 7) == b"shared!"  # and back
+    assert acl.rt.ipc_mem_close(key) == 0  # importer first: its mapping goes
+    assert acl.rt.memcpy(np.zeros(1).ctypes.data, 1, imported, 1, D2H) == 107000
     assert acl.rt.ipc_mem_close(key) == 0  # then the exporter
     assert acl.rt.ipc_mem_close(key) == 107000
     assert acl.rt.free(big) == 0
     assert acl.rt.ipc_mem_import_by_key("nope", 0) == (0, 107000)
     assert acl.rt.ipc_mem_get_export_key(big, 64, 10, 0) == ("", 100000)
+
+
+def test_ipc_import_outlives_the_exporters_free(system):
+    buf, _ = acl.rt.malloc(2 * MiB, HUGE_FIRST)
+    put(buf, b"kept")
+    key, _ = acl.rt.ipc_mem_get_export_key(buf, 2 * MiB, 65, 1)  # no pid check
+    imported, ret = acl.rt.ipc_mem_import_by_key(key, 0)
+    assert ret == 0
+    assert acl.rt.free(buf) == 0  # wrong order: the exporter frees before the importer closes
+    assert dev_bytes(imported, 4) == b"kept"  # the importer's mapping keeps the pages
+    assert any("freed while its IPC key" in m for m in acl.report()["misuse"])
+    assert acl.rt.ipc_mem_close(key) == 0 and acl.rt.ipc_mem_close(key) == 0
+    assert acl.report()["ipc_keys"] == []
 
 
 def test_ipc_small_carved_blocks_fail_the_export_check(system):
@@ -546,7 +570,10 @@ def test_leak_report_names_call_sites(system, capsys):
     found = acl.report()
     assert [a["site"] for a in found["allocations"] if a["ptr"] == p] == [f"{__file__}:{line}"]
     assert [x["stream"] for x in found["streams"]] == [s]
-    assert any("use_after_free" in m for m in found["misuse"])
+    # The finding names the block's call site and the stream as the program knows them.
+    (finding,) = [m for m in found["misuse"] if "use_after_free" in m]
+    assert f"malloc_host block at {host:#x} (allocated at {__file__}:{line + 2})" in finding
+    assert f"while stream {s:#x} still used it" in finding
     assert acl.finalize() == 0
     err = capsys.readouterr().err
     assert "leak and misuse report" in err and f"test_pyacl.py:{line}" in err and "never destroyed" in err

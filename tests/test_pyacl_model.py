@@ -38,6 +38,8 @@ class Program(RuleBasedStateMachine):
         #: ptr -> (device or -1 for malloc_host, bytes: int16, -1 unknown)
         self.mem: dict[int, tuple[int, np.ndarray]] = {}
         self.scratch = np.zeros(SCRATCH, np.uint8)
+        #: live stream -> its device (all made in a device's default context)
+        self.streams: dict[int, int] = {}
 
     def teardown(self) -> None:
         reset()
@@ -59,8 +61,11 @@ class Program(RuleBasedStateMachine):
         assert acl.rt.reset_device(d) == 0
         if self.refs[d]:
             self.refs[d] -= 1
-            if self.refs[d] == 0 and self.current == d:
-                self.current = None
+            if self.refs[d] == 0:
+                # The default context goes, and the streams made in it.
+                self.streams = {h: x for h, x in self.streams.items() if x != d}
+                if self.current == d:
+                    self.current = None
 
     @rule(p=st.integers(0, DEVICES))
     def enable_peer(self, p):
@@ -79,6 +84,35 @@ class Program(RuleBasedStateMachine):
     def current_device(self):
         got = acl.rt.get_device()
         assert got == ((self.current, 0) if self.current is not None else (0, 107002))
+
+    @invariant()
+    def leak_books(self):
+        """The report lists exactly the live allocations, host blocks and streams."""
+        found = acl.report()
+        assert {a["ptr"] for a in found["allocations"]} == {p for p, (d, _) in self.mem.items() if d >= 0}
+        assert {b["ptr"] for b in found["host_blocks"]} == {p for p, (d, _) in self.mem.items() if d < 0}
+        assert {s["stream"]: s["device"] for s in found["streams"]} == self.streams
+
+    # ----- streams -----
+
+    @rule()
+    def create_stream(self):
+        s, ret = acl.rt.create_stream()
+        if self.current is None:
+            assert (s, ret) == (0, 107002)
+        else:
+            assert ret == 0 and s not in self.streams
+            self.streams[s] = self.current
+
+    @rule(data=st.data())
+    def destroy_stream(self, data):
+        handle = data.draw(st.sampled_from([*self.streams, 12345]))
+        ret = acl.rt.destroy_stream(handle)
+        if handle in self.streams:
+            assert ret == 0
+            del self.streams[handle]
+        else:
+            assert ret == 107000
 
     # ----- memory -----
 

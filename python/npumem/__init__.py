@@ -6,6 +6,8 @@ in Rust, driven from Python.
 ``npumem.patterns``, ``npumem.hostpool``, ``npumem.capi``, ``npumem.workloads``, ``npumem.testing``,
 ``npumem.stress``, ...) load on first use, as do ``npumem.profiler`` and ``npumem.profile``; so
 ``npumem.plan.Problem`` works without an import of its own and the package stays quick to import.
+``npumem.acl`` is a pyACL-compatible layer (``import npumem.acl as acl``; ``python -m npumem.run
+script.py``).
 """
 
 from __future__ import annotations

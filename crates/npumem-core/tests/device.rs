@@ -266,3 +266,35 @@ fn copy_to_peer_moves_bytes_between_devices() {
     assert_eq!(&out[5..(n - 5) as usize], &data[1..(n - 9) as usize]);
     a.copy_to_peer(src, &mut b, dst, 0).unwrap();
 }
+
+/// `map_alias` maps an allocation's pages a second time (an IPC import): writes through either
+/// address are read through the other, the pages outlive the allocation until `unmap_alias`,
+/// and the alias is not the program's to unmap or release.
+#[test]
+fn map_alias_shares_the_pages() {
+    for allocator in [AllocatorKind::Npumem, AllocatorKind::Direct, AllocatorKind::PyTorch] {
+        let sim = SimConfig { capacity: GIB, ..SimConfig::default() };
+        let mut d = Device::new(DeviceConfig { sim, allocator, ..Default::default() }).unwrap();
+        let n = 3 * MIB;
+        let p = d.malloc(n, Policy::HugeFirst).unwrap();
+        let alias = d.map_alias(p + 4096, n - 4096).unwrap();
+        assert_ne!(alias, p + 4096);
+        assert_eq!(d.translate(alias).unwrap().pa, d.translate(p + 4096).unwrap().pa);
+        d.write(alias + 10, b"through the alias").unwrap();
+        let mut out = [0u8; 17];
+        d.read(p + 4096 + 10, &mut out).unwrap();
+        assert_eq!(&out, b"through the alias");
+        assert!(d.unmap_mem(alias - (alias % (2 * MIB))).is_err());
+        assert!(d.release_mem_address(alias).is_err());
+        assert!(d.map_alias(p, n + 1).is_err() && d.map_alias(p, 0).is_err());
+        d.free(p).unwrap();
+        d.read(alias + 10, &mut out).unwrap(); // the imported pages outlive the free
+        assert_eq!(&out, b"through the alias");
+        d.unmap_alias(alias + 5).unwrap();
+        assert!(d.read(alias, &mut out).is_err());
+        assert!(d.unmap_alias(alias).is_err());
+        assert!(d.map_alias(p, 64).is_err());
+        d.empty_cache().unwrap();
+        assert_eq!(d.mem_info(MemAttr::Hbm).0, GIB, "{allocator:?}: every page came back");
+    }
+}

@@ -248,6 +248,12 @@ impl Backend for QueuedHost {
     fn counters(&self) -> BackendCounters {
         self.host.counters()
     }
+    fn mapping_containing(&self, va: u64) -> Option<(u64, PhysHandle, u64)> {
+        self.host.mapping_containing(va)
+    }
+    fn window(&self) -> (u64, u64) {
+        self.host.window()
+    }
     fn owns(&self, va: u64) -> bool {
         self.host.owns(va)
     }

@@ -490,6 +490,19 @@ impl PyDevice {
         failure.map_or(Ok(bytes), Err)
     }
 
+    /// Maps the pages under `size` bytes at `ptr` (inside a live allocation) a second time, at a
+    /// new address of this device (an IPC import); returns the address of `ptr`'s byte there.
+    fn _map_alias(&self, py: Python<'_>, ptr: &Bound<'_, PyAny>, size: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let (ptr, size) = (uint_arg(ptr, "ptr")?, size_arg(size, "size")?);
+        self.run(py, |d| d.map_alias(ptr, size))
+    }
+
+    /// Undoes the `_map_alias` whose range holds `addr`.
+    fn _unmap_alias(&self, py: Python<'_>, addr: &Bound<'_, PyAny>) -> PyResult<()> {
+        let addr = uint_arg(addr, "addr")?;
+        self.run(py, |d| d.unmap_alias(addr))
+    }
+
     /// Moves `count` bytes from `src` on this device to `dst` on `peer` (another device of one
     /// address space), charging no clock: the caller queues the copy first (`launch`). The two
     /// devices are locked in a fixed order (by address), so concurrent peer copies cannot deadlock.

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import re
 import sys
 from typing import Any
 
@@ -171,11 +172,41 @@ def report() -> dict[str, Any]:
         if RT.system is not None:
             for index, dev in RT.system.created():
                 for f in dev.sanitizer_reports():
-                    if f.kind == "kind_mismatch":  # counted above, on every path alike
-                        continue
-                    where = f" (allocated at {f.tag})" if f.tag else ""
-                    out["misuse"].append(f"device {index}: {f.kind}{where}: {f.message}")
+                    if f.kind != "kind_mismatch":  # counted above, on every path alike
+                        out["misuse"].append(_describe(index, f))
         return out
+
+
+def _stream_name(device: int, native: int) -> str:
+    """A stream as the program knows it: its handle, the default stream, or the queue of the
+    other sides of cross-device copies."""
+    if native == 0:
+        return "the default stream"
+    handle = RT.stream_names.get((device, native))
+    if handle is not None:
+        return f"stream {handle:#x}"
+    if RT.system is not None and RT.system.peer_streams.get(device) == native:
+        return "a cross-device copy"
+    return f"stream {native}"
+
+
+def _describe(index: int, f: Any) -> str:
+    """A sanitizer finding of device ``index`` in the program's terms (its stream handles, the
+    call site of the memory)."""
+    base = f.allocation if f.allocation is not None else f.addr
+    site = f.tag or (RT.allocs[base].site if base in RT.allocs else RT.freed_sites.get(base))
+    where = f" (allocated at {site})" if site else ""
+    users = [_stream_name(index, s) for s in f.streams if s >= 0]
+    if f.kind == "use_after_free" and "frees the memory" in f.message:
+        host = RT.system is None or RT.system.locate(f.addr) is None
+        what = "malloc_host block" if host else "device memory"
+        return (
+            f"device {index}: use_after_free: the {what} at {f.addr:#x}{where} was freed while "
+            f"{' and '.join(users) or 'queued work'} still used it; synchronize that stream (or an event "
+            "recorded after the work) before freeing"
+        )
+    message = re.sub(r"stream (\d+)", lambda m: _stream_name(index, int(m[1])), f.message)
+    return f"device {index}: {f.kind}{where}: {message}"
 
 
 def _has_findings(found: dict[str, Any]) -> bool:

@@ -23,6 +23,7 @@ import os
 import sys
 import threading
 from bisect import bisect_right
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,8 @@ LOCK = threading.RLock()
 #: and physical-memory handles alike so that one is never taken for another.
 _HANDLES = itertools.count(0x5A0000001000, 0x40)
 PAGE = 4096
+#: How many freed blocks' call sites the report can still name.
+FREED_SITES = 4096
 
 
 def new_handle() -> int:
@@ -51,7 +54,7 @@ def call_site(depth: int = 2) -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
-@dataclass
+@dataclass(slots=True)
 class Context:
     handle: int
     device: int
@@ -60,7 +63,7 @@ class Context:
     streams: set[int] = field(default_factory=set)
 
 
-@dataclass
+@dataclass(slots=True)
 class Stream:
     handle: int
     device: int
@@ -69,7 +72,7 @@ class Stream:
     site: str
 
 
-@dataclass
+@dataclass(slots=True)
 class Event:
     handle: int
     device: int
@@ -77,7 +80,7 @@ class Event:
     site: str
 
 
-@dataclass
+@dataclass(slots=True)
 class Alloc:
     device: int
     size: int
@@ -87,21 +90,22 @@ class Alloc:
     base: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class HostBlock:
     owner: int
     size: int
     site: str
 
 
-@dataclass
+@dataclass(slots=True)
 class IpcKey:
     device: int
     ptr: int
     size: int
     pids: set[int]
     check_pid: bool
-    imports: int = 0
+    #: The addresses the imports got (second mappings of the same pages), latest last.
+    imports: list[int] = field(default_factory=list)
 
 
 class _Thread(threading.local):
@@ -182,6 +186,10 @@ class Runtime:
         self.peer_pending: dict[tuple[int, int], set[int]] = {}
         self.ipc: dict[str, IpcKey] = {}
         self.misuse: list[str] = []
+        #: Every stream handle by (device, native stream), destroyed ones too, and the call sites
+        #: of recently freed memory: sanitizer findings name them as the program knows them.
+        self.stream_names: dict[tuple[int, int], int] = {}
+        self.freed_sites: OrderedDict[int, str] = OrderedDict()
         #: Copies whose kind named another direction than their addresses (the kind is advisory).
         self.kind_mismatches = 0
 
@@ -274,6 +282,13 @@ class Runtime:
                     dev.synchronize_stream(self.sys().peer_stream(other))
                 except AclError as e:
                     self.misuse.append(f"completing a peer copy on device {other}: {e.message}")
+
+    def forget_site(self, ptr: int, site: str) -> None:
+        """Keeps the call site of memory just freed (the last ``FREED_SITES``)."""
+        self.freed_sites[ptr] = site
+        self.freed_sites.move_to_end(ptr)
+        if len(self.freed_sites) > FREED_SITES:
+            self.freed_sites.popitem(last=False)
 
     # ----- where an address lives -----
 

@@ -325,7 +325,7 @@ def _malloc(fn: str, size: Any, policy: Any, api: str, site: str) -> tuple[int, 
         return 0, RT.fail(C.ACL_ERROR_INVALID_PARAM, f"acl.rt.{fn} size must be greater than 0")
     dev = RT.sys().device(ctx.device)
     method = dev.malloc_align32 if api == "malloc_align32" else dev.malloc
-    ptr, ret = _native(method, n, chosen, tag=site)
+    ptr, ret = _native(method, n, chosen, 0, site)
     if ret:
         return 0, ret
     RT.allocs[ptr] = Alloc(ctx.device, n, site, api)
@@ -373,6 +373,7 @@ def _free(fn: str, ptr: int, api_ok: Callable[[Alloc], bool], hint: str) -> int:
     _, ret = _native(RT.sys().device(alloc.device).free, alloc.base or ptr)
     if ret == 0:
         del RT.allocs[ptr]
+        RT.forget_site(alloc.base or ptr, alloc.site)
     return ret
 
 
@@ -409,6 +410,7 @@ def free_host(host_ptr: Any) -> int:
     _, ret = _native(RT.sys().device(block.owner).free_host, ptr)
     if ret == 0:
         RT.remove_host_block(ptr)
+        RT.forget_site(ptr, block.site)
     return ret
 
 
@@ -623,6 +625,8 @@ def _copy2d(fn: str, args: tuple[Any, ...], stream: Stream | None) -> int:
             ret = 0
         if ret:
             return ret
+    if width == dpitch == spitch:  # rows back to back on both sides: one copy
+        return _copy(fn, dst, width * height, src, width * height, kind, stream)
     for row in range(height):
         ret = _copy(fn, dst + row * dpitch, width, src + row * spitch, width, kind, stream)
         if ret:
@@ -869,6 +873,7 @@ def create_stream() -> tuple[int, int]:
         return 0, ret
     s = Stream(new_handle(), ctx.device, native, ctx.handle, call_site(3))
     RT.streams[s.handle] = s
+    RT.stream_names[ctx.device, native] = s.handle
     ctx.streams.add(s.handle)
     return s.handle, C.ACL_SUCCESS
 
@@ -1143,8 +1148,9 @@ def ipc_mem_set_import_pid(key: Any, pids: Any) -> int:
 
 @_locked
 def ipc_mem_import_by_key(key: Any, flags: Any) -> tuple[int, int]:
-    """``(dev_ptr, ret)``: the exported memory, at the address it has in the one address space
-    (the same pages: writes through either side are seen by the other)."""
+    """``(dev_ptr, ret)``: the exported memory mapped a second time, at a new address of the
+    exporter's device (the same physical pages: writes through either address are seen through
+    the other; the pages live until this import is closed, even past the exporter's free)."""
     fl = _k(flags, "ipc_mem_import_by_key", "flags")
     k = _key(key, "ipc_mem_import_by_key")
     if isinstance(k, int):
@@ -1159,20 +1165,26 @@ def ipc_mem_import_by_key(key: Any, flags: Any) -> tuple[int, int]:
             C.ACL_ERROR_RT_NO_PERMISSION,
             f"pid {getpid()} is not on the key's whitelist: the exporter calls acl.rt.ipc_mem_set_import_pid first",
         )
+    alias, ret = _native(RT.sys().device(k.device)._map_alias, k.ptr, k.size)
+    if ret:
+        return 0, ret
     if fl == _IPC_IMPORT_ENABLE_PEER_ACCESS and ctx.device != k.device:
         RT.peers.add((ctx.device, k.device))
-    k.imports += 1
-    return k.ptr, C.ACL_SUCCESS
+    k.imports.append(alias)
+    return alias, C.ACL_SUCCESS
 
 
 @_locked
 def ipc_mem_close(key: Any) -> int:
-    """Closes one side: the importers first (each import), then the exporter (the key goes)."""
+    """Closes one side: the importers first (each close unmaps the latest import), then the
+    exporter (the key goes)."""
     k = _key(key, "ipc_mem_close")
     if isinstance(k, int):
         return k
-    if k.imports > 0:
-        k.imports -= 1
-    else:
-        del RT.ipc[key]
+    if k.imports:
+        _, ret = _native(RT.sys().device(k.device)._unmap_alias, k.imports[-1])
+        if ret == 0:
+            k.imports.pop()
+        return ret
+    del RT.ipc[key]
     return C.ACL_SUCCESS

@@ -165,6 +165,10 @@ impl Backend for FaultyBackend {
         self.inner.counters()
     }
 
+    fn mapping_containing(&self, va: u64) -> Option<(u64, PhysHandle, u64)> {
+        self.inner.mapping_containing(va)
+    }
+
     fn window(&self) -> (u64, u64) {
         self.inner.window()
     }

@@ -447,6 +447,10 @@ impl Backend for HostBackend {
         self.counters
     }
 
+    fn mapping_containing(&self, va: u64) -> Option<(u64, PhysHandle, u64)> {
+        self.space.containing(va).map(|(start, m)| (start, m.handle, m.size))
+    }
+
     fn window(&self) -> (u64, u64) {
         (self.window, self.window + self.window_len)
     }

@@ -96,6 +96,9 @@ pub trait Backend: Send {
     /// Where `va` is mapped.
     fn translate(&self, va: u64) -> Result<Translation>;
 
+    /// The mapping holding `va`, as (its start, its physical allocation, its size).
+    fn mapping_containing(&self, va: u64) -> Option<(u64, PhysHandle, u64)>;
+
     /// The backend's address window `[start, end)`: every reservation lies in it.
     fn window(&self) -> (u64, u64) {
         (crate::vm::VA_WINDOW_START, crate::vm::VA_WINDOW_END)

@@ -419,6 +419,10 @@ impl Backend for SimBackend {
         Ok(())
     }
 
+    fn mapping_containing(&self, va: u64) -> Option<(u64, PhysHandle, u64)> {
+        self.space.containing(va).map(|(start, m)| (start, m.handle, m.size))
+    }
+
     fn window(&self) -> (u64, u64) {
         self.space.window()
     }

@@ -24,18 +24,24 @@ pub(super) struct UserVmm {
     handles: FxHashMap<PhysHandle, (u64, PageKind)>,
     /// Mappings: start → (size, handle).
     mappings: BTreeMap<u64, (u64, PhysHandle)>,
+    /// Second mappings of allocations' memory (IPC imports, `map_alias`): start of the
+    /// reservation → (its length, the starts of the mappings in it).
+    aliases: BTreeMap<u64, (u64, Vec<u64>)>,
 }
 
 impl UserVmm {
     /// The mapping holding `[addr, addr + len)`, as its start.
+    /// (An alias counts as one mapping, from its reservation's start.)
     pub(super) fn mapping_of(&self, addr: u64, len: u64) -> Option<u64> {
-        let (&start, &(size, _)) = self.mappings.range(..=addr).next_back()?;
-        addr.checked_add(len).filter(|&end| end <= start + size).map(|_| start)
+        let fits = |start: u64, size: u64| addr.checked_add(len).filter(|&end| end <= start + size).map(|_| start);
+        let mapping = self.mappings.range(..=addr).next_back().and_then(|(&s, &(size, _))| fits(s, size));
+        mapping.or_else(|| self.aliases.range(..=addr).next_back().and_then(|(&s, &(size, _))| fits(s, size)))
     }
 
-    /// Whether `addr` lies in one of the program's mappings.
+    /// Whether `addr` lies in one of the program's mappings (or an alias).
     pub(super) fn mapped(&self, addr: u64) -> bool {
         self.mappings.range(..=addr).next_back().is_some_and(|(&s, &(size, _))| addr < s + size)
+            || self.aliases.range(..=addr).next_back().is_some_and(|(&s, &(size, _))| addr < s + size)
     }
 }
 
@@ -192,6 +198,74 @@ impl Device {
         self.settle();
         self.backend.unmap(va)?;
         self.user_vmm.mappings.remove(&va);
+        self.sanitizer.forget(va);
+        self.charge_driver();
+        Ok(())
+    }
+
+    /// Maps the physical memory under `[ptr, ptr + size)` of a live allocation a second time, at
+    /// a fresh reservation of this device (an IPC import of memory exported from here): returns
+    /// the address of `ptr`'s byte in the new mapping. What is written through either address is
+    /// read through the other, and the pages stay alive until `unmap_alias`, whatever becomes of
+    /// the allocation. Nothing changes when it fails.
+    pub fn map_alias(&mut self, ptr: u64, size: u64) -> Result<u64> {
+        self.settle();
+        if size == 0 {
+            return Err(AclError::invalid_param("the range to map again must not be empty"));
+        }
+        let Some(a) = self.live.containing(ptr, |a| a.size) else {
+            return Err(AclError::rt_param(format!("{ptr:#x} is not inside a live allocation")));
+        };
+        let end = ptr.checked_add(size).filter(|&e| e <= a.ptr + a.size).ok_or_else(|| {
+            AclError::rt_param(format!(
+                "{size} bytes at {ptr:#x} run past the end of the allocation at {:#x} ({} bytes)",
+                a.ptr, a.size
+            ))
+        })?;
+        let mut pieces: Vec<(u64, PhysHandle, u64)> = Vec::new();
+        let mut at = ptr;
+        while at < end {
+            let piece = self
+                .backend
+                .mapping_containing(at)
+                .ok_or_else(|| AclError::internal(format!("{at:#x} lies in an allocation but in no mapping")))?;
+            at = piece.0 + piece.2;
+            pieces.push(piece);
+        }
+        let base = pieces[0].0;
+        let span = at - base;
+        let va = self.backend.reserve(span, a.page.bytes(), None)?;
+        for (i, &(start, handle, _)) in pieces.iter().enumerate() {
+            if let Err(e) = self.backend.map(va + (start - base), handle) {
+                for &(s, _, _) in &pieces[..i] {
+                    let _ = self.backend.unmap(va + (s - base));
+                }
+                let _ = self.backend.release(va);
+                self.charge_driver();
+                return Err(e);
+            }
+        }
+        let starts = pieces.iter().map(|&(s, _, _)| va + (s - base)).collect();
+        self.user_vmm.aliases.insert(va, (span, starts));
+        self.charge_driver();
+        Ok(va + (ptr - base))
+    }
+
+    /// Undoes the `map_alias` whose range holds `addr`: unmaps it and releases its reservation.
+    pub fn unmap_alias(&mut self, addr: u64) -> Result<()> {
+        let Some((&va, _)) = self.user_vmm.aliases.range(..=addr).next_back().filter(|(s, (n, _))| addr < **s + *n)
+        else {
+            return Err(AclError::rt_param(format!("{addr:#x} is not in a range map_alias made")));
+        };
+        if let Some(e) = self.pinned(va) {
+            return Err(e);
+        }
+        self.settle();
+        let (_, starts) = self.user_vmm.aliases.remove(&va).expect("found above");
+        for s in starts {
+            self.backend.unmap(s)?;
+        }
+        self.backend.release(va)?;
         self.sanitizer.forget(va);
         self.charge_driver();
         Ok(())
