@@ -505,6 +505,10 @@ impl<D: Driver> Backend for DriverBackend<D> {
         Ok(Translation { pa: (mp.handle << 40) | (va - m), page_size: page, depth })
     }
 
+    fn mapping_containing(&self, va: u64) -> Option<(u64, PhysHandle, u64)> {
+        self.space.containing(va).map(|(start, m)| (start, m.handle, m.size))
+    }
+
     fn owns(&self, va: u64) -> bool {
         let (lo, hi) = self.driver.window();
         (self.driver.owns_window() && (lo..hi).contains(&va)) || self.space.reserved(va)
