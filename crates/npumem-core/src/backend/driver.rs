@@ -169,7 +169,14 @@ pub struct DriverBackend<D: Driver> {
     events: FxHashSet<Handle>,
     /// What the runtime refused to take back (see the module's notes), retried.
     stranded: Vec<Stranded>,
+    /// Destroyed events kept for the next `create_event` (the device makes one per free under
+    /// queued work; the runtime's create and destroy cost more than a reuse), at most
+    /// `EVENT_POOL` of them; not in `events`.
+    spare_events: Vec<Handle>,
 }
+
+/// The most destroyed events a backend keeps for reuse.
+const EVENT_POOL: usize = 256;
 
 /// A physical allocation (its raw handle and size) or a reservation (the runtime's start and
 /// size) the runtime refused to free.
@@ -227,6 +234,7 @@ impl<D: Driver> DriverBackend<D> {
             streams: FxHashSet::default(),
             events: FxHashSet::default(),
             stranded: Vec::new(),
+            spare_events: Vec::new(),
         })
     }
 
@@ -564,14 +572,23 @@ impl<D: Driver> RuntimeStreams for DriverBackend<D> {
     }
 
     fn create_event(&mut self) -> Result<Handle> {
-        let event = self.driver.create_event()?;
+        let event = match self.spare_events.pop() {
+            Some(event) => event,
+            None => self.driver.create_event()?,
+        };
         self.events.insert(event);
         Ok(event)
     }
 
     fn destroy_event(&mut self, event: Handle) -> Result<()> {
         self.known_event(event)?;
-        self.driver.destroy_event(event)?;
+        // Only an event whose latest record has completed is kept: it then answers as a new,
+        // never-recorded event does (complete), and waits on it wait for nothing.
+        if self.spare_events.len() < EVENT_POOL && self.driver.query_event(event).unwrap_or(false) {
+            self.spare_events.push(event);
+        } else {
+            self.driver.destroy_event(event)?;
+        }
         self.events.remove(&event);
         Ok(())
     }
@@ -635,7 +652,7 @@ impl<D: Driver> Drop for DriverBackend<D> {
         // Best effort: a runtime that fails here has nothing better to be told. Queued work
         // finishes before its streams, events and memory go.
         let _ = self.driver.synchronize_device();
-        for &event in &self.events {
+        for &event in self.events.iter().chain(&self.spare_events) {
             let _ = self.driver.destroy_event(event);
         }
         for &stream in &self.streams {
