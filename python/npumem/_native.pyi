@@ -27,6 +27,7 @@ class Device:
         sanitizer: str = "collect",
         faults: bool = False,
         va_slice: tuple[int, int] | None = None,
+        device_id: int = 0,
     ) -> Device: ...
     @property
     def alloc_conf(self) -> str: ...

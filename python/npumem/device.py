@@ -62,7 +62,8 @@ class Device(_native.Device):
     memory), ``"acl"`` (an Ascend NPU through AscendCL, ``libascendcl.so`` from
     ``NPUMEM_ACL_LIB``, ``$ASCEND_HOME_PATH/lib64`` or the loader path) or ``"cuda"`` (a GPU
     through the CUDA driver, ``libcuda.so.1`` from ``NPUMEM_CUDA_LIB`` or the loader path); on
-    the last two, streams and events are the runtime's own.
+    the last two, streams and events are the runtime's own, and ``device_id`` picks the runtime's
+    device (``aclrtSetDevice``, ``cuDeviceGet``; 0 by default, the only one on the others).
 
     Pointers are ints in the device window (16-24 TiB); ``malloc_host`` returns real, 64-byte
     aligned host memory. Errors are :class:`npumem.errors.AclError` subclasses carrying the

@@ -138,10 +138,26 @@ impl PyDevice {
     }
 }
 
+/// The runtime's device a `device_id` names: any id the runtime has on `acl` and `cuda` (the
+/// runtime checks it when the device opens), only 0 on the simulator and host memory.
+fn device_ordinal(backend: BackendKind, device_id: u64) -> Result<i32, AclError> {
+    match backend {
+        BackendKind::Acl | BackendKind::Cuda => i32::try_from(device_id).map_err(|_| {
+            AclError::invalid_param(format!("device_id={device_id} is not a device of the runtime (0 to {})", i32::MAX))
+        }),
+        _ if device_id == 0 => Ok(0),
+        _ => Err(AclError::invalid_param(format!(
+            "device_id={device_id}: the {} backend has one device, 0; several simulated devices sharing one \
+             address space are npumem.acl's system (va_slice)",
+            backend.name()
+        ))),
+    }
+}
+
 #[pymethods]
 impl PyDevice {
     #[new]
-    #[pyo3(signature = (capacity = None, *, normal_page = None, giant_frames = None, backend = "sim", allocator = "npumem", alloc_conf = None, preset = "ascend910b", sanitizer = "collect", faults = false, va_slice = None))]
+    #[pyo3(signature = (capacity = None, *, normal_page = None, giant_frames = None, backend = "sim", allocator = "npumem", alloc_conf = None, preset = "ascend910b", sanitizer = "collect", faults = false, va_slice = None, device_id = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -155,14 +171,17 @@ impl PyDevice {
         sanitizer: &str,
         faults: bool,
         va_slice: Option<(u32, u32)>,
+        device_id: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let capacity = capacity.map(|c| size_arg(c, "capacity")).transpose()?;
+        let device_id = device_id.map(|d| uint_arg(d, "device_id")).transpose()?.unwrap_or(0);
         let giant_frames = giant_frames.map(|g| uint_arg(g, "giant_frames")).transpose()?.unwrap_or(0);
         let normal_page = normal_page.map(|p| size_arg(p, "normal_page")).transpose()?;
         guard(py, || {
             let backend = BackendKind::parse(backend)?;
+            let ordinal = device_ordinal(backend, device_id)?;
             // A real backend's defaults come from it (its memory, its page), asked only when needed.
-            let defaults = || backend.defaults(0);
+            let defaults = || backend.defaults(ordinal);
             let normal_page = match normal_page {
                 None => defaults()?.1,
                 Some(bytes) => PageSize::from_bytes(bytes)
@@ -182,7 +201,7 @@ impl PyDevice {
             let config = DeviceConfig {
                 sim,
                 backend,
-                ordinal: 0,
+                ordinal,
                 allocator: AllocatorKind::parse(allocator)?,
                 alloc_conf: alloc_conf.unwrap_or_default().to_string(),
                 faults,
