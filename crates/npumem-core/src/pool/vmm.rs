@@ -179,8 +179,11 @@ struct VmmPool {
 
 impl VmmPool {
     fn pages_of(&self, ptr: u64, size: u64) -> std::ops::Range<usize> {
-        let first = (ptr - self.base) / self.page;
-        let last = (ptr + size - 1 - self.base) / self.page;
+        // Pages are powers of two (64 KiB, 2 MiB): shifts, not divisions (placement calls this
+        // for many candidates).
+        let shift = self.page.trailing_zeros();
+        let first = (ptr - self.base) >> shift;
+        let last = (ptr + size - 1 - self.base) >> shift;
         first as usize..last as usize + 1
     }
 
@@ -226,6 +229,8 @@ impl VmmPool {
     /// [`PLACE_SCAN`] extents. Returns the address and the pages it needs.
     fn economical_place(&self, size: u64, quantum: u64) -> Option<(u64, usize)> {
         let page = self.page;
+        // No placement needs fewer: all but its two end pages lie wholly under the block.
+        let floor = (size.div_ceil(page) as usize).saturating_sub(2);
         let mut best: Option<(usize, u64, u64)> = None;
         for (start, len) in self.space.free_extents_by_len(size).take(PLACE_SCAN) {
             let end = start + len;
@@ -239,7 +244,7 @@ impl VmmPool {
                     best = Some(key);
                 }
             }
-            if best.is_some_and(|b| b.0 == 0) {
+            if best.is_some_and(|b| b.0 <= floor) {
                 break;
             }
         }
