@@ -385,7 +385,8 @@ impl Array {
         let (ways, sets, set_mask, sizes) = (self.ways, self.sets as u64, self.set_mask, self.sizes_mask);
         let (mut lookups, mut hits, mut evictions) = (0, 0, 0);
         let way_bits = self.way_bits;
-        let (tags, stamps, filled, fps) = (&mut self.tags[..], &mut self.stamps[..], &mut self.filled[..], &mut self.fps[..]);
+        let (tags, stamps, filled, fps) =
+            (&mut self.tags[..], &mut self.stamps[..], &mut self.filled[..], &mut self.fps[..]);
         for (j, &i) in reach.iter().enumerate() {
             let a = &accesses[i as usize];
             if sizes & size_bit(a.page) == 0 {
