@@ -115,7 +115,7 @@ impl Wide {
 
     /// Makes `slot` the most recent of `set` (linked or not yet).
     #[inline]
-    fn to_front(&mut self, set: usize, slot: usize) {
+    fn make_most_recent(&mut self, set: usize, slot: usize) {
         let s = slot as u32;
         if self.head[set] == s {
             return;
@@ -243,7 +243,7 @@ impl Array {
     fn touch(&mut self, set: usize, slot: usize, now: u64) {
         match self.replacement {
             Replacement::Lru => match &mut self.wide {
-                Some(wide) => wide.to_front(set, slot),
+                Some(wide) => wide.make_most_recent(set, slot),
                 None => self.stamps[slot] = now,
             },
             Replacement::Plru => {
