@@ -2,9 +2,9 @@
 //! replacement, found in O(1) however wide its sets are. Page-walk caches are arrays of one set
 //! (fully associative, LRU).
 //!
-//! A narrow set (at most [`SCAN_WAYS`] ways) is searched by comparing all its tags, which are
-//! contiguous, into a bit mask (no branch per way, so a random hit position costs no
-//! misprediction); a wider one (fully associative L1s of 72–256 entries, walk caches of up to
+//! A narrow set (at most [`SCAN_WAYS`] ways) is searched by comparing 16-bit fingerprints of all
+//! its tags at once (SSE2 on x86_64) into a bit mask and checking the full tag where one matches
+//! (no branch per way, so a random hit position costs no misprediction); a wider one (fully associative L1s of 72–256 entries, walk caches of up to
 //! 4096) through a hash index from tag to slot, which is exact because a tag always falls in the
 //! same set. LRU keeps a stamp per entry in narrow sets (the victim is the smallest stamp) and a
 //! doubly linked recency list per set in wide ones (the victim is the tail); the two give the same
@@ -12,9 +12,10 @@
 //! fills its ways in order and the first empty way is the number of ways filled.
 //!
 //! Invariants: a tag is held in at most one slot; `filled[s]` ways of set `s` hold tags, the
-//! rest are empty; in a wide array the index maps exactly the held tags to their slots and, under
-//! LRU, the recency list of a set links exactly its filled slots, most recent first; PLRU bits and
-//! round-robin pointers evolve exactly as in `super::reference`, slot for slot.
+//! rest are empty; in a narrow array the fingerprint of each filled way is that of its tag; in a
+//! wide array the index maps exactly the held tags to their slots and, under LRU, the recency
+//! list of a set links exactly its filled slots, most recent first; PLRU bits and round-robin
+//! pointers evolve exactly as in `super::reference`, slot for slot.
 
 use rustc_hash::FxHashMap;
 
