@@ -24,8 +24,8 @@ pub struct PyTlb {
 /// linear scans: bit-identical and many times slower, for cross-checks and before/after
 /// benchmarks).
 enum Model {
-    Fast(Tlb),
-    Reference(ReferenceTlb),
+    Fast(Box<Tlb>),
+    Reference(Box<ReferenceTlb>),
 }
 
 impl Model {
@@ -106,9 +106,9 @@ impl PyTlb {
             }
         }
         let tlb = if model == "fast" {
-            Model::Fast(guard(py, || Tlb::new(config))?)
+            Model::Fast(Box::new(guard(py, || Tlb::new(config))?))
         } else {
-            Model::Reference(guard(py, || ReferenceTlb::new(config))?)
+            Model::Reference(Box::new(guard(py, || ReferenceTlb::new(config))?))
         };
         Ok(PyTlb { tlb: Mutex::new(tlb), device })
     }

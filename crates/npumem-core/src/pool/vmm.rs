@@ -8,9 +8,9 @@
 //! fit — with 2 MiB pages, where a block's ends fall decides how much of its end pages lies
 //! unused beside a hole. A small HUGE_FIRST block for which no memory is left in the small pool
 //! borrows the free part of a large-pool page; a mapping that runs out of memory is retried
-//! once where the block needs the fewest pages. Physical memory is mapped under blocks on demand, page by page (64 KiB
-//! pages in the small pool, 2 MiB in the large one), and stays mapped while idle so that reuse
-//! costs no driver call. Physical pages are not tied to
+//! once where the block needs the fewest pages. Physical memory is mapped under blocks on
+//! demand, page by page (64 KiB pages in the small pool, 2 MiB in the large one), and stays
+//! mapped while idle so that reuse costs no driver call. Physical pages are not tied to
 //! addresses: when a request needs pages and the device has no free frames, idle pages (mapped
 //! but holding no live block) are unmapped and their physical handles remapped under the new
 //! range — stitching scattered free memory into one contiguous block instead of failing. Requests
@@ -180,8 +180,11 @@ struct VmmPool {
 
 impl VmmPool {
     fn pages_of(&self, ptr: u64, size: u64) -> std::ops::Range<usize> {
-        let first = (ptr - self.base) / self.page;
-        let last = (ptr + size - 1 - self.base) / self.page;
+        // Pages are powers of two (64 KiB, 2 MiB): shifts, not divisions (placement calls this
+        // for many candidates).
+        let shift = self.page.trailing_zeros();
+        let first = (ptr - self.base) >> shift;
+        let last = (ptr + size - 1 - self.base) >> shift;
         first as usize..last as usize + 1
     }
 
@@ -223,10 +226,13 @@ impl VmmPool {
     /// Where a block of `size` bytes (a multiple of `quantum`) needs the fewest pages: in each
     /// free extent that fits it, at its start or end, or with one end on a page boundary; the
     /// fewest pages, then the shortest extent, then the lowest address. Extents are taken
-    /// shortest first and the search stops at a placement that needs no page or after
-    /// [`PLACE_SCAN`] extents. Returns the address and the pages it needs.
+    /// shortest first and the search stops at a placement that needs as few pages as any
+    /// position could (all but the two end pages) or after [`PLACE_SCAN`] extents. Returns the
+    /// address and the pages it needs.
     fn economical_place(&self, size: u64, quantum: u64) -> Option<(u64, usize)> {
         let page = self.page;
+        // No placement needs fewer: all but its two end pages lie wholly under the block.
+        let floor = (size.div_ceil(page) as usize).saturating_sub(2);
         let mut best: Option<(usize, u64, u64)> = None;
         for (start, len) in self.space.free_extents_by_len(size).take(PLACE_SCAN) {
             let end = start + len;
@@ -240,7 +246,7 @@ impl VmmPool {
                     best = Some(key);
                 }
             }
-            if best.is_some_and(|b| b.0 == 0) {
+            if best.is_some_and(|b| b.0 <= floor) {
                 break;
             }
         }
@@ -744,7 +750,8 @@ impl VmmAllocator {
         Ok(Grant { ptr, granted: size, page })
     }
 
-    /// Places a block of `size` bytes in `kind`'s pool (best fit) and maps its pages (see
+    /// Places a block of `size` bytes in `kind`'s pool (HUGE_ONLY: off normal-frame pages;
+    /// large pool: fewest pages first; small pool: best fit) and maps its pages (see
     /// `place_and_map`).
     fn malloc_in(
         &mut self,

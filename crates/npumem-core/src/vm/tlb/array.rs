@@ -2,9 +2,9 @@
 //! replacement, found in O(1) however wide its sets are. Page-walk caches are arrays of one set
 //! (fully associative, LRU).
 //!
-//! A narrow set (at most [`SCAN_WAYS`] ways) is searched by comparing all its tags, which are
-//! contiguous, into a bit mask (no branch per way, so a random hit position costs no
-//! misprediction); a wider one (fully associative L1s of 72–256 entries, walk caches of up to
+//! A narrow set (at most [`SCAN_WAYS`] ways) is searched by comparing 16-bit fingerprints of all
+//! its tags at once (SSE2 on x86_64) into a bit mask and checking the full tag where one matches
+//! (no branch per way, so a random hit position costs no misprediction); a wider one (fully associative L1s of 72–256 entries, walk caches of up to
 //! 4096) through a hash index from tag to slot, which is exact because a tag always falls in the
 //! same set. LRU keeps a stamp per entry in narrow sets (the victim is the smallest stamp) and a
 //! doubly linked recency list per set in wide ones (the victim is the tail); the two give the same
@@ -12,9 +12,10 @@
 //! fills its ways in order and the first empty way is the number of ways filled.
 //!
 //! Invariants: a tag is held in at most one slot; `filled[s]` ways of set `s` hold tags, the
-//! rest are empty; in a wide array the index maps exactly the held tags to their slots and, under
-//! LRU, the recency list of a set links exactly its filled slots, most recent first; PLRU bits and
-//! round-robin pointers evolve exactly as in `super::reference`, slot for slot.
+//! rest are empty; in a narrow array the fingerprint of each filled way is that of its tag; in a
+//! wide array the index maps exactly the held tags to their slots and, under LRU, the recency
+//! list of a set links exactly its filled slots, most recent first; PLRU bits and round-robin
+//! pointers evolve exactly as in `super::reference`, slot for slot.
 
 use rustc_hash::FxHashMap;
 
@@ -115,7 +116,7 @@ impl Wide {
 
     /// Makes `slot` the most recent of `set` (linked or not yet).
     #[inline]
-    fn to_front(&mut self, set: usize, slot: usize) {
+    fn make_most_recent(&mut self, set: usize, slot: usize) {
         let s = slot as u32;
         if self.head[set] == s {
             return;
@@ -243,7 +244,7 @@ impl Array {
     fn touch(&mut self, set: usize, slot: usize, now: u64) {
         match self.replacement {
             Replacement::Lru => match &mut self.wide {
-                Some(wide) => wide.to_front(set, slot),
+                Some(wide) => wide.make_most_recent(set, slot),
                 None => self.stamps[slot] = now,
             },
             Replacement::Plru => {
@@ -385,7 +386,8 @@ impl Array {
         let (ways, sets, set_mask, sizes) = (self.ways, self.sets as u64, self.set_mask, self.sizes_mask);
         let (mut lookups, mut hits, mut evictions) = (0, 0, 0);
         let way_bits = self.way_bits;
-        let (tags, stamps, filled, fps) = (&mut self.tags[..], &mut self.stamps[..], &mut self.filled[..], &mut self.fps[..]);
+        let (tags, stamps, filled, fps) =
+            (&mut self.tags[..], &mut self.stamps[..], &mut self.filled[..], &mut self.fps[..]);
         for (j, &i) in reach.iter().enumerate() {
             let a = &accesses[i as usize];
             if sizes & size_bit(a.page) == 0 {

@@ -8,10 +8,11 @@
 //! tagged with (page size, virtual page number), so what the allocator mapped — 4 KiB, 64 KiB,
 //! 2 MiB or 1 GiB pages — is exactly what the TLB caches.
 //!
-//! Speed: a lookup costs O(1) at any associativity (narrow sets are scanned, wide ones and the
-//! walk caches hashed: [`array`]); `run` remembers the translations it has asked for
-//! ([`memo`]), counts a run of accesses to the page of the previous one in bulk, and precomputes
-//! which arrays hold each page size. [`reference::ReferenceTlb`] is the model as first written
+//! Speed: a lookup costs O(1) at any associativity (narrow sets compare fingerprints of all
+//! ways at once, wide ones and the walk caches are hashed: [`array`]); `run` remembers the
+//! translations it has asked for ([`memo`]), counts a run of accesses to the page of the
+//! previous one in bulk, simulates the rest in batches level by level ([`batch`]), and
+//! precomputes which arrays hold each page size. [`reference::ReferenceTlb`] is the model as first written
 //! (linear scans); the two give bit-identical counters and contents on every configuration and
 //! address stream (property tests in `tests/tlb_reference.rs`).
 //!
@@ -133,7 +134,12 @@ impl Tlb {
         }
         let split = level_arrays
             .iter()
-            .map(|r| arrays[r.clone()].iter().try_fold(0u8, |seen, a| (seen & a.sizes_mask == 0).then_some(seen | a.sizes_mask)).is_some())
+            .map(|r| {
+                arrays[r.clone()]
+                    .iter()
+                    .try_fold(0u8, |seen, a| (seen & a.sizes_mask == 0).then_some(seen | a.sizes_mask))
+                    .is_some()
+            })
             .collect();
         let stats = TlbStats {
             arrays: config.levels.iter().map(|l| vec![ArrayStats::default(); l.len()]).collect(),
