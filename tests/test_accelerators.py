@@ -244,3 +244,28 @@ def test_the_gpu_check_passes_on_the_cuda_stand_in():
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "skipped" not in proc.stdout, proc.stdout[-2000:]
+
+
+# --------------------------------------------------------------------------------------------
+# device_id: the runtime's device
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["acl", "cuda"])
+def test_device_id_names_the_runtimes_device(backend):
+    d = npumem.Device("64MiB", backend=backend, device_id=0)
+    d.free(d.malloc(4096))
+    with pytest.raises(AclError, match=r"aclrtSetDevice\(99\)|cuDeviceGet\(99\)"):
+        npumem.Device("64MiB", backend=backend, device_id=99)
+    with pytest.raises(AclError, match=r"device_id=1099511627776 is not a device of the runtime"):
+        npumem.Device("64MiB", backend=backend, device_id=1 << 40)
+    with pytest.raises(AclError, match=r"device_id must be an integer"):
+        npumem.Device("64MiB", backend=backend, device_id=-1)
+
+
+@pytest.mark.parametrize("backend", ["sim", "host"])
+def test_device_id_is_0_on_the_simulator_and_host_memory(backend):
+    d = npumem.Device("64MiB", backend=backend, device_id=0)
+    d.free(d.malloc(4096))
+    with pytest.raises(AclError, match=rf"device_id=1: the {backend} backend has one device, 0"):
+        npumem.Device("64MiB", backend=backend, device_id=1)

@@ -3,8 +3,7 @@
 ``NPUMEM_DEVICES`` (how many devices, 1-64, default 8; each is made on first use),
 ``NPUMEM_CAPACITY`` (memory of each device, a size such as ``64GiB``; default 64 GiB on the
 simulator, the memory available on the host backend), ``NPUMEM_BACKEND`` (``sim``, the default,
-``host``, or a real runtime: ``acl`` or ``cuda``, where device n is the runtime's device n),
-``NPUMEM_ALLOCATOR`` (``npumem``, ``direct``, ``pytorch``, ``torch_npu``) and
+or ``host``), ``NPUMEM_ALLOCATOR`` (``npumem``, ``direct``, ``pytorch``, ``torch_npu``) and
 ``NPUMEM_ALLOC_CONF`` (the ``PYTORCH_NPU_ALLOC_CONF`` grammar). An empty variable counts as unset.
 
 Invariant: a :class:`Config` has been checked whole — the devices fit their slices of the one
@@ -28,7 +27,7 @@ ALLOC_CONF = "NPUMEM_ALLOC_CONF"
 
 #: The most devices one system holds: the device window cut in 64 slices of 128 GiB.
 MAX_DEVICES = 64
-BACKENDS = ("sim", "host", "acl", "cuda")
+BACKENDS = ("sim", "host")
 ALLOCATORS = ("npumem", "direct", "pytorch", "torch_npu")
 DEFAULT_SIM_CAPACITY = 64 << 30
 #: The VA a simulated device may need per byte of memory: the npumem pool reserves 4x its

@@ -130,14 +130,8 @@ class System:
         if dev is None:
             c = self.config
             va_slice = (index, c.devices) if c.backend == "sim" else None
-            device_id = index if c.backend in ("acl", "cuda") else 0
             dev = Device(
-                c.capacity,
-                backend=c.backend,
-                allocator=c.allocator,
-                alloc_conf=c.alloc_conf,
-                va_slice=va_slice,
-                device_id=device_id,
+                c.capacity, backend=c.backend, allocator=c.allocator, alloc_conf=c.alloc_conf, va_slice=va_slice
             )
             self.devices[index] = dev
         return dev
