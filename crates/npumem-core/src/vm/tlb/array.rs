@@ -115,7 +115,7 @@ impl Wide {
 
     /// Makes `slot` the most recent of `set` (linked or not yet).
     #[inline]
-    fn to_front(&mut self, set: usize, slot: usize) {
+    fn move_to_front(&mut self, set: usize, slot: usize) {
         let s = slot as u32;
         if self.head[set] == s {
             return;
@@ -243,7 +243,7 @@ impl Array {
     fn touch(&mut self, set: usize, slot: usize, now: u64) {
         match self.replacement {
             Replacement::Lru => match &mut self.wide {
-                Some(wide) => wide.to_front(set, slot),
+                Some(wide) => wide.move_to_front(set, slot),
                 None => self.stamps[slot] = now,
             },
             Replacement::Plru => {
@@ -385,7 +385,8 @@ impl Array {
         let (ways, sets, set_mask, sizes) = (self.ways, self.sets as u64, self.set_mask, self.sizes_mask);
         let (mut lookups, mut hits, mut evictions) = (0, 0, 0);
         let way_bits = self.way_bits;
-        let (tags, stamps, filled, fps) = (&mut self.tags[..], &mut self.stamps[..], &mut self.filled[..], &mut self.fps[..]);
+        let (tags, stamps, filled, fps) =
+            (&mut self.tags[..], &mut self.stamps[..], &mut self.filled[..], &mut self.fps[..]);
         for (j, &i) in reach.iter().enumerate() {
             let a = &accesses[i as usize];
             if sizes & size_bit(a.page) == 0 {

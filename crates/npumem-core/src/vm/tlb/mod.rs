@@ -133,7 +133,12 @@ impl Tlb {
         }
         let split = level_arrays
             .iter()
-            .map(|r| arrays[r.clone()].iter().try_fold(0u8, |seen, a| (seen & a.sizes_mask == 0).then_some(seen | a.sizes_mask)).is_some())
+            .map(|r| {
+                arrays[r.clone()]
+                    .iter()
+                    .try_fold(0u8, |seen, a| (seen & a.sizes_mask == 0).then_some(seen | a.sizes_mask))
+                    .is_some()
+            })
             .collect();
         let stats = TlbStats {
             arrays: config.levels.iter().map(|l| vec![ArrayStats::default(); l.len()]).collect(),
