@@ -306,12 +306,16 @@ mod tests {
         #[test]
         fn reservations_never_overlap(ops in proptest::collection::vec((0u8..3, 1u64..64, 0u32..4), 1..200)) {
             let mut va = VaSpace::new(VA_WINDOW_START, VA_WINDOW_START + 4 * GIB);
+            // The same operations on a space with the address-ordered index: the same answers.
+            let mut indexed = VaSpace::new(VA_WINDOW_START, VA_WINDOW_START + 4 * GIB).with_containment_index();
             let mut live: Vec<(u64, u64)> = Vec::new();
             for (op, pages, align_log) in ops {
                 if op < 2 || live.is_empty() {
                     let size = pages * 64 * 1024;
                     let align = 4096u64 << (align_log * 3);
-                    if let Ok(addr) = va.reserve(size, align) {
+                    let got = va.reserve(size, align);
+                    prop_assert_eq!(indexed.reserve(size, align).ok(), got.as_ref().ok().copied());
+                    if let Ok(addr) = got {
                         prop_assert_eq!(addr % align, 0);
                         for &(s, l) in &live {
                             prop_assert!(addr + size <= s || s + l <= addr);
@@ -321,6 +325,16 @@ mod tests {
                 } else {
                     let (s, l) = live.swap_remove(pages as usize % live.len());
                     prop_assert_eq!(va.release(s).unwrap(), l);
+                    prop_assert_eq!(indexed.release(s).unwrap(), l);
+                }
+                // Containment (the scan without the index, the index's range query with it) at
+                // each reservation's ends and just past them, and in a free gap.
+                for &(s, l) in &live {
+                    for probe in [s, s + l - 1, s + l, s.wrapping_sub(1)] {
+                        let want = live.iter().copied().find(|&(a, b)| (a..a + b).contains(&probe));
+                        prop_assert_eq!(va.reservation_containing(probe), want);
+                        prop_assert_eq!(indexed.reservation_containing(probe), want);
+                    }
                 }
                 let total: u64 = live.iter().map(|&(_, l)| l).sum();
                 prop_assert_eq!(va.reserved_bytes(), total);
