@@ -29,7 +29,7 @@ pub struct AddressMap {
 
 impl AddressMap {
     pub fn new(va: VaSpace) -> Self {
-        AddressMap { va, mappings: BTreeMap::new() }
+        AddressMap { va: va.with_containment_index(), mappings: BTreeMap::new() }
     }
 
     /// Reserves `size` bytes aligned to `align`, at `hint` if given (and free).

@@ -7,9 +7,14 @@
 //! alignment and have a non-zero length that is a multiple of the granule (4 KiB by default);
 //! free extents are kept coalesced (no two free extents touch), so `free + reserved == window
 //! size` always holds. Placement is best fit by length, lowest address among equals, in
-//! O(log n).
+//! O(log n). Reservations are found by start address in a hash map (O(1): a pool's
+//! sub-allocator holds one per live block, up to millions); the address-ordered index that
+//! "which reservation contains this address" needs is kept only by spaces that ask for it
+//! (`with_containment_index`), and when present holds exactly the hash map's entries.
 
 use std::collections::{BTreeMap, BTreeSet};
+
+use rustc_hash::FxHashMap;
 
 use super::{VA_WINDOW_END, VA_WINDOW_START};
 use crate::error::{AclError, Result};
@@ -31,7 +36,9 @@ pub struct VaSpace {
     /// Free extents ordered by (length, start), for best fit.
     free_by_len: BTreeSet<(u64, u64)>,
     /// Live reservations by start address → length.
-    reserved: BTreeMap<u64, u64>,
+    reserved: FxHashMap<u64, u64>,
+    /// The same, ordered by address, where `reservation_containing` is asked often.
+    by_addr: Option<BTreeMap<u64, u64>>,
     reserved_bytes: u64,
 }
 
@@ -58,11 +65,19 @@ impl VaSpace {
             end,
             free_by_addr: BTreeMap::new(),
             free_by_len: BTreeSet::new(),
-            reserved: BTreeMap::new(),
+            reserved: FxHashMap::default(),
+            by_addr: None,
             reserved_bytes: 0,
         };
         va.insert_free(start, end - start);
         va
+    }
+
+    /// The space with an address-ordered index of its reservations, so that
+    /// `reservation_containing` takes O(log n) instead of a scan of every reservation.
+    pub fn with_containment_index(mut self) -> Self {
+        self.by_addr = Some(self.reserved.iter().map(|(&s, &l)| (s, l)).collect());
+        self
     }
 
     pub fn window(&self) -> (u64, u64) {
@@ -174,6 +189,9 @@ impl VaSpace {
                  that reserve returned"
             )));
         };
+        if let Some(by_addr) = &mut self.by_addr {
+            by_addr.remove(&addr);
+        }
         self.reserved_bytes -= len;
         let mut start = addr;
         let mut len_total = len;
@@ -196,7 +214,12 @@ impl VaSpace {
 
     /// The reservation that contains `addr`, as `(start, len)`.
     pub fn reservation_containing(&self, addr: u64) -> Option<(u64, u64)> {
-        self.reserved.range(..=addr).next_back().filter(|&(&s, &l)| addr < s + l).map(|(&s, &l)| (s, l))
+        let contains = |&(&s, &l): &(&u64, &u64)| (s..s + l).contains(&addr);
+        match &self.by_addr {
+            Some(by_addr) => by_addr.range(..=addr).next_back().filter(contains),
+            None => self.reserved.iter().find(contains),
+        }
+        .map(|(&s, &l)| (s, l))
     }
 
     fn check_request(&self, size: u64, align: u64) -> Result<u64> {
@@ -229,6 +252,9 @@ impl VaSpace {
             self.insert_free(at + size, end - (at + size));
         }
         self.reserved.insert(at, size);
+        if let Some(by_addr) = &mut self.by_addr {
+            by_addr.insert(at, size);
+        }
         self.reserved_bytes += size;
     }
 
@@ -280,12 +306,16 @@ mod tests {
         #[test]
         fn reservations_never_overlap(ops in proptest::collection::vec((0u8..3, 1u64..64, 0u32..4), 1..200)) {
             let mut va = VaSpace::new(VA_WINDOW_START, VA_WINDOW_START + 4 * GIB);
+            // The same operations on a space with the address-ordered index: the same answers.
+            let mut indexed = VaSpace::new(VA_WINDOW_START, VA_WINDOW_START + 4 * GIB).with_containment_index();
             let mut live: Vec<(u64, u64)> = Vec::new();
             for (op, pages, align_log) in ops {
                 if op < 2 || live.is_empty() {
                     let size = pages * 64 * 1024;
                     let align = 4096u64 << (align_log * 3);
-                    if let Ok(addr) = va.reserve(size, align) {
+                    let got = va.reserve(size, align);
+                    prop_assert_eq!(indexed.reserve(size, align).ok(), got.as_ref().ok().copied());
+                    if let Ok(addr) = got {
                         prop_assert_eq!(addr % align, 0);
                         for &(s, l) in &live {
                             prop_assert!(addr + size <= s || s + l <= addr);
@@ -295,6 +325,16 @@ mod tests {
                 } else {
                     let (s, l) = live.swap_remove(pages as usize % live.len());
                     prop_assert_eq!(va.release(s).unwrap(), l);
+                    prop_assert_eq!(indexed.release(s).unwrap(), l);
+                }
+                // Containment (the scan without the index, the index's range query with it) at
+                // each reservation's ends and just past them, and in a free gap.
+                for &(s, l) in &live {
+                    for probe in [s, s + l - 1, s + l, s.wrapping_sub(1)] {
+                        let want = live.iter().copied().find(|&(a, b)| (a..a + b).contains(&probe));
+                        prop_assert_eq!(va.reservation_containing(probe), want);
+                        prop_assert_eq!(indexed.reservation_containing(probe), want);
+                    }
                 }
                 let total: u64 = live.iter().map(|&(_, l)| l).sum();
                 prop_assert_eq!(va.reserved_bytes(), total);
