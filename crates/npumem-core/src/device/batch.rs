@@ -129,14 +129,7 @@ impl Device {
                 };
                 return Err(AclError::bad_free(format!("free_many: pointer #{i} ({p:#x}): {why}; nothing was freed")));
             };
-            let idle = match last {
-                Some((s, idle)) if s == a.stream => idle,
-                _ => {
-                    let idle = self.idle(a.stream);
-                    last = Some((a.stream, idle));
-                    idle
-                }
-            };
+            let idle = self.idle_memo(&mut last, a.stream);
             let plain = (self.stream_uses.is_empty() || !self.stream_uses.contains_key(&p))
                 && (self.busy.is_empty() || !self.busy.contains_key(&p))
                 && !self.sanitizer.tracks(p);
@@ -395,14 +388,7 @@ impl Device {
                     let p = replay.ids.get(ids[taken]);
                     if p != 0 {
                         let Some(a) = self.live.remove(p) else { break };
-                        let idle = match last {
-                            Some((s, idle)) if s == a.stream => idle,
-                            _ => {
-                                let idle = self.idle(a.stream);
-                                last = Some((a.stream, idle));
-                                idle
-                            }
-                        };
+                        let idle = self.idle_memo(&mut last, a.stream);
                         if !idle || self.sanitizer.tracks(p) {
                             self.live.insert(a);
                             break;
@@ -483,6 +469,20 @@ impl Device {
         let now = self.sched.now_ns();
         self.sched.tail_ns(stream).is_ok_and(|t| t <= now)
             && (self.rt_dirty.is_empty() || !self.rt_dirty.contains(&stream))
+    }
+
+    /// [`Device::idle`] of `stream`, asked once per run of blocks on one stream: `last` holds the
+    /// previous stream and its answer (nothing changes the clock within a batch).
+    #[inline]
+    fn idle_memo(&self, last: &mut Option<(StreamId, bool)>, stream: StreamId) -> bool {
+        match *last {
+            Some((s, idle)) if s == stream => idle,
+            _ => {
+                let idle = self.idle(stream);
+                *last = Some((stream, idle));
+                idle
+            }
+        }
     }
 
     /// Notes the memory in use after event `index` of `replay`.
