@@ -718,8 +718,8 @@ impl VmmAllocator {
         };
         let bypass = size >= self.config.bypass_threshold || policy == Policy::Huge1gOnly;
         let huge_only = policy == Policy::HugeOnly;
-        self.release_recent()?;
         if bypass {
+            self.release_recent()?;
             return self.malloc_bypass(backend, request, size, plan).map_err(|e| self.oom(e, request));
         }
         if self.config.garbage_collection_threshold > 0.0 {
@@ -727,6 +727,17 @@ impl VmmAllocator {
             if self.reserved() > target {
                 self.trim_to(backend, target)?;
             }
+        }
+        // Waiting blocks are coalesced only under pressure: while the pool's free space has room
+        // for the block on pages already mapped, it goes there and they keep waiting for their
+        // sizes (as a fastbin allocator consolidates only when its bins cannot serve).
+        if !huge_only && !self.recent.is_empty() {
+            if let Some((ptr, page)) = self.place_on_mapped(backend, kind, size)? {
+                self.pool_mut(kind).blocks.insert(ptr, Block { size, requested: request.size, page });
+                self.stats.on_alloc(kind, size, request.size);
+                return Ok(Grant { ptr, granted: size, page });
+            }
+            self.release_recent()?;
         }
         let device_allocs = self.stats.num_device_alloc;
         let (kind, ptr, page) = match self.malloc_in(backend, kind, size, huge_only) {
@@ -776,6 +787,35 @@ impl VmmAllocator {
             pool.space.reserve(size, quantum)?
         };
         self.place_and_map(backend, kind, ptr, size, huge_only)
+    }
+
+    /// Places a block of `size` bytes in `kind`'s pool's free space (as `malloc_in` would,
+    /// waiting blocks left where they are) if every page under the placement is mapped, and
+    /// counts it on them; None (nothing changed) when the placement would need a new page.
+    fn place_on_mapped(
+        &mut self,
+        backend: &mut dyn Backend,
+        kind: PoolKind,
+        size: u64,
+    ) -> Result<Option<(u64, PageSize)>> {
+        let quantum = self.config.quantum;
+        let Some(pool) = self.pools[kind as usize].as_mut() else { return Ok(None) };
+        let mapped = |pool: &VmmPool, ptr: u64| pool.pages_of(ptr, size).all(|i| pool.slot(i).live > 0);
+        let ptr = if kind == PoolKind::Large {
+            match pool.economical_place(size, quantum) {
+                Some((ptr, 0)) => pool.space.reserve_at(ptr, size, quantum)?,
+                _ => return Ok(None),
+            }
+        } else {
+            let Ok(ptr) = pool.space.reserve(size, quantum) else { return Ok(None) };
+            if !mapped(pool, ptr) {
+                pool.space.release(ptr)?;
+                return Ok(None);
+            }
+            ptr
+        };
+        // Every page is mapped: this only counts the block on them.
+        self.map_range(backend, kind, ptr, size, false).map(|page| Some((ptr, page)))
     }
 
     /// Places a small block in the large pool where it needs the fewest pages (the small pool
