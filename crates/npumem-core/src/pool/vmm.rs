@@ -800,7 +800,7 @@ impl VmmAllocator {
     ) -> Result<Option<(u64, PageSize)>> {
         let quantum = self.config.quantum;
         let Some(pool) = self.pools[kind as usize].as_mut() else { return Ok(None) };
-        let mapped = |pool: &VmmPool, ptr: u64| pool.pages_of(ptr, size).all(|i| pool.slot(i).live > 0);
+        let mapped = |pool: &VmmPool, ptr: u64| pool.pages_of(ptr, size).all(|i| pool.slot(i).handle != NO_HANDLE);
         let ptr = if kind == PoolKind::Large {
             match pool.economical_place(size, quantum) {
                 Some((ptr, 0)) => pool.space.reserve_at(ptr, size, quantum)?,
