@@ -42,16 +42,16 @@ const GRAIN_MASK: u64 = (1 << GRAIN_SHIFT) - 1;
 const SLOTS: usize = 1 << (PAGE_SHIFT - GRAIN_SHIFT);
 /// Records a 64-bit group mask covers per bit.
 const GROUP: usize = SLOTS / 64;
-/// Leaves that may exist beyond the budget's share (1 MiB of records).
-const FREE_LEAVES: usize = 16;
-/// The records the leaves may take per live allocation (512 bytes): an allocation every 16 KiB
-/// of its pages on average keeps every page in a leaf.
-const SLOTS_PER_LIVE: usize = 32;
+/// Leaves that may exist beyond the budget's share (512 KiB of grain index).
+const FREE_LEAVES: usize = 64;
+/// The grain index (2 bytes a grain) the leaves may take per live allocation: 512 bytes, so
+/// pages holding an allocation every 128 KiB on average all have leaves.
+const SLOTS_PER_LIVE: usize = 256;
 /// `page` when `last` names no page (a page number is at most 64 - 21 bits).
 const NO_PAGE: u64 = u64::MAX;
 
-/// An allocation less its pointer (the slot's address), packed in 16 bytes.
-#[derive(Clone, Copy, Debug, Default)]
+/// An allocation less its pointer, packed in 16 bytes, with its grain's slot in the page.
+#[derive(Clone, Copy, Debug)]
 struct Record {
     size: u32,
     /// `granted - size`.
@@ -59,9 +59,9 @@ struct Record {
     stream: u32,
     /// `booked - size`.
     booked_extra: u8,
-    policy: u8,
-    page: u8,
-    live: bool,
+    /// The policy (3 bits) and the page size (bits 3-4).
+    kind: u8,
+    slot: u16,
 }
 
 const PAGE_SIZES: [PageSize; 4] = [PageSize::Size4K, PageSize::Size64K, PageSize::Size2M, PageSize::Size1G];
@@ -75,22 +75,21 @@ impl Record {
             granted_extra: u32::try_from(a.granted.checked_sub(a.size)?).ok()?,
             stream: u32::try_from(a.stream).ok()?,
             booked_extra: u8::try_from(a.booked.checked_sub(a.size)?).ok()?,
-            policy: a.policy as u8,
-            page: a.page as u8,
-            live: true,
+            kind: a.policy as u8 | (a.page as u8) << 3,
+            slot: LiveTable::slot(a.ptr) as u16,
         })
     }
 
     #[inline]
-    fn unpack(&self, ptr: u64) -> Allocation {
+    fn unpack(&self, page: u64) -> Allocation {
         let size = self.size as u64;
         Allocation {
-            ptr,
+            ptr: (page << PAGE_SHIFT) + ((self.slot as u64) << GRAIN_SHIFT),
             size,
             booked: size + self.booked_extra as u64,
             granted: size + self.granted_extra as u64,
-            policy: Policy::ALL[self.policy as usize],
-            page: PAGE_SIZES[self.page as usize],
+            policy: Policy::ALL[(self.kind & 7) as usize],
+            page: PAGE_SIZES[(self.kind >> 3) as usize],
             stream: self.stream as u64,
         }
     }
@@ -108,28 +107,30 @@ fn prefetch<T>(p: &T) {
     let _ = p;
 }
 
-/// The records of one 2 MiB page.
+/// The live allocations of one 2 MiB page: their records, packed, and by grain the position of
+/// the record of the allocation starting there.
 #[derive(Debug)]
 struct Leaf {
     page: u64,
-    live: u32,
     /// Whether the leaf is in `emptied`.
     listed: bool,
-    /// Bit `g`: records `g * GROUP ..` may hold a live one.
+    /// Bit `g`: grains `g * GROUP ..` may hold an allocation's start.
     groups: u64,
-    records: Box<[Record]>,
+    /// By grain: 1 + the position in `records` of the allocation starting there, or 0.
+    at: Box<[u16]>,
+    records: Vec<Record>,
 }
 
 impl Leaf {
-    /// The live record with the greatest slot at or below `top`; clears the group bits found
-    /// stale on the way.
+    /// The grain at or below `top` where an allocation starts, the greatest; clears the group
+    /// bits found stale on the way.
     fn at_or_before(&mut self, top: usize) -> Option<usize> {
         let mut g = top / GROUP;
         loop {
             if self.groups & (1 << g) != 0 {
                 let first = g * GROUP;
                 let last = top.min(first + GROUP - 1);
-                if let Some(s) = (first..=last).rev().find(|&s| self.records[s].live) {
+                if let Some(s) = (first..=last).rev().find(|&s| self.at[s] != 0) {
                     return Some(s);
                 }
                 if last == first + GROUP - 1 {
@@ -141,6 +142,12 @@ impl Leaf {
             }
             g -= 1;
         }
+    }
+
+    #[inline(always)]
+    fn get(&self, slot: usize) -> Option<&Record> {
+        let at = self.at[slot] as usize;
+        if at == 0 { None } else { Some(&self.records[at - 1]) }
     }
 }
 
@@ -209,10 +216,10 @@ impl LiveTable {
                 let page = ptr >> PAGE_SHIFT;
                 if let Some(leaf) = self.leaf_of(page).or_else(|| self.new_leaf(page)) {
                     let leaf = &mut self.leaves[leaf as usize];
-                    let slot = Self::slot(ptr);
-                    debug_assert!(!leaf.records[slot].live, "{ptr:#x} is live already");
-                    leaf.records[slot] = record;
-                    leaf.live += 1;
+                    let slot = record.slot as usize;
+                    debug_assert!(leaf.at[slot] == 0, "{ptr:#x} is live already");
+                    leaf.records.push(record);
+                    leaf.at[slot] = leaf.records.len() as u16;
                     leaf.groups |= 1 << (slot / GROUP);
                     self.in_leaves += 1;
                     return;
@@ -231,7 +238,7 @@ impl LiveTable {
         while let Some(i) = self.emptied.pop() {
             let leaf = &mut self.leaves[i as usize];
             leaf.listed = false;
-            if leaf.live == 0 {
+            if leaf.records.is_empty() {
                 taken = Some(i);
                 break;
             }
@@ -250,8 +257,8 @@ impl LiveTable {
                 if (self.leaves.len() + 1) * SLOTS > budget || self.leaves.len() >= u32::MAX as usize {
                     return None;
                 }
-                let records = vec![Record::default(); SLOTS].into_boxed_slice();
-                self.leaves.push(Leaf { page, live: 0, listed: false, groups: 0, records });
+                let at = vec![0; SLOTS].into_boxed_slice();
+                self.leaves.push(Leaf { page, listed: false, groups: 0, at, records: Vec::new() });
                 (self.leaves.len() - 1) as u32
             }
         };
@@ -267,7 +274,11 @@ impl LiveTable {
     #[inline(always)]
     pub fn prefetch(&self, ptr: u64) {
         if self.last.0 == ptr >> PAGE_SHIFT {
-            prefetch(&self.leaves[self.last.1 as usize].records[Self::slot(ptr)]);
+            let leaf = &self.leaves[self.last.1 as usize];
+            prefetch(&leaf.at[Self::slot(ptr)]);
+            if let Some(last) = leaf.records.last() {
+                prefetch(last);
+            }
         }
     }
 
@@ -277,13 +288,17 @@ impl LiveTable {
         if ptr & GRAIN_MASK == 0 && self.in_leaves > 0 {
             if let Some(i) = self.leaf_of(ptr >> PAGE_SHIFT) {
                 let leaf = &mut self.leaves[i as usize];
-                let record = &mut leaf.records[Self::slot(ptr)];
-                if record.live {
-                    record.live = false;
-                    let allocation = record.unpack(ptr);
-                    leaf.live -= 1;
+                let slot = Self::slot(ptr);
+                let at = leaf.at[slot] as usize;
+                if at != 0 {
+                    // The last record takes the place of the one removed.
+                    let allocation = leaf.records.swap_remove(at - 1).unpack(leaf.page);
+                    leaf.at[slot] = 0;
+                    if let Some(moved) = leaf.records.get(at - 1) {
+                        leaf.at[moved.slot as usize] = at as u16;
+                    }
                     self.in_leaves -= 1;
-                    if leaf.live == 0 {
+                    if leaf.records.is_empty() {
                         leaf.groups = 0;
                         if !leaf.listed {
                             leaf.listed = true;
@@ -302,11 +317,8 @@ impl LiveTable {
         if ptr & GRAIN_MASK == 0 && self.in_leaves > 0 {
             let page = ptr >> PAGE_SHIFT;
             let leaf = if self.last.0 == page { Some(&self.last.1) } else { self.pages.get(&page) };
-            if let Some(&i) = leaf {
-                let record = &self.leaves[i as usize].records[Self::slot(ptr)];
-                if record.live {
-                    return Some(record.unpack(ptr));
-                }
+            if let Some(record) = leaf.and_then(|&i| self.leaves[i as usize].get(Self::slot(ptr))) {
+                return Some(record.unpack(page));
             }
         }
         if self.loose.len() == 0 { None } else { self.loose.get(ptr) }
@@ -325,16 +337,8 @@ impl LiveTable {
     /// The live allocations in address order.
     pub fn sorted(&self) -> Vec<Allocation> {
         let mut all = self.loose.sorted();
-        for &page in &self.ordered {
-            let leaf = &self.leaves[self.pages[&page] as usize];
-            let base = page << PAGE_SHIFT;
-            all.extend(
-                leaf.records
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, r)| r.live)
-                    .map(|(s, r)| r.unpack(base + ((s as u64) << GRAIN_SHIFT))),
-            );
+        for leaf in &self.leaves {
+            all.extend(leaf.records.iter().map(|r| r.unpack(leaf.page)));
         }
         all.sort_unstable_by_key(|a| a.ptr);
         all
@@ -351,9 +355,9 @@ impl LiveTable {
                 top = SLOTS - 1;
             }
             let leaf = &mut self.leaves[self.pages[&p] as usize];
-            if leaf.live > 0 {
+            if !leaf.records.is_empty() {
                 if let Some(s) = leaf.at_or_before(top) {
-                    return Some(leaf.records[s].unpack((p << PAGE_SHIFT) + ((s as u64) << GRAIN_SHIFT)));
+                    return leaf.get(s).map(|r| r.unpack(p));
                 }
             }
             next = pages.next().copied();
@@ -462,7 +466,14 @@ mod tests {
                 prop_assert!(table.leaves.len() * SLOTS <= peak * slots_per_live + free_leaves * SLOTS);
                 prop_assert_eq!(table.pages.len(), table.leaves.len());
                 prop_assert_eq!(table.ordered.len(), table.leaves.len());
-                prop_assert_eq!(table.in_leaves, table.leaves.iter().map(|l| l.live as usize).sum::<usize>());
+                prop_assert_eq!(table.in_leaves, table.leaves.iter().map(|l| l.records.len()).sum::<usize>());
+            }
+            // Each record's grain points back at it, and nothing else is marked.
+            for leaf in &table.leaves {
+                prop_assert_eq!(leaf.at.iter().filter(|&&at| at != 0).count(), leaf.records.len());
+                for (i, r) in leaf.records.iter().enumerate() {
+                    prop_assert_eq!(leaf.at[r.slot as usize] as usize, i + 1);
+                }
             }
             prop_assert_eq!(table.sorted(), model.values().copied().collect::<Vec<_>>());
         }
