@@ -1,28 +1,36 @@
-//! `LiveTable`: the device's live allocations, kept in address order beside the pages that hold
+//! `LiveTable`: the device's live allocations, kept by address beside the pages that hold
 //! them. The address space is cut into 2 MiB pages; a page that holds live allocations has a
-//! leaf: one 16-byte record per 512-byte grain of the page (the grain every allocator family
-//! places blocks on), so the record of the allocation at `ptr` is found by index arithmetic —
-//! a lookup of the page (the last page used is remembered, so a run of neighbouring blocks
-//! does not even hash) and one record access. Neighbouring blocks have neighbouring records:
-//! a batch of blocks from one pool page walks one leaf in order, where a hash map by address
-//! would touch a random bucket, and miss the cache, for each of them.
+//! leaf: its allocations' records, packed (16 bytes each), and a grain index — for each
+//! 512-byte grain of the page (the grain every allocator family places blocks on), 2 bytes
+//! naming the record of the allocation that starts there. The allocation at `ptr` is found by
+//! index arithmetic: a lookup of the page (the last page used is remembered, so a run of
+//! neighbouring blocks does not even hash), one index entry, one record. Neighbouring blocks
+//! have neighbouring index entries, and a batch's records are packed in the order it made
+//! them: a batch of blocks from one pool page works in one leaf (8 KiB of index, 16 bytes a
+//! block) where a hash map by address touches a random bucket, and misses the cache, for each
+//! block. A removed record's place is taken by the page's last record (its index entry is
+//! updated), so records stay packed. Batches name the blocks ahead of time
+//! (`LiveTable::prefetch`), so an entry's cache miss overlaps the work on those before.
 //!
 //! What a leaf cannot hold goes to `Hashed` (a hash map by address with a lazily synced
 //! ordered index): a pointer off the 512-byte grain, an allocation whose fields do not fit a
 //! record (size or grant slack of 4 GiB or more, a stream id past 32 bits, booking slack past
-//! 255 bytes), and allocations on new pages once the leaves would take more than
-//! `slots_per_live` records per live allocation. That budget bounds memory however sparse the
-//! addresses are (the host backend's are real process addresses; several devices share the
-//! 48-bit VA): leaves take at most `16 × slots_per_live` bytes per live allocation plus
-//! `FREE_LEAVES` leaves, whatever addresses come in.
+//! 255 bytes), and allocations on new pages once the leaves' index would exceed
+//! `slots_per_live` grains (512 bytes) per live allocation plus `free_leaves` leaves (512 KiB).
+//! That budget bounds memory however sparse the addresses are (the host backend's are real
+//! process addresses; several devices share the 48-bit VA): whatever addresses come in, the
+//! leaves take at most 512 bytes of index per live allocation at the peak, plus each page's
+//! records at its own peak (16 bytes each). A leaf that empties is kept (a batch freed and made
+//! again refills the same pages) and is taken over by the next new page, its records' memory
+//! released, before a new leaf is made.
 //!
-//! Invariants: each live allocation is held exactly once — in the leaf of its page (`live`
-//! set in its record) or in `loose`; `pages`, `ordered` and the leaves' `page` fields name the
-//! same set of pages, each leaf's `live` counts its live records and `in_leaves` sums them; a
-//! leaf's `groups` has bit `g` set for every 64-record group holding a live record (a set bit
-//! may be stale); a leaf with no live record is in `emptied` (once: `listed`), where a new
-//! page takes it over before the budget lets a new leaf be made; `last` names a page in
-//! `pages` and its leaf, or no page.
+//! Invariants: each live allocation is held exactly once — as a record of the leaf of its page
+//! or in `loose`; a leaf's index entry for grain `s` is `1 + i` iff `records[i].slot == s`, and
+//! 0 for grains where no allocation starts; `pages`, `ordered` and the leaves' `page` fields
+//! name the same set of pages; `in_leaves` counts the leaves' records; a leaf's `groups` has
+//! bit `g` set for every 64-grain group where an allocation starts (a set bit may be stale);
+//! a leaf with no record is in `emptied` (once: `listed`); `last` names a page in `pages` and
+//! its leaf, or no page.
 
 mod hashed;
 
@@ -35,7 +43,7 @@ use crate::acl::Policy;
 use crate::vm::PageSize;
 use hashed::Hashed;
 
-/// A leaf covers `1 << PAGE_SHIFT` bytes in records of `1 << GRAIN_SHIFT` bytes each.
+/// A leaf covers `1 << PAGE_SHIFT` bytes, indexed by grains of `1 << GRAIN_SHIFT` bytes.
 const PAGE_SHIFT: u32 = 21;
 const GRAIN_SHIFT: u32 = 9;
 const GRAIN_MASK: u64 = (1 << GRAIN_SHIFT) - 1;
@@ -163,8 +171,8 @@ pub(super) struct LiveTable {
     /// The page of the last insert or remove, and its leaf.
     last: (u64, u32),
     in_leaves: usize,
-    /// The budget: leaves may take `slots_per_live` records per live allocation, plus
-    /// `free_leaves` leaves.
+    /// The budget: the leaves' index may take `slots_per_live` grains per live allocation,
+    /// plus `free_leaves` leaves.
     slots_per_live: usize,
     free_leaves: usize,
     loose: Hashed,
@@ -248,6 +256,7 @@ impl LiveTable {
                 let leaf = &mut self.leaves[i as usize];
                 let old = std::mem::replace(&mut leaf.page, page);
                 leaf.groups = 0;
+                leaf.records = Vec::new();
                 self.pages.remove(&old);
                 self.ordered.remove(&old);
                 i
