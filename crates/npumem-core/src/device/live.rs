@@ -8,8 +8,8 @@
 //! have neighbouring index entries, and a batch's records are packed in the order it made
 //! them: a batch of blocks from one pool page works in one leaf (8 KiB of index, 16 bytes a
 //! block) where a hash map by address touches a random bucket, and misses the cache, for each
-//! block. A removed record's place is taken by the page's last record (its index entry is
-//! updated), so records stay packed. Batches name the blocks ahead of time
+//! block. A removed record's place goes on the leaf's free list (threaded through the free
+//! records) for the page's next allocation; a leaf that empties starts packed again. Batches name the blocks ahead of time
 //! (`LiveTable::prefetch`), so an entry's cache miss overlaps the work on those before.
 //!
 //! What a leaf cannot hold goes to `Hashed` (a hash map by address with a lazily synced
@@ -26,7 +26,8 @@
 //!
 //! Invariants: each live allocation is held exactly once — as a record of the leaf of its page
 //! or in `loose`; a leaf's index entry for grain `s` is `1 + i` iff `records[i].slot == s`, and
-//! 0 for grains where no allocation starts; `pages`, `ordered` and the leaves' `page` fields
+//! 0 for grains where no allocation starts; its other records are `FREE`, each once on its
+//! free list, and `live` counts the rest; `pages`, `ordered` and the leaves' `page` fields
 //! name the same set of pages; `in_leaves` counts the leaves' records; a leaf's `groups` has
 //! bit `g` set for every 64-grain group where an allocation starts (a set bit may be stale);
 //! a leaf with no record is in `emptied` (once: `listed`); `last` names a page in `pages` and
@@ -115,11 +116,19 @@ fn prefetch<T>(p: &T) {
     let _ = p;
 }
 
+/// The `slot` of a free record, whose `size` is then 1 + the position of the next free one
+/// (0: none).
+const FREE: u16 = u16::MAX;
+
 /// The live allocations of one 2 MiB page: their records, packed, and by grain the position of
 /// the record of the allocation starting there.
 #[derive(Debug)]
 struct Leaf {
     page: u64,
+    /// Records in use.
+    live: u32,
+    /// 1 + the position of the most recently freed record, or 0.
+    free: u32,
     /// Whether the leaf is in `emptied`.
     listed: bool,
     /// Bit `g`: grains `g * GROUP ..` may hold an allocation's start.
@@ -150,6 +159,38 @@ impl Leaf {
             }
             g -= 1;
         }
+    }
+
+    /// Keeps `record` (in the most recently freed place, else at the end); returns 1 + its
+    /// position.
+    #[inline(always)]
+    fn put(&mut self, record: Record) -> u16 {
+        self.live += 1;
+        if self.free != 0 {
+            let i = self.free as usize - 1;
+            self.free = self.records[i].size;
+            self.records[i] = record;
+            (i + 1) as u16
+        } else {
+            self.records.push(record);
+            self.records.len() as u16
+        }
+    }
+
+    /// Frees the record at 1 + `at`, and returns it; an emptied leaf drops its free places.
+    #[inline(always)]
+    fn take(&mut self, at: usize) -> Record {
+        let record = self.records[at - 1];
+        self.live -= 1;
+        if self.live == 0 {
+            self.records.clear();
+            self.free = 0;
+            self.groups = 0;
+        } else {
+            self.records[at - 1] = Record { size: self.free, slot: FREE, ..record };
+            self.free = at as u32;
+        }
+        record
     }
 
     #[inline(always)]
@@ -226,8 +267,7 @@ impl LiveTable {
                     let leaf = &mut self.leaves[leaf as usize];
                     let slot = record.slot as usize;
                     debug_assert!(leaf.at[slot] == 0, "{ptr:#x} is live already");
-                    leaf.records.push(record);
-                    leaf.at[slot] = leaf.records.len() as u16;
+                    leaf.at[slot] = leaf.put(record);
                     leaf.groups |= 1 << (slot / GROUP);
                     self.in_leaves += 1;
                     return;
@@ -246,7 +286,7 @@ impl LiveTable {
         while let Some(i) = self.emptied.pop() {
             let leaf = &mut self.leaves[i as usize];
             leaf.listed = false;
-            if leaf.records.is_empty() {
+            if leaf.live == 0 {
                 taken = Some(i);
                 break;
             }
@@ -267,7 +307,7 @@ impl LiveTable {
                     return None;
                 }
                 let at = vec![0; SLOTS].into_boxed_slice();
-                self.leaves.push(Leaf { page, listed: false, groups: 0, at, records: Vec::new() });
+                self.leaves.push(Leaf { page, live: 0, free: 0, listed: false, groups: 0, at, records: Vec::new() });
                 (self.leaves.len() - 1) as u32
             }
         };
@@ -283,11 +323,7 @@ impl LiveTable {
     #[inline(always)]
     pub fn prefetch(&self, ptr: u64) {
         if self.last.0 == ptr >> PAGE_SHIFT {
-            let leaf = &self.leaves[self.last.1 as usize];
-            prefetch(&leaf.at[Self::slot(ptr)]);
-            if let Some(last) = leaf.records.last() {
-                prefetch(last);
-            }
+            prefetch(&self.leaves[self.last.1 as usize].at[Self::slot(ptr)]);
         }
     }
 
@@ -300,15 +336,10 @@ impl LiveTable {
                 let slot = Self::slot(ptr);
                 let at = leaf.at[slot] as usize;
                 if at != 0 {
-                    // The last record takes the place of the one removed.
-                    let allocation = leaf.records.swap_remove(at - 1).unpack(leaf.page);
+                    let allocation = leaf.take(at).unpack(leaf.page);
                     leaf.at[slot] = 0;
-                    if let Some(moved) = leaf.records.get(at - 1) {
-                        leaf.at[moved.slot as usize] = at as u16;
-                    }
                     self.in_leaves -= 1;
-                    if leaf.records.is_empty() {
-                        leaf.groups = 0;
+                    if leaf.live == 0 {
                         if !leaf.listed {
                             leaf.listed = true;
                             self.emptied.push(i);
@@ -347,7 +378,7 @@ impl LiveTable {
     pub fn sorted(&self) -> Vec<Allocation> {
         let mut all = self.loose.sorted();
         for leaf in &self.leaves {
-            all.extend(leaf.records.iter().map(|r| r.unpack(leaf.page)));
+            all.extend(leaf.records.iter().filter(|r| r.slot != FREE).map(|r| r.unpack(leaf.page)));
         }
         all.sort_unstable_by_key(|a| a.ptr);
         all
@@ -364,7 +395,7 @@ impl LiveTable {
                 top = SLOTS - 1;
             }
             let leaf = &mut self.leaves[self.pages[&p] as usize];
-            if !leaf.records.is_empty() {
+            if leaf.live > 0 {
                 if let Some(s) = leaf.at_or_before(top) {
                     return leaf.get(s).map(|r| r.unpack(p));
                 }
@@ -475,14 +506,22 @@ mod tests {
                 prop_assert!(table.leaves.len() * SLOTS <= peak * slots_per_live + free_leaves * SLOTS);
                 prop_assert_eq!(table.pages.len(), table.leaves.len());
                 prop_assert_eq!(table.ordered.len(), table.leaves.len());
-                prop_assert_eq!(table.in_leaves, table.leaves.iter().map(|l| l.records.len()).sum::<usize>());
+                prop_assert_eq!(table.in_leaves, table.leaves.iter().map(|l| l.live as usize).sum::<usize>());
             }
-            // Each record's grain points back at it, and nothing else is marked.
+            // Each record in use is named by its grain's index entry, and nothing else is; the
+            // free list holds every other record once.
             for leaf in &table.leaves {
-                prop_assert_eq!(leaf.at.iter().filter(|&&at| at != 0).count(), leaf.records.len());
-                for (i, r) in leaf.records.iter().enumerate() {
+                prop_assert_eq!(leaf.at.iter().filter(|&&at| at != 0).count(), leaf.live as usize);
+                for (i, r) in leaf.records.iter().enumerate().filter(|(_, r)| r.slot != FREE) {
                     prop_assert_eq!(leaf.at[r.slot as usize] as usize, i + 1);
                 }
+                let (mut free, mut next) = (0, leaf.free);
+                while next != 0 {
+                    prop_assert!(free < leaf.records.len() && leaf.records[next as usize - 1].slot == FREE);
+                    next = leaf.records[next as usize - 1].size;
+                    free += 1;
+                }
+                prop_assert_eq!(free + leaf.live as usize, leaf.records.len());
             }
             prop_assert_eq!(table.sorted(), model.values().copied().collect::<Vec<_>>());
         }
