@@ -1,37 +1,36 @@
 //! `LiveTable`: the device's live allocations, kept by address beside the pages that hold
-//! them. The address space is cut into 2 MiB pages; a page that holds live allocations has a
-//! leaf: its allocations' records, packed (16 bytes each), and a grain index — for each
-//! 512-byte grain of the page (the grain every allocator family places blocks on), 2 bytes
-//! naming the record of the allocation that starts there. The allocation at `ptr` is found by
-//! index arithmetic: a lookup of the page (the last page used is remembered, so a run of
-//! neighbouring blocks does not even hash), one index entry, one record. Neighbouring blocks
-//! have neighbouring index entries, and a batch's records are packed in the order it made
-//! them: a batch of blocks from one pool page works in one leaf (8 KiB of index, 16 bytes a
-//! block) where a hash map by address touches a random bucket, and misses the cache, for each
-//! block. A removed record's place goes on the leaf's free list (threaded through the free
-//! records) for the page's next allocation; a leaf that empties starts packed again. Batches name the blocks ahead of time
-//! (`LiveTable::prefetch`), so an entry's cache miss overlaps the work on those before.
+//! them (as the pool's `BlockMap` keeps its blocks). The address space is cut into 2 MiB
+//! pages; a page that holds live allocations has a leaf: one 16-byte record per 512-byte grain
+//! of the page (the grain every allocator family places blocks on). The allocation at `ptr` is
+//! found by index arithmetic: a lookup of the page (the last page used is remembered, so a run
+//! of neighbouring blocks does not even hash) and one record access. Neighbouring blocks have
+//! neighbouring records: a batch of blocks from one pool page walks one leaf in order, where a
+//! hash map by address touches a random bucket, and misses the cache, for each block; batches
+//! also name the blocks ahead of time (`LiveTable::prefetch`), so a record's cache miss
+//! overlaps the work on those before. A random malloc or free touches one record, as a hash
+//! map's bucket. (A packed variant — a 2-byte grain index naming packed records — took 8x less
+//! memory but put two dependent cache misses on each random free: 20-30% slower on a random
+//! churn at 10^6 live blocks.)
 //!
 //! What a leaf cannot hold goes to `Hashed` (a hash map by address with a lazily synced
 //! ordered index): a pointer off the 512-byte grain, an allocation whose fields do not fit a
 //! record (size or grant slack of 4 GiB or more, a stream id past 32 bits, booking slack past
-//! 255 bytes), and allocations on new pages once the leaves' index would exceed
-//! `slots_per_live` grains (512 bytes) per live allocation plus `free_leaves` leaves (512 KiB).
+//! 255 bytes), and allocations on new pages once the leaves would take more than
+//! `slots_per_live` records (512 bytes) per live allocation, plus `free_leaves` leaves (1 MiB).
 //! That budget bounds memory however sparse the addresses are (the host backend's are real
 //! process addresses; several devices share the 48-bit VA): whatever addresses come in, the
-//! leaves take at most 512 bytes of index per live allocation at the peak, plus each page's
-//! records at its own peak (16 bytes each). A leaf that empties is kept (a batch freed and made
-//! again refills the same pages) and is taken over by the next new page, its records' memory
-//! released, before a new leaf is made.
+//! leaves take at most 512 bytes per live allocation at the peak plus 1 MiB. Pages that hold an
+//! allocation every 16 KiB on average (a pool's pages) all fit the budget; records take 3% of
+//! the address range they cover. A leaf that empties is kept (a batch freed and made again
+//! refills the same pages) and is taken over by the next new page before a new leaf is made.
 //!
-//! Invariants: each live allocation is held exactly once — as a record of the leaf of its page
-//! or in `loose`; a leaf's index entry for grain `s` is `1 + i` iff `records[i].slot == s`, and
-//! 0 for grains where no allocation starts; its other records are `FREE`, each once on its
-//! free list, and `live` counts the rest; `pages`, `ordered` and the leaves' `page` fields
-//! name the same set of pages; `in_leaves` counts the leaves' records; a leaf's `groups` has
-//! bit `g` set for every 64-grain group where an allocation starts (a set bit may be stale);
-//! a leaf with no record is in `emptied` (once: `listed`); `last` names a page in `pages` and
-//! its leaf, or no page.
+//! Invariants: each live allocation is held exactly once — in the leaf of its page (`live`
+//! set in its record) or in `loose`; `pages`, `ordered` and the leaves' `page` fields name the
+//! same set of pages, each leaf's `live` counts its live records and `in_leaves` sums them; a
+//! leaf's `groups` has bit `g` set for every 64-record group holding a live record (a set bit
+//! may be stale); a leaf with no live record is in `emptied` (once: `listed`); the leaves take
+//! at most `slots_per_live` records per live allocation at the peak plus `free_leaves`
+//! leaves; `last` names a page in `pages` and its leaf, or no page.
 
 mod hashed;
 
@@ -44,23 +43,23 @@ use crate::acl::Policy;
 use crate::vm::PageSize;
 use hashed::Hashed;
 
-/// A leaf covers `1 << PAGE_SHIFT` bytes, indexed by grains of `1 << GRAIN_SHIFT` bytes.
+/// A leaf covers `1 << PAGE_SHIFT` bytes in records of `1 << GRAIN_SHIFT` bytes each.
 const PAGE_SHIFT: u32 = 21;
 const GRAIN_SHIFT: u32 = 9;
 const GRAIN_MASK: u64 = (1 << GRAIN_SHIFT) - 1;
 const SLOTS: usize = 1 << (PAGE_SHIFT - GRAIN_SHIFT);
 /// Records a 64-bit group mask covers per bit.
 const GROUP: usize = SLOTS / 64;
-/// Leaves that may exist beyond the budget's share (512 KiB of grain index).
-const FREE_LEAVES: usize = 64;
-/// The grain index (2 bytes a grain) the leaves may take per live allocation: 512 bytes, so
-/// pages holding an allocation every 128 KiB on average all have leaves.
-const SLOTS_PER_LIVE: usize = 256;
+/// Leaves that may exist beyond the budget's share (1 MiB of records).
+const FREE_LEAVES: usize = 16;
+/// The records the leaves may take per live allocation (512 bytes): an allocation every 16 KiB
+/// of its pages on average keeps every page in a leaf.
+const SLOTS_PER_LIVE: usize = 32;
 /// `page` when `last` names no page (a page number is at most 64 - 21 bits).
 const NO_PAGE: u64 = u64::MAX;
 
-/// An allocation less its pointer, packed in 16 bytes, with its grain's slot in the page.
-#[derive(Clone, Copy, Debug)]
+/// An allocation less its pointer (the slot's address), packed in 16 bytes.
+#[derive(Clone, Copy, Debug, Default)]
 struct Record {
     size: u32,
     /// `granted - size`.
@@ -68,9 +67,9 @@ struct Record {
     stream: u32,
     /// `booked - size`.
     booked_extra: u8,
-    /// The policy (3 bits) and the page size (bits 3-4).
-    kind: u8,
-    slot: u16,
+    policy: u8,
+    page: u8,
+    live: bool,
 }
 
 const PAGE_SIZES: [PageSize; 4] = [PageSize::Size4K, PageSize::Size64K, PageSize::Size2M, PageSize::Size1G];
@@ -84,21 +83,22 @@ impl Record {
             granted_extra: u32::try_from(a.granted.checked_sub(a.size)?).ok()?,
             stream: u32::try_from(a.stream).ok()?,
             booked_extra: u8::try_from(a.booked.checked_sub(a.size)?).ok()?,
-            kind: a.policy as u8 | (a.page as u8) << 3,
-            slot: LiveTable::slot(a.ptr) as u16,
+            policy: a.policy as u8,
+            page: a.page as u8,
+            live: true,
         })
     }
 
     #[inline]
-    fn unpack(&self, page: u64) -> Allocation {
+    fn unpack(&self, ptr: u64) -> Allocation {
         let size = self.size as u64;
         Allocation {
-            ptr: (page << PAGE_SHIFT) + ((self.slot as u64) << GRAIN_SHIFT),
+            ptr,
             size,
             booked: size + self.booked_extra as u64,
             granted: size + self.granted_extra as u64,
-            policy: Policy::ALL[(self.kind & 7) as usize],
-            page: PAGE_SIZES[(self.kind >> 3) as usize],
+            policy: Policy::ALL[self.policy as usize],
+            page: PAGE_SIZES[self.page as usize],
             stream: self.stream as u64,
         }
     }
@@ -116,38 +116,28 @@ fn prefetch<T>(p: &T) {
     let _ = p;
 }
 
-/// The `slot` of a free record, whose `size` is then 1 + the position of the next free one
-/// (0: none).
-const FREE: u16 = u16::MAX;
-
-/// The live allocations of one 2 MiB page: their records, packed, and by grain the position of
-/// the record of the allocation starting there.
+/// The records of one 2 MiB page.
 #[derive(Debug)]
 struct Leaf {
     page: u64,
-    /// Records in use.
     live: u32,
-    /// 1 + the position of the most recently freed record, or 0.
-    free: u32,
     /// Whether the leaf is in `emptied`.
     listed: bool,
-    /// Bit `g`: grains `g * GROUP ..` may hold an allocation's start.
+    /// Bit `g`: records `g * GROUP ..` may hold a live one.
     groups: u64,
-    /// By grain: 1 + the position in `records` of the allocation starting there, or 0.
-    at: Box<[u16]>,
-    records: Vec<Record>,
+    records: Box<[Record]>,
 }
 
 impl Leaf {
-    /// The grain at or below `top` where an allocation starts, the greatest; clears the group
-    /// bits found stale on the way.
+    /// The live record with the greatest slot at or below `top`; clears the group bits found
+    /// stale on the way.
     fn at_or_before(&mut self, top: usize) -> Option<usize> {
         let mut g = top / GROUP;
         loop {
             if self.groups & (1 << g) != 0 {
                 let first = g * GROUP;
                 let last = top.min(first + GROUP - 1);
-                if let Some(s) = (first..=last).rev().find(|&s| self.at[s] != 0) {
+                if let Some(s) = (first..=last).rev().find(|&s| self.records[s].live) {
                     return Some(s);
                 }
                 if last == first + GROUP - 1 {
@@ -159,44 +149,6 @@ impl Leaf {
             }
             g -= 1;
         }
-    }
-
-    /// Keeps `record` (in the most recently freed place, else at the end); returns 1 + its
-    /// position.
-    #[inline(always)]
-    fn put(&mut self, record: Record) -> u16 {
-        self.live += 1;
-        if self.free != 0 {
-            let i = self.free as usize - 1;
-            self.free = self.records[i].size;
-            self.records[i] = record;
-            (i + 1) as u16
-        } else {
-            self.records.push(record);
-            self.records.len() as u16
-        }
-    }
-
-    /// Frees the record at 1 + `at`, and returns it; an emptied leaf drops its free places.
-    #[inline(always)]
-    fn take(&mut self, at: usize) -> Record {
-        let record = self.records[at - 1];
-        self.live -= 1;
-        if self.live == 0 {
-            self.records.clear();
-            self.free = 0;
-            self.groups = 0;
-        } else {
-            self.records[at - 1] = Record { size: self.free, slot: FREE, ..record };
-            self.free = at as u32;
-        }
-        record
-    }
-
-    #[inline(always)]
-    fn get(&self, slot: usize) -> Option<&Record> {
-        let at = self.at[slot] as usize;
-        if at == 0 { None } else { Some(&self.records[at - 1]) }
     }
 }
 
@@ -212,8 +164,8 @@ pub(super) struct LiveTable {
     /// The page of the last insert or remove, and its leaf.
     last: (u64, u32),
     in_leaves: usize,
-    /// The budget: the leaves' index may take `slots_per_live` grains per live allocation,
-    /// plus `free_leaves` leaves.
+    /// The budget: leaves may take `slots_per_live` records per live allocation, plus
+    /// `free_leaves` leaves.
     slots_per_live: usize,
     free_leaves: usize,
     loose: Hashed,
@@ -265,9 +217,10 @@ impl LiveTable {
                 let page = ptr >> PAGE_SHIFT;
                 if let Some(leaf) = self.leaf_of(page).or_else(|| self.new_leaf(page)) {
                     let leaf = &mut self.leaves[leaf as usize];
-                    let slot = record.slot as usize;
-                    debug_assert!(leaf.at[slot] == 0, "{ptr:#x} is live already");
-                    leaf.at[slot] = leaf.put(record);
+                    let slot = Self::slot(ptr);
+                    debug_assert!(!leaf.records[slot].live, "{ptr:#x} is live already");
+                    leaf.records[slot] = record;
+                    leaf.live += 1;
                     leaf.groups |= 1 << (slot / GROUP);
                     self.in_leaves += 1;
                     return;
@@ -296,7 +249,6 @@ impl LiveTable {
                 let leaf = &mut self.leaves[i as usize];
                 let old = std::mem::replace(&mut leaf.page, page);
                 leaf.groups = 0;
-                leaf.records = Vec::new();
                 self.pages.remove(&old);
                 self.ordered.remove(&old);
                 i
@@ -306,8 +258,8 @@ impl LiveTable {
                 if (self.leaves.len() + 1) * SLOTS > budget || self.leaves.len() >= u32::MAX as usize {
                     return None;
                 }
-                let at = vec![0; SLOTS].into_boxed_slice();
-                self.leaves.push(Leaf { page, live: 0, free: 0, listed: false, groups: 0, at, records: Vec::new() });
+                let records = vec![Record::default(); SLOTS].into_boxed_slice();
+                self.leaves.push(Leaf { page, live: 0, listed: false, groups: 0, records });
                 (self.leaves.len() - 1) as u32
             }
         };
@@ -323,7 +275,7 @@ impl LiveTable {
     #[inline(always)]
     pub fn prefetch(&self, ptr: u64) {
         if self.last.0 == ptr >> PAGE_SHIFT {
-            prefetch(&self.leaves[self.last.1 as usize].at[Self::slot(ptr)]);
+            prefetch(&self.leaves[self.last.1 as usize].records[Self::slot(ptr)]);
         }
     }
 
@@ -333,13 +285,14 @@ impl LiveTable {
         if ptr & GRAIN_MASK == 0 && self.in_leaves > 0 {
             if let Some(i) = self.leaf_of(ptr >> PAGE_SHIFT) {
                 let leaf = &mut self.leaves[i as usize];
-                let slot = Self::slot(ptr);
-                let at = leaf.at[slot] as usize;
-                if at != 0 {
-                    let allocation = leaf.take(at).unpack(leaf.page);
-                    leaf.at[slot] = 0;
+                let record = &mut leaf.records[Self::slot(ptr)];
+                if record.live {
+                    record.live = false;
+                    let allocation = record.unpack(ptr);
+                    leaf.live -= 1;
                     self.in_leaves -= 1;
                     if leaf.live == 0 {
+                        leaf.groups = 0;
                         if !leaf.listed {
                             leaf.listed = true;
                             self.emptied.push(i);
@@ -357,8 +310,11 @@ impl LiveTable {
         if ptr & GRAIN_MASK == 0 && self.in_leaves > 0 {
             let page = ptr >> PAGE_SHIFT;
             let leaf = if self.last.0 == page { Some(&self.last.1) } else { self.pages.get(&page) };
-            if let Some(record) = leaf.and_then(|&i| self.leaves[i as usize].get(Self::slot(ptr))) {
-                return Some(record.unpack(page));
+            if let Some(&i) = leaf {
+                let record = &self.leaves[i as usize].records[Self::slot(ptr)];
+                if record.live {
+                    return Some(record.unpack(ptr));
+                }
             }
         }
         if self.loose.len() == 0 { None } else { self.loose.get(ptr) }
@@ -377,8 +333,16 @@ impl LiveTable {
     /// The live allocations in address order.
     pub fn sorted(&self) -> Vec<Allocation> {
         let mut all = self.loose.sorted();
-        for leaf in &self.leaves {
-            all.extend(leaf.records.iter().filter(|r| r.slot != FREE).map(|r| r.unpack(leaf.page)));
+        for &page in &self.ordered {
+            let leaf = &self.leaves[self.pages[&page] as usize];
+            let base = page << PAGE_SHIFT;
+            all.extend(
+                leaf.records
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, r)| r.live)
+                    .map(|(s, r)| r.unpack(base + ((s as u64) << GRAIN_SHIFT))),
+            );
         }
         all.sort_unstable_by_key(|a| a.ptr);
         all
@@ -397,7 +361,7 @@ impl LiveTable {
             let leaf = &mut self.leaves[self.pages[&p] as usize];
             if leaf.live > 0 {
                 if let Some(s) = leaf.at_or_before(top) {
-                    return leaf.get(s).map(|r| r.unpack(p));
+                    return Some(leaf.records[s].unpack((p << PAGE_SHIFT) + ((s as u64) << GRAIN_SHIFT)));
                 }
             }
             next = pages.next().copied();
@@ -507,21 +471,6 @@ mod tests {
                 prop_assert_eq!(table.pages.len(), table.leaves.len());
                 prop_assert_eq!(table.ordered.len(), table.leaves.len());
                 prop_assert_eq!(table.in_leaves, table.leaves.iter().map(|l| l.live as usize).sum::<usize>());
-            }
-            // Each record in use is named by its grain's index entry, and nothing else is; the
-            // free list holds every other record once.
-            for leaf in &table.leaves {
-                prop_assert_eq!(leaf.at.iter().filter(|&&at| at != 0).count(), leaf.live as usize);
-                for (i, r) in leaf.records.iter().enumerate().filter(|(_, r)| r.slot != FREE) {
-                    prop_assert_eq!(leaf.at[r.slot as usize] as usize, i + 1);
-                }
-                let (mut free, mut next) = (0, leaf.free);
-                while next != 0 {
-                    prop_assert!(free < leaf.records.len() && leaf.records[next as usize - 1].slot == FREE);
-                    next = leaf.records[next as usize - 1].size;
-                    free += 1;
-                }
-                prop_assert_eq!(free + leaf.live as usize, leaf.records.len());
             }
             prop_assert_eq!(table.sorted(), model.values().copied().collect::<Vec<_>>());
         }
