@@ -21,6 +21,11 @@ pub struct ReplayOutcome {
     pub leftover: Vec<u64>,
 }
 
+/// The most requests `malloc_many` hands the allocator's front cache at once.
+const CACHED_RUN: usize = 1024;
+/// How many blocks ahead a batch asks for the live table's records (`LiveTable::prefetch`).
+const LOOK_AHEAD: usize = 8;
+
 impl Device {
     /// Allocates one block per size on `stream`; on any failure, frees the blocks this call made
     /// and returns the error (naming the failing index).
@@ -34,7 +39,7 @@ impl Device {
         }
         self.settle();
         let mut ptrs = Vec::with_capacity(sizes.len());
-        let mut grants = Vec::with_capacity(sizes.len());
+        let mut grants = Vec::with_capacity(sizes.len().min(CACHED_RUN));
         let failed = self
             .malloc_run(sizes, policy, stream, &mut grants, &mut ptrs)
             .map(|(i, e)| AclError::new(e.code, format!("malloc_many: size #{i} ({}): {}", sizes[i], e.message)));
@@ -78,9 +83,15 @@ impl Device {
         let mut i = 0;
         while i < sizes.len() {
             if self.pending_frees.is_empty() {
-                let served = self.allocator.malloc_cached(&sizes[i..], policy, grants);
+                // By runs of at most `CACHED_RUN`, so that `grants` stays small and in cache.
+                let end = sizes.len().min(i + CACHED_RUN);
+                let served = self.allocator.malloc_cached(&sizes[i..end], policy, grants);
                 let mut tally = Tally::default();
-                for (grant, &size) in grants.drain(..).zip(&sizes[i..i + served]) {
+                for (k, &size) in sizes[i..i + served].iter().enumerate() {
+                    if let Some(ahead) = grants.get(k + LOOK_AHEAD) {
+                        self.live.prefetch(ahead.ptr);
+                    }
+                    let grant = grants[k];
                     // Checked by the caller: the booking cannot fail here (and an error would
                     // strand the blocks already recorded).
                     let booked = booked_size(size, policy, true).unwrap_or(size);
@@ -90,10 +101,11 @@ impl Device {
                     tally.add(a.granted, a.size);
                     ptrs.push(a.ptr);
                 }
+                grants.clear();
                 self.stats.on_mallocs(tally);
                 i += served;
-                if i == sizes.len() {
-                    break;
+                if i == end {
+                    continue;
                 }
             }
             match self.malloc_settled(sizes[i], policy, true, stream) {
@@ -115,8 +127,13 @@ impl Device {
         // recorded stream, the block's stream idle) go to the allocator's batch path; the
         // others follow the stream rules one by one.
         let mut last: Option<(StreamId, bool)> = None;
-        let (mut at_once, mut ordered) = (Vec::with_capacity(ptrs.len()), Vec::new());
+        let mut at_once = std::mem::take(&mut self.free_scratch);
+        at_once.reserve(ptrs.len());
+        let mut ordered = Vec::new();
         for (i, &p) in ptrs.iter().enumerate() {
+            if let Some(&ahead) = ptrs.get(i + LOOK_AHEAD) {
+                self.live.prefetch(ahead);
+            }
             let pinned = if self.pins.is_empty() { None } else { self.pinned(p) };
             let taken = if pinned.is_some() { None } else { self.live.remove(p) };
             let Some(a) = taken else {
@@ -167,6 +184,8 @@ impl Device {
         }
         // After an internal error, what was not freed stays live.
         at_once.drain(done..).chain(ordered).for_each(|a| self.live.insert(a));
+        at_once.clear();
+        self.free_scratch = at_once;
         self.charge_driver();
         result
     }

@@ -380,6 +380,9 @@ pub struct Device {
     backend: Box<dyn Backend>,
     allocator: Box<dyn Allocator>,
     live: LiveTable,
+    /// `free_many`'s list of the allocations it took out, kept between calls (a batch of a
+    /// million blocks would otherwise fault in fresh pages for it every time).
+    free_scratch: Vec<Allocation>,
     recently_freed: FreedRing,
     host: HostHeap,
     stats: DeviceStats,
@@ -441,6 +444,7 @@ impl Device {
             backend,
             allocator,
             live: LiveTable::default(),
+            free_scratch: Vec::new(),
             recently_freed: FreedRing::default(),
             host: HostHeap::default(),
             stats: DeviceStats::default(),
