@@ -534,7 +534,10 @@ impl Device {
     /// A malloc for `stream`: the block's later free is ordered after the stream's work;
     /// `padded` picks `aclrtMalloc`'s booking over `aclrtMallocAlign32`'s.
     pub fn malloc_on(&mut self, size: u64, policy: Policy, padded: bool, stream: StreamId) -> Result<u64> {
-        self.sched.tail_ns(stream)?;
+        if stream != DEFAULT_STREAM {
+            // The default stream always exists (it cannot be destroyed).
+            self.sched.tail_ns(stream)?;
+        }
         self.settle();
         let result = self.malloc_settled(size, policy, padded, stream);
         self.charge_driver();
@@ -716,22 +719,29 @@ impl Device {
         Ok(base)
     }
 
-    /// Pins the live allocation that starts at `ptr` for an object that owns it (on any
-    /// backend): a plain `free` of it is refused until `unpin` (the owner frees it then).
-    pub fn hold(&mut self, ptr: u64) -> Result<()> {
-        if !self.live.contains(ptr) {
-            return Err(self.bad_pointer(ptr));
-        }
+    /// `malloc_on` (with `aclrtMalloc`'s booking) for an object that owns the allocation
+    /// (`Device.buffer`), pinned in the same call: a plain `free` of it is refused until the
+    /// owner's `free_held`.
+    pub fn malloc_held(&mut self, size: u64, policy: Policy, stream: StreamId) -> Result<u64> {
+        let ptr = self.malloc_on(size, policy, true, stream)?;
         *self.pins.entry(ptr).or_default() += 1;
-        Ok(())
+        Ok(ptr)
+    }
+
+    /// The owner's free of a `malloc_held` allocation: releases its hold, then frees it as
+    /// `free` does (refused while a view still pins it; the hold is released all the same).
+    pub fn free_held(&mut self, ptr: u64) -> Result<()> {
+        self.unpin(ptr);
+        self.free_on(ptr, None)
     }
 
     /// Releases one pin of the allocation at `base`.
     pub fn unpin(&mut self, base: u64) {
-        if let Some(n) = self.pins.get_mut(&base) {
-            *n -= 1;
-            if *n == 0 {
-                self.pins.remove(&base);
+        if let std::collections::hash_map::Entry::Occupied(mut n) = self.pins.entry(base) {
+            if *n.get() > 1 {
+                *n.get_mut() -= 1;
+            } else {
+                n.remove();
             }
         }
     }
