@@ -152,8 +152,7 @@ impl PyTlb {
         let slice = crate::convert::array_slice(&addresses)?;
         let device = self.device.get();
         let tlb = &self.tlb;
-        py.detach(|| {
-            let dev = device.lock_inner();
+        device.cell().run_detached_if(py, true, |dev| {
             tlb.lock().run(slice, |va| dev.translate(va).ok());
         });
         self.stats(py)
