@@ -40,19 +40,18 @@ impl DeviceBuffer {
         let size = usize::try_from(len)
             .map_err(|_| to_py(py, npumem_core::AclError::invalid_param("the buffer is larger than memory")))?;
         // Refused (with the reason) where the memory is not this process's (the simulator).
-        let cell = slf.get().device.get().cell();
-        cell.with(py, |d| d.pin(ptr, len)).map_err(|e| to_py(py, e))?;
+        slf.get().device.get().lock_inner().pin(ptr, len).map_err(|e| to_py(py, e))?;
         // SAFETY: `size` bytes at `ptr` are a live allocation of the host backend, mapped
         // read-write in this process while this exporter (which the view references) holds it.
         let filled = unsafe { fill_buffer(slf.as_any(), view, ptr as *mut c_void, size, flags) };
         if filled.is_err() {
-            cell.with(py, |d| d.unpin(ptr));
+            slf.get().device.get().lock_inner().unpin(ptr);
         }
         filled
     }
 
-    unsafe fn __releasebuffer__(&self, py: Python<'_>, _view: *mut ffi::Py_buffer) {
-        self.device.get().cell().with(py, |d| d.unpin(self.ptr));
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {
+        self.device.get().lock_inner().unpin(self.ptr);
     }
 
     fn __len__(&self) -> usize {
@@ -88,9 +87,6 @@ impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         // A destructor cannot raise: a free the driver refuses leaves the block to the device's
         // leak report (the device counts it live).
-        // SAFETY: a `DeviceBuffer` is dropped by its object's deallocation (or when making the
-        // object fails), both on a thread attached to the interpreter.
-        let py = unsafe { Python::assume_attached() };
-        let _ = self.device.get().cell().with(py, |d| d.free_held(self.ptr));
+        let _ = self.device.get().lock_inner().free_held(self.ptr);
     }
 }

@@ -15,13 +15,13 @@ use npumem_core::units::format_size;
 use npumem_core::vm::PageSize;
 use npumem_core::{AclError, AllocatorKind, BackendKind, Device, DeviceConfig, MemAttr, Policy};
 use numpy::{PyArray1, PyReadonlyArray1};
+use parking_lot::Mutex;
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::buffer::DeviceBuffer;
-use crate::cell::DeviceCell;
 use crate::convert::{array_slice, enum_arg, i32_arg, size_arg, uint_arg};
 use crate::errors::{catch_panics, guard, to_py};
 use crate::view::DeviceView;
@@ -31,7 +31,7 @@ const DETACH_BYTES: usize = 1 << 20;
 
 #[pyclass(module = "npumem._native", name = "Device", frozen, subclass)]
 pub struct PyDevice {
-    inner: DeviceCell,
+    inner: Mutex<Device>,
     config: DeviceConfig,
 }
 
@@ -68,9 +68,9 @@ fn contiguous_buffer(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<PyUntyp
 }
 
 impl PyDevice {
-    /// The core device (locked, or reached under the GIL: see `DeviceCell`).
-    pub(crate) fn cell(&self) -> &DeviceCell {
-        &self.inner
+    /// The core device, locked.
+    pub(crate) fn lock_inner(&self) -> parking_lot::MutexGuard<'_, Device> {
+        self.inner.lock()
     }
 
     /// Runs `f` with a raw view of a C-contiguous Python buffer (writable if asked), detached
@@ -127,7 +127,10 @@ impl PyDevice {
         detach: bool,
         f: impl FnOnce(&mut Device) -> Result<T, AclError> + Send,
     ) -> PyResult<T> {
-        self.inner.run_detached_if(py, detach, |d| catch_panics(|| f(d))).map_err(|e| to_py(py, e))
+        let inner = &self.inner;
+        let work = move || catch_panics(|| f(&mut inner.lock()));
+        let result = if detach { py.detach(work) } else { work() };
+        result.map_err(|e| to_py(py, e))
     }
 
     fn run<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Device) -> Result<T, AclError> + Send) -> PyResult<T> {
@@ -207,7 +210,7 @@ impl PyDevice {
             let mut device = Device::new(config.clone())?;
             device.scheduler().cost = CostModel::preset(preset)?;
             device.set_sanitizer(SanitizerMode::parse(sanitizer)?);
-            Ok(PyDevice { inner: DeviceCell::new(device), config })
+            Ok(PyDevice { inner: Mutex::new(device), config })
         })
     }
 
@@ -231,18 +234,18 @@ impl PyDevice {
     /// `[start, end)` of the addresses this device hands out (a slice of the device window
     /// when made with `va_slice`).
     #[getter]
-    fn va_window(&self, py: Python<'_>) -> (u64, u64) {
-        self.inner.lock(py).va_window()
+    fn va_window(&self) -> (u64, u64) {
+        self.inner.lock().va_window()
     }
 
     #[getter]
-    fn backend(&self, py: Python<'_>) -> &'static str {
-        self.inner.lock(py).backend_name()
+    fn backend(&self) -> &'static str {
+        self.inner.lock().backend_name()
     }
 
     #[getter]
-    fn allocator(&self, py: Python<'_>) -> &'static str {
-        self.inner.lock(py).allocator_name()
+    fn allocator(&self) -> &'static str {
+        self.inner.lock().allocator_name()
     }
 
     /// `aclrtMalloc` for `stream` (the default stream when None); `tag` names the allocation
@@ -494,7 +497,7 @@ impl PyDevice {
         let len = usize::try_from(count).map_err(|_| to_py(py, AclError::invalid_param("count too large")))?;
         let mut failure = None;
         let bytes = PyBytes::new_with(py, len, |out| {
-            if let Err(e) = guard(py, || self.inner.lock(py).read(ptr, out)) {
+            if let Err(e) = guard(py, || self.inner.lock().read(ptr, out)) {
                 failure = Some(e);
             }
             Ok(())
@@ -531,10 +534,19 @@ impl PyDevice {
         if std::ptr::eq(self, peer) {
             return Err(to_py(py, AclError::invalid_param("a peer copy needs two devices; use memcpy on one")));
         }
-        let detach = count >= DETACH_BYTES as u64;
-        let result = self.inner.run_pair_detached_if(&peer.inner, py, detach, |a, b| {
-            catch_panics(|| a.copy_to_peer(src, b, dst, count))
-        });
+        let work = || {
+            catch_panics(|| {
+                let (mut a, mut b) = if (self as *const Self) < (peer as *const Self) {
+                    let a = self.inner.lock();
+                    (a, peer.inner.lock())
+                } else {
+                    let b = peer.inner.lock();
+                    (self.inner.lock(), b)
+                };
+                a.copy_to_peer(src, &mut b, dst, count)
+            })
+        };
+        let result = if count >= DETACH_BYTES as u64 { py.detach(work) } else { work() };
         result.map_err(|e| to_py(py, e))
     }
 
@@ -616,13 +628,13 @@ impl PyDevice {
     /// The live allocation starting at `ptr` as a dict, or None.
     fn allocation<'py>(&self, py: Python<'py>, ptr: &Bound<'_, PyAny>) -> PyResult<Option<Bound<'py, PyDict>>> {
         let ptr = uint_arg(ptr, "ptr")?;
-        let a = self.inner.lock(py).allocation(ptr);
+        let a = self.inner.lock().allocation(ptr);
         a.map(|a| allocation_dict(py, &a)).transpose()
     }
 
     /// Every live allocation, in address order.
     fn allocations<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let all = self.inner.lock(py).allocations();
+        let all = self.inner.lock().allocations();
         let items = all.iter().map(|a| allocation_dict(py, a)).collect::<PyResult<Vec<_>>>()?;
         PyList::new(py, items)
     }
@@ -630,7 +642,7 @@ impl PyDevice {
     /// Runtime and driver counters.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let (s, c, host) = {
-            let d = self.inner.lock(py);
+            let d = self.inner.lock();
             (d.stats(), d.backend_counters(), d.host_usage())
         };
         let dict = PyDict::new(py);
@@ -846,7 +858,7 @@ impl PyDevice {
     /// Reads a pool attribute (`MemPoolAttr` 1-8).
     fn get_pool_attr<'py>(&self, py: Python<'py>, attr: &Bound<'_, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let attr = MemPoolAttr::from_raw(enum_arg(attr, "attr")?).map_err(|e| to_py(py, e))?;
-        let d = self.inner.lock(py);
+        let d = self.inner.lock();
         let (p, stats) = (d.reuse_policy(), d.pool_stats().clone());
         drop(d);
         Ok(match attr {
@@ -875,7 +887,7 @@ impl PyDevice {
 
     /// The findings so far, as dicts: kind, message, addr, size, allocation, streams (-1 = host).
     fn sanitizer_reports<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let findings = self.inner.lock(py).sanitizer_reports().to_vec();
+        let findings = self.inner.lock().sanitizer_reports().to_vec();
         let out = PyList::empty(py);
         for f in findings {
             let d = PyDict::new(py);
@@ -895,7 +907,7 @@ impl PyDevice {
     /// Every finding made since the last clear, by kind (`sanitizer_reports` keeps the first
     /// 10,000), and how many were counted but not kept (`dropped`).
     fn sanitizer_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let counts = self.inner.lock(py).sanitizer_counts();
+        let counts = self.inner.lock().sanitizer_counts();
         let d = PyDict::new(py);
         for kind in FindingKind::ALL {
             d.set_item(kind.name(), counts.get(kind))?;
@@ -904,8 +916,8 @@ impl PyDevice {
         Ok(d)
     }
 
-    fn clear_sanitizer_reports(&self, py: Python<'_>) {
-        self.inner.lock(py).clear_sanitizer_reports();
+    fn clear_sanitizer_reports(&self) {
+        self.inner.lock().clear_sanitizer_reports();
     }
 
     /// "raise", "collect" or "off".
@@ -918,7 +930,7 @@ impl PyDevice {
 
     /// What is still held: allocations (dicts), host blocks, streams and events not destroyed.
     fn leak_report<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let device = self.inner.lock(py);
+        let device = self.inner.lock();
         let (allocations, host_blocks, streams, events) = device.leak_report();
         let tags: Vec<Option<String>> = allocations.iter().map(|a| device.tag(a.ptr).map(str::to_string)).collect();
         drop(device);
@@ -1064,13 +1076,13 @@ impl PyDevice {
     }
 
     /// The host's simulated clock, in microseconds.
-    fn now_us(&self, py: Python<'_>) -> f64 {
-        self.inner.lock(py).scheduler().now_ns() as f64 / 1e3
+    fn now_us(&self) -> f64 {
+        self.inner.lock().scheduler().now_ns() as f64 / 1e3
     }
 
     /// The queued operations as dicts (stream, label, start_us, end_us, bytes), oldest first.
     fn timeline<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let spans: Vec<_> = self.inner.lock(py).scheduler().timeline().cloned().collect();
+        let spans: Vec<_> = self.inner.lock().scheduler().timeline().cloned().collect();
         let out = PyList::empty(py);
         for s in spans {
             let d = PyDict::new(py);
@@ -1091,7 +1103,7 @@ impl PyDevice {
 
     /// The cost model's fields (bandwidths in bytes/s, times in ns).
     fn cost_model<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let c = self.inner.lock(py).scheduler().cost.clone();
+        let c = self.inner.lock().scheduler().cost.clone();
         cost_dict(py, &c)
     }
 
@@ -1129,16 +1141,16 @@ impl PyDevice {
 
     /// Starts or stops recording the allocator's history (`max_entries` newest entries kept).
     #[pyo3(signature = (enabled = true, max_entries = None))]
-    fn record_memory_history(&self, py: Python<'_>, enabled: bool, max_entries: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+    fn record_memory_history(&self, enabled: bool, max_entries: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let max_entries = max_entries.map(|m| uint_arg(m, "max_entries")).transpose()?.unwrap_or(1_000_000);
         // The history grows as entries come; a bound past memory is simply never reached.
-        self.inner.lock(py).record_memory_history(enabled, usize::try_from(max_entries).unwrap_or(usize::MAX));
+        self.inner.lock().record_memory_history(enabled, usize::try_from(max_entries).unwrap_or(usize::MAX));
         Ok(())
     }
 
     /// Segments with their blocks, in PyTorch's snapshot schema.
     fn _segments<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let segments = self.inner.lock(py).segments();
+        let segments = self.inner.lock().segments();
         let out = PyList::empty(py);
         for s in segments {
             let d = PyDict::new(py);
@@ -1176,7 +1188,7 @@ impl PyDevice {
 
     /// The recorded trace entries, in PyTorch's device-trace schema.
     fn _trace<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let entries = self.inner.lock(py).history();
+        let entries = self.inner.lock().history();
         let out = PyList::empty(py);
         for e in entries {
             let d = PyDict::new(py);
@@ -1194,7 +1206,7 @@ impl PyDevice {
 
     /// Allocator statistics under PyTorch's keys (`allocated_bytes.all.current`, `num_ooms`, ...).
     fn memory_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let pairs = self.inner.lock(py).pool_stats().pairs();
+        let pairs = self.inner.lock().pool_stats().pairs();
         let dict = PyDict::new(py);
         for (k, v) in pairs {
             dict.set_item(k, v)?;
@@ -1203,32 +1215,32 @@ impl PyDevice {
     }
 
     /// Bytes in live blocks (`allocated_bytes.all.current`).
-    fn memory_allocated(&self, py: Python<'_>) -> u64 {
-        self.inner.lock(py).pool_stats().allocated_bytes.all.current
+    fn memory_allocated(&self) -> u64 {
+        self.inner.lock().pool_stats().allocated_bytes.all.current
     }
 
     /// Peak of `memory_allocated()` since start or the last reset.
-    fn max_memory_allocated(&self, py: Python<'_>) -> u64 {
-        self.inner.lock(py).pool_stats().allocated_bytes.all.peak
+    fn max_memory_allocated(&self) -> u64 {
+        self.inner.lock().pool_stats().allocated_bytes.all.peak
     }
 
     /// Bytes the allocator holds from the device (`reserved_bytes.all.current`).
-    fn memory_reserved(&self, py: Python<'_>) -> u64 {
-        self.inner.lock(py).pool_stats().reserved_bytes.all.current
+    fn memory_reserved(&self) -> u64 {
+        self.inner.lock().pool_stats().reserved_bytes.all.current
     }
 
-    fn max_memory_reserved(&self, py: Python<'_>) -> u64 {
-        self.inner.lock(py).pool_stats().reserved_bytes.all.peak
+    fn max_memory_reserved(&self) -> u64 {
+        self.inner.lock().pool_stats().reserved_bytes.all.peak
     }
 
-    fn reset_peak_memory_stats(&self, py: Python<'_>) {
-        self.inner.lock(py).reset_peak_stats();
+    fn reset_peak_memory_stats(&self) {
+        self.inner.lock().reset_peak_stats();
     }
 
     /// Fragmentation diagnostics: internal waste, cached memory, external fragmentation, free
     /// extents by size class and per-segment occupancy.
     fn fragmentation<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let f = self.inner.lock(py).fragmentation();
+        let f = self.inner.lock().fragmentation();
         let dict = PyDict::new(py);
         dict.set_item("requested", f.requested)?;
         dict.set_item("allocated", f.allocated)?;
@@ -1258,7 +1270,7 @@ impl PyDevice {
         Ok(dict)
     }
 
-    fn __repr__(&self, py: Python<'_>) -> String {
+    fn __repr__(&self) -> String {
         let c = self.config.sim;
         let capacity = format_size(c.capacity);
         let capacity =
@@ -1274,7 +1286,7 @@ impl PyDevice {
             capacity,
             c.normal_page.label(),
             c.giant_frames,
-            self.inner.lock(py).allocator_name()
+            self.inner.lock().allocator_name()
         )
     }
 }

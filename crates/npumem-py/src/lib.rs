@@ -2,7 +2,6 @@
 //! mapping only; every rule lives in the core crate.
 
 mod buffer;
-mod cell;
 mod convert;
 mod device;
 mod errors;

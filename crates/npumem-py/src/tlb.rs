@@ -152,7 +152,8 @@ impl PyTlb {
         let slice = crate::convert::array_slice(&addresses)?;
         let device = self.device.get();
         let tlb = &self.tlb;
-        device.cell().run_detached_if(py, true, |dev| {
+        py.detach(|| {
+            let dev = device.lock_inner();
             tlb.lock().run(slice, |va| dev.translate(va).ok());
         });
         self.stats(py)

@@ -53,6 +53,6 @@ impl DeviceView {
 
 impl Drop for DeviceView {
     fn drop(&mut self) {
-        Python::attach(|py| self.device.get().cell().with(py, |d| d.unpin(self.base)));
+        self.device.get().lock_inner().unpin(self.base);
     }
 }
