@@ -18,11 +18,13 @@ mod access;
 mod batch;
 mod live;
 mod ordered;
+mod pins;
 mod runtime;
 mod vmm;
 
 pub use batch::{Replay, ReplayEvents, ReplayOutcome, ReplaySample};
 use live::LiveTable;
+use pins::Pins;
 
 use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;
@@ -408,9 +410,9 @@ pub struct Device {
     charged_calls: u64,
     /// Allocation-site tags of live allocations (for sanitizer and leak reports).
     tags: FxHashMap<u64, String>,
-    /// Live allocations with direct views of their memory (host backend), by start: how many.
-    /// A pinned allocation cannot be freed.
-    pins: FxHashMap<u64, u32>,
+    /// Live allocations held by direct views of their memory (host backend) or by an owning
+    /// object (`Device.buffer`), by start: how many. A pinned allocation cannot be freed.
+    pins: Pins,
     /// The program's own reservations, physical allocations and mappings (the VMM calls).
     user_vmm: vmm::UserVmm,
     /// Runtime handles of the streams and events (absent: 0), and the streams whose runtime work
@@ -458,7 +460,7 @@ impl Device {
             charged: BackendCounters::default(),
             charged_calls: 0,
             tags: FxHashMap::default(),
-            pins: FxHashMap::default(),
+            pins: Pins::default(),
             user_vmm: vmm::UserVmm::default(),
             rt_streams: FxHashMap::default(),
             rt_events: FxHashMap::default(),
@@ -715,7 +717,7 @@ impl Device {
             .map(|a| a.ptr)
             .or_else(|| self.user_vmm.mapping_of(ptr, 1))
             .ok_or_else(|| AclError::internal(format!("{ptr:#x} is device memory of no allocation or mapping")))?;
-        *self.pins.entry(base).or_default() += 1;
+        self.pins.add(base);
         Ok(base)
     }
 
@@ -724,7 +726,7 @@ impl Device {
     /// owner's `free_held`.
     pub fn malloc_held(&mut self, size: u64, policy: Policy, stream: StreamId) -> Result<u64> {
         let ptr = self.malloc_on(size, policy, true, stream)?;
-        *self.pins.entry(ptr).or_default() += 1;
+        self.pins.add(ptr);
         Ok(ptr)
     }
 
@@ -737,18 +739,15 @@ impl Device {
 
     /// Releases one pin of the allocation at `base`.
     pub fn unpin(&mut self, base: u64) {
-        if let std::collections::hash_map::Entry::Occupied(mut n) = self.pins.entry(base) {
-            if *n.get() > 1 {
-                *n.get_mut() -= 1;
-            } else {
-                n.remove();
-            }
-        }
+        self.pins.release(base);
     }
 
     /// The error for a free (or unmap) of a pinned allocation (or mapping).
     fn pinned(&self, ptr: u64) -> Option<AclError> {
-        let n = *self.pins.get(&ptr)?;
+        let n = self.pins.count(ptr);
+        if n == 0 {
+            return None;
+        }
         Some(AclError::bad_free(format!(
             "the memory at {ptr:#x} is held by {n} view(s) or owner(s) (to_numpy(copy=False), Device.buffer); \
              delete them before freeing or unmapping it"
