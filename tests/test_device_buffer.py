@@ -9,6 +9,10 @@ import gc
 import numpy as np
 import pytest
 
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
 import npumem
 from npumem import MemoryFreeError, UnsupportedError
 
@@ -82,3 +86,90 @@ def test_buffer_protocol_on_the_host_backend_only():
     assert host.stats()["live_count"] == 1
     del arr
     assert host.stats()["live_count"] == 0
+
+
+class BufferAgainstMallocFree(RuleBasedStateMachine):
+    """Device.buffer against its model, malloc + free at collection: a random program of
+    buffers (on streams, under queued work, with host writes the sanitizer judges) run on one
+    device, and the same program with plain malloc / free on a twin, leave both devices alike
+    after every step — the same addresses, live blocks, deferred frees, clock and sanitizer
+    verdicts — and a plain free of a live buffer is refused without changing anything."""
+
+    @initialize()
+    def setup(self):
+        self.a, self.b = (npumem.Device("64MiB") for _ in range(2))
+        self.streams = [None] + [(self.a.create_stream(), self.b.create_stream()) for _ in range(2)]
+        self.bufs: list[tuple[npumem.DeviceBuffer, int]] = []
+
+    def _stream(self, i):
+        return self.streams[i] or (None, None)
+
+    def _pick(self, data) -> int:
+        """The index of a live buffer (drawn as an index: hypothesis keeps what it draws)."""
+        return data.draw(st.integers(0, len(self.bufs) - 1))
+
+    @rule(size=st.integers(1, 3 << 20), policy=st.sampled_from([0, 2]), s=st.integers(0, 2))
+    def make(self, size, policy, s):
+        sa, sb = self._stream(s)
+        try:
+            ptr = self.b.malloc(size, policy, stream=sb)
+        except npumem.OutOfMemoryError:
+            with pytest.raises(npumem.OutOfMemoryError):
+                self.a.buffer(size, policy=policy, stream=sa)
+            return
+        buf = self.a.buffer(size, policy=policy, stream=sa)
+        assert int(buf) == ptr and len(buf) == size
+        self.bufs.append((buf, ptr))
+
+    @rule(data=st.data())
+    def drop(self, data):
+        if self.bufs:
+            buf, ptr = self.bufs.pop(self._pick(data))
+            del buf
+            self.b.free(ptr)
+            assert self.a.allocation(ptr) is None
+
+    @rule(data=st.data(), s=st.integers(1, 2), us=st.floats(1, 500), write=st.booleans())
+    def launch(self, data, s, us, write):
+        if self.bufs:
+            ptr = self.bufs[self._pick(data)][1]
+            for dev, stream in zip((self.a, self.b), self.streams[s], strict=True):
+                dev.launch(stream, us, writes=[ptr] if write else None, reads=None if write else [ptr])
+
+    @rule(data=st.data())
+    def host_write(self, data):
+        if self.bufs:
+            ptr = self.bufs[self._pick(data)][1]
+            for dev in (self.a, self.b):
+                dev.write(ptr, b"x")
+
+    @rule(data=st.data())
+    def plain_free_is_refused(self, data):
+        if self.bufs:
+            buf = self.bufs[self._pick(data)][0]
+            before = self.a.stats()
+            with pytest.raises(MemoryFreeError, match="held by 1"):
+                self.a.free(buf)
+            with pytest.raises(MemoryFreeError):
+                self.a.free_many([int(buf)])
+            assert self.a.stats() == before
+
+    @rule()
+    def synchronize(self):
+        self.a.synchronize_device()
+        self.b.synchronize_device()
+
+    @invariant()
+    def devices_agree(self):
+        a, b = self.a, self.b
+        assert a.allocations() == b.allocations()
+        sa, sb = a.stats(), b.stats()
+        for key in ("live_count", "deferred_frees", "pending_frees"):
+            assert sa[key] == sb[key], key
+        assert a.now_us() == b.now_us()
+        assert a.sanitizer_counts() == b.sanitizer_counts()
+        assert a.memory_stats() == b.memory_stats()
+
+
+TestBufferAgainstMallocFree = BufferAgainstMallocFree.TestCase
+TestBufferAgainstMallocFree.settings = settings(max_examples=30, stateful_step_count=30, deadline=None)

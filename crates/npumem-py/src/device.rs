@@ -394,11 +394,7 @@ impl PyDevice {
         let size = size_arg(nbytes, "nbytes")?;
         let policy = policy.map(|p| enum_arg(p, "policy")).transpose()?.unwrap_or(0);
         let stream = opt_stream(stream)?.unwrap_or(0);
-        let ptr = slf.get().run(py, |d| {
-            let ptr = d.malloc_on(size, Policy::from_raw(policy)?, true, stream)?;
-            d.hold(ptr)?;
-            Ok(ptr)
-        })?;
+        let ptr = slf.get().run(py, |d| d.malloc_held(size, Policy::from_raw(policy)?, stream))?;
         Ok(DeviceBuffer::new(slf.clone().unbind(), ptr, size))
     }
 

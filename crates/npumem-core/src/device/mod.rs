@@ -18,11 +18,13 @@ mod access;
 mod batch;
 mod live;
 mod ordered;
+mod pins;
 mod runtime;
 mod vmm;
 
 pub use batch::{Replay, ReplayEvents, ReplayOutcome, ReplaySample};
 use live::LiveTable;
+use pins::Pins;
 
 use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;
@@ -411,9 +413,9 @@ pub struct Device {
     charged_calls: u64,
     /// Allocation-site tags of live allocations (for sanitizer and leak reports).
     tags: FxHashMap<u64, String>,
-    /// Live allocations with direct views of their memory (host backend), by start: how many.
-    /// A pinned allocation cannot be freed.
-    pins: FxHashMap<u64, u32>,
+    /// Live allocations held by direct views of their memory (host backend) or by an owning
+    /// object (`Device.buffer`), by start: how many. A pinned allocation cannot be freed.
+    pins: Pins,
     /// The program's own reservations, physical allocations and mappings (the VMM calls).
     user_vmm: vmm::UserVmm,
     /// Runtime handles of the streams and events (absent: 0), and the streams whose runtime work
@@ -462,7 +464,7 @@ impl Device {
             charged: BackendCounters::default(),
             charged_calls: 0,
             tags: FxHashMap::default(),
-            pins: FxHashMap::default(),
+            pins: Pins::default(),
             user_vmm: vmm::UserVmm::default(),
             rt_streams: FxHashMap::default(),
             rt_events: FxHashMap::default(),
@@ -538,7 +540,10 @@ impl Device {
     /// A malloc for `stream`: the block's later free is ordered after the stream's work;
     /// `padded` picks `aclrtMalloc`'s booking over `aclrtMallocAlign32`'s.
     pub fn malloc_on(&mut self, size: u64, policy: Policy, padded: bool, stream: StreamId) -> Result<u64> {
-        self.sched.tail_ns(stream)?;
+        if stream != DEFAULT_STREAM {
+            // The default stream always exists (it cannot be destroyed).
+            self.sched.tail_ns(stream)?;
+        }
         self.settle();
         let result = self.malloc_settled(size, policy, padded, stream);
         self.charge_driver();
@@ -716,33 +721,37 @@ impl Device {
             .map(|a| a.ptr)
             .or_else(|| self.user_vmm.mapping_of(ptr, 1))
             .ok_or_else(|| AclError::internal(format!("{ptr:#x} is device memory of no allocation or mapping")))?;
-        *self.pins.entry(base).or_default() += 1;
+        self.pins.add(base);
         Ok(base)
     }
 
-    /// Pins the live allocation that starts at `ptr` for an object that owns it (on any
-    /// backend): a plain `free` of it is refused until `unpin` (the owner frees it then).
-    pub fn hold(&mut self, ptr: u64) -> Result<()> {
-        if !self.live.contains(ptr) {
-            return Err(self.bad_pointer(ptr));
-        }
-        *self.pins.entry(ptr).or_default() += 1;
-        Ok(())
+    /// `malloc_on` (with `aclrtMalloc`'s booking) for an object that owns the allocation
+    /// (`Device.buffer`), pinned in the same call: a plain `free` of it is refused until the
+    /// owner's `free_held`.
+    pub fn malloc_held(&mut self, size: u64, policy: Policy, stream: StreamId) -> Result<u64> {
+        let ptr = self.malloc_on(size, policy, true, stream)?;
+        self.pins.add(ptr);
+        Ok(ptr)
+    }
+
+    /// The owner's free of a `malloc_held` allocation: releases its hold, then frees it as
+    /// `free` does (refused while a view still pins it; the hold is released all the same).
+    pub fn free_held(&mut self, ptr: u64) -> Result<()> {
+        self.unpin(ptr);
+        self.free_on(ptr, None)
     }
 
     /// Releases one pin of the allocation at `base`.
     pub fn unpin(&mut self, base: u64) {
-        if let Some(n) = self.pins.get_mut(&base) {
-            *n -= 1;
-            if *n == 0 {
-                self.pins.remove(&base);
-            }
-        }
+        self.pins.release(base);
     }
 
     /// The error for a free (or unmap) of a pinned allocation (or mapping).
     fn pinned(&self, ptr: u64) -> Option<AclError> {
-        let n = *self.pins.get(&ptr)?;
+        let n = self.pins.count(ptr);
+        if n == 0 {
+            return None;
+        }
         Some(AclError::bad_free(format!(
             "the memory at {ptr:#x} is held by {n} view(s) or owner(s) (to_numpy(copy=False), Device.buffer); \
              delete them before freeing or unmapping it"
