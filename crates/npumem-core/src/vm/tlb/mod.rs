@@ -29,6 +29,7 @@
 
 mod array;
 mod batch;
+mod chain;
 mod config;
 mod memo;
 pub mod reference;
@@ -39,6 +40,7 @@ use rustc_hash::FxHashMap;
 
 use self::array::{Array, EMPTY, size_bit};
 use self::batch::{Access, Batch};
+use self::chain::Chains;
 use self::memo::{Known, Memo};
 use super::{PageSize, Translation};
 use crate::error::Result;
@@ -92,6 +94,10 @@ pub struct Tlb {
     last: Option<(u64, u8)>,
     /// Translations of the current run (allocated by the first run).
     memo: Option<Box<Memo>>,
+    /// Per page size, its arrays level by level, and whether that is the whole hierarchy (then
+    /// `run` simulates access by access along them: [`chain`]).
+    chains: Chains,
+    chained: bool,
 }
 
 /// The arrays that hold one page size, in lookup order.
@@ -141,6 +147,7 @@ impl Tlb {
                     .is_some()
             })
             .collect();
+        let (chains, chained) = Chains::new(&plans);
         let stats = TlbStats {
             arrays: config.levels.iter().map(|l| vec![ArrayStats::default(); l.len()]).collect(),
             ..Default::default()
@@ -158,6 +165,8 @@ impl Tlb {
             rng: 0x9E37_79B9_7F4A_7C15,
             last: None,
             memo: None,
+            chains,
+            chained,
         })
     }
 
@@ -357,7 +366,9 @@ impl Tlb {
                 }
             };
             if let Some(access) = self.admit(va, page, depth, group) {
-                if batch.push(access) {
+                if self.chained {
+                    self.simulate_chained(access.tag, va, access.now, page, depth);
+                } else if batch.push(access) {
                     self.drain(&mut batch);
                 }
             }
