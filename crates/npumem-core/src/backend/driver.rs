@@ -32,6 +32,7 @@
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::address_map::{AddressMap, Mapping};
+use super::physical::{self, PhysicalBooks, handle_translation};
 use super::{Backend, BackendCounters, PhysHandle};
 use crate::acl::MemScope;
 use crate::error::{AclError, ErrorCode, Result};
@@ -141,15 +142,6 @@ macro_rules! runtime_streams {
 }
 pub(super) use runtime_streams;
 
-#[derive(Debug)]
-struct Physical {
-    raw: RawHandle,
-    size: u64,
-    page: PageSize,
-    mapped: u32,
-    free_requested: bool,
-}
-
 /// Bytes an overlapping copy moves through host memory at a time.
 const BOUNCE: u64 = MIB;
 
@@ -160,9 +152,11 @@ pub struct DriverBackend<D: Driver> {
     space: AddressMap,
     /// Reservations by their start: (the runtime's start, the runtime's size).
     reservations: FxHashMap<u64, (u64, u64)>,
-    allocs: FxHashMap<PhysHandle, Physical>,
-    next_handle: PhysHandle,
-    in_use: u64,
+    /// Physical allocations, each with the runtime's handle.
+    allocs: PhysicalBooks<RawHandle>,
+    /// Bytes of stranded physical allocations (still the runtime's, so counted against the
+    /// capacity with the books' bytes).
+    stranded_bytes: u64,
     counters: BackendCounters,
     /// The runtime streams and events this backend created (and destroys when it goes).
     streams: FxHashSet<Handle>,
@@ -227,9 +221,8 @@ impl<D: Driver> DriverBackend<D> {
             pages,
             space,
             reservations: FxHashMap::default(),
-            allocs: FxHashMap::default(),
-            next_handle: 1,
-            in_use: 0,
+            allocs: PhysicalBooks::default(),
+            stranded_bytes: 0,
             counters: BackendCounters::default(),
             streams: FxHashSet::default(),
             events: FxHashSet::default(),
@@ -267,12 +260,10 @@ impl<D: Driver> DriverBackend<D> {
         Ok((start, base, wide))
     }
 
-    /// Gives the memory of `handle` back to the books (the runtime has freed it already).
-    fn forget_physical(&mut self, handle: PhysHandle) {
-        if let Some(p) = self.allocs.remove(&handle) {
-            self.in_use -= p.size;
-            self.counters.physical_frees += 1;
-        }
+    /// Bytes of physical memory this backend holds at the runtime: the books' and the
+    /// stranded ones'.
+    fn in_use(&self) -> u64 {
+        self.allocs.held_bytes() + self.stranded_bytes
     }
 
     /// Asks the runtime again to take back what it refused before; keeps what it still refuses.
@@ -281,12 +272,12 @@ impl<D: Driver> DriverBackend<D> {
             return;
         }
         let driver = &self.driver;
-        let (in_use, counters) = (&mut self.in_use, &mut self.counters);
+        let (stranded_bytes, counters) = (&mut self.stranded_bytes, &mut self.counters);
         self.stranded.retain(|&s| match s {
             Stranded::Physical(raw, size) => {
                 let kept = driver.free(raw).is_err();
                 if !kept {
-                    *in_use -= size;
+                    *stranded_bytes -= size;
                     counters.physical_frees += 1;
                 }
                 kept
@@ -299,12 +290,6 @@ impl<D: Driver> DriverBackend<D> {
                 kept
             }
         });
-    }
-
-    fn live(&self, handle: PhysHandle) -> Result<&Physical> {
-        self.allocs.get(&handle).filter(|p| !p.free_requested).ok_or_else(|| {
-            AclError::new(ErrorCode::RtInvalidHandle, format!("physical handle {handle} is unknown or already freed"))
-        })
     }
 }
 
@@ -365,60 +350,52 @@ impl<D: Driver> Backend for DriverBackend<D> {
 
     fn create_physical(&mut self, size: u64, kind: PageKind) -> Result<PhysHandle> {
         let page = self.page_size(kind);
-        if size == 0 || size % page.bytes() != 0 {
-            return Err(AclError::invalid_param(format!(
-                "physical allocation size {size} must be a non-zero multiple of the {} granularity of {} memory",
-                page.label(),
-                kind.label()
-            )));
-        }
+        physical::check_size(size, page, kind)?;
         self.retry_stranded();
-        if self.in_use.saturating_add(size) > self.capacity {
+        if self.in_use().saturating_add(size) > self.capacity {
             return Err(AclError::oom(format!(
                 "the {} backend holds {} of its capacity of {}; {} more would pass it",
                 self.name(),
-                format_size(self.in_use),
+                format_size(self.in_use()),
                 format_size(self.capacity),
                 format_size(size)
             )));
         }
         let raw = self.driver.create(size, kind)?;
-        let handle = self.next_handle;
-        self.next_handle += 1;
-        self.allocs.insert(handle, Physical { raw, size, page, mapped: 0, free_requested: false });
-        self.in_use += size;
+        let handle = self.allocs.insert(size, page, raw);
         self.counters.physical_allocs += 1;
         Ok(handle)
     }
 
     fn free_physical(&mut self, handle: PhysHandle) -> Result<()> {
-        let p = self.live(handle)?;
-        if let Err(e) = self.driver.free(p.raw) {
-            if p.mapped > 0 {
-                return Err(e);
+        let p = self.allocs.live(handle)?;
+        let (raw, mapped) = (p.memory, p.mapped() > 0);
+        let refused = match self.driver.free(raw) {
+            // Still mapped: the allocation stays whole in the books, so the caller may retry.
+            Err(e) if mapped => return Err(e),
+            Err(_) => true,
+            Ok(()) => false,
+        };
+        // The runtime has freed it (it releases the memory at the last unmap), or refused to
+        // free an unmapped one: the books release it now or at the last unmap.
+        if let Some(p) = self.allocs.free(handle)? {
+            if refused {
+                self.stranded.push(Stranded::Physical(p.memory, p.size));
+                self.stranded_bytes += p.size;
+            } else {
+                self.counters.physical_frees += 1;
             }
-            let p = self.allocs.remove(&handle).expect("live");
-            self.stranded.push(Stranded::Physical(p.raw, p.size));
-            return Ok(());
-        }
-        let p = self.allocs.get_mut(&handle).expect("live");
-        if p.mapped > 0 {
-            p.free_requested = true;
-        } else {
-            self.forget_physical(handle);
         }
         Ok(())
     }
 
     fn map(&mut self, va: u64, handle: PhysHandle) -> Result<()> {
-        let p = self.live(handle)?;
-        let (raw, size, page) = (p.raw, p.size, p.page);
+        let p = self.allocs.live(handle)?;
+        let (raw, size, page) = (p.memory, p.size, p.page);
         self.space.check_map(va, size, page)?;
         self.driver.map(va, size, raw)?;
-        self.allocs.get_mut(&handle).expect("live").mapped += 1;
+        self.allocs.map(handle, &mut self.counters)?;
         self.space.insert(va, Mapping { handle, size });
-        self.counters.maps += 1;
-        self.counters.pages_mapped += size / page.bytes();
         Ok(())
     }
 
@@ -426,12 +403,8 @@ impl<D: Driver> Backend for DriverBackend<D> {
         let mapping = self.space.mapping_at(va)?;
         self.driver.unmap(va, mapping.size)?;
         self.space.remove(va);
-        let p = self.allocs.get_mut(&mapping.handle).expect("mapped handles are held");
-        p.mapped -= 1;
-        self.counters.unmaps += 1;
-        self.counters.pages_unmapped += mapping.size / p.page.bytes();
-        if p.mapped == 0 && p.free_requested {
-            self.forget_physical(mapping.handle);
+        if self.allocs.unmap(mapping.handle, &mut self.counters)?.is_some() {
+            self.counters.physical_frees += 1;
         }
         Ok(())
     }
@@ -492,7 +465,7 @@ impl<D: Driver> Backend for DriverBackend<D> {
         if scope == MemScope::Ddr {
             return (0, 0);
         }
-        let budget = self.capacity - self.in_use.min(self.capacity);
+        let budget = self.capacity - self.in_use().min(self.capacity);
         match self.driver.mem_info(scope) {
             Ok((free, total)) => (free.min(budget), total.min(self.capacity)),
             Err(_) => (budget, self.capacity),
@@ -504,13 +477,7 @@ impl<D: Driver> Backend for DriverBackend<D> {
             .space
             .containing(va)
             .ok_or_else(|| AclError::rt_param(format!("device address {va:#x} is not mapped")))?;
-        let page = self.allocs[&mp.handle].page;
-        let depth = match page {
-            PageSize::Size1G => 2,
-            PageSize::Size2M => 3,
-            _ => 4,
-        };
-        Ok(Translation { pa: (mp.handle << 40) | (va - m), page_size: page, depth })
+        Ok(handle_translation(m, mp.handle, va, self.allocs.page(mp.handle)?))
     }
 
     fn mapping_containing(&self, va: u64) -> Option<(u64, PhysHandle, u64)> {
@@ -661,8 +628,8 @@ impl<D: Driver> Drop for DriverBackend<D> {
         for (va, mapping) in self.space.mappings() {
             let _ = self.driver.unmap(va, mapping.size);
         }
-        for p in self.allocs.values().filter(|p| !p.free_requested) {
-            let _ = self.driver.free(p.raw);
+        for (_, p) in self.allocs.iter().filter(|(_, p)| !p.free_requested()) {
+            let _ = self.driver.free(p.memory);
         }
         self.retry_stranded();
         for &(start, len) in self.reservations.values().filter(|(_, len)| *len > 0) {
