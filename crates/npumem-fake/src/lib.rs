@@ -201,7 +201,10 @@ pub unsafe fn put<T>(out: *mut T, value: T) -> Result<(), Fail> {
 /// - `int npumem_fake_fail_next(uint32_t kind, uint64_t n)`: the fault switch — the `n`th call
 ///   of `kind` from now fails (1 = the next; 0 disarms). Kinds: 0 physical allocation, 1 map,
 ///   2 reserve, 3 unmap, 4 memcpy, 5 memset, 6 release, 7 free physical, 8 stream creation,
-///   9 event creation, 10 memory information. Returns 0, or -1 for an unknown kind;
+///   9 event creation, 10 memory information, 11 page-locked host allocation. Returns 0, or -1
+///   for an unknown kind;
+/// - `int npumem_fake_fail_from(uint32_t kind, uint64_t n)`: the same, but the `n`th call and
+///   every later one fail until the kind is disarmed (a runtime that keeps refusing);
 /// - `int npumem_fake_live_counts(struct LiveCounts* out)`: the live objects; 0, or -1 for NULL;
 /// - `void npumem_fake_set_delay_us(uint64_t us)`: the delay of each queued operation.
 #[macro_export]
@@ -212,6 +215,17 @@ macro_rules! export_test_hooks {
             $crate::guard(-1, || match $crate::FaultKind::from_raw(kind) {
                 Some(k) => {
                     $rt.faults.arm(k, n);
+                    0
+                }
+                None => -1,
+            })
+        }
+
+        #[unsafe(no_mangle)]
+        pub extern "C" fn npumem_fake_fail_from(kind: u32, n: u64) -> std::ffi::c_int {
+            $crate::guard(-1, || match $crate::FaultKind::from_raw(kind) {
+                Some(k) => {
+                    $rt.faults.arm_from(k, n);
                     0
                 }
                 None => -1,

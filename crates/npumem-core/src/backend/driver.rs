@@ -16,8 +16,14 @@
 //! - freeing an unmapped physical allocation or releasing an empty reservation cannot fail under
 //!   the `Backend` contract (the allocators tear segments down on it); where the runtime refuses
 //!   all the same, the object is *stranded*: gone from the books the allocators see, kept in a
-//!   list that is retried before each new allocation or reservation and when the backend goes,
-//!   its bytes counted against the capacity until the runtime has taken it back;
+//!   list that is retried before each new allocation or reservation, at `reclaim_stranded`
+//!   (the device's `empty_cache`) and when the backend goes, its bytes counted against the
+//!   capacity until the runtime has taken it back. Each refusal is reported: counted
+//!   (`refused_frees`), recorded as a warning (`take_warnings`), and, while it persists, the
+//!   error `reclaim_stranded` returns (207002 `ACL_ERROR_RT_MEMORY_FREE`);
+//! - `malloc_host` is the runtime's page-locked host memory (`aclrtMallocHost`,
+//!   `cuMemAllocHost`), the blocks it returned kept in the books (a free of another address is
+//!   an error before the runtime sees it) and freed when the backend goes;
 //! - an overlapping device-to-device copy goes through host memory in 1 MiB pieces, in the
 //!   order `memmove` would take (the runtimes' copies do not allow overlap);
 //! - physical addresses are not visible: `translate` reports the allocation's handle and the
@@ -77,6 +83,11 @@ pub trait Driver: RuntimeStreams {
     fn copy(&self, dst: u64, src: u64, count: u64) -> Result<()>;
     /// (free, total) bytes of the runtime's device memory of `scope`.
     fn mem_info(&self, scope: MemScope) -> Result<(u64, u64)>;
+    /// `size` bytes of the runtime's page-locked host memory (`aclrtMallocHost`,
+    /// `cuMemAllocHost`).
+    fn malloc_host(&self, size: u64) -> Result<u64>;
+    /// Frees a block `malloc_host` returned (`aclrtFreeHost`, `cuMemFreeHost`).
+    fn free_host(&self, addr: u64) -> Result<()>;
 }
 
 /// `RuntimeStreams` for a driver whose runtime (`self.bound()`) has the stream and event calls
@@ -163,11 +174,18 @@ pub struct DriverBackend<D: Driver> {
     events: FxHashSet<Handle>,
     /// What the runtime refused to take back (see the module's notes), retried.
     stranded: Vec<Stranded>,
+    /// Warnings not yet taken (`take_warnings`), at most `WARNINGS_KEPT`.
+    warnings: Vec<String>,
+    /// The runtime's page-locked host blocks this backend handed out (freed when it goes).
+    host_blocks: FxHashSet<u64>,
     /// Destroyed events kept for the next `create_event` (the device makes one per free under
     /// queued work; the runtime's create and destroy cost more than a reuse), at most
     /// `EVENT_POOL` of them; not in `events`.
     spare_events: Vec<Handle>,
 }
+
+/// The most warnings a backend keeps until they are taken (later ones are counted only).
+const WARNINGS_KEPT: usize = 64;
 
 /// The most destroyed events a backend keeps for reuse.
 const EVENT_POOL: usize = 256;
@@ -178,6 +196,17 @@ const EVENT_POOL: usize = 256;
 enum Stranded {
     Physical(RawHandle, u64),
     Reservation(u64, u64),
+}
+
+impl std::fmt::Display for Stranded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Stranded::Physical(raw, size) => write!(f, "physical allocation {raw:#x} ({})", format_size(size)),
+            Stranded::Reservation(start, len) => {
+                write!(f, "the address reservation at {start:#x} ({})", format_size(len))
+            }
+        }
+    }
 }
 
 fn page_of(driver: &impl Driver, kind: PageKind) -> Result<PageSize> {
@@ -227,6 +256,8 @@ impl<D: Driver> DriverBackend<D> {
             streams: FxHashSet::default(),
             events: FxHashSet::default(),
             stranded: Vec::new(),
+            warnings: Vec::new(),
+            host_blocks: FxHashSet::default(),
             spare_events: Vec::new(),
         })
     }
@@ -266,30 +297,52 @@ impl<D: Driver> DriverBackend<D> {
         self.allocs.held_bytes() + self.stranded_bytes
     }
 
-    /// Asks the runtime again to take back what it refused before; keeps what it still refuses.
-    fn retry_stranded(&mut self) {
+    /// Keeps `what` the runtime refused to take back (`error`), and reports it: counted in
+    /// `refused_frees` and recorded as a warning.
+    fn strand(&mut self, what: Stranded, error: &AclError) {
+        self.counters.refused_frees += 1;
+        if let Stranded::Physical(_, size) = what {
+            self.stranded_bytes += size;
+        }
+        if self.warnings.len() < WARNINGS_KEPT {
+            self.warnings.push(format!(
+                "the {} runtime refused to free {what}: {}; npumem keeps it (counted against the capacity) \
+                 and asks again before the next allocation and at empty_cache",
+                self.driver.name(),
+                error.message
+            ));
+        }
+        self.stranded.push(what);
+    }
+
+    /// Asks the runtime again to take back what it refused before; keeps what it still
+    /// refuses, and returns the last refusal.
+    fn retry_stranded(&mut self) -> Option<AclError> {
         if self.stranded.is_empty() {
-            return;
+            return None;
         }
         let driver = &self.driver;
         let (stranded_bytes, counters) = (&mut self.stranded_bytes, &mut self.counters);
-        self.stranded.retain(|&s| match s {
-            Stranded::Physical(raw, size) => {
-                let kept = driver.free(raw).is_err();
-                if !kept {
+        let mut refused = None;
+        self.stranded.retain(|&s| {
+            let result = match s {
+                Stranded::Physical(raw, _) => driver.free(raw),
+                Stranded::Reservation(start, len) => driver.release(start, len),
+            };
+            match (result, s) {
+                (Err(e), _) => {
+                    refused = Some(e);
+                    return true;
+                }
+                (Ok(()), Stranded::Physical(_, size)) => {
                     *stranded_bytes -= size;
                     counters.physical_frees += 1;
                 }
-                kept
+                (Ok(()), Stranded::Reservation(..)) => counters.releases += 1,
             }
-            Stranded::Reservation(start, len) => {
-                let kept = driver.release(start, len).is_err();
-                if !kept {
-                    counters.releases += 1;
-                }
-                kept
-            }
+            false
         });
+        refused
     }
 }
 
@@ -337,13 +390,12 @@ impl<D: Driver> Backend for DriverBackend<D> {
         // The books refuse a release with mappings (or of no reservation) before the runtime.
         self.space.check_release(va)?;
         let &(start, len) = self.reservations.get(&va).expect("the books and the runtime agree");
-        let refused = len > 0 && self.driver.release(start, len).is_err();
+        let refused = if len > 0 { self.driver.release(start, len).err() } else { None };
         self.space.release(va)?;
         self.reservations.remove(&va);
-        if refused {
-            self.stranded.push(Stranded::Reservation(start, len));
-        } else {
-            self.counters.releases += 1;
+        match refused {
+            Some(e) => self.strand(Stranded::Reservation(start, len), &e),
+            None => self.counters.releases += 1,
         }
         Ok(())
     }
@@ -373,17 +425,14 @@ impl<D: Driver> Backend for DriverBackend<D> {
         let refused = match self.driver.free(raw) {
             // Still mapped: the allocation stays whole in the books, so the caller may retry.
             Err(e) if mapped => return Err(e),
-            Err(_) => true,
-            Ok(()) => false,
+            result => result.err(),
         };
         // The runtime has freed it (it releases the memory at the last unmap), or refused to
         // free an unmapped one: the books release it now or at the last unmap.
         if let Some(p) = self.allocs.free(handle)? {
-            if refused {
-                self.stranded.push(Stranded::Physical(p.memory, p.size));
-                self.stranded_bytes += p.size;
-            } else {
-                self.counters.physical_frees += 1;
+            match refused {
+                Some(e) => self.strand(Stranded::Physical(p.memory, p.size), &e),
+                None => self.counters.physical_frees += 1,
             }
         }
         Ok(())
@@ -495,6 +544,55 @@ impl<D: Driver> Backend for DriverBackend<D> {
 
     fn streams(&mut self) -> &mut dyn RuntimeStreams {
         self
+    }
+
+    fn stranded(&self) -> (u64, u64) {
+        (self.stranded.len() as u64, self.stranded_bytes)
+    }
+
+    fn reclaim_stranded(&mut self) -> Result<()> {
+        let Some(e) = self.retry_stranded() else { return Ok(()) };
+        let (count, bytes) = self.stranded();
+        Err(AclError::new(
+            ErrorCode::RtMemoryFree,
+            format!(
+                "the {} runtime still refuses to take back {count} object(s) npumem freed ({} of physical memory \
+                 among them); the last refusal: {}",
+                self.name(),
+                format_size(bytes),
+                e.message
+            ),
+        ))
+    }
+
+    fn take_warnings(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.warnings)
+    }
+
+    fn malloc_host(&mut self, size: u64) -> Option<Result<u64>> {
+        Some(self.driver.malloc_host(size).and_then(|addr| {
+            if addr == 0 || self.host_blocks.contains(&addr) {
+                let _ = self.driver.free_host(addr);
+                return Err(AclError::internal(format!(
+                    "the {} runtime returned {addr:#x} for a host allocation, which is NULL or already handed out",
+                    self.name()
+                )));
+            }
+            self.host_blocks.insert(addr);
+            Ok(addr)
+        }))
+    }
+
+    fn free_host(&mut self, addr: u64) -> Result<()> {
+        if !self.host_blocks.contains(&addr) {
+            return Err(AclError::bad_free(format!(
+                "host address {addr:#x} is not a block the {} runtime's malloc_host returned to this device",
+                self.name()
+            )));
+        }
+        self.driver.free_host(addr)?;
+        self.host_blocks.remove(&addr);
+        Ok(())
     }
 }
 
@@ -624,6 +722,9 @@ impl<D: Driver> Drop for DriverBackend<D> {
         }
         for &stream in &self.streams {
             let _ = self.driver.destroy_stream(stream);
+        }
+        for &block in &self.host_blocks {
+            let _ = self.driver.free_host(block);
         }
         for (va, mapping) in self.space.mappings() {
             let _ = self.driver.unmap(va, mapping.size);
