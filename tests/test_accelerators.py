@@ -118,7 +118,8 @@ def workload(d: npumem.Device) -> None:
 
 #: Each fault kind and the calls of it the workload makes (the Nth of each fails in turn).
 # A failing release or physical free in a segment's teardown is retried by the backend later (the
-# allocators' contract says those cannot fail): nothing leaks, and the error is not the caller's.
+# allocators' contract says those cannot fail): nothing leaks, and the error is not the caller's
+# unless the runtime still refuses at empty_cache (tested below with a runtime that keeps refusing).
 FAULTS = {
     "physical": 9,
     "map": 9,

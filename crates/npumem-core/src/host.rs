@@ -51,6 +51,16 @@ fn raw_layout(size: u64) -> Option<Layout> {
     Layout::from_size_align(total, 16).ok()
 }
 
+/// Gives back a block of `size` bytes the system allocator gave at `raw`.
+///
+/// # Safety
+/// `raw` was returned by `alloc_zeroed(raw_layout(size))` and is deallocated only here, once.
+unsafe fn dealloc_system(raw: u64, size: u64) {
+    let layout = raw_layout(size).expect("validated at alloc");
+    // SAFETY: the caller's contract.
+    unsafe { dealloc(raw as *mut u8, layout) };
+}
+
 // SAFETY: the heap owns its blocks outright (raw addresses, no shared Rust references); moving
 // ownership to another thread is as safe as moving a Vec.
 unsafe impl Send for HostHeap {}
@@ -66,7 +76,9 @@ impl HostHeap {
             .ok_or_else(|| AclError::invalid_param(format!("malloc_host size {size} is too large for this host")))?;
         if let Some(got) = backend.malloc_host(size) {
             let addr = got?;
-            let clash = self.block_of(addr.saturating_add(size - 1)).is_some() || self.block_of(addr).is_some();
+            let clash = addr.checked_add(size).is_none_or(|end| {
+                self.blocks.range(..end).next_back().is_some_and(|(&start, &(len, _))| start + len > addr)
+            });
             if addr % HOST_ALIGN as u64 != 0 || clash {
                 let _ = backend.free_host(addr);
                 return Err(AclError::internal(format!(
@@ -105,12 +117,8 @@ impl HostHeap {
         })?;
         match origin {
             Origin::Runtime => backend.free_host(addr)?,
-            Origin::System(raw) => {
-                let layout = raw_layout(size).expect("validated at alloc");
-                // SAFETY: `raw` was returned by `alloc_zeroed` with this exact layout and is live
-                // (the removal below makes this its only deallocation).
-                unsafe { dealloc(raw as *mut u8, layout) };
-            }
+            // SAFETY: the block is live; the removal below makes this its only deallocation.
+            Origin::System(raw) => unsafe { dealloc_system(raw, size) },
         }
         self.blocks.remove(&addr);
         self.bytes -= size;
@@ -185,9 +193,8 @@ impl Drop for HostHeap {
         // The runtime's blocks go with the backend, which keeps them in its books.
         for &(size, origin) in self.blocks.values() {
             if let Origin::System(raw) = origin {
-                let layout = raw_layout(size).expect("validated at alloc");
-                // SAFETY: as in `free`; the heap is going, so each block is deallocated once.
-                unsafe { dealloc(raw as *mut u8, layout) };
+                // SAFETY: a live block; the heap is going, so each is deallocated once.
+                unsafe { dealloc_system(raw, size) };
             }
         }
     }

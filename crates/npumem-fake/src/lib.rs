@@ -196,6 +196,17 @@ pub unsafe fn put<T>(out: *mut T, value: T) -> Result<(), Fail> {
     Ok(())
 }
 
+/// Arms the fault switch's countdown of the raw `kind` (`persists`: every call from the `n`th
+/// on fails): 0, or -1 for an unknown kind.
+pub fn arm_fault(faults: &Faults, kind: u32, n: u64, persists: bool) -> std::ffi::c_int {
+    match FaultKind::from_raw(kind) {
+        Some(k) if persists => faults.arm_from(k, n),
+        Some(k) => faults.arm(k, n),
+        None => return -1,
+    }
+    0
+}
+
 /// Exports the test-only calls of a stand-in library built on the runtime `$rt` (a static):
 ///
 /// - `int npumem_fake_fail_next(uint32_t kind, uint64_t n)`: the fault switch — the `n`th call
@@ -212,24 +223,12 @@ macro_rules! export_test_hooks {
     ($rt:path) => {
         #[unsafe(no_mangle)]
         pub extern "C" fn npumem_fake_fail_next(kind: u32, n: u64) -> std::ffi::c_int {
-            $crate::guard(-1, || match $crate::FaultKind::from_raw(kind) {
-                Some(k) => {
-                    $rt.faults.arm(k, n);
-                    0
-                }
-                None => -1,
-            })
+            $crate::guard(-1, || $crate::arm_fault(&$rt.faults, kind, n, false))
         }
 
         #[unsafe(no_mangle)]
         pub extern "C" fn npumem_fake_fail_from(kind: u32, n: u64) -> std::ffi::c_int {
-            $crate::guard(-1, || match $crate::FaultKind::from_raw(kind) {
-                Some(k) => {
-                    $rt.faults.arm_from(k, n);
-                    0
-                }
-                None => -1,
-            })
+            $crate::guard(-1, || $crate::arm_fault(&$rt.faults, kind, n, true))
         }
 
         #[unsafe(no_mangle)]

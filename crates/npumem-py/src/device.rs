@@ -135,7 +135,10 @@ impl PyDevice {
         };
         let (result, warnings) = if detach { py.detach(work) } else { work() };
         if !warnings.is_empty() {
-            log_warnings(py, &warnings)?;
+            // The call's result (an allocation, say) must reach the caller whatever logging does.
+            if let Err(e) = log_warnings(py, &warnings) {
+                e.write_unraisable(py, None);
+            }
         }
         result.map_err(|e| to_py(py, e))
     }

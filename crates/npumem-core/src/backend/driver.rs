@@ -571,8 +571,8 @@ impl<D: Driver> Backend for DriverBackend<D> {
 
     fn malloc_host(&mut self, size: u64) -> Option<Result<u64>> {
         Some(self.driver.malloc_host(size).and_then(|addr| {
+            // (Freeing it would free the live block at that address, or NULL.)
             if addr == 0 || self.host_blocks.contains(&addr) {
-                let _ = self.driver.free_host(addr);
                 return Err(AclError::internal(format!(
                     "the {} runtime returned {addr:#x} for a host allocation, which is NULL or already handed out",
                     self.name()

@@ -171,8 +171,7 @@ pub trait Backend: Send {
     /// `size` bytes of the runtime's page-locked host memory (`aclrtMallocHost`,
     /// `cuMemAllocHost`), where the backend has a runtime; `None` where it has not (the
     /// simulator, host memory), and npumem's own host memory serves `malloc_host`.
-    fn malloc_host(&mut self, size: u64) -> Option<Result<u64>> {
-        let _ = size;
+    fn malloc_host(&mut self, _size: u64) -> Option<Result<u64>> {
         None
     }
 
