@@ -198,6 +198,7 @@ FAULT_KINDS = {
     "stream": 8,
     "event": 9,
     "mem_info": 10,
+    "host": 11,
 }
 
 
@@ -213,6 +214,7 @@ class StandIn:
         self.lib = ctypes.CDLL(str(self.path))
         self.lib.npumem_fake_live_counts.argtypes = [ctypes.POINTER(LiveCounts)]
         self.lib.npumem_fake_fail_next.argtypes = [ctypes.c_uint32, ctypes.c_uint64]
+        self.lib.npumem_fake_fail_from.argtypes = [ctypes.c_uint32, ctypes.c_uint64]
         self.lib.npumem_fake_set_delay_us.argtypes = [ctypes.c_uint64]
         self.lib.npumem_fake_set_delay_us.restype = None
 
@@ -224,6 +226,10 @@ class StandIn:
     def fail_next(self, kind: str, n: int) -> None:
         """Makes the `n`th call of `kind` from now fail (0 disarms)."""
         assert self.lib.npumem_fake_fail_next(FAULT_KINDS[kind], n) == 0
+
+    def fail_from(self, kind: str, n: int) -> None:
+        """Makes the `n`th call of `kind` from now and every later one fail, until disarmed."""
+        assert self.lib.npumem_fake_fail_from(FAULT_KINDS[kind], n) == 0
 
     def disarm(self) -> None:
         for kind in FAULT_KINDS:

@@ -10,6 +10,7 @@ them is in test_capi_accelerators.py.
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import subprocess
 import sys
@@ -117,7 +118,8 @@ def workload(d: npumem.Device) -> None:
 
 #: Each fault kind and the calls of it the workload makes (the Nth of each fails in turn).
 # A failing release or physical free in a segment's teardown is retried by the backend later (the
-# allocators' contract says those cannot fail): nothing leaks, and the error is not the caller's.
+# allocators' contract says those cannot fail): nothing leaks, and the error is not the caller's
+# unless the runtime still refuses at empty_cache (tested below with a runtime that keeps refusing).
 FAULTS = {
     "physical": 9,
     "map": 9,
@@ -158,6 +160,99 @@ def test_injected_faults_are_errors_and_leak_nothing(stand_in, family, kind):
         del d
         closed(stand_in, baseline)
     assert fired > 0, f"no {kind} fault fired: the workload never reached that call"
+
+
+@pytest.mark.parametrize("family", ["direct", "pytorch"])
+def test_a_free_the_runtime_keeps_refusing_is_counted_warned_and_the_error_of_empty_cache(stand_in, family, caplog):
+    baseline = stand_in.counts().held()
+    d = open_device(stand_in.backend, family)
+    p = d.malloc(3 * MiB)
+    stand_in.fail_from("free_physical", 1)  # aclrtFreePhysical / cuMemRelease refuse from now on
+    with caplog.at_level(logging.WARNING, logger="npumem"):
+        d.free(p)  # a free is not the caller's error: the backend keeps what the runtime refused
+        d.synchronize_device()
+        with pytest.raises(AclError) as refused:
+            d.empty_cache()
+    assert refused.value.code == 207002, refused.value
+    assert "still refuses to take back 1 object" in str(refused.value), refused.value
+    s = d.stats()
+    assert s["refused_frees"] == 1 and s["stranded_frees"] == 1 and s["stranded_bytes"] >= 3 * MiB, s
+    warnings = [r for r in caplog.records if r.name == "npumem" and r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "refused to free physical allocation" in warnings[0].getMessage()
+    assert stand_in.counts().handles > baseline["handles"], "the runtime still holds it"
+    # The retries count no new refusal; once the runtime takes it back, everything is even.
+    stand_in.disarm()
+    d.empty_cache()
+    s = d.stats()
+    assert (s["refused_frees"], s["stranded_frees"], s["stranded_bytes"]) == (1, 0, 0), s
+    assert s["physical_allocs"] == s["physical_frees"], s
+    del d
+    closed(stand_in, baseline)
+
+
+def test_a_refusal_that_passes_is_retried_before_the_next_allocation(stand_in):
+    baseline = stand_in.counts().held()
+    d = open_device(stand_in.backend, "direct")
+    stand_in.fail_next("free_physical", 1)  # refused once
+    d.free(d.malloc(MiB))
+    assert d.stats()["stranded_frees"] == 1
+    d.free(d.malloc(MiB))  # the malloc asked again first
+    s = d.stats()
+    assert (s["refused_frees"], s["stranded_frees"]) == (1, 0) and s["physical_allocs"] == s["physical_frees"], s
+    del d
+    closed(stand_in, baseline)
+
+
+# --------------------------------------------------------------------------------------------
+# malloc_host: the runtime's page-locked host memory
+# --------------------------------------------------------------------------------------------
+
+
+def test_malloc_host_is_the_runtimes_page_locked_memory(stand_in):
+    baseline = stand_in.counts().held()
+    d = open_device(stand_in.backend)
+    a = d.malloc_host(3 * KiB + 5)
+    assert stand_in.counts().host_blocks == baseline["host_blocks"] + 1, "not aclrtMallocHost / cuMemAllocHost"
+    assert a % 64 == 0 and d.read(a, 3 * KiB + 5) == bytes(3 * KiB + 5), "zeroed"
+    d.write(a, b"pinned")
+    p, s = d.malloc(KiB), d.create_stream()
+    d.memcpy_async(p, KiB, a, 6, stream=s)  # from the runtime's pinned block, queued
+    d.synchronize_stream(s)
+    assert d.read(p, 6) == b"pinned"
+    for bad in (a + 64, p, 12345):
+        with pytest.raises(AclError) as e:
+            d.free_host(bad)
+        assert e.value.code == 207002, e.value
+    assert d.stats()["host_live_count"] == 1
+    d.free_host(a)
+    assert stand_in.counts().host_blocks == baseline["host_blocks"]
+    b = d.malloc_host(MiB)  # left live: the device gives it back to the runtime when it goes
+    assert stand_in.counts().host_blocks == baseline["host_blocks"] + 1 and b % 64 == 0
+    d.free(p)
+    d.destroy_stream(s)
+    del d
+    closed(stand_in, baseline)
+
+
+def test_malloc_host_errors_are_acl_codes_and_take_nothing(stand_in):
+    baseline = stand_in.counts().held()
+    d = open_device(stand_in.backend)
+    for bad, code in ((0, 100000), (-1, 100000), (1 << 64, 100000), ((1 << 63) + 1, 100000)):
+        with pytest.raises((AclError, OverflowError, ValueError)) as e:
+            d.malloc_host(bad)
+        if isinstance(e.value, AclError):
+            assert e.value.code == code, e.value
+    stand_in.fail_next("host", 1)  # the runtime's host allocation fails: out of memory
+    with pytest.raises(AclError) as e:
+        d.malloc_host(KiB)
+    assert e.value.code == 207001 and ("aclrtMallocHost" in str(e.value) or "cuMemAllocHost" in str(e.value))
+    assert stand_in.counts().host_blocks == baseline["host_blocks"] and d.stats()["host_live_count"] == 0
+    d.free_host(d.malloc_host(KiB))  # sound afterwards
+    with pytest.raises(AclError) as e:
+        d.free_host(0)
+    assert e.value.code == 100000
+    del d
+    closed(stand_in, baseline)
 
 
 @pytest.mark.parametrize("kind", ["reserve", "mem_info", "physical"])

@@ -152,8 +152,9 @@ print(json.dumps({
 """
 
 
-@pytest.mark.parametrize("backend", ["acl", "cuda"])
-def test_pluggable_entry_points_with_runtime_streams_from_threads(backend):
+def on_stand_in(backend: str, scenario: str) -> dict:
+    """Runs `scenario` in a fresh interpreter with libnpumem on `backend`'s stand-in (`lib`) and
+    the runtime's calls (`rt`, RUNTIME); returns the JSON object it prints last."""
     lib = STAND_INS / ("libascendcl.so" if backend == "acl" else "libcuda.so")
     env = {
         "NPUMEM_BACKEND": backend,
@@ -164,8 +165,36 @@ def test_pluggable_entry_points_with_runtime_streams_from_threads(backend):
     }
     # npumem initialises the runtime (aclInit, cuInit) when it creates device 0.
     init = f"LIB = {str(lib)!r}\nlib.npumem_init(1); ok('init')\n"
-    out = run(init + RUNTIME[backend] + SCENARIO, env=env)
+    return run(init + RUNTIME[backend] + scenario, env=env)
+
+
+@pytest.mark.parametrize("backend", ["acl", "cuda"])
+def test_pluggable_entry_points_with_runtime_streams_from_threads(backend):
+    out = on_stand_in(backend, SCENARIO)
     assert not out["cross"], "another stream got the block while the runtime's event was pending"
     assert out["same"], "the freeing stream did not reuse its block at once"
     assert out["errors"] == []
     assert out["reused"] > 0, "no block was ever reused: the scenario tested nothing"
+
+
+REFUSAL = """
+rt.npumem_fake_fail_from.argtypes = [ctypes.c_uint32, ctypes.c_uint64]
+MiB = 1 << 20
+p = lib.npumem_malloc(3 * MiB, 0, NULL); ok("malloc")
+lib.npumem_free(p, 3 * MiB, 0, NULL); ok("free")
+rt.npumem_fake_fail_from(7, 1)  # the runtime refuses every physical free from now on
+lib.npumem_empty_cache()
+refused = [lib.npumem_last_error_code(), err()]
+lib.npumem_reset(True)
+reset = [lib.npumem_last_error_code(), err()]
+rt.npumem_fake_fail_from(7, 0)
+lib.npumem_empty_cache(); ok("empty_cache once the runtime takes it back")
+print(json.dumps({"refused": refused, "reset": reset}))
+"""
+
+
+@pytest.mark.parametrize("backend", ["acl", "cuda"])
+def test_a_free_the_runtime_keeps_refusing_is_the_error_of_empty_cache_and_reset(backend):
+    out = on_stand_in(backend, REFUSAL)
+    for code, message in (out["refused"], out["reset"]):
+        assert code == 207002 and "still refuses to take back" in message, (code, message)

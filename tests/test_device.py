@@ -474,6 +474,9 @@ def test_fresh_allocation_stats_are_exact(dev):
         "pages_unmapped": 0,
         "bytes_read": 0,
         "bytes_written": 0,
+        "refused_frees": 0,
+        "stranded_frees": 0,
+        "stranded_bytes": 0,
         "host_live_bytes": 0,
         "host_live_count": 0,
     }

@@ -94,6 +94,15 @@ impl StandIn {
         }
     }
 
+    /// Makes the `n`th call of `kind` from now and every later one fail (0 disarms).
+    fn fail_from(&self, kind: u32, n: u64) {
+        // SAFETY: the stand-in's signature.
+        unsafe {
+            let f = self.library.get::<unsafe extern "C" fn(u32, u64) -> i32>(b"npumem_fake_fail_from").unwrap();
+            assert_eq!(f(kind, n), 0);
+        }
+    }
+
     fn set_delay_us(&self, us: u64) {
         // SAFETY: the stand-in's signature.
         unsafe {
@@ -111,7 +120,10 @@ const PHYSICAL: u32 = 0;
 const MAP: u32 = 1;
 const RESERVE: u32 = 2;
 const MEMCPY: u32 = 4;
+const RELEASE: u32 = 6;
+const FREE_PHYSICAL: u32 = 7;
 const STREAM: u32 = 8;
+const HOST: u32 = 11;
 
 fn acl() -> &'static AclRuntime {
     AclRuntime::load_from(&ACL.candidate()).unwrap()
@@ -339,6 +351,79 @@ fn backends_have_the_runtimes_pages_and_refuse_what_they_cannot_hold() {
     );
     let mut cuda = cuda;
     expect_code(cuda.create_physical(64 * KIB, PageKind::Normal), ErrorCode::InvalidParam, &["2MiB granularity"]);
+}
+
+/// A physical free (and, where the runtime holds reservations, a release) the runtime keeps
+/// refusing: the call succeeds for the allocators, and the refusal is counted, warned about
+/// once, kept against the capacity and retried — `reclaim_stranded` is 207002 while it lasts.
+fn refusals_are_reported(b: &mut dyn Backend, stand_in: &StandIn, runtime_releases: bool) {
+    let h = b.create_physical(2 * MIB, PageKind::Huge).unwrap();
+    let va = b.reserve(2 * MIB, 2 * MIB, None).unwrap();
+    b.map(va, h).unwrap();
+    b.unmap(va).unwrap();
+    stand_in.fail_from(FREE_PHYSICAL, 1);
+    stand_in.fail_from(RELEASE, 1);
+    b.free_physical(h).unwrap();
+    b.release(va).unwrap();
+    let kept = if runtime_releases { 2 } else { 1 };
+    assert_eq!((b.counters().refused_frees, b.stranded()), (kept, (kept, 2 * MIB)));
+    let warnings = b.take_warnings();
+    assert_eq!(warnings.len() as u64, kept, "{warnings:?}");
+    assert!(warnings[0].contains("refused to free physical allocation"), "{warnings:?}");
+    assert!(!runtime_releases || warnings[1].contains("address reservation"), "{warnings:?}");
+    assert!(b.take_warnings().is_empty(), "each warning is taken once");
+    expect_code(b.create_physical(16 * MIB, PageKind::Huge), ErrorCode::RtMemoryAllocation, &["2 MiB"]);
+    expect_code(b.reclaim_stranded(), ErrorCode::RtMemoryFree, &["still refuses to take back", "object(s)"]);
+    assert_eq!(b.counters().refused_frees, kept, "retries are not new refusals");
+    assert!(b.take_warnings().is_empty());
+    stand_in.fail_from(FREE_PHYSICAL, 0);
+    stand_in.fail_from(RELEASE, 0);
+    b.reclaim_stranded().unwrap();
+    let c = b.counters();
+    assert_eq!((b.stranded(), c.physical_frees, c.releases), ((0, 0), 1, 1));
+    b.create_physical(16 * MIB, PageKind::Huge).map(|h| b.free_physical(h)).unwrap().unwrap();
+}
+
+/// `malloc_host` is the runtime's page-locked memory: counted by the stand-in, checked on free,
+/// failures with the runtime's code, and what is left live freed with the backend.
+/// (`zero`: the runtime's code for a size of 0.)
+fn host_memory_is_the_runtimes(b: &mut dyn Backend, stand_in: &StandIn, call: &str, zero: ErrorCode) {
+    let before = stand_in.counts().host_blocks;
+    let a = b.malloc_host(1000).expect("a runtime's host memory").unwrap();
+    assert_eq!((stand_in.counts().host_blocks, a % 64), (before + 1, 0));
+    expect_code(b.free_host(a + 8), ErrorCode::RtMemoryFree, &["not a block"]);
+    b.free_host(a).unwrap();
+    expect_code(b.free_host(a), ErrorCode::RtMemoryFree, &["not a block"]);
+    stand_in.fail_next(HOST, 1);
+    expect_code(b.malloc_host(64).unwrap(), ErrorCode::RtMemoryAllocation, &[call]);
+    expect_code(b.malloc_host(0).unwrap(), zero, &[call]);
+    assert_eq!(stand_in.counts().host_blocks, before);
+    b.malloc_host(MIB).unwrap().unwrap(); // left live: freed when the backend goes
+}
+
+#[test]
+fn refused_frees_and_runtime_host_memory_on_acl() {
+    let _g = ACL.hold();
+    let before = ACL.counts();
+    {
+        let mut b = AclBackend::with_driver(AclDriver::new(acl(), 0).unwrap(), Some(16 * MIB)).unwrap();
+        refusals_are_reported(&mut b, &ACL, true);
+        host_memory_is_the_runtimes(&mut b, &ACL, "aclrtMallocHost", ErrorCode::InvalidParam);
+    }
+    assert_eq!(ACL.counts().held(), before.held());
+}
+
+#[test]
+fn refused_frees_and_runtime_host_memory_on_cuda() {
+    let _g = CUDA.hold();
+    let before = CUDA.counts();
+    {
+        let mut b =
+            CudaBackend::with_driver(CudaDriver::new(cuda(), 0, Some(16 * MIB)).unwrap(), Some(16 * MIB)).unwrap();
+        refusals_are_reported(&mut b, &CUDA, false);
+        host_memory_is_the_runtimes(&mut b, &CUDA, "cuMemAllocHost", ErrorCode::RtParamInvalid);
+    }
+    assert_eq!(CUDA.counts().held(), before.held());
 }
 
 #[test]

@@ -73,7 +73,7 @@ fn code(fail: Fail) -> AclError {
         Fail::RtParam | Fail::NotReserved | Fail::AlreadyMapped | Fail::NotMapped | Fail::NoAccess | Fail::InUse => {
             ACL_ERROR_RT_PARAM_INVALID
         }
-        Fail::OutOfMemory | Fail::Injected(FaultKind::Physical) => ACL_ERROR_RT_MEMORY_ALLOCATION,
+        Fail::OutOfMemory | Fail::Injected(FaultKind::Physical | FaultKind::Host) => ACL_ERROR_RT_MEMORY_ALLOCATION,
         Fail::InvalidHandle => ACL_ERROR_RT_INVALID_HANDLE,
         Fail::Unaligned => ACL_ERROR_RT_ADDR_UNALIGNED,
         Fail::NoContext => ACL_ERROR_RT_CONTEXT_NULL,
@@ -390,6 +390,7 @@ pub extern "C" fn aclrtGetMemInfo(attr: u32, free: *mut usize, total: *mut usize
 pub extern "C" fn aclrtMallocHost(host_ptr: *mut *mut c_void, size: usize) -> AclError {
     call(|rt| {
         require(!host_ptr.is_null() && size > 0)?;
+        rt.fault(FaultKind::Host)?;
         let p = rt.memory.lock().malloc_host(size as u64)?;
         // SAFETY: checked non-null.
         unsafe { put(host_ptr, p as *mut c_void) }

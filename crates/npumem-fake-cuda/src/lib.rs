@@ -86,7 +86,7 @@ fn code(fail: Fail) -> CuResult {
         | Fail::AlreadyMapped
         | Fail::NotMapped
         | Fail::InUse => CUDA_ERROR_INVALID_VALUE,
-        Fail::OutOfMemory | Fail::Injected(FaultKind::Physical) => CUDA_ERROR_OUT_OF_MEMORY,
+        Fail::OutOfMemory | Fail::Injected(FaultKind::Physical | FaultKind::Host) => CUDA_ERROR_OUT_OF_MEMORY,
         Fail::InvalidHandle => CUDA_ERROR_INVALID_HANDLE,
         Fail::NoAccess | Fail::Async => CUDA_ERROR_ILLEGAL_ADDRESS,
         Fail::NoContext => CUDA_ERROR_INVALID_CONTEXT,
@@ -465,6 +465,7 @@ pub extern "C" fn cuMemFree_v2(dptr: CuDevicePtr) -> CuResult {
 pub extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) -> CuResult {
     call(|rt| {
         require(!pp.is_null() && size > 0)?;
+        rt.fault(FaultKind::Host)?;
         let p = rt.memory.lock().malloc_host(size as u64)?;
         // SAFETY: checked non-null.
         unsafe { put(pp, p as *mut c_void) }

@@ -3,8 +3,9 @@
 //! counts) that it gave back everything it took.
 //!
 //! Invariants: each armed countdown fires once, at its Nth call of its kind counted from when it
-//! was armed, then disarms; a call that fires fails before it changes anything; calls of the
-//! other kinds pass through.
+//! was armed, then disarms — or, armed to persist (`arm_from`), fires at that call and every
+//! later one until it is disarmed; a call that fires fails before it changes anything; calls of
+//! the other kinds pass through.
 
 use parking_lot::Mutex;
 
@@ -34,9 +35,12 @@ pub enum FaultKind {
     Event = 9,
     /// A memory-information query (`aclrtGetMemInfo`, `cuMemGetInfo`).
     MemInfo = 10,
+    /// A page-locked host allocation (`aclrtMallocHost`, `cuMemAllocHost`): fails as out of
+    /// memory.
+    Host = 11,
 }
 
-const KINDS: usize = 11;
+const KINDS: usize = 12;
 
 impl FaultKind {
     pub const ALL: [FaultKind; KINDS] = [
@@ -51,6 +55,7 @@ impl FaultKind {
         FaultKind::Stream,
         FaultKind::Event,
         FaultKind::MemInfo,
+        FaultKind::Host,
     ];
 
     pub fn from_raw(raw: u32) -> Option<FaultKind> {
@@ -70,6 +75,7 @@ impl FaultKind {
             FaultKind::Stream => "stream",
             FaultKind::Event => "event",
             FaultKind::MemInfo => "mem_info",
+            FaultKind::Host => "host",
         }
     }
 
@@ -78,26 +84,39 @@ impl FaultKind {
     }
 }
 
-/// The armed countdowns and how many faults fired, by kind.
+/// The armed countdowns, whether each persists once it fires, and how many faults fired, by
+/// kind.
 #[derive(Debug, Default)]
 pub struct Faults {
-    state: Mutex<([u64; KINDS], [u64; KINDS])>,
+    state: Mutex<([u64; KINDS], [bool; KINDS], [u64; KINDS])>,
 }
 
 impl Faults {
     /// Makes the `n`th call of `kind` from now fail (1 = the next); 0 disarms.
     pub fn arm(&self, kind: FaultKind, n: u64) {
-        self.state.lock().0[kind as usize] = n;
+        let mut state = self.state.lock();
+        state.0[kind as usize] = n;
+        state.1[kind as usize] = false;
     }
 
-    /// Counts a call of `kind` down; true when it is the one that fails.
+    /// Makes the `n`th call of `kind` from now and every later one fail, until disarmed (`arm`
+    /// with 0); `n` = 0 disarms.
+    pub fn arm_from(&self, kind: FaultKind, n: u64) {
+        let mut state = self.state.lock();
+        state.0[kind as usize] = n;
+        state.1[kind as usize] = n > 0;
+    }
+
+    /// Counts a call of `kind` down; true when it is one that fails.
     pub fn fires(&self, kind: FaultKind) -> bool {
         let mut state = self.state.lock();
-        let (countdowns, fired) = &mut *state;
+        let (countdowns, persists, fired) = &mut *state;
         match countdowns[kind as usize] {
             0 => false,
             1 => {
-                countdowns[kind as usize] = 0;
+                if !persists[kind as usize] {
+                    countdowns[kind as usize] = 0;
+                }
                 fired[kind as usize] += 1;
                 true
             }
@@ -110,7 +129,7 @@ impl Faults {
 
     /// Faults fired so far, of every kind.
     pub fn fired(&self) -> u64 {
-        self.state.lock().1.iter().sum()
+        self.state.lock().2.iter().sum()
     }
 }
 
@@ -127,7 +146,15 @@ mod tests {
         assert!(!f.fires(FaultKind::Map));
         assert_eq!(f.fired(), 1);
         assert_eq!(FaultKind::parse("free_physical"), Some(FaultKind::FreePhysical));
-        assert_eq!(FaultKind::from_raw(10), Some(FaultKind::MemInfo));
-        assert_eq!(FaultKind::from_raw(11), None);
+        assert_eq!(FaultKind::from_raw(11), Some(FaultKind::Host));
+        assert_eq!(FaultKind::from_raw(12), None);
+        f.arm_from(FaultKind::Unmap, 2);
+        assert_eq!(
+            [f.fires(FaultKind::Unmap), f.fires(FaultKind::Unmap), f.fires(FaultKind::Unmap)],
+            [false, true, true]
+        );
+        f.arm(FaultKind::Unmap, 0);
+        assert!(!f.fires(FaultKind::Unmap));
+        assert_eq!(f.fired(), 3);
     }
 }

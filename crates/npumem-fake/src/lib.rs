@@ -196,12 +196,26 @@ pub unsafe fn put<T>(out: *mut T, value: T) -> Result<(), Fail> {
     Ok(())
 }
 
+/// Arms the fault switch's countdown of the raw `kind` (`persists`: every call from the `n`th
+/// on fails): 0, or -1 for an unknown kind.
+pub fn arm_fault(faults: &Faults, kind: u32, n: u64, persists: bool) -> std::ffi::c_int {
+    match FaultKind::from_raw(kind) {
+        Some(k) if persists => faults.arm_from(k, n),
+        Some(k) => faults.arm(k, n),
+        None => return -1,
+    }
+    0
+}
+
 /// Exports the test-only calls of a stand-in library built on the runtime `$rt` (a static):
 ///
 /// - `int npumem_fake_fail_next(uint32_t kind, uint64_t n)`: the fault switch — the `n`th call
 ///   of `kind` from now fails (1 = the next; 0 disarms). Kinds: 0 physical allocation, 1 map,
 ///   2 reserve, 3 unmap, 4 memcpy, 5 memset, 6 release, 7 free physical, 8 stream creation,
-///   9 event creation, 10 memory information. Returns 0, or -1 for an unknown kind;
+///   9 event creation, 10 memory information, 11 page-locked host allocation. Returns 0, or -1
+///   for an unknown kind;
+/// - `int npumem_fake_fail_from(uint32_t kind, uint64_t n)`: the same, but the `n`th call and
+///   every later one fail until the kind is disarmed (a runtime that keeps refusing);
 /// - `int npumem_fake_live_counts(struct LiveCounts* out)`: the live objects; 0, or -1 for NULL;
 /// - `void npumem_fake_set_delay_us(uint64_t us)`: the delay of each queued operation.
 #[macro_export]
@@ -209,13 +223,12 @@ macro_rules! export_test_hooks {
     ($rt:path) => {
         #[unsafe(no_mangle)]
         pub extern "C" fn npumem_fake_fail_next(kind: u32, n: u64) -> std::ffi::c_int {
-            $crate::guard(-1, || match $crate::FaultKind::from_raw(kind) {
-                Some(k) => {
-                    $rt.faults.arm(k, n);
-                    0
-                }
-                None => -1,
-            })
+            $crate::guard(-1, || $crate::arm_fault(&$rt.faults, kind, n, false))
+        }
+
+        #[unsafe(no_mangle)]
+        pub extern "C" fn npumem_fake_fail_from(kind: u32, n: u64) -> std::ffi::c_int {
+            $crate::guard(-1, || $crate::arm_fault(&$rt.faults, kind, n, true))
         }
 
         #[unsafe(no_mangle)]

@@ -128,14 +128,34 @@ impl PyDevice {
         f: impl FnOnce(&mut Device) -> Result<T, AclError> + Send,
     ) -> PyResult<T> {
         let inner = &self.inner;
-        let work = move || catch_panics(|| f(&mut inner.lock()));
-        let result = if detach { py.detach(work) } else { work() };
+        let work = move || {
+            let mut device = inner.lock();
+            let result = catch_panics(|| f(&mut device));
+            (result, device.take_warnings())
+        };
+        let (result, warnings) = if detach { py.detach(work) } else { work() };
+        if !warnings.is_empty() {
+            // The call's result (an allocation, say) must reach the caller whatever logging does.
+            if let Err(e) = log_warnings(py, &warnings) {
+                e.write_unraisable(py, None);
+            }
+        }
         result.map_err(|e| to_py(py, e))
     }
 
     fn run<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Device) -> Result<T, AclError> + Send) -> PyResult<T> {
         self.run_detached_if(py, false, f)
     }
+}
+
+/// Records each of the backend's warnings (a free the runtime refused) at WARNING level on the
+/// `npumem` logger.
+fn log_warnings(py: Python<'_>, warnings: &[String]) -> PyResult<()> {
+    let logger = py.import("logging")?.call_method1("getLogger", ("npumem",))?;
+    for w in warnings {
+        logger.call_method1("warning", ("%s", w))?;
+    }
+    Ok(())
 }
 
 /// The runtime's device a `device_id` names: any id the runtime has on `acl` and `cuda` (the
@@ -641,9 +661,9 @@ impl PyDevice {
 
     /// Runtime and driver counters.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let (s, c, host) = {
+        let (s, c, host, stranded) = {
             let d = self.inner.lock();
-            (d.stats(), d.backend_counters(), d.host_usage())
+            (d.stats(), d.backend_counters(), d.host_usage(), d.stranded())
         };
         let dict = PyDict::new(py);
         for (k, v) in [
@@ -673,6 +693,9 @@ impl PyDevice {
             ("pages_unmapped", c.pages_unmapped),
             ("bytes_read", c.bytes_read),
             ("bytes_written", c.bytes_written),
+            ("refused_frees", c.refused_frees),
+            ("stranded_frees", stranded.0),
+            ("stranded_bytes", stranded.1),
             ("host_live_bytes", host.0),
             ("host_live_count", host.1 as u64),
         ] {

@@ -8,7 +8,7 @@
 //! `aclrtGetDevice`, the VMM calls (`aclrtReserveMemAddress`, `aclrtReleaseMemAddress`,
 //! `aclrtMallocPhysical`, `aclrtFreePhysical`, `aclrtMapMem`, `aclrtUnmapMem`,
 //! `aclrtMemGetAllocationGranularity`), `aclrtMemcpy`, `aclrtMemset`, `aclrtGetMemInfo`,
-//! `aclrtMallocHost` / `aclrtFreeHost`, and the stream and event calls (`aclrtCreateStream`, `aclrtRecordEvent`, `aclrtQueryEventStatus`,
+//! `aclrtMallocHost` / `aclrtFreeHost` (the device's `malloc_host`), and the stream and event calls (`aclrtCreateStream`, `aclrtRecordEvent`, `aclrtQueryEventStatus`,
 //! `aclrtSynchronizeEvent`, `aclrtStreamWaitEvent`, `aclrtMemcpyAsync`, `aclrtMemsetAsync`, ...), which
 //! are the backend's [`RuntimeStreams`].
 //!
@@ -538,6 +538,14 @@ impl Driver for AclDriver {
             MemScope::Giant => MemAttr::HbmHuge1g,
         };
         self.bound()?.mem_info(attr)
+    }
+
+    fn malloc_host(&self, size: u64) -> Result<u64> {
+        self.bound()?.malloc_host(size)
+    }
+
+    fn free_host(&self, addr: u64) -> Result<()> {
+        self.bound()?.free_host(addr)
     }
 }
 

@@ -48,12 +48,12 @@ impl AddressMap {
 
     /// Checks that `va` starts a reservation with nothing mapped in it (what `release` needs).
     pub fn check_release(&self, va: u64) -> Result<()> {
-        let Some((start, len)) = self.va.reservation_containing(va).filter(|&(s, _)| s == va) else {
+        let Some(len) = self.va.reservation_at(va) else {
             return Err(AclError::invalid_param(format!(
                 "{va:#x} is not the start of a VA reservation; pass the address reserve returned"
             )));
         };
-        if let Some((&m, _)) = self.mappings.range(start..start + len).next() {
+        if let Some((&m, _)) = self.mappings.range(va..va + len).next() {
             return Err(AclError::rt_param(format!(
                 "the reservation at {va:#x} still has a mapping at {m:#x}; unmap it before releasing"
             )));
@@ -145,5 +145,28 @@ impl AddressMap {
     /// The live reservations.
     pub fn reservation_count(&self) -> usize {
         self.va.reservation_count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::units::MIB;
+
+    #[test]
+    fn release_takes_exactly_a_reservation_start_with_nothing_mapped() {
+        let mut m = AddressMap::new(VaSpace::default());
+        let va = m.reserve(4 * MIB, 2 * MIB, None).unwrap();
+        assert_eq!(m.release(va + 4096).unwrap_err().code, ErrorCode::InvalidParam, "inside, not the start");
+        assert_eq!(m.release(va + 4 * MIB).unwrap_err().code, ErrorCode::InvalidParam, "just past it");
+        m.check_map(va + 2 * MIB, 2 * MIB, PageSize::Size2M).unwrap();
+        m.insert(va + 2 * MIB, Mapping { handle: 1, size: 2 * MIB });
+        assert_eq!(m.release(va).unwrap_err().code, ErrorCode::RtParamInvalid, "a mapping in it");
+        assert!(m.check_map(va + 2 * MIB, 4096, PageSize::Size4K).is_err(), "overlap");
+        assert!(m.check_map(va + 2 * MIB, 4 * MIB, PageSize::Size2M).is_err(), "past the reservation");
+        assert_eq!(m.remove(va + 2 * MIB), Some(Mapping { handle: 1, size: 2 * MIB }));
+        m.release(va).unwrap();
+        assert!(m.release(va).is_err(), "released twice");
+        assert_eq!(m.reservation_count(), 0);
     }
 }

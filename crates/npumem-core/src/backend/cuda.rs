@@ -8,7 +8,8 @@
 //! `cuCtxSetCurrent`, `cuCtxSynchronize`, the VMM calls (`cuMemAddressReserve`, `cuMemCreate`,
 //! `cuMemMap`, `cuMemSetAccess`, `cuMemUnmap`, `cuMemRelease`, `cuMemAddressFree`,
 //! `cuMemGetAllocationGranularity`), `cuMemcpyHtoD` / `DtoH` / `DtoD`, `cuMemsetD8`,
-//! `cuMemGetInfo`, `cuGetErrorName`, and the stream and event calls (the backend's [`RuntimeStreams`]), by the
+//! `cuMemGetInfo`, `cuMemAllocHost` / `cuMemFreeHost` (the device's `malloc_host`),
+//! `cuGetErrorName`, and the stream and event calls (the backend's [`RuntimeStreams`]), by the
 //! symbol names `cuda.h` maps them to (`cuMemcpyHtoD_v2`, ...).
 //!
 //! Memory: the driver has one allocation granularity (2 MiB on current GPUs); it is the normal
@@ -95,6 +96,8 @@ api! {
         cuMemcpyDtoD: fn(u64, u64, usize) -> c_int = "cuMemcpyDtoD_v2",
         cuMemsetD8: fn(u64, u8, usize) -> c_int = "cuMemsetD8_v2",
         cuMemGetInfo: fn(*mut usize, *mut usize) -> c_int = "cuMemGetInfo_v2",
+        cuMemAllocHost: fn(*mut *mut c_void, usize) -> c_int = "cuMemAllocHost_v2",
+        cuMemFreeHost: fn(*mut c_void) -> c_int = "cuMemFreeHost",
         cuGetErrorName: fn(c_int, *mut *const c_char) -> c_int = "cuGetErrorName",
         cuStreamCreate: fn(*mut *mut c_void, c_uint) -> c_int = "cuStreamCreate",
         cuStreamDestroy: fn(*mut c_void) -> c_int = "cuStreamDestroy_v2",
@@ -325,6 +328,22 @@ impl CudaRuntime {
         Ok((free as u64, total as u64))
     }
 
+    /// `cuMemAllocHost`: `size` bytes of page-locked host memory.
+    pub fn malloc_host(&self, size: u64) -> Result<u64> {
+        let mut p = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        self.check(unsafe { (self.api.cuMemAllocHost)(&mut p, size as usize) }, || {
+            format!("cuMemAllocHost({})", format_size(size))
+        })?;
+        Ok(p.addr() as u64)
+    }
+
+    /// `cuMemFreeHost` of a block `malloc_host` returned.
+    pub fn free_host(&self, p: u64) -> Result<()> {
+        // SAFETY: the driver checks the pointer is its own.
+        self.check(unsafe { (self.api.cuMemFreeHost)(ptr(p)) }, || format!("cuMemFreeHost({p:#x})"))
+    }
+
     pub fn synchronize_context(&self) -> Result<()> {
         // SAFETY: a plain call.
         self.check(unsafe { (self.api.cuCtxSynchronize)() }, || "cuCtxSynchronize()".into())
@@ -550,6 +569,14 @@ impl Driver for CudaDriver {
 
     fn mem_info(&self, _scope: MemScope) -> Result<(u64, u64)> {
         self.bound()?.mem_info()
+    }
+
+    fn malloc_host(&self, size: u64) -> Result<u64> {
+        self.bound()?.malloc_host(size)
+    }
+
+    fn free_host(&self, addr: u64) -> Result<()> {
+        self.bound()?.free_host(addr)
     }
 }
 

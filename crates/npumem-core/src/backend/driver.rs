@@ -16,8 +16,14 @@
 //! - freeing an unmapped physical allocation or releasing an empty reservation cannot fail under
 //!   the `Backend` contract (the allocators tear segments down on it); where the runtime refuses
 //!   all the same, the object is *stranded*: gone from the books the allocators see, kept in a
-//!   list that is retried before each new allocation or reservation and when the backend goes,
-//!   its bytes counted against the capacity until the runtime has taken it back;
+//!   list that is retried before each new allocation or reservation, at `reclaim_stranded`
+//!   (the device's `empty_cache`) and when the backend goes, its bytes counted against the
+//!   capacity until the runtime has taken it back. Each refusal is reported: counted
+//!   (`refused_frees`), recorded as a warning (`take_warnings`), and, while it persists, the
+//!   error `reclaim_stranded` returns (207002 `ACL_ERROR_RT_MEMORY_FREE`);
+//! - `malloc_host` is the runtime's page-locked host memory (`aclrtMallocHost`,
+//!   `cuMemAllocHost`), the blocks it returned kept in the books (a free of another address is
+//!   an error before the runtime sees it) and freed when the backend goes;
 //! - an overlapping device-to-device copy goes through host memory in 1 MiB pieces, in the
 //!   order `memmove` would take (the runtimes' copies do not allow overlap);
 //! - physical addresses are not visible: `translate` reports the allocation's handle and the
@@ -32,6 +38,7 @@
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::address_map::{AddressMap, Mapping};
+use super::physical::{self, PhysicalBooks, handle_translation};
 use super::{Backend, BackendCounters, PhysHandle};
 use crate::acl::MemScope;
 use crate::error::{AclError, ErrorCode, Result};
@@ -76,6 +83,11 @@ pub trait Driver: RuntimeStreams {
     fn copy(&self, dst: u64, src: u64, count: u64) -> Result<()>;
     /// (free, total) bytes of the runtime's device memory of `scope`.
     fn mem_info(&self, scope: MemScope) -> Result<(u64, u64)>;
+    /// `size` bytes of the runtime's page-locked host memory (`aclrtMallocHost`,
+    /// `cuMemAllocHost`).
+    fn malloc_host(&self, size: u64) -> Result<u64>;
+    /// Frees a block `malloc_host` returned (`aclrtFreeHost`, `cuMemFreeHost`).
+    fn free_host(&self, addr: u64) -> Result<()>;
 }
 
 /// `RuntimeStreams` for a driver whose runtime (`self.bound()`) has the stream and event calls
@@ -141,15 +153,6 @@ macro_rules! runtime_streams {
 }
 pub(super) use runtime_streams;
 
-#[derive(Debug)]
-struct Physical {
-    raw: RawHandle,
-    size: u64,
-    page: PageSize,
-    mapped: u32,
-    free_requested: bool,
-}
-
 /// Bytes an overlapping copy moves through host memory at a time.
 const BOUNCE: u64 = MIB;
 
@@ -160,20 +163,29 @@ pub struct DriverBackend<D: Driver> {
     space: AddressMap,
     /// Reservations by their start: (the runtime's start, the runtime's size).
     reservations: FxHashMap<u64, (u64, u64)>,
-    allocs: FxHashMap<PhysHandle, Physical>,
-    next_handle: PhysHandle,
-    in_use: u64,
+    /// Physical allocations, each with the runtime's handle.
+    allocs: PhysicalBooks<RawHandle>,
+    /// Bytes of stranded physical allocations (still the runtime's, so counted against the
+    /// capacity with the books' bytes).
+    stranded_bytes: u64,
     counters: BackendCounters,
     /// The runtime streams and events this backend created (and destroys when it goes).
     streams: FxHashSet<Handle>,
     events: FxHashSet<Handle>,
     /// What the runtime refused to take back (see the module's notes), retried.
     stranded: Vec<Stranded>,
+    /// Warnings not yet taken (`take_warnings`), at most `WARNINGS_KEPT`.
+    warnings: Vec<String>,
+    /// The runtime's page-locked host blocks this backend handed out (freed when it goes).
+    host_blocks: FxHashSet<u64>,
     /// Destroyed events kept for the next `create_event` (the device makes one per free under
     /// queued work; the runtime's create and destroy cost more than a reuse), at most
     /// `EVENT_POOL` of them; not in `events`.
     spare_events: Vec<Handle>,
 }
+
+/// The most warnings a backend keeps until they are taken (later ones are counted only).
+const WARNINGS_KEPT: usize = 64;
 
 /// The most destroyed events a backend keeps for reuse.
 const EVENT_POOL: usize = 256;
@@ -184,6 +196,17 @@ const EVENT_POOL: usize = 256;
 enum Stranded {
     Physical(RawHandle, u64),
     Reservation(u64, u64),
+}
+
+impl std::fmt::Display for Stranded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Stranded::Physical(raw, size) => write!(f, "physical allocation {raw:#x} ({})", format_size(size)),
+            Stranded::Reservation(start, len) => {
+                write!(f, "the address reservation at {start:#x} ({})", format_size(len))
+            }
+        }
+    }
 }
 
 fn page_of(driver: &impl Driver, kind: PageKind) -> Result<PageSize> {
@@ -227,13 +250,14 @@ impl<D: Driver> DriverBackend<D> {
             pages,
             space,
             reservations: FxHashMap::default(),
-            allocs: FxHashMap::default(),
-            next_handle: 1,
-            in_use: 0,
+            allocs: PhysicalBooks::default(),
+            stranded_bytes: 0,
             counters: BackendCounters::default(),
             streams: FxHashSet::default(),
             events: FxHashSet::default(),
             stranded: Vec::new(),
+            warnings: Vec::new(),
+            host_blocks: FxHashSet::default(),
             spare_events: Vec::new(),
         })
     }
@@ -267,44 +291,58 @@ impl<D: Driver> DriverBackend<D> {
         Ok((start, base, wide))
     }
 
-    /// Gives the memory of `handle` back to the books (the runtime has freed it already).
-    fn forget_physical(&mut self, handle: PhysHandle) {
-        if let Some(p) = self.allocs.remove(&handle) {
-            self.in_use -= p.size;
-            self.counters.physical_frees += 1;
-        }
+    /// Bytes of physical memory this backend holds at the runtime: the books' and the
+    /// stranded ones'.
+    fn in_use(&self) -> u64 {
+        self.allocs.held_bytes() + self.stranded_bytes
     }
 
-    /// Asks the runtime again to take back what it refused before; keeps what it still refuses.
-    fn retry_stranded(&mut self) {
+    /// Keeps `what` the runtime refused to take back (`error`), and reports it: counted in
+    /// `refused_frees` and recorded as a warning.
+    fn strand(&mut self, what: Stranded, error: &AclError) {
+        self.counters.refused_frees += 1;
+        if let Stranded::Physical(_, size) = what {
+            self.stranded_bytes += size;
+        }
+        if self.warnings.len() < WARNINGS_KEPT {
+            self.warnings.push(format!(
+                "the {} runtime refused to free {what}: {}; npumem keeps it (counted against the capacity) \
+                 and asks again before the next allocation and at empty_cache",
+                self.driver.name(),
+                error.message
+            ));
+        }
+        self.stranded.push(what);
+    }
+
+    /// Asks the runtime again to take back what it refused before; keeps what it still
+    /// refuses, and returns the last refusal.
+    fn retry_stranded(&mut self) -> Option<AclError> {
         if self.stranded.is_empty() {
-            return;
+            return None;
         }
         let driver = &self.driver;
-        let (in_use, counters) = (&mut self.in_use, &mut self.counters);
-        self.stranded.retain(|&s| match s {
-            Stranded::Physical(raw, size) => {
-                let kept = driver.free(raw).is_err();
-                if !kept {
-                    *in_use -= size;
+        let (stranded_bytes, counters) = (&mut self.stranded_bytes, &mut self.counters);
+        let mut refused = None;
+        self.stranded.retain(|&s| {
+            let result = match s {
+                Stranded::Physical(raw, _) => driver.free(raw),
+                Stranded::Reservation(start, len) => driver.release(start, len),
+            };
+            match (result, s) {
+                (Err(e), _) => {
+                    refused = Some(e);
+                    return true;
+                }
+                (Ok(()), Stranded::Physical(_, size)) => {
+                    *stranded_bytes -= size;
                     counters.physical_frees += 1;
                 }
-                kept
+                (Ok(()), Stranded::Reservation(..)) => counters.releases += 1,
             }
-            Stranded::Reservation(start, len) => {
-                let kept = driver.release(start, len).is_err();
-                if !kept {
-                    counters.releases += 1;
-                }
-                kept
-            }
+            false
         });
-    }
-
-    fn live(&self, handle: PhysHandle) -> Result<&Physical> {
-        self.allocs.get(&handle).filter(|p| !p.free_requested).ok_or_else(|| {
-            AclError::new(ErrorCode::RtInvalidHandle, format!("physical handle {handle} is unknown or already freed"))
-        })
+        refused
     }
 }
 
@@ -352,73 +390,61 @@ impl<D: Driver> Backend for DriverBackend<D> {
         // The books refuse a release with mappings (or of no reservation) before the runtime.
         self.space.check_release(va)?;
         let &(start, len) = self.reservations.get(&va).expect("the books and the runtime agree");
-        let refused = len > 0 && self.driver.release(start, len).is_err();
+        let refused = if len > 0 { self.driver.release(start, len).err() } else { None };
         self.space.release(va)?;
         self.reservations.remove(&va);
-        if refused {
-            self.stranded.push(Stranded::Reservation(start, len));
-        } else {
-            self.counters.releases += 1;
+        match refused {
+            Some(e) => self.strand(Stranded::Reservation(start, len), &e),
+            None => self.counters.releases += 1,
         }
         Ok(())
     }
 
     fn create_physical(&mut self, size: u64, kind: PageKind) -> Result<PhysHandle> {
         let page = self.page_size(kind);
-        if size == 0 || size % page.bytes() != 0 {
-            return Err(AclError::invalid_param(format!(
-                "physical allocation size {size} must be a non-zero multiple of the {} granularity of {} memory",
-                page.label(),
-                kind.label()
-            )));
-        }
+        physical::check_size(size, page, kind)?;
         self.retry_stranded();
-        if self.in_use.saturating_add(size) > self.capacity {
+        if self.in_use().saturating_add(size) > self.capacity {
             return Err(AclError::oom(format!(
                 "the {} backend holds {} of its capacity of {}; {} more would pass it",
                 self.name(),
-                format_size(self.in_use),
+                format_size(self.in_use()),
                 format_size(self.capacity),
                 format_size(size)
             )));
         }
         let raw = self.driver.create(size, kind)?;
-        let handle = self.next_handle;
-        self.next_handle += 1;
-        self.allocs.insert(handle, Physical { raw, size, page, mapped: 0, free_requested: false });
-        self.in_use += size;
+        let handle = self.allocs.insert(size, page, raw);
         self.counters.physical_allocs += 1;
         Ok(handle)
     }
 
     fn free_physical(&mut self, handle: PhysHandle) -> Result<()> {
-        let p = self.live(handle)?;
-        if let Err(e) = self.driver.free(p.raw) {
-            if p.mapped > 0 {
-                return Err(e);
+        let p = self.allocs.live(handle)?;
+        let (raw, mapped) = (p.memory, p.mapped() > 0);
+        let refused = match self.driver.free(raw) {
+            // Still mapped: the allocation stays whole in the books, so the caller may retry.
+            Err(e) if mapped => return Err(e),
+            result => result.err(),
+        };
+        // The runtime has freed it (it releases the memory at the last unmap), or refused to
+        // free an unmapped one: the books release it now or at the last unmap.
+        if let Some(p) = self.allocs.free(handle)? {
+            match refused {
+                Some(e) => self.strand(Stranded::Physical(p.memory, p.size), &e),
+                None => self.counters.physical_frees += 1,
             }
-            let p = self.allocs.remove(&handle).expect("live");
-            self.stranded.push(Stranded::Physical(p.raw, p.size));
-            return Ok(());
-        }
-        let p = self.allocs.get_mut(&handle).expect("live");
-        if p.mapped > 0 {
-            p.free_requested = true;
-        } else {
-            self.forget_physical(handle);
         }
         Ok(())
     }
 
     fn map(&mut self, va: u64, handle: PhysHandle) -> Result<()> {
-        let p = self.live(handle)?;
-        let (raw, size, page) = (p.raw, p.size, p.page);
+        let p = self.allocs.live(handle)?;
+        let (raw, size, page) = (p.memory, p.size, p.page);
         self.space.check_map(va, size, page)?;
         self.driver.map(va, size, raw)?;
-        self.allocs.get_mut(&handle).expect("live").mapped += 1;
+        self.allocs.map(handle, &mut self.counters)?;
         self.space.insert(va, Mapping { handle, size });
-        self.counters.maps += 1;
-        self.counters.pages_mapped += size / page.bytes();
         Ok(())
     }
 
@@ -426,12 +452,8 @@ impl<D: Driver> Backend for DriverBackend<D> {
         let mapping = self.space.mapping_at(va)?;
         self.driver.unmap(va, mapping.size)?;
         self.space.remove(va);
-        let p = self.allocs.get_mut(&mapping.handle).expect("mapped handles are held");
-        p.mapped -= 1;
-        self.counters.unmaps += 1;
-        self.counters.pages_unmapped += mapping.size / p.page.bytes();
-        if p.mapped == 0 && p.free_requested {
-            self.forget_physical(mapping.handle);
+        if self.allocs.unmap(mapping.handle, &mut self.counters)?.is_some() {
+            self.counters.physical_frees += 1;
         }
         Ok(())
     }
@@ -492,7 +514,7 @@ impl<D: Driver> Backend for DriverBackend<D> {
         if scope == MemScope::Ddr {
             return (0, 0);
         }
-        let budget = self.capacity - self.in_use.min(self.capacity);
+        let budget = self.capacity - self.in_use().min(self.capacity);
         match self.driver.mem_info(scope) {
             Ok((free, total)) => (free.min(budget), total.min(self.capacity)),
             Err(_) => (budget, self.capacity),
@@ -504,13 +526,7 @@ impl<D: Driver> Backend for DriverBackend<D> {
             .space
             .containing(va)
             .ok_or_else(|| AclError::rt_param(format!("device address {va:#x} is not mapped")))?;
-        let page = self.allocs[&mp.handle].page;
-        let depth = match page {
-            PageSize::Size1G => 2,
-            PageSize::Size2M => 3,
-            _ => 4,
-        };
-        Ok(Translation { pa: (mp.handle << 40) | (va - m), page_size: page, depth })
+        Ok(handle_translation(m, mp.handle, va, self.allocs.page(mp.handle)?))
     }
 
     fn mapping_containing(&self, va: u64) -> Option<(u64, PhysHandle, u64)> {
@@ -528,6 +544,55 @@ impl<D: Driver> Backend for DriverBackend<D> {
 
     fn streams(&mut self) -> &mut dyn RuntimeStreams {
         self
+    }
+
+    fn stranded(&self) -> (u64, u64) {
+        (self.stranded.len() as u64, self.stranded_bytes)
+    }
+
+    fn reclaim_stranded(&mut self) -> Result<()> {
+        let Some(e) = self.retry_stranded() else { return Ok(()) };
+        let (count, bytes) = self.stranded();
+        Err(AclError::new(
+            ErrorCode::RtMemoryFree,
+            format!(
+                "the {} runtime still refuses to take back {count} object(s) npumem freed ({} of physical memory \
+                 among them); the last refusal: {}",
+                self.name(),
+                format_size(bytes),
+                e.message
+            ),
+        ))
+    }
+
+    fn take_warnings(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.warnings)
+    }
+
+    fn malloc_host(&mut self, size: u64) -> Option<Result<u64>> {
+        Some(self.driver.malloc_host(size).and_then(|addr| {
+            // (Freeing it would free the live block at that address, or NULL.)
+            if addr == 0 || self.host_blocks.contains(&addr) {
+                return Err(AclError::internal(format!(
+                    "the {} runtime returned {addr:#x} for a host allocation, which is NULL or already handed out",
+                    self.name()
+                )));
+            }
+            self.host_blocks.insert(addr);
+            Ok(addr)
+        }))
+    }
+
+    fn free_host(&mut self, addr: u64) -> Result<()> {
+        if !self.host_blocks.contains(&addr) {
+            return Err(AclError::bad_free(format!(
+                "host address {addr:#x} is not a block the {} runtime's malloc_host returned to this device",
+                self.name()
+            )));
+        }
+        self.driver.free_host(addr)?;
+        self.host_blocks.remove(&addr);
+        Ok(())
     }
 }
 
@@ -658,11 +723,14 @@ impl<D: Driver> Drop for DriverBackend<D> {
         for &stream in &self.streams {
             let _ = self.driver.destroy_stream(stream);
         }
+        for &block in &self.host_blocks {
+            let _ = self.driver.free_host(block);
+        }
         for (va, mapping) in self.space.mappings() {
             let _ = self.driver.unmap(va, mapping.size);
         }
-        for p in self.allocs.values().filter(|p| !p.free_requested) {
-            let _ = self.driver.free(p.raw);
+        for (_, p) in self.allocs.iter().filter(|(_, p)| !p.free_requested()) {
+            let _ = self.driver.free(p.memory);
         }
         self.retry_stranded();
         for &(start, len) in self.reservations.values().filter(|(_, len)| *len > 0) {

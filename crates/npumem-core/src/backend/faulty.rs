@@ -189,6 +189,26 @@ impl Backend for FaultyBackend {
         self.inner.driver_calls()
     }
 
+    fn stranded(&self) -> (u64, u64) {
+        self.inner.stranded()
+    }
+
+    fn reclaim_stranded(&mut self) -> Result<()> {
+        self.inner.reclaim_stranded()
+    }
+
+    fn take_warnings(&mut self) -> Vec<String> {
+        self.inner.take_warnings()
+    }
+
+    fn malloc_host(&mut self, size: u64) -> Option<Result<u64>> {
+        self.inner.malloc_host(size)
+    }
+
+    fn free_host(&mut self, addr: u64) -> Result<()> {
+        self.inner.free_host(addr)
+    }
+
     fn frame_stats(&self) -> Option<FrameStats> {
         self.inner.frame_stats()
     }

@@ -24,9 +24,8 @@
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-use rustc_hash::FxHashMap;
-
 use super::address_map::{AddressMap, Mapping};
+use super::physical::{self, PhysicalBooks, handle_translation};
 use super::{Backend, BackendCounters, PhysHandle};
 use crate::acl::MemScope;
 use crate::error::{AclError, ErrorCode, Result};
@@ -52,14 +51,12 @@ pub struct HostConfig {
     pub capacity: u64,
 }
 
+/// What the host backend keeps of a physical allocation: its memfd (closing it gives the
+/// memory back) and its page kind.
 #[derive(Debug)]
-struct HostPhys {
+struct Memfd {
     fd: OwnedFd,
-    size: u64,
     kind: PageKind,
-    page: PageSize,
-    mapped: u32,
-    free_requested: bool,
 }
 
 #[derive(Debug)]
@@ -71,10 +68,8 @@ pub struct HostBackend {
     window_len: u64,
     /// Reservations inside the window and the mappings in them.
     space: AddressMap,
-    allocs: FxHashMap<PhysHandle, HostPhys>,
-    next_handle: PhysHandle,
-    /// Bytes of live physical allocations (counted until their memory is released).
-    in_use: u64,
+    /// Physical allocations; their bytes count against the capacity until released.
+    allocs: PhysicalBooks<Memfd>,
     counters: BackendCounters,
 }
 
@@ -144,9 +139,7 @@ impl HostBackend {
                 normal.bytes(),
                 "host backend's address window",
             )),
-            allocs: FxHashMap::default(),
-            next_handle: 1,
-            in_use: 0,
+            allocs: PhysicalBooks::default(),
             counters: BackendCounters::default(),
         })
     }
@@ -206,12 +199,9 @@ impl HostBackend {
         self.config
     }
 
-    fn release_memory(&mut self, handle: PhysHandle) {
-        if let Some(alloc) = self.allocs.remove(&handle) {
-            self.in_use -= alloc.size;
-            self.counters.physical_frees += 1;
-            // Closing the memfd (dropping `fd`) gives its memory back.
-        }
+    /// Bytes of physical allocations held (until their memory is released).
+    fn in_use(&self) -> u64 {
+        self.allocs.held_bytes()
     }
 }
 
@@ -243,16 +233,11 @@ impl Backend for HostBackend {
 
     fn create_physical(&mut self, size: u64, kind: PageKind) -> Result<PhysHandle> {
         let page = self.page_size(kind);
-        if size == 0 || size % page.bytes() != 0 {
-            return Err(AclError::invalid_param(format!(
-                "physical allocation size {size} must be a non-zero multiple of the {} page granularity",
-                page.label()
-            )));
-        }
-        if self.in_use.saturating_add(size) > self.config.capacity {
+        physical::check_size(size, page, kind)?;
+        if self.in_use().saturating_add(size) > self.config.capacity {
             return Err(AclError::oom(format!(
                 "the host backend holds {} of its capacity of {}; {} more would pass it",
-                format_size(self.in_use),
+                format_size(self.in_use()),
                 format_size(self.config.capacity),
                 format_size(size)
             )));
@@ -301,33 +286,24 @@ impl Backend for HostBackend {
                 _ => shortage(&format!("the kernel could not commit them ({e})")),
             });
         }
-        let handle = self.next_handle;
-        self.next_handle += 1;
-        self.allocs.insert(handle, HostPhys { fd, size, kind, page, mapped: 0, free_requested: false });
-        self.in_use += size;
+        let handle = self.allocs.insert(size, page, Memfd { fd, kind });
         self.counters.physical_allocs += 1;
         Ok(handle)
     }
 
     fn free_physical(&mut self, handle: PhysHandle) -> Result<()> {
-        let alloc = self.allocs.get_mut(&handle).filter(|a| !a.free_requested).ok_or_else(|| {
-            AclError::new(ErrorCode::RtInvalidHandle, format!("physical handle {handle} is unknown or already freed"))
-        })?;
-        if alloc.mapped > 0 {
-            alloc.free_requested = true;
-            return Ok(());
+        // Released now (closing the memfd gives its memory back) or at the last unmap.
+        if self.allocs.free(handle)?.is_some() {
+            self.counters.physical_frees += 1;
         }
-        self.release_memory(handle);
         Ok(())
     }
 
     fn map(&mut self, va: u64, handle: PhysHandle) -> Result<()> {
-        let alloc = self.allocs.get(&handle).filter(|a| !a.free_requested).ok_or_else(|| {
-            AclError::new(ErrorCode::RtInvalidHandle, format!("physical handle {handle} is unknown or already freed"))
-        })?;
-        let (size, page, kind) = (alloc.size, alloc.page, alloc.kind);
+        let alloc = self.allocs.live(handle)?;
+        let (size, page, kind) = (alloc.size, alloc.page, alloc.memory.kind);
         self.space.check_map(va, size, page)?;
-        let fd = alloc.fd.as_raw_fd();
+        let fd = alloc.memory.fd.as_raw_fd();
         // SAFETY: [va, va + size) lies inside one of our PROT_NONE reservations with no mapping
         // in it (checked above), so MAP_FIXED replaces only our own reserved pages.
         let p = unsafe {
@@ -348,10 +324,8 @@ impl Backend for HostBackend {
             // SAFETY: advice on the mapping just made; failure only leaves the kernel's default.
             unsafe { libc::madvise(va as *mut _, size as usize, libc::MADV_NOHUGEPAGE) };
         }
-        self.allocs.get_mut(&handle).expect("present").mapped += 1;
+        self.allocs.map(handle, &mut self.counters)?;
         self.space.insert(va, Mapping { handle, size });
-        self.counters.maps += 1;
-        self.counters.pages_mapped += size / page.bytes();
         Ok(())
     }
 
@@ -365,12 +339,8 @@ impl Backend for HostBackend {
             return Err(AclError::new(ErrorCode::RtDrvInternal, format!("unmapping {va:#x} failed: {}", errno())));
         }
         self.space.remove(va);
-        let alloc = self.allocs.get_mut(&mapping.handle).expect("mapped handles are live");
-        alloc.mapped -= 1;
-        self.counters.unmaps += 1;
-        self.counters.pages_unmapped += mapping.size / alloc.page.bytes();
-        if alloc.mapped == 0 && alloc.free_requested {
-            self.release_memory(mapping.handle);
+        if self.allocs.unmap(mapping.handle, &mut self.counters)?.is_some() {
+            self.counters.physical_frees += 1;
         }
         Ok(())
     }
@@ -413,7 +383,7 @@ impl Backend for HostBackend {
 
     fn mem_info(&self, scope: MemScope) -> (u64, u64) {
         let cap = self.config.capacity;
-        let free = cap - self.in_use.min(cap);
+        let free = cap - self.in_use().min(cap);
         let available = Self::available_memory();
         match scope {
             MemScope::Ddr => (0, 0),
@@ -431,16 +401,7 @@ impl Backend for HostBackend {
             .space
             .containing(va)
             .ok_or_else(|| AclError::rt_param(format!("device address {va:#x} is not mapped")))?;
-        let alloc = &self.allocs[&mp.handle];
-        // Physical addresses are not visible to an unprivileged process: the allocation's handle
-        // and the offset in it stand for one (equal for two mappings of the same byte).
-        let pa = (mp.handle << 40) | (va - m);
-        let depth = match alloc.page {
-            PageSize::Size1G => 2,
-            PageSize::Size2M => 3,
-            _ => 4,
-        };
-        Ok(Translation { pa, page_size: alloc.page, depth })
+        Ok(handle_translation(m, mp.handle, va, self.allocs.page(mp.handle)?))
     }
 
     fn counters(&self) -> BackendCounters {
@@ -505,11 +466,11 @@ mod tests {
         assert!(b.release(va).is_err(), "a reservation with mappings stays");
         b.free_physical(h).unwrap();
         assert_eq!(b.mem_info(MemScope::All).1, 64 * MIB);
-        assert_eq!(b.in_use, 64 * 1024, "freed while mapped: kept until the last unmap");
+        assert_eq!(b.in_use(), 64 * 1024, "freed while mapped: kept until the last unmap");
         b.unmap(va).unwrap();
         b.read(va + MIB + 10, &mut out).unwrap();
         b.unmap(va + MIB).unwrap();
-        assert_eq!(b.in_use, 0);
+        assert_eq!(b.in_use(), 0);
         assert!(b.read(va + MIB + 10, &mut out).is_err());
         b.release(va).unwrap();
         assert_eq!(b.space.reservation_count(), 0);

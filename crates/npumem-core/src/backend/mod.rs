@@ -6,6 +6,9 @@
 //! at device addresses and memory information, so that four backends slot in behind the same
 //! allocators: the simulator (`sim`), real host memory (`host`), and AscendCL (`acl`) and the CUDA
 //! driver (`cuda`) loaded at run time (`driver` holds what those two share, `ffi` the loading).
+//! What all four keep the same way lives beside the trait: the address space and its mappings
+//! ([`address_map::AddressMap`]) and the physical allocations with their deferred frees
+//! ([`physical::PhysicalBooks`]).
 //!
 //! Contract every backend keeps: a physical allocation is mapped whole (size equal to its size,
 //! offset 0) at a VA aligned to its page size inside a live reservation; a reservation is
@@ -20,6 +23,7 @@ pub mod driver;
 pub mod faulty;
 pub mod ffi;
 pub mod host;
+pub mod physical;
 pub mod sim;
 
 pub use acl::{AclBackend, AclDriver, AclRuntime};
@@ -51,6 +55,9 @@ pub struct BackendCounters {
     pub pages_unmapped: u64,
     pub bytes_read: u64,
     pub bytes_written: u64,
+    /// Physical frees and reservation releases the runtime refused (each kept and retried; see
+    /// `Backend::stranded`).
+    pub refused_frees: u64,
 }
 
 pub trait Backend: Send {
@@ -113,11 +120,11 @@ pub trait Backend: Send {
 
     fn counters(&self) -> BackendCounters;
 
-    /// Physical allocations and frees, maps and unmaps so far: the calls the host clock is
-    /// charged for (cheaper to poll than `counters`).
+    /// Physical allocations and frees (refused ones too), maps and unmaps so far: the calls the
+    /// host clock is charged for (cheaper to poll than `counters`).
     fn driver_calls(&self) -> u64 {
         let c = self.counters();
-        c.physical_allocs + c.physical_frees + c.maps + c.unmaps
+        c.physical_allocs + c.physical_frees + c.maps + c.unmaps + c.refused_frees
     }
 
     /// Buddy-allocator state, where the backend can see physical memory.
@@ -141,6 +148,39 @@ pub trait Backend: Send {
     fn streams(&mut self) -> &mut dyn RuntimeStreams {
         // `NoRuntime` is a zero-sized type: leaking one allocates nothing.
         Box::leak(Box::new(NoRuntime))
+    }
+
+    /// What the runtime refused to take back (a physical free or a release) and the backend
+    /// keeps to ask again: (objects, bytes of physical memory among them). Backends without a
+    /// runtime never refuse.
+    fn stranded(&self) -> (u64, u64) {
+        (0, 0)
+    }
+
+    /// Asks the runtime again for what it refused; an `ACL_ERROR_RT_MEMORY_FREE` (207002)
+    /// naming what it still refuses, if anything.
+    fn reclaim_stranded(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    /// The warnings recorded since the last call (a free the runtime refused), oldest first.
+    fn take_warnings(&mut self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// `size` bytes of the runtime's page-locked host memory (`aclrtMallocHost`,
+    /// `cuMemAllocHost`), where the backend has a runtime; `None` where it has not (the
+    /// simulator, host memory), and npumem's own host memory serves `malloc_host`.
+    fn malloc_host(&mut self, _size: u64) -> Option<Result<u64>> {
+        None
+    }
+
+    /// Frees a block `malloc_host` returned.
+    fn free_host(&mut self, addr: u64) -> Result<()> {
+        Err(crate::error::AclError::bad_free(format!(
+            "host address {addr:#x}: the {} backend hands out no runtime host memory",
+            self.name()
+        )))
     }
 
     /// The fault injector, when this backend is wrapped in one.

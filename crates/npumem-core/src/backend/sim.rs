@@ -12,17 +12,16 @@
 //! mappings of the same frames that overlap physically are as undefined as on the device).
 //!
 //! Invariants: each physical allocation owns `size / page` frames of its page size; a frame is
-//! owned by at most one allocation; `mapped` of an allocation counts its live mappings and its
-//! frames return to the allocator only when it is freed and `mapped == 0`; every mapping lies in a
+//! owned by at most one allocation; its frames return to the allocator exactly when the
+//! [`PhysicalBooks`] release it (freed, and no mapping left); every mapping lies in a
 //! reservation and no reservation with a live mapping is released; a byte operation that fails
 //! (unmapped address, host out of memory) changes no byte.
 
-use rustc_hash::FxHashMap;
-
 use super::address_map::{AddressMap, Mapping};
+use super::physical::{self, Physical, PhysicalBooks};
 use super::{Backend, BackendCounters, PhysHandle};
 use crate::acl::MemScope;
-use crate::error::{AclError, ErrorCode, Result};
+use crate::error::{AclError, Result};
 use crate::units::{GIB, MIB, format_size};
 use crate::vm::{
     FrameAllocator, FrameStats, PageKind, PageSize, PageTable, PageTableStats, PhysMemory, Translation, VaSpace,
@@ -48,19 +47,11 @@ impl Default for SimConfig {
     }
 }
 
+/// What the simulator keeps of a physical allocation: its page kind and its frames.
 #[derive(Debug)]
-struct PhysAlloc {
+struct Frames {
     kind: PageKind,
-    page: PageSize,
     frames: Vec<u64>,
-    mapped: u32,
-    free_requested: bool,
-}
-
-impl PhysAlloc {
-    fn size(&self) -> u64 {
-        self.frames.len() as u64 * self.page.bytes()
-    }
 }
 
 #[derive(Debug)]
@@ -71,8 +62,7 @@ pub struct SimBackend {
     frames: FrameAllocator,
     page_table: PageTable,
     memory: PhysMemory,
-    allocs: FxHashMap<PhysHandle, PhysAlloc>,
-    next_handle: PhysHandle,
+    allocs: PhysicalBooks<Frames>,
     counters: BackendCounters,
 }
 
@@ -104,8 +94,7 @@ impl SimBackend {
             memory: PhysMemory::new(config.capacity),
             frames,
             page_table: PageTable::new(),
-            allocs: FxHashMap::default(),
-            next_handle: 1,
+            allocs: PhysicalBooks::default(),
             counters: BackendCounters::default(),
         })
     }
@@ -119,10 +108,10 @@ impl SimBackend {
         self.memory.resident_bytes()
     }
 
-    fn release_frames(&mut self, alloc: PhysAlloc) -> Result<()> {
+    fn release_frames(&mut self, alloc: Physical<Frames>) -> Result<()> {
         let bytes = alloc.page.bytes();
-        for pa in alloc.frames {
-            if alloc.kind == PageKind::Giant {
+        for pa in alloc.memory.frames {
+            if alloc.memory.kind == PageKind::Giant {
                 self.frames.free_giant(pa)?;
             } else {
                 self.frames.free(pa)?;
@@ -262,12 +251,7 @@ impl Backend for SimBackend {
 
     fn create_physical(&mut self, size: u64, kind: PageKind) -> Result<PhysHandle> {
         let page = self.page_size(kind);
-        if size == 0 || size % page.bytes() != 0 {
-            return Err(AclError::invalid_param(format!(
-                "physical allocation size {size} must be a non-zero multiple of the {} page granularity",
-                page.label()
-            )));
-        }
+        physical::check_size(size, page, kind)?;
         let count = size / page.bytes();
         let available = match kind {
             PageKind::Giant => self.frames.giant_counts().1 * GIB,
@@ -304,32 +288,23 @@ impl Backend for SimBackend {
                 }
             }
         }
-        let handle = self.next_handle;
-        self.next_handle += 1;
-        self.allocs.insert(handle, PhysAlloc { kind, page, frames, mapped: 0, free_requested: false });
+        let handle = self.allocs.insert(size, page, Frames { kind, frames });
         self.counters.physical_allocs += 1;
         Ok(handle)
     }
 
     fn free_physical(&mut self, handle: PhysHandle) -> Result<()> {
-        let alloc = self.allocs.get_mut(&handle).filter(|a| !a.free_requested).ok_or_else(|| {
-            AclError::new(ErrorCode::RtInvalidHandle, format!("physical handle {handle} is unknown or already freed"))
-        })?;
-        if alloc.mapped > 0 {
-            alloc.free_requested = true;
-            return Ok(());
+        match self.allocs.free(handle)? {
+            Some(alloc) => self.release_frames(alloc),
+            None => Ok(()),
         }
-        let alloc = self.allocs.remove(&handle).expect("present");
-        self.release_frames(alloc)
     }
 
     fn map(&mut self, va: u64, handle: PhysHandle) -> Result<()> {
-        let alloc = self.allocs.get(&handle).filter(|a| !a.free_requested).ok_or_else(|| {
-            AclError::new(ErrorCode::RtInvalidHandle, format!("physical handle {handle} is unknown or already freed"))
-        })?;
-        let (page, size) = (alloc.page, alloc.size());
+        let alloc = self.allocs.live(handle)?;
+        let (page, size) = (alloc.page, alloc.size);
         self.space.check_map(va, size, page)?;
-        let frames = &self.allocs[&handle].frames;
+        let frames = &alloc.memory.frames;
         for (i, &pa) in frames.iter().enumerate() {
             let at = va + i as u64 * page.bytes();
             if let Err(e) = self.page_table.map(at, pa, page) {
@@ -339,29 +314,23 @@ impl Backend for SimBackend {
                 return Err(e);
             }
         }
-        self.counters.maps += 1;
-        self.counters.pages_mapped += frames.len() as u64;
-        self.allocs.get_mut(&handle).expect("present").mapped += 1;
+        self.allocs.map(handle, &mut self.counters)?;
         self.space.insert(va, Mapping { handle, size });
         Ok(())
     }
 
     fn unmap(&mut self, va: u64) -> Result<()> {
         let mapping = self.space.mapping_at(va)?;
-        self.space.remove(va);
-        let alloc = self.allocs.get_mut(&mapping.handle).expect("mapped handles are live");
-        let page = alloc.page;
-        for i in 0..alloc.frames.len() as u64 {
+        let page = self.allocs.page(mapping.handle)?;
+        let pages = mapping.size / page.bytes();
+        for i in 0..pages {
             self.page_table.unmap(va + i * page.bytes(), page)?;
         }
-        self.counters.unmaps += 1;
-        self.counters.pages_unmapped += alloc.frames.len() as u64;
-        alloc.mapped -= 1;
-        if alloc.mapped == 0 && alloc.free_requested {
-            let alloc = self.allocs.remove(&mapping.handle).expect("present");
-            self.release_frames(alloc)?;
+        self.space.remove(va);
+        match self.allocs.unmap(mapping.handle, &mut self.counters)? {
+            Some(alloc) => self.release_frames(alloc),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     fn read(&mut self, va: u64, out: &mut [u8]) -> Result<()> {
@@ -465,6 +434,7 @@ impl Backend for SimBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::ErrorCode;
     use crate::units::KIB;
     use proptest::strategy::Strategy;
 

@@ -785,9 +785,11 @@ impl Device {
         self.live.sorted()
     }
 
-    /// `aclrtMallocHost`: real host memory, 64-byte aligned.
+    /// `aclrtMallocHost`: the runtime's page-locked host memory on a backend with a runtime
+    /// (`aclrtMallocHost`, `cuMemAllocHost`), else npumem's own host memory; zeroed, 64-byte
+    /// aligned.
     pub fn malloc_host(&mut self, size: u64) -> Result<u64> {
-        self.host.alloc(size)
+        self.host.alloc(size, self.backend.as_mut())
     }
 
     /// `aclrtFreeHost`. It does not wait: freeing a block that queued async copies still use is
@@ -805,7 +807,7 @@ impl Device {
         if self.host.block_start(ptr) == Some(ptr) {
             self.rt_synchronize_device()?;
         }
-        self.host.free(ptr)?;
+        self.host.free(ptr, self.backend.as_mut())?;
         self.sanitizer.forget(ptr);
         Ok(())
     }
@@ -869,13 +871,27 @@ impl Device {
         (self.host.live_bytes(), self.host.live_count())
     }
 
-    /// Returns cached memory to the backend (nothing to do for the direct allocator).
+    /// Returns cached memory to the backend (nothing to do for the direct allocator), and asks
+    /// the runtime again for what it refused to take back before: what it still refuses is the
+    /// error (207002), after the cache was emptied.
     pub fn empty_cache(&mut self) -> Result<()> {
         self.settle();
         let result = self.allocator.empty_cache(self.backend.as_mut());
+        let reclaimed = self.backend.reclaim_stranded();
         self.flush_events(DEFAULT_STREAM);
         self.charge_driver();
-        result
+        result.and(reclaimed)
+    }
+
+    /// What the runtime refused to take back and the backend keeps to ask again: (objects,
+    /// bytes of physical memory among them).
+    pub fn stranded(&self) -> (u64, u64) {
+        self.backend.stranded()
+    }
+
+    /// The backend's warnings since the last call (a free the runtime refused), oldest first.
+    pub fn take_warnings(&mut self) -> Vec<String> {
+        self.backend.take_warnings()
     }
 
     /// Returns the coldest cached memory to the device until at most `bytes` are reserved.

@@ -212,6 +212,11 @@ impl VaSpace {
         Ok(len)
     }
 
+    /// The length of the reservation that starts at `addr` (an exact lookup).
+    pub fn reservation_at(&self, addr: u64) -> Option<u64> {
+        self.reserved.get(&addr).copied()
+    }
+
     /// The reservation that contains `addr`, as `(start, len)`.
     pub fn reservation_containing(&self, addr: u64) -> Option<(u64, u64)> {
         let contains = |&(&s, &l): &(&u64, &u64)| (s..s + l).contains(&addr);
