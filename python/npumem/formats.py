@@ -306,7 +306,9 @@ def _clock(us: int) -> str:
 
 def write_profiler_trace(source: Any, path: Any, *, device_type: int = 0) -> int:
     """Writes ``source`` as a ``torch.profiler`` Chrome trace (``[memory]`` instant events with
-    ``Addr``, signed ``Bytes`` and ``Device Type``, as ``prof.export_chrome_trace`` writes them;
+    ``Addr``, signed ``Bytes``, ``Total Allocated``, ``Total Reserved`` (a device's mapped
+    segments; 0 for a trace), ``Device Type`` and ``Device Id``, as ``prof.export_chrome_trace``
+    writes them;
     gzip-compressed when the name ends in ``.gz``): a :class:`Trace` (or replay events), with a
     made-up address per block, or a :class:`npumem.Device` whose history was recorded, with its
     real pointers. :func:`npumem.importers.profiler_trace` reads it back. Returns the events."""
@@ -316,30 +318,35 @@ def write_profiler_trace(source: Any, path: Any, *, device_type: int = 0) -> int
 
     device_type = _args.integer(device_type, "device_type", 0, 2**31 - 1)
     name = _files.path_arg(path)
-    records: list[tuple[int, int, int]] = []  # (time in µs, address, signed bytes)
+    # (time in µs, address, signed bytes, reserved bytes after it)
+    records: list[tuple[int, int, int, int]] = []
     if isinstance(source, Device):
+        reserved = 0
         for e in source.memory_snapshot()["device_traces"][0]:
-            if e["action"] in ("alloc", "free_completed"):
-                records.append((e["time_us"], e["addr"], e["size"] if e["action"] == "alloc" else -e["size"]))
+            if e["action"] in ("segment_alloc", "segment_map"):
+                reserved += e["size"]
+            elif e["action"] in ("segment_free", "segment_unmap"):
+                reserved -= e["size"]
+            elif e["action"] in ("alloc", "free_completed"):
+                delta = e["size"] if e["action"] == "alloc" else -e["size"]
+                records.append((e["time_us"], e["addr"], delta, reserved))
     else:
         trace = as_trace(source)
         for k, (a, i, s) in enumerate(
             zip(trace.is_alloc.tolist(), trace.ids.tolist(), trace.sizes.tolist(), strict=True)
         ):
-            records.append((k, 0x7F0000000000 + 256 * i, s if a else -s))
-    events = [
-        {
-            "ph": "i",
-            "cat": "cpu_instant_event",
-            "s": "t",
-            "name": "[memory]",
-            "pid": 0,
-            "tid": 0,
-            "ts": ts,
-            "args": {"Addr": addr, "Bytes": delta, "Device Type": device_type, "Device Id": 0},
-        }
-        for ts, addr, delta in records
-    ]
+            records.append((k, 0x7F0000000000 + 256 * i, s if a else -s, 0))
+    events = []
+    allocated = 0
+    for ts, addr, delta, reserved in records:
+        allocated += delta
+        # The args torch.profiler writes (torch 2.15's export_chrome_trace), less its event index.
+        args = {"Total Reserved": reserved, "Total Allocated": allocated, "Bytes": delta}
+        args |= {"Device Id": 0, "Device Type": device_type, "Addr": addr}
+        events.append(
+            {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 0, "tid": 0}
+            | {"ts": ts, "args": args}
+        )
     opener = gzip.open if name.endswith(".gz") else open
     with opener(name, "wt", encoding="utf-8") as f:
         json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
