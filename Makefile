@@ -8,7 +8,7 @@ STAMP := $(VENV)/.deps-stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run test build wheel lint test-rust test-loom test-python fuzz miri bench bench-replay bench-streams bench-plan bench-fastpath bench-pools bench-host bench-pagesize validate-tlb sweep-demo bench-workloads bench-stress bench-pyacl check-gpu bench-tlb bench-replay-speed bench-flat-latency bench-buffer clean
+.PHONY: run test build wheel lint test-rust test-loom test-python fuzz miri bench bench-replay bench-streams bench-plan bench-fastpath bench-pools bench-host bench-pagesize validate-tlb sweep-demo bench-workloads bench-stress bench-pyacl check-gpu check-memory-viz bench-tlb bench-replay-speed bench-flat-latency bench-buffer clean
 
 run: build
 	npumem demo
@@ -159,6 +159,18 @@ bench-stress: build
 # The pyACL layer (npumem.acl): its cost per call beside Device's, and a P2P copy's time.
 bench-pyacl: build
 	python benches/bench_pyacl.py
+
+# Issue #16: PyTorch's own memory_viz (stats, trace, segments, memory, trace_plot, segment_plot,
+# compare) on snapshots written by every allocator family and by `npumem replay --snapshot`.
+# memory_viz comes from NPUMEM_MEMORY_VIZ, an installed torch, or the torch wheel on PyPI
+# (downloaded once into target/memory-viz, ~0.5 GiB); the flamegraph commands use inferno's
+# inferno-flamegraph (crates.io, built once) in place of the flamegraph.pl memory_viz downloads.
+MEMORY_VIZ_DIR := target/memory-viz
+check-memory-viz: build
+	@test -x $(MEMORY_VIZ_DIR)/bin/inferno-flamegraph || cargo install -q --locked inferno --root $(MEMORY_VIZ_DIR)
+	mv=$$(python tests/fetch_memory_viz.py $(MEMORY_VIZ_DIR)) && \
+	NPUMEM_MEMORY_VIZ=$$mv NPUMEM_FLAMEGRAPH=$(abspath $(MEMORY_VIZ_DIR))/bin/inferno-flamegraph \
+		python -m pytest -q -rs tests/test_memory_viz.py
 
 # Real accelerators (issue #14): the CUDA backend's tests and a short benchmark against the real
 # driver (libcuda.so.1 from the loader path; NPUMEM_CUDA_LIB is not used). Without a GPU and

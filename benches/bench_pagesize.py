@@ -14,7 +14,14 @@ Kernels (``npumem.kernels``, Rust, over zero-copy numpy views of that memory):
    translations stop fitting the TLBs;
 2. GEMM: ``gemm_tiled`` (float32, 64 x 64 x 64 tiles, no packing: every row of a B tile is read
    where it lies) and numpy's ``matmul`` (OpenBLAS, one thread, which packs tiles into its own
-   buffers) on the same views.
+   buffers) on the same views;
+3. the report's page-size study patterns (``npumem report``: GEMM tiles, conv 3x3 windows over an
+   NC1HWC0 activation, a Zipf(1.2) gather), at footprints from 1 MiB up: the very addresses the
+   sweep's TLB cells model (``npumem.tlb.PATTERNS``, the sweep's access count), made into word
+   indices into the region and read in that order by ``numpy.take`` (one 8-byte load per address;
+   the index array itself streams, the same for both page sizes, so it cancels in the
+   difference). The loads are independent, as a kernel's are: the CPU overlaps their misses and
+   walks, so the time saved is at most what the model's serial translation cycles predict.
 
 Beside each measurement, the TLB model (``npumem.tlb.Tlb``) runs the same addresses through the
 same device's ``translate`` (so it sees the page size in force): the preset closest to this CPU
@@ -57,7 +64,7 @@ from npumem import Policy
 from npumem.errors import OutOfMemoryError
 from npumem.kernels import chase, gemm_tiled
 from npumem.patterns import pointer_chase
-from npumem.tlb import Tlb, TlbStats
+from npumem.tlb import PATTERNS, Tlb, TlbStats
 from npumem.units import fmt
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -69,6 +76,17 @@ TILE = 64
 SAMPLES, SAMPLE_STEPS = 5, 100_000
 #: A step of the chase time by at least this factor from one footprint to the next is a knee.
 KNEE = 1.6
+#: The report's page-size study patterns (npumem.tlb.PATTERNS names), measured at these footprints.
+STUDY_PATTERNS = ("gemm", "conv", "gather")
+STUDY_FOOTPRINTS = tuple(m * MIB for m in (1, 4, 16, 64, 256, 512))
+#: Accesses per pattern run: the sweep's default (examples/sweeps/demo.toml), so the addresses are the
+#: ones its TLB cells model.
+STUDY_ACCESSES = 400_000
+#: Timed passes per round over a pattern's addresses (the quickest counts).
+STUDY_PASSES = 3
+#: A page size whose time per access is within this share of the best does as well; the winner is
+#: the smallest such page (as the report's study decides on the model's cycles).
+STUDY_TIE = 0.05
 
 
 # -- the machine -------------------------------------------------------------------------------
@@ -342,6 +360,8 @@ def main() -> None:
     ap.add_argument("--max-footprint", type=int, default=512, help="largest chase footprint, MiB")
     ap.add_argument("--rounds", type=int, default=7, help="chase rounds (the quickest sample of each counts)")
     ap.add_argument("--gemm-rounds", type=int, default=15, help="GEMM rounds (4 KiB and 2 MiB back to back)")
+    ap.add_argument("--pattern-rounds", type=int, default=7, help="study-pattern rounds (quickest pass counts)")
+    ap.add_argument("--accesses", type=int, default=STUDY_ACCESSES, help="addresses per study-pattern run")
     ap.add_argument("--json", default=None, help="also write the tables to this JSON file (for npumem report)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, _exit_on_term)
@@ -352,6 +372,8 @@ def main() -> None:
     max_fp = (32 if args.quick else args.max_footprint) * MIB
     sides = GEMM_SIDES[:1] if args.quick else GEMM_SIDES
     rounds, gemm_rounds = (1, 1) if args.quick else (args.rounds, args.gemm_rounds)
+    pattern_rounds = 1 if args.quick else args.pattern_rounds
+    study_fps = [fp for fp in STUDY_FOOTPRINTS if fp <= max_fp]
     nbytes = max(max_fp, 3 * 4 * max(sides) ** 2)
     # Doubling from 128 KiB, with the points half way (x1.5) up to 16 MiB to place the TLB knees.
     fine = [f * KIB << i for i in range(8) for f in (128, 192)]
@@ -377,7 +399,8 @@ def main() -> None:
             r.in_force = smaps_pages(r.base, nbytes)
             print(f"{r.label}: {fmt(nbytes)} at {r.base:#x}: {r.in_force}")
         record = {"cpu": desc, "preset": preset, "command": " ".join(["python", *sys.argv])}
-        run(regions, footprints, sides, (rounds, gemm_rounds), preset, ghz, record)
+        study = (study_fps, args.accesses, pattern_rounds)
+        run(regions, footprints, sides, (rounds, gemm_rounds), preset, ghz, record, study)
         del regions, small, big  # views before their devices
     if args.json:
         record["loadavg"] = [round(x, 2) for x in os.getloadavg()]  # a shared machine: say how busy
@@ -395,10 +418,12 @@ def run(
     preset: str,
     ghz: float,
     record: dict,
+    study: tuple[list[int], int, int],
 ) -> None:
     """Measures and prints the tables; ``record`` receives them (rows of dicts) for --json."""
     small, big = regions
     record.update(small=f"{small.label}: {small.in_force}", big=f"{big.label}: {big.in_force}", chase=[], gemm=[])
+    record["patterns"] = []
     rounds, gemm_rounds = rounds
     seed = 1
     t0 = time.perf_counter()
@@ -497,7 +522,63 @@ def run(
             cells = [side, name, round(t4.min(), 2), round(t2.min(), 2), best, paired, *model]
             record["gemm"].append(dict(zip(head, cells, strict=True)))
         del mats
+    measure_study(regions, study, preset, cal, ghz, record)
     print(f"\n4K = {small.label}: {small.in_force}\n2M = {big.label}: {big.in_force}")
+
+
+def winner(times: dict[str, float], tie: float = STUDY_TIE) -> str:
+    """The smallest page size whose time is within ``tie`` of the best (pages in size order)."""
+    best = min(times.values())
+    return next(p for p, t in times.items() if t <= best * (1 + tie))
+
+
+def measure_study(
+    regions: list[Region], study: tuple[list[int], int, int], preset: str, cal: dict, ghz: float, record: dict
+) -> None:
+    """The report's study patterns on the host: ns per access of ``numpy.take`` over the pattern's
+    addresses in each region (rounds alternate the regions; the quickest pass counts), beside the
+    model's translation cycles per access on the same addresses (as published and calibrated)."""
+    small, big = regions
+    footprints, accesses, rounds = study
+    print(
+        f"\nStudy patterns (the report's page-size study), ns per access: numpy.take of one 8-byte word at each "
+        f"of the pattern's {accesses} addresses (npumem.tlb.PATTERNS, as the sweep models them), quickest of "
+        f"{rounds} rounds x {STUDY_PASSES} passes; winner: the smallest page within {100 * STUDY_TIE:.0f}% of "
+        f"the best; model: {preset} translation cycles per access, published and calibrated"
+    )
+    head = ["pattern", "footprint", "accesses", "4K ns", "2M ns", "4K-2M ns", "host winner"]
+    head += [f"{preset} 4K cyc", f"{preset} 2M cyc", f"{preset} 4K-2M ns", "calibrated 4K-2M ns"]
+    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+    for pattern, fp in itertools.product(STUDY_PATTERNS, footprints):
+        addrs = {r.label: PATTERNS[pattern](r.base, fp, accesses, 0) for r in regions}
+        words = {r.label: r.memory[:fp].view(np.uint64) for r in regions}
+        index = {r.label: ((addrs[r.label] - np.uint64(r.base)) // np.uint64(8)).astype(np.intp) for r in regions}
+        out = np.empty(len(addrs[small.label]), np.uint64)
+        best = {r.label: float("inf") for r in regions}
+        for _ in range(rounds):
+            for r in regions:
+                np.take(words[r.label], index[r.label], out=out)  # warm
+                for _ in range(STUDY_PASSES):
+                    t0 = time.perf_counter_ns()
+                    np.take(words[r.label], index[r.label], out=out)
+                    best[r.label] = min(best[r.label], (time.perf_counter_ns() - t0) / len(out))
+        cyc = {r.label: model_run(preset, r, addrs[r.label]) for r in regions}
+        calib = {r.label: model_run(preset, r, addrs[r.label], cal) for r in regions}
+        m4, m2 = best[small.label], best[big.label]
+        c4, c2 = (cyc[r.label].cycles / cyc[r.label].accesses for r in regions)
+        k4, k2 = (calib[r.label].cycles / calib[r.label].accesses for r in regions)
+        row = dict(
+            zip(
+                head,
+                [pattern, fp, len(out), round(m4, 3), round(m2, 3), round(m4 - m2, 3)]
+                + [winner({"4KiB": m4, "2MiB": m2}), round(c4, 3), round(c2, 3)]
+                + [round((c4 - c2) / ghz, 3), round((k4 - k2) / ghz, 3)],
+                strict=True,
+            )
+        )
+        row["footprint"] = fp
+        print("| " + " | ".join(fmt(v) if k == "footprint" else str(v) for k, v in row.items()) + " |")
+        record["patterns"].append(row)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,13 @@ HOST = {
     "big": "2 MiB hugetlb",
     "chase": [{"footprint": 1 << 20, "4K ns": 4.0, "2M ns": 3.9}],
     "gemm": [{"n": 1024, "kernel": "gemm_tiled", "4K ms": 165.5, "2M ms": 164.3, "saved (best)": "+0.8%"}],
+    # As benches/bench_pagesize.py --json writes the study patterns (measure_study).
+    "patterns": [
+        {"pattern": pat, "footprint": fp << 20, "accesses": 20_000, "4K ns": ns4, "2M ns": 1.25}
+        | {"4K-2M ns": ns4 - 1.25, "host winner": "2MiB" if ns4 > 1.32 else "4KiB", "skylake 4K-2M ns": 0.5}
+        for pat in ("conv", "gather")
+        for fp, ns4 in ((1, 1.3), (8, 2.5))
+    ],
 }
 
 
@@ -96,6 +103,36 @@ def test_report_holds_the_study_tables_commands_and_versions(page):
         assert words in text, words
     # Every TLB cell is in the table.
     assert text.count("<tr>") >= 12 + 4
+
+
+def test_study_sets_the_host_measurements_beside_the_model(page, swept):
+    _, text = page
+    # Each study pattern the host measured has its table after the model's, before the next pattern.
+    conv = text.index("conv 3x3 windows")
+    gather = text.index("Zipf(1.2) gather", conv)
+    assert text.count("On this machine") == 2
+    assert conv < text.index("On this machine", conv) < gather < text.index("On this machine", gather)
+    assert "model winner (zen4)" in text and "host winner" in text
+    results = report.load(str(swept))
+    sel = [r for r in report.study(results["tlb"]) if r["pattern"] == "gather"]
+    rows = report.host_study(HOST, "gather", sel, ["zen4", "absent"])
+    assert [r["footprint"] for r in rows] == [1 << 20, 8 << 20]
+    assert [r["host winner"] for r in rows] == ["4KiB", "2MiB"]
+    for r in rows:
+        m = next(x for x in sel if x["footprint"] == r["footprint"])
+        pair = {p: m["cycles"][p] for p in ("4KiB", "2MiB")}
+        want = "4KiB" if pair["4KiB"] <= max(pair["2MiB"] * 1.05, pair["2MiB"] + 0.05) else "2MiB"
+        assert r["model winner (zen4)"] == want
+        assert r["model winner (absent)"] == ""  # a preset the sweep did not run
+    assert report.host_study(None, "gather", sel, ["zen4"]) == []
+    assert report.host_study(HOST, "gemm", sel, ["zen4"]) == []
+
+
+def test_host_json_without_pattern_rows_is_refused(tmp_path):
+    bad = tmp_path / "h.json"
+    bad.write_text(json.dumps(HOST | {"patterns": {"conv": 1}}))
+    with pytest.raises(npumem.InvalidParamError, match="not the JSON"):
+        report._read_host(str(bad))
 
 
 def test_study_winner_is_the_smallest_page_that_does_as_well_as_the_best():

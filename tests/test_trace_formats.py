@@ -307,6 +307,32 @@ def test_profiler_trace_from_a_device(tmp_path):
     assert [e[:2] for e in _events(back)] == [e[:2] for e in _events(t)]
 
 
+#: `[memory]` events exported by torch 2.15's profiler (`prof.export_chrome_trace`, CPU,
+#: profile_memory=True: a 256x256 matmul loop), the other events left out.
+TORCH_EXPORT = Path(__file__).parent / "data" / "torch_profiler_export.json.gz"
+
+
+def test_profiler_writer_matches_what_torch_exports(tmp_path):
+    import gzip
+
+    real = json.loads(gzip.open(TORCH_EXPORT).read())["traceEvents"]
+    events = npumem.importers.profiler_trace(str(TORCH_EXPORT))
+    assert len(events) == len(real) and sum(e[0] == "alloc" for e in events) > 5
+    dev = npumem.Device("1GiB", allocator="pytorch")
+    dev.record_memory_history()
+    replay._replay(Trace.from_events(events), dev, 0, False)
+    formats.write_profiler_trace(dev, tmp_path / "p.json")
+    ours = json.loads((tmp_path / "p.json").read_text())["traceEvents"]
+    # The same event fields and args as torch's, less its event index and the `finished` flag.
+    assert {k for e in ours for k in e} == {k for e in real for k in e}
+    assert {k for e in ours for k in e["args"]} == {k for e in real for k in e["args"]} - {"Ev Idx", "finished"}
+    # Total Allocated runs as torch's does: the sum of the signed Bytes so far.
+    totals = np.cumsum([e["args"]["Bytes"] for e in ours])
+    assert [e["args"]["Total Allocated"] for e in ours] == totals.tolist()
+    assert all(e["args"]["Total Reserved"] >= e["args"]["Total Allocated"] for e in ours)
+    assert np.array_equal(np.cumsum([e["args"]["Bytes"] for e in real]), [e["args"]["Total Allocated"] for e in real])
+
+
 def test_streams_of_mapping_events_are_kept():
     evs = [
         {"action": "alloc", "addr": 1, "size": 8, "stream": 7},

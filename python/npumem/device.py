@@ -232,11 +232,26 @@ class Device(_native.Device):
     def memory_snapshot(self) -> dict[str, Any]:
         """The allocator's state in PyTorch's snapshot schema (``torch.cuda.memory._snapshot()``):
         ``segments`` with their ``blocks``, ``device_traces`` (recorded after
-        :meth:`record_memory_history`) and ``allocator_settings``. Load a pickled copy
+        :meth:`record_memory_history`; a block whose free waits for its streams' work is then
+        ``active_pending_free``) and ``allocator_settings``. Load a pickled copy
         (:meth:`dump_snapshot`) into PyTorch's memory_viz to see it."""
+        trace = self._trace()
+        segments = self._segments()
+        # A block whose free waits for its streams' work (free_requested, no free_completed yet) is
+        # PyTorch's active_pending_free: active, no longer allocated.
+        last: dict[int, str] = {}
+        for e in trace:
+            if e["action"] in ("alloc", "free_requested", "free_completed"):
+                last[e["addr"]] = e["action"]
+        for seg in segments:
+            for b in seg["blocks"]:
+                if b["state"] == "active_allocated" and last.get(b["address"]) == "free_requested":
+                    b["state"] = "active_pending_free"
+                    seg["allocated_size"] -= b["size"]
+                    seg["requested_size"] -= b["requested_size"]
         return {
-            "segments": self._segments(),
-            "device_traces": [self._trace()],
+            "segments": segments,
+            "device_traces": [trace],
             "allocator_settings": {
                 "allocator": self.allocator,
                 "PYTORCH_NPU_ALLOC_CONF": self.alloc_conf,
@@ -246,11 +261,12 @@ class Device(_native.Device):
         }
 
     def dump_snapshot(self, path: str) -> None:
-        """Pickles :meth:`memory_snapshot` to ``path``, as ``torch.cuda.memory._dump_snapshot``."""
-        import pickle
+        """Pickles :meth:`memory_snapshot` to ``path``, as ``torch.cuda.memory._dump_snapshot``
+        (:func:`npumem.formats.write_snapshot`: checked first, in a protocol memory_viz's browser
+        views read)."""
+        from .formats import write_snapshot
 
-        with open(_files.path_arg(path), "wb") as f:
-            pickle.dump(self.memory_snapshot(), f)
+        write_snapshot(self, path)
 
     def page_of(self, ptr: int) -> int:
         """The page size (bytes) backing the allocation at ``ptr``."""

@@ -25,6 +25,7 @@ opened raises OSError.
 
 from __future__ import annotations
 
+import bisect
 import csv
 import gzip
 import io
@@ -305,7 +306,9 @@ def _clock(us: int) -> str:
 
 def write_profiler_trace(source: Any, path: Any, *, device_type: int = 0) -> int:
     """Writes ``source`` as a ``torch.profiler`` Chrome trace (``[memory]`` instant events with
-    ``Addr``, signed ``Bytes`` and ``Device Type``, as ``prof.export_chrome_trace`` writes them;
+    ``Addr``, signed ``Bytes``, ``Total Allocated``, ``Total Reserved`` (a device's mapped
+    segments; 0 for a trace), ``Device Type`` and ``Device Id``, as ``prof.export_chrome_trace``
+    writes them;
     gzip-compressed when the name ends in ``.gz``): a :class:`Trace` (or replay events), with a
     made-up address per block, or a :class:`npumem.Device` whose history was recorded, with its
     real pointers. :func:`npumem.importers.profiler_trace` reads it back. Returns the events."""
@@ -315,30 +318,35 @@ def write_profiler_trace(source: Any, path: Any, *, device_type: int = 0) -> int
 
     device_type = _args.integer(device_type, "device_type", 0, 2**31 - 1)
     name = _files.path_arg(path)
-    records: list[tuple[int, int, int]] = []  # (time in µs, address, signed bytes)
+    # (time in µs, address, signed bytes, reserved bytes after it)
+    records: list[tuple[int, int, int, int]] = []
     if isinstance(source, Device):
+        reserved = 0
         for e in source.memory_snapshot()["device_traces"][0]:
-            if e["action"] in ("alloc", "free_completed"):
-                records.append((e["time_us"], e["addr"], e["size"] if e["action"] == "alloc" else -e["size"]))
+            if e["action"] in ("segment_alloc", "segment_map"):
+                reserved += e["size"]
+            elif e["action"] in ("segment_free", "segment_unmap"):
+                reserved -= e["size"]
+            elif e["action"] in ("alloc", "free_completed"):
+                delta = e["size"] if e["action"] == "alloc" else -e["size"]
+                records.append((e["time_us"], e["addr"], delta, reserved))
     else:
         trace = as_trace(source)
         for k, (a, i, s) in enumerate(
             zip(trace.is_alloc.tolist(), trace.ids.tolist(), trace.sizes.tolist(), strict=True)
         ):
-            records.append((k, 0x7F0000000000 + 256 * i, s if a else -s))
-    events = [
-        {
-            "ph": "i",
-            "cat": "cpu_instant_event",
-            "s": "t",
-            "name": "[memory]",
-            "pid": 0,
-            "tid": 0,
-            "ts": ts,
-            "args": {"Addr": addr, "Bytes": delta, "Device Type": device_type, "Device Id": 0},
-        }
-        for ts, addr, delta in records
-    ]
+            records.append((k, 0x7F0000000000 + 256 * i, s if a else -s, 0))
+    events = []
+    allocated = 0
+    for ts, addr, delta, reserved in records:
+        allocated += delta
+        # The args torch.profiler writes (torch 2.15's export_chrome_trace), less its event index.
+        args = {"Total Reserved": reserved, "Total Allocated": allocated, "Bytes": delta}
+        args |= {"Device Id": 0, "Device Type": device_type, "Addr": addr}
+        events.append(
+            {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 0, "tid": 0}
+            | {"ts": ts, "args": args}
+        )
     opener = gzip.open if name.endswith(".gz") else open
     with opener(name, "wt", encoding="utf-8") as f:
         json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
@@ -442,6 +450,10 @@ SNAPSHOT_ACTIONS = frozenset(
     | {"snapshot", "oom"}
 )
 _BLOCK_STATES = frozenset({"active_allocated", "active_pending_free", "inactive"})
+#: The pickle protocol of written snapshots: the browser viewer's unpickler (PyTorch's
+#: torch/utils/viz/MemoryViz.js, behind memory_viz's trace_plot pages and its drag-and-drop
+#: viewer) reads protocols 2 to 4; Python 3.14 writes 5 by default.
+SNAPSHOT_PROTOCOL = 4
 
 
 def write_snapshot(device: Any, path: Any) -> None:
@@ -451,7 +463,7 @@ def write_snapshot(device: Any, path: Any) -> None:
     check_snapshot(snap)
     name = _files.path_arg(path)
     with open(name, "wb") as f:
-        pickle.dump(snap, f)
+        pickle.dump(snap, f, protocol=SNAPSHOT_PROTOCOL)
 
 
 def check_snapshot(snap: Any) -> None:
@@ -510,12 +522,100 @@ def check_snapshot(snap: Any) -> None:
                 raise invalid_param(f"{at}: an oom entry has device_free, not addr")
             if not isinstance(e.get("frames"), list):
                 raise invalid_param(f"{at}: frames must be a list")
+        _check_history(entries, [s for s in segments if s.get("device", d) == d], f"device_traces[{d}]")
     if not isinstance(snap.get("allocator_settings", {}), Mapping):
         raise invalid_param("snapshot['allocator_settings'] must be a dict")
     try:
         pickle.loads(pickle.dumps(snap))
     except Exception as e:  # trace_plot pickles the snapshot into the page
         raise invalid_param(f"the snapshot does not pickle ({e})") from None
+
+
+class _Ranges:
+    """Disjoint half-open address ranges, sorted (the mapped memory while a trace is undone)."""
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+
+    def _at(self, addr: int) -> int:
+        """Index of the range holding ``addr``, or -1."""
+        i = bisect.bisect_right(self.starts, addr) - 1
+        return i if i >= 0 and addr < self.ends[i] else -1
+
+    def holds(self, lo: int, hi: int) -> bool:
+        i = self._at(lo)
+        return i >= 0 and hi <= self.ends[i]
+
+    def add(self, lo: int, hi: int) -> bool:
+        """Adds [lo, hi), merged with the ranges it touches; False if it overlaps one."""
+        i = bisect.bisect_right(self.starts, lo)
+        if (i > 0 and self.ends[i - 1] > lo) or (i < len(self.starts) and self.starts[i] < hi):
+            return False
+        if i > 0 and self.ends[i - 1] == lo:
+            i -= 1
+            lo = self.starts[i]
+            del self.starts[i], self.ends[i]
+        if i < len(self.starts) and self.starts[i] == hi:
+            hi = self.ends[i]
+            del self.starts[i], self.ends[i]
+        self.starts.insert(i, lo)
+        self.ends.insert(i, hi)
+        return True
+
+    def remove(self, lo: int, hi: int) -> bool:
+        """Takes [lo, hi) out of the range holding it; False if no range holds it whole."""
+        i = self._at(lo)
+        if i < 0 or hi > self.ends[i]:
+            return False
+        start, end = self.starts[i], self.ends[i]
+        del self.starts[i], self.ends[i]
+        for a, b in ((hi, end), (start, lo)):
+            if a < b:
+                self.starts.insert(i, a)
+                self.ends.insert(i, b)
+        return True
+
+
+def _check_history(entries: list, segments: list, at: str) -> None:
+    """Checks that the trace leads to the segments and blocks listed, as memory_viz's browser views
+    (trace_plot, segment_plot) rebuild every earlier state from them by undoing the entries from
+    the last: each alloc undone is a live block, each free undone a block not live, every block
+    inside memory mapped at its time, each segment alloc / map undone a mapped range holding no
+    live block, each segment free / unmap undone a range not mapped."""
+    mapped = _Ranges()
+    live: dict[int, int] = {}
+    for seg in segments:
+        mapped.add(seg["address"], seg["address"] + seg["total_size"])
+        for b in seg["blocks"]:
+            if b["state"] != "inactive":
+                live[b["address"]] = b["size"]
+    order = sorted(live)  # the live blocks' addresses, to find one inside a range
+    for k in range(len(entries) - 1, -1, -1):
+        e = entries[k]
+        action, addr, size = e["action"], e.get("addr", 0), e["size"]
+        where = f"{at}[{k}] ({action} at {addr:#x}, {size} bytes)"
+        if action in ("alloc", "free_requested", "free_completed"):
+            if action == "free_completed":
+                if addr in live:
+                    raise invalid_param(f"{where}: the block is live after it is freed")
+                live[addr] = size
+                bisect.insort(order, addr)
+            elif addr not in live:
+                raise invalid_param(f"{where}: no live block there (not allocated, or freed before)")
+            elif action == "alloc":
+                del live[addr]
+                del order[bisect.bisect_left(order, addr)]
+            if addr in live and not mapped.holds(addr, addr + live[addr]):
+                raise invalid_param(f"{where}: the block is not inside memory mapped at that time")
+        elif action in ("segment_alloc", "segment_map"):
+            i = bisect.bisect_left(order, addr)
+            if i < len(order) and order[i] < addr + size:
+                raise invalid_param(f"{where}: a block is live in the range before it is mapped")
+            if not mapped.remove(addr, addr + size):
+                raise invalid_param(f"{where}: the range is not mapped after it (a later entry unmaps it first)")
+        elif action in ("segment_free", "segment_unmap") and not mapped.add(addr, addr + size):
+            raise invalid_param(f"{where}: the range was still mapped (overlaps mapped memory) before it")
 
 
 def _fields(d: Any, at: str, names: set[str]) -> None:

@@ -482,30 +482,42 @@ impl Device {
         self.history = enabled.then(|| History::new(max_entries));
     }
 
-    /// Moves the allocator's segment events into the history, then records `action` for
-    /// `stream`.
+    /// Records `action` for `stream`, after the allocator's segment events that came before it.
+    /// A free is recorded before the segment events the allocator made while taking the block back
+    /// (a segment is released after the blocks in it, as PyTorch's traces and memory_viz have it):
+    /// those wait in the allocator's log until the next entry or `history()`, so a batch of frees
+    /// lists every block's free before the segments it emptied.
     #[inline]
     fn trace(&mut self, action: Action, addr: u64, size: u64, stream: StreamId) {
         if self.history.is_none() {
             return;
         }
-        self.flush_events(stream);
+        let free = matches!(action, Action::FreeRequested | Action::FreeCompleted);
+        if !free {
+            self.flush_events(stream);
+        }
         if let Some(history) = self.history.as_mut() {
             let time_us = self.started.elapsed().as_micros() as u64;
             history.push(TraceEntry { action, addr, size, stream, time_us });
+            if free {
+                history.events_stream.get_or_insert(stream);
+            }
         }
     }
 
     fn flush_events(&mut self, stream: StreamId) {
         let Some(history) = self.history.as_mut() else { return };
         let time_us = self.started.elapsed().as_micros() as u64;
+        let stream = history.events_stream.take().unwrap_or(stream);
         for (action, addr, size) in self.allocator.take_events() {
             history.push(TraceEntry { action, addr, size, stream, time_us });
         }
     }
 
-    /// The recorded trace, oldest first (empty when not recording).
-    pub fn history(&self) -> Vec<TraceEntry> {
+    /// The recorded trace, oldest first (empty when not recording), with the allocator's segment
+    /// events not yet moved into it.
+    pub fn history(&mut self) -> Vec<TraceEntry> {
+        self.flush_events(DEFAULT_STREAM);
         self.history.as_ref().map_or_else(Vec::new, |h| h.entries().copied().collect())
     }
 

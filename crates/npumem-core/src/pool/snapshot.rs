@@ -91,11 +91,14 @@ impl EventLog {
 pub struct History {
     pub max_entries: usize,
     entries: VecDeque<TraceEntry>,
+    /// The stream of the free whose segment events still wait in the allocator's log (they are
+    /// recorded after the free, on its stream).
+    pub events_stream: Option<u64>,
 }
 
 impl History {
     pub fn new(max_entries: usize) -> Self {
-        History { max_entries, entries: VecDeque::new() }
+        History { max_entries, entries: VecDeque::new(), events_stream: None }
     }
 
     pub fn push(&mut self, entry: TraceEntry) {
