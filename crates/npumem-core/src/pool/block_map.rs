@@ -2,14 +2,24 @@
 //! that hold them: a block starts on a quantum boundary, so each page of the pool's range has
 //! one record per quantum, allocated the first time a block starts in that page. Insert, remove
 //! and lookup are an index computation and one record access — no hashing, and blocks that are
-//! neighbours in memory are neighbours in the map.
+//! neighbours in memory are neighbours in the map. Where a page holds many quanta (a 2 MiB page
+//! has 4,096 at 512 bytes) its record array is 64 KiB for the few blocks such pages hold, and a
+//! malloc or free would touch a cold line of a cold page of records each time: pools with more
+//! than `DENSE_RECORDS` quanta a page keep their records in one hash map by address instead
+//! (hundreds of kilobytes for thousands of blocks, where the arrays took hundreds of megabytes).
 //!
 //! Invariants: a record is set iff a live block starts at its address; `len` counts the set
 //! records and `bytes` sums their sizes; `size - requested < quantum` (the pool rounds requests up to the quantum), which is
 //! what lets a record keep the difference in 16 bits. Memory is one 16-byte record per quantum
-//! of every page a block ever started in (3% of the range used, at a 512-byte quantum).
+//! of every page a block ever started in (3% of the range used, at a 512-byte quantum), or, in
+//! the hash-map form, one entry per live block.
+
+use rustc_hash::FxHashMap;
 
 use crate::vm::PageSize;
+
+/// Pages of up to this many quanta keep an array of records; larger ones, a hash map.
+const DENSE_RECORDS: u64 = 1024;
 
 /// A live block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,6 +50,9 @@ pub struct BlockMap {
     quantum_mask: u64,
     per_page: usize,
     pages: Vec<Option<Box<[Record]>>>,
+    /// The records by address, in place of `pages`, when a page has more than `DENSE_RECORDS`
+    /// quanta.
+    sparse: Option<FxHashMap<u64, Record>>,
     len: usize,
     bytes: u64,
 }
@@ -57,6 +70,7 @@ impl BlockMap {
             quantum_mask: quantum - 1,
             per_page: (page / quantum) as usize,
             pages: Vec::new(),
+            sparse: (page / quantum > DENSE_RECORDS).then(FxHashMap::default),
             len: 0,
             bytes: 0,
         }
@@ -94,6 +108,9 @@ impl BlockMap {
         if !self.can_start(ptr) {
             return None;
         }
+        if let Some(sparse) = &self.sparse {
+            return sparse.get(&ptr);
+        }
         let (page, slot) = self.at(ptr);
         self.pages.get(page)?.as_ref().map(|records| &records[slot])
     }
@@ -102,17 +119,24 @@ impl BlockMap {
     /// starts).
     #[inline(always)]
     pub fn insert(&mut self, ptr: u64, block: Block) {
-        let (page, slot) = self.at(ptr);
-        if page >= self.pages.len() {
-            self.pages.resize_with(page + 1, || None);
-        }
-        let per_page = self.per_page;
-        let records = self.pages[page].get_or_insert_with(|| vec![Record::default(); per_page].into_boxed_slice());
-        let record = &mut records[slot];
-        debug_assert!(record.page.is_none(), "a block already starts at {ptr:#x}");
         let slack = block.size - block.requested;
         debug_assert!(slack < 1 << self.quantum_shift);
-        *record = Record { size: block.size, slack: slack as u16, page: Some(block.page) };
+        let new = Record { size: block.size, slack: slack as u16, page: Some(block.page) };
+        if let Some(sparse) = &mut self.sparse {
+            let old = sparse.insert(ptr, new);
+            debug_assert!(old.is_none(), "a block already starts at {ptr:#x}");
+        } else {
+            let (page, slot) = self.at(ptr);
+            if page >= self.pages.len() {
+                self.pages.resize_with(page + 1, || None);
+            }
+            let per_page = self.per_page;
+            let records =
+                self.pages[page].get_or_insert_with(|| vec![Record::default(); per_page].into_boxed_slice());
+            let record = &mut records[slot];
+            debug_assert!(record.page.is_none(), "a block already starts at {ptr:#x}");
+            *record = new;
+        }
         self.len += 1;
         self.bytes += block.size;
     }
@@ -123,10 +147,15 @@ impl BlockMap {
         if !self.can_start(ptr) {
             return None;
         }
-        let (page, slot) = self.at(ptr);
-        let record = &mut self.pages.get_mut(page)?.as_mut()?[slot];
-        let block = Self::block(record)?;
-        record.page = None;
+        let block = if let Some(sparse) = &mut self.sparse {
+            Self::block(&sparse.remove(&ptr)?)?
+        } else {
+            let (page, slot) = self.at(ptr);
+            let record = &mut self.pages.get_mut(page)?.as_mut()?[slot];
+            let block = Self::block(record)?;
+            record.page = None;
+            block
+        };
         self.len -= 1;
         self.bytes -= block.size;
         Some(block)
@@ -143,6 +172,17 @@ impl BlockMap {
 
     /// The live blocks in address order.
     pub fn iter(&self) -> impl Iterator<Item = (u64, Block)> + '_ {
+        let mut sparse: Vec<(u64, Block)> = self
+            .sparse
+            .iter()
+            .flatten()
+            .filter_map(|(&ptr, r)| Self::block(r).map(|b| (ptr, b)))
+            .collect();
+        sparse.sort_unstable_by_key(|&(ptr, _)| ptr);
+        sparse.into_iter().chain(self.dense())
+    }
+
+    fn dense(&self) -> impl Iterator<Item = (u64, Block)> + '_ {
         self.pages.iter().enumerate().filter_map(|(i, p)| p.as_ref().map(|r| (i, r))).flat_map(move |(i, records)| {
             let page_start = self.base + ((i as u64) << self.page_shift);
             records
@@ -162,9 +202,15 @@ mod tests {
     proptest! {
         /// Against a BTreeMap: the same blocks after any mix of inserts and removes.
         #[test]
-        fn behaves_like_an_ordered_map(ops in proptest::collection::vec((any::<bool>(), 0u64..2000, 1u64..2000), 1..300)) {
+        fn behaves_like_an_ordered_map(
+            ops in proptest::collection::vec((any::<bool>(), 0u64..2000, 1u64..2000), 1..300),
+            huge_pages in any::<bool>(),
+        ) {
             let base = 1 << 40;
-            let mut map = BlockMap::new(base, 64 * 1024, 512);
+            // 64 KiB pages keep arrays of records, 2 MiB pages a hash map: the same answers.
+            let page = if huge_pages { 2 << 20 } else { 64 * 1024 };
+            let mut map = BlockMap::new(base, page, 512);
+            prop_assert_eq!(map.sparse.is_some(), huge_pages);
             let mut model = BTreeMap::new();
             for (insert, slot, requested) in ops {
                 let ptr = base + slot * 512;
