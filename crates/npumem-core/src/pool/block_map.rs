@@ -1,15 +1,27 @@
-//! `BlockMap`: the live blocks of one npumem pool, by start address, kept beside the pages
-//! that hold them: a block starts on a quantum boundary, so each page of the pool's range has
-//! one record per quantum, allocated the first time a block starts in that page. Insert, remove
-//! and lookup are an index computation and one record access — no hashing, and blocks that are
-//! neighbours in memory are neighbours in the map.
+//! `BlockMap`: the live blocks of one npumem pool, by start address. Small blocks are kept
+//! beside the pages that hold them: a block starts on a quantum boundary, so a page where a
+//! small block ever started has one record per quantum, and insert, remove and lookup are an
+//! index computation and one record access — no hashing, and blocks that are neighbours in
+//! memory are neighbours in the map (a batch of thousands of 4 KiB blocks touches a few lines).
+//! A large block (at least 1/`DENSE_SHARE` of a page) is kept in a hash map by address
+//! instead: such blocks start in few places of a page, and a record array per page for them
+//! would be mostly empty and scattered (64 KiB a 2 MiB page at 512 bytes, hundreds of megabytes
+//! for a pool of large blocks), so that every malloc and free touched a cold line of a cold
+//! page of records.
 //!
-//! Invariants: a record is set iff a live block starts at its address; `len` counts the set
-//! records and `bytes` sums their sizes; `size - requested < quantum` (the pool rounds requests up to the quantum), which is
-//! what lets a record keep the difference in 16 bits. Memory is one 16-byte record per quantum
-//! of every page a block ever started in (3% of the range used, at a 512-byte quantum).
+//! Invariants: a block starting at `ptr` is recorded in exactly one place: the record of its
+//! quantum in its page's array if it is small, else an entry of `large`; `len` counts the
+//! blocks and `bytes` sums their sizes; `size - requested < quantum` (the pool rounds requests
+//! up to the quantum), which is what lets a record keep the difference in 16 bits. Memory is
+//! one 16-byte record per quantum of every page a small block ever started in (3% of the range
+//! used, at a 512-byte quantum), plus one hash entry per large block.
+
+use rustc_hash::FxHashMap;
 
 use crate::vm::PageSize;
+
+/// Blocks smaller than 1/`DENSE_SHARE` of a page are kept in their page's record array.
+const DENSE_SHARE: u64 = 16;
 
 /// A live block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,7 +51,11 @@ pub struct BlockMap {
     page_mask: u64,
     quantum_mask: u64,
     per_page: usize,
+    /// Blocks of at least this many bytes are large.
+    large_from: u64,
     pages: Vec<Option<Box<[Record]>>>,
+    /// The large blocks' records by address.
+    large: FxHashMap<u64, Record>,
     len: usize,
     bytes: u64,
 }
@@ -56,7 +72,9 @@ impl BlockMap {
             page_mask: page - 1,
             quantum_mask: quantum - 1,
             per_page: (page / quantum) as usize,
+            large_from: (page / DENSE_SHARE).max(quantum),
             pages: Vec::new(),
+            large: FxHashMap::default(),
             len: 0,
             bytes: 0,
         }
@@ -95,24 +113,34 @@ impl BlockMap {
             return None;
         }
         let (page, slot) = self.at(ptr);
-        self.pages.get(page)?.as_ref().map(|records| &records[slot])
+        match self.pages.get(page).and_then(Option::as_ref).map(|records| &records[slot]) {
+            Some(record) if record.page.is_some() => Some(record),
+            _ => self.large.get(&ptr),
+        }
     }
 
     /// Records a live block at `ptr` (a quantum multiple inside the range, where no live block
     /// starts).
     #[inline(always)]
     pub fn insert(&mut self, ptr: u64, block: Block) {
-        let (page, slot) = self.at(ptr);
-        if page >= self.pages.len() {
-            self.pages.resize_with(page + 1, || None);
-        }
-        let per_page = self.per_page;
-        let records = self.pages[page].get_or_insert_with(|| vec![Record::default(); per_page].into_boxed_slice());
-        let record = &mut records[slot];
-        debug_assert!(record.page.is_none(), "a block already starts at {ptr:#x}");
         let slack = block.size - block.requested;
         debug_assert!(slack < 1 << self.quantum_shift);
-        *record = Record { size: block.size, slack: slack as u16, page: Some(block.page) };
+        let new = Record { size: block.size, slack: slack as u16, page: Some(block.page) };
+        if block.size >= self.large_from {
+            let old = self.large.insert(ptr, new);
+            debug_assert!(old.is_none(), "a block already starts at {ptr:#x}");
+        } else {
+            let (page, slot) = self.at(ptr);
+            if page >= self.pages.len() {
+                self.pages.resize_with(page + 1, || None);
+            }
+            let per_page = self.per_page;
+            let records =
+                self.pages[page].get_or_insert_with(|| vec![Record::default(); per_page].into_boxed_slice());
+            let record = &mut records[slot];
+            debug_assert!(record.page.is_none(), "a block already starts at {ptr:#x}");
+            *record = new;
+        }
         self.len += 1;
         self.bytes += block.size;
     }
@@ -124,9 +152,15 @@ impl BlockMap {
             return None;
         }
         let (page, slot) = self.at(ptr);
-        let record = &mut self.pages.get_mut(page)?.as_mut()?[slot];
-        let block = Self::block(record)?;
-        record.page = None;
+        let small = self.pages.get_mut(page).and_then(Option::as_mut).map(|records| &mut records[slot]);
+        let block = match small {
+            Some(record) if record.page.is_some() => {
+                let block = Self::block(record)?;
+                record.page = None;
+                block
+            }
+            _ => Self::block(&self.large.remove(&ptr)?)?,
+        };
         self.len -= 1;
         self.bytes -= block.size;
         Some(block)
@@ -141,8 +175,22 @@ impl BlockMap {
         Some(Block { size: record.size, requested: record.size - record.slack as u64, page })
     }
 
-    /// The live blocks in address order.
+    /// The live blocks in address order: the small ones (in order already) merged with the
+    /// large ones, sorted.
     pub fn iter(&self) -> impl Iterator<Item = (u64, Block)> + '_ {
+        let mut large: Vec<(u64, Block)> =
+            self.large.iter().filter_map(|(&ptr, r)| Self::block(r).map(|b| (ptr, b))).collect();
+        large.sort_unstable_by_key(|&(ptr, _)| ptr);
+        let mut large = large.into_iter().peekable();
+        let mut small = self.small().peekable();
+        std::iter::from_fn(move || match (small.peek(), large.peek()) {
+            (Some(s), Some(l)) if l.0 < s.0 => large.next(),
+            (Some(_), _) => small.next(),
+            (None, _) => large.next(),
+        })
+    }
+
+    fn small(&self) -> impl Iterator<Item = (u64, Block)> + '_ {
         self.pages.iter().enumerate().filter_map(|(i, p)| p.as_ref().map(|r| (i, r))).flat_map(move |(i, records)| {
             let page_start = self.base + ((i as u64) << self.page_shift);
             records
@@ -162,12 +210,19 @@ mod tests {
     proptest! {
         /// Against a BTreeMap: the same blocks after any mix of inserts and removes.
         #[test]
-        fn behaves_like_an_ordered_map(ops in proptest::collection::vec((any::<bool>(), 0u64..2000, 1u64..2000), 1..300)) {
+        fn behaves_like_an_ordered_map(
+            ops in proptest::collection::vec((any::<bool>(), 0u64..2000, 1u64..2000, any::<bool>()), 1..300),
+            huge_pages in any::<bool>(),
+        ) {
             let base = 1 << 40;
-            let mut map = BlockMap::new(base, 64 * 1024, 512);
+            // Small blocks in the pages' record arrays, large ones in the hash map, on 64 KiB
+            // and 2 MiB pages: the same answers as the model.
+            let page = if huge_pages { 2 << 20 } else { 64 * 1024 };
+            let mut map = BlockMap::new(base, page, 512);
             let mut model = BTreeMap::new();
-            for (insert, slot, requested) in ops {
+            for (insert, slot, requested, large) in ops {
                 let ptr = base + slot * 512;
+                let requested = if large { requested * 1024 } else { requested };
                 if insert && !model.contains_key(&ptr) {
                     let block = Block { size: requested.div_ceil(512) * 512, requested, page: PageSize::Size64K };
                     map.insert(ptr, block);

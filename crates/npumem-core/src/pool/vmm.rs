@@ -134,6 +134,10 @@ const LARGE_PAGE: u64 = 2 * MIB;
 /// Free extents `economical_place` weighs at most (shortest first): past them, the pages a
 /// block would save are not worth the time of a slow-path malloc.
 const PLACE_SCAN: usize = 64;
+/// A miss leaves the waiting blocks waiting (see `malloc_slow`) only while the pool holds at
+/// most 1/`CALM_DIVISOR` of its limit: near the limit, every miss coalesces all free memory
+/// first, so that a device near full packs as tightly as it can.
+const CALM_DIVISOR: u64 = 2;
 /// The physical page of the small pool: small enough that scattered small blocks pin little
 /// memory, large enough to keep map calls few.
 const SMALL_PAGE: u64 = 64 * 1024;
@@ -728,17 +732,20 @@ impl VmmAllocator {
                 self.trim_to(backend, target)?;
             }
         }
-        // Waiting blocks are coalesced only under pressure: while the pool's free space has room
-        // for the block on pages already mapped, it goes there and they keep waiting for their
-        // sizes (as a fastbin allocator consolidates only when its bins cannot serve).
-        if !huge_only && !self.recent.is_empty() {
+        // Waiting blocks are coalesced only under pressure (as glibc's malloc consolidates its
+        // fastbins only when its other bins cannot serve): while the pool holds at most
+        // 1/`CALM_DIVISOR` of its limit and its free space has room for the block on pages
+        // already mapped, the block goes there and the waiting blocks keep waiting for their
+        // sizes. Otherwise they are all released and coalesced first, and the search sees all
+        // free memory (the tightest packing, for a device near full).
+        if !huge_only && !self.recent.is_empty() && self.reserved() <= self.limit() / CALM_DIVISOR {
             if let Some((ptr, page)) = self.place_on_mapped(backend, kind, size)? {
                 self.pool_mut(kind).blocks.insert(ptr, Block { size, requested: request.size, page });
                 self.stats.on_alloc(kind, size, request.size);
                 return Ok(Grant { ptr, granted: size, page });
             }
-            self.release_recent()?;
         }
+        self.release_recent()?;
         let device_allocs = self.stats.num_device_alloc;
         let (kind, ptr, page) = match self.malloc_in(backend, kind, size, huge_only) {
             Ok((ptr, page)) => (kind, ptr, page),
@@ -789,9 +796,12 @@ impl VmmAllocator {
         self.place_and_map(backend, kind, ptr, size, huge_only)
     }
 
-    /// Places a block of `size` bytes in `kind`'s pool's free space (as `malloc_in` would,
-    /// waiting blocks left where they are) if every page under the placement is mapped, and
-    /// counts it on them; None (nothing changed) when the placement would need a new page.
+    /// Places a block of `size` bytes in `kind`'s free space with the waiting blocks left where
+    /// they are, where it takes no page the pool would have to map: in the small pool the best
+    /// fit if every page under it is mapped; in the large pool the page-economical place if
+    /// every page under it already holds a block (an idle 2 MiB page taken there while holes
+    /// wait to coalesce is what grows a pool of large blocks). Counts the block on its pages;
+    /// None, with nothing changed, where there is no such place.
     fn place_on_mapped(
         &mut self,
         backend: &mut dyn Backend,
@@ -800,7 +810,6 @@ impl VmmAllocator {
     ) -> Result<Option<(u64, PageSize)>> {
         let quantum = self.config.quantum;
         let Some(pool) = self.pools[kind as usize].as_mut() else { return Ok(None) };
-        let mapped = |pool: &VmmPool, ptr: u64| pool.pages_of(ptr, size).all(|i| pool.slot(i).handle != NO_HANDLE);
         let ptr = if kind == PoolKind::Large {
             match pool.economical_place(size, quantum) {
                 Some((ptr, 0)) => pool.space.reserve_at(ptr, size, quantum)?,
@@ -808,7 +817,7 @@ impl VmmAllocator {
             }
         } else {
             let Ok(ptr) = pool.space.reserve(size, quantum) else { return Ok(None) };
-            if !mapped(pool, ptr) {
+            if pool.pages_of(ptr, size).any(|i| pool.slot(i).handle == NO_HANDLE) {
                 pool.space.release(ptr)?;
                 return Ok(None);
             }
