@@ -69,9 +69,9 @@ impl Device {
     /// Allocates one block per size on `stream` (sizes already checked, the stream checked and
     /// settled), appending the pointers to `ptrs`, until the first failure, which it returns
     /// with its index (the blocks before it stay allocated). While no free is pending
-    /// (stream-ordered reuse comes first), the allocator serves what its front cache can in one
-    /// call; the request it stops at goes through the full rules (search, release-and-retry on
-    /// out-of-memory). The caller charges the driver calls.
+    /// (stream-ordered reuse comes first), the allocator serves what its front cache can, a run
+    /// of up to `CACHED_RUN` requests a call; the request it stops at goes through the full
+    /// rules (search, release-and-retry on out-of-memory). The caller charges the driver calls.
     fn malloc_run(
         &mut self,
         sizes: &[u64],
@@ -87,11 +87,10 @@ impl Device {
                 let end = sizes.len().min(i + CACHED_RUN);
                 let served = self.allocator.malloc_cached(&sizes[i..end], policy, grants);
                 let mut tally = Tally::default();
-                for (k, &size) in sizes[i..i + served].iter().enumerate() {
+                for (k, (&grant, &size)) in grants.iter().zip(&sizes[i..i + served]).enumerate() {
                     if let Some(ahead) = grants.get(k + LOOK_AHEAD) {
                         self.live.prefetch(ahead.ptr);
                     }
-                    let grant = grants[k];
                     // Checked by the caller: the booking cannot fail here (and an error would
                     // strand the blocks already recorded).
                     let booked = booked_size(size, policy, true).unwrap_or(size);

@@ -377,7 +377,7 @@ impl LiveTable {
         let paged = self.leaf_at_or_before(addr);
         let loose = if self.loose.len() == 0 { None } else { self.loose.at_or_before(addr) };
         let a = match (paged, loose) {
-            (Some(p), Some(l)) => if p.ptr > l.ptr { p } else { l },
+            (Some(p), Some(l)) => std::cmp::max_by_key(p, l, |a| a.ptr),
             (p, l) => p.or(l)?,
         };
         (addr - a.ptr < extent(&a)).then_some(a)

@@ -383,7 +383,8 @@ pub struct Device {
     allocator: Box<dyn Allocator>,
     live: LiveTable,
     /// `free_many`'s list of the allocations it took out, kept between calls (a batch of a
-    /// million blocks would otherwise fault in fresh pages for it every time).
+    /// million blocks would otherwise fault in fresh pages for it every time); its capacity
+    /// stays at the largest batch's, 56 bytes a block.
     free_scratch: Vec<Allocation>,
     recently_freed: FreedRing,
     host: HostHeap,
