@@ -139,12 +139,12 @@ impl Tlb {
                     let ai = ai as usize;
                     let (array, c) = (&mut self.arrays[ai], &mut self.counters[ai]);
                     c.lookups += 1;
-                    if array.lookup(tag, tag >> 6, now) {
+                    if array.lookup(tag, tag >> 6) {
                         c.hits += 1;
                         cycles = cycles.saturating_add(array.hit_cycles);
                     } else {
                         c.misses += 1;
-                        c.evictions += u64::from(array.fill(tag, tag >> 6, now, &mut self.rng));
+                        c.evictions += u64::from(array.fill(tag, tag >> 6, &mut self.rng));
                         pass.push(i);
                     }
                 }
@@ -154,7 +154,7 @@ impl Tlb {
                         let ai = ai as usize;
                         let (array, c) = (&mut self.arrays[ai], &mut self.counters[ai]);
                         c.lookups += 1;
-                        if array.lookup(tag, tag >> 6, now) {
+                        if array.lookup(tag, tag >> 6) {
                             c.hits += 1;
                             cycles = cycles.saturating_add(array.hit_cycles);
                             hit = true;
@@ -165,7 +165,7 @@ impl Tlb {
                     if !hit {
                         for &ai in several {
                             let ai = ai as usize;
-                            if self.arrays[ai].fill(tag, tag >> 6, now, &mut self.rng) {
+                            if self.arrays[ai].fill(tag, tag >> 6, &mut self.rng) {
                                 self.counters[ai].evictions += 1;
                             }
                         }
