@@ -29,7 +29,6 @@ const BATCH: usize = 4096;
 pub(super) struct Access {
     pub tag: u64,
     pub va: u64,
-    pub now: u64,
     pub page: PageSize,
     pub depth: u8,
 }
@@ -89,7 +88,7 @@ impl Tlb {
         }
         for &i in reach.iter() {
             let a = accesses[i as usize];
-            self.walk(a.va, u32::from(a.depth), a.now);
+            self.walk(a.va, u32::from(a.depth));
         }
         accesses.clear();
     }
@@ -132,7 +131,7 @@ impl Tlb {
         let mut cycles = self.stats.cycles;
         for &i in reach {
             let a = &accesses[i as usize];
-            let (tag, now) = (a.tag, a.now);
+            let tag = a.tag;
             match holders[a.page as usize] {
                 [] => pass.push(i),
                 &[ai] => {

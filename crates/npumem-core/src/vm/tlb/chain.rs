@@ -51,7 +51,7 @@ impl Tlb {
     /// Simulates one access along its page size's chain (the hierarchy is chained): the same
     /// state changes, in the same order, as [`Tlb::simulate`].
     #[inline(always)]
-    pub(super) fn simulate_chained(&mut self, tag: u64, va: u64, now: u64, page: PageSize, depth: u32) {
+    pub(super) fn simulate_chained(&mut self, tag: u64, va: u64, page: PageSize, depth: u32) {
         let vpn = tag >> 6;
         let chain = &self.chains.of[page as usize];
         let mut reached = chain.len();
@@ -68,7 +68,7 @@ impl Tlb {
             c.misses += 1;
         }
         if reached == chain.len() {
-            self.walk(va, depth, now);
+            self.walk(va, depth);
         }
         let chain = &self.chains.of[page as usize];
         for &ai in &chain[..reached] {
@@ -100,7 +100,6 @@ impl Tlb {
         let (mut last_tag, mut last_mask) = self.last.unwrap_or((EMPTY, 0));
         let (mut lo, mut len) = (0u64, 0u64);
         let (mut streak, mut faults) = (0u64, 0u64);
-        let mut now = self.now;
         for &va in addresses {
             if va.wrapping_sub(lo) < len {
                 streak += 1;
@@ -113,12 +112,12 @@ impl Tlb {
                     // the general path does.
                     let Known::Page { page, depth, group } = pages.ask(va, translate) else { unreachable!() };
                     self.count_l1_hits(last_mask, std::mem::take(&mut streak));
-                    (self.last, self.now) = ((last_tag != EMPTY).then_some((last_tag, last_mask)), now);
+                    self.last = (last_tag != EMPTY).then_some((last_tag, last_mask));
                     if let Some(a) = self.admit(va, page, depth, group) {
-                        self.simulate_chained(a.tag, va, a.now, page, depth);
+                        self.simulate_chained(a.tag, va, page, depth);
                     }
                     self.stats.accesses -= 1; // counted with the others at the end
-                    ((last_tag, last_mask), now) = (self.last.unwrap_or((EMPTY, 0)), self.now);
+                    (last_tag, last_mask) = self.last.unwrap_or((EMPTY, 0));
                     (lo, len) = (0, 0);
                     continue;
                 }
@@ -132,12 +131,10 @@ impl Tlb {
                     self.count_l1_hits(last_mask, streak);
                     streak = 0;
                 }
-                now += 1;
                 let l1_mask = self.plans[page as usize].l1_mask;
                 (last_tag, last_mask) = if l1_mask != 0 { (tag, l1_mask) } else { (EMPTY, 0) };
                 if !self.simulate_kernel(&mut tally, tag, page) {
-                    self.now = now;
-                    self.walk(va, depth, now);
+                    self.walk(va, depth);
                 }
             } else {
                 // Another page of the previous access's (coalesced) entry.
@@ -145,7 +142,6 @@ impl Tlb {
             }
             (lo, len) = if last_tag == EMPTY { (0, 0) } else { (va & !(page.bytes() - 1), page.bytes()) };
         }
-        self.now = now;
         self.count_l1_hits(last_mask, streak);
         self.last = (last_tag != EMPTY).then_some((last_tag, last_mask));
         self.stats.accesses += addresses.len() as u64 - faults;

@@ -62,7 +62,11 @@ impl Known {
     #[inline(always)]
     pub(super) fn unpack(bits: u32) -> Self {
         match (bits >> 6) & 3 {
-            0 => Known::Page { page: PageSize::ALL[(bits & 3) as usize], depth: bits >> 8, group: 1 << ((bits >> 2) & 15) },
+            0 => Known::Page {
+                page: PageSize::ALL[(bits & 3) as usize],
+                depth: bits >> 8,
+                group: 1 << ((bits >> 2) & 15),
+            },
             1 => Known::Fault,
             _ => Known::Split,
         }

@@ -86,7 +86,6 @@ pub struct Tlb {
     /// Page-walk caches of table levels 0, 1, 2 (none where the configuration has 0 entries).
     walk_caches: [Option<Array>; 3],
     stats: TlbStats,
-    now: u64,
     rng: u64,
     /// The tag of the previous access and the L1 arrays that hold it: another access to the
     /// same page is an L1 hit that changes no replacement state (it is already the most recent
@@ -165,7 +164,6 @@ impl Tlb {
             split,
             walk_caches,
             stats,
-            now: 0,
             rng: 0x9E37_79B9_7F4A_7C15,
             last: None,
             memo: None,
@@ -221,7 +219,7 @@ impl Tlb {
 
     /// Counts one access whose entry covers `group` contiguous pages (a power of two): another
     /// access to the previous access's entry, held in L1, is counted as an L1 hit at once;
-    /// anything else is returned to be simulated, stamped with the next clock tick.
+    /// anything else is returned to be simulated.
     #[inline]
     fn admit(&mut self, va: u64, page: PageSize, depth: u32, group: u32) -> Option<Access> {
         self.stats.accesses += 1;
@@ -234,15 +232,14 @@ impl Tlb {
                 return None;
             }
         }
-        self.now += 1;
         let l1_mask = self.plans[page as usize].l1_mask;
         self.last = (l1_mask != 0).then_some((tag, l1_mask));
-        Some(Access { tag, va, now: self.now, page, depth: depth as u8 })
+        Some(Access { tag, va, page, depth: depth as u8 })
     }
 
     /// Simulates `access` through every level, then the walk (the order of the reference model).
     fn simulate(&mut self, access: Access) {
-        let Access { tag, now, page, .. } = access;
+        let Access { tag, page, .. } = access;
         let vpn = tag >> 6;
         let plan = &self.plans[page as usize];
         let mut start = 0;
@@ -262,18 +259,18 @@ impl Tlb {
             }
             if hit {
                 // Fill the closer levels (inclusive hierarchy).
-                self.fill(page, start, tag, now);
+                self.fill(page, start, tag);
                 return;
             }
             start = end;
         }
-        self.walk(access.va, u32::from(access.depth), now);
-        self.fill(page, start, tag, now);
+        self.walk(access.va, u32::from(access.depth));
+        self.fill(page, start, tag);
     }
 
     /// Fills `tag` into the first `n` arrays of `page`'s plan.
     #[inline]
-    fn fill(&mut self, page: PageSize, n: usize, tag: u64, now: u64) {
+    fn fill(&mut self, page: PageSize, n: usize, tag: u64) {
         for &ai in &self.plans[page as usize].arrays[..n] {
             let ai = ai as usize;
             if self.arrays[ai].fill(tag, tag >> 6, &mut self.rng) {
@@ -282,9 +279,9 @@ impl Tlb {
         }
     }
 
-    /// A page walk of `depth` descriptor reads at clock `now`; the walk caches skip the upper ones.
+    /// A page walk of `depth` descriptor reads; the walk caches skip the upper ones.
     #[inline]
-    fn walk(&mut self, va: u64, depth: u32, now: u64) {
+    fn walk(&mut self, va: u64, depth: u32) {
         self.stats.walks += 1;
         // Table levels above the leaf: depth 4 → tables 0,1,2; depth 3 → 0,1; depth 2 → 0.
         let tables = (depth as usize).saturating_sub(1).min(3);
@@ -332,7 +329,12 @@ impl Tlb {
 
     /// [`Tlb::run`] for any hierarchy: accesses that need simulating go along their chain
     /// (chained hierarchies) or into batches.
-    fn run_general(&mut self, addresses: &[u64], pages: &mut Pages<'_>, translate: &impl Fn(u64) -> Option<Translation>) {
+    fn run_general(
+        &mut self,
+        addresses: &[u64],
+        pages: &mut Pages<'_>,
+        translate: &impl Fn(u64) -> Option<Translation>,
+    ) {
         let mut batch = Batch::default();
         // (page start, page end, page size, depth, pages its entry covers) of the last translation.
         let mut last: Option<(u64, u64, PageSize, u32, u32)> = None;
@@ -362,7 +364,7 @@ impl Tlb {
             };
             if let Some(access) = self.admit(va, page, depth, group) {
                 if self.chained {
-                    self.simulate_chained(access.tag, va, access.now, page, depth);
+                    self.simulate_chained(access.tag, va, page, depth);
                 } else if batch.push(access) {
                     self.drain(&mut batch);
                 }
@@ -437,7 +439,7 @@ impl Tlb {
 
 /// What a run knows of pages: the memo of its translations and, with coalescing, how many pages
 /// each entry covers.
-pub(super) struct Pages<'a> {
+struct Pages<'a> {
     memo: &'a mut Memo,
     /// Pages one coalesced entry covers, per (unit, page size), for this call.
     groups: FxHashMap<(u64, PageSize), u32>,
@@ -448,7 +450,7 @@ impl Pages<'_> {
     /// What `va`'s page is (`Known::Page` or `Known::Fault`): from the memo, or asked of
     /// `translate` once and remembered.
     #[inline(always)]
-    pub(super) fn resolve(&mut self, va: u64, translate: &impl Fn(u64) -> Option<Translation>) -> Known {
+    fn resolve(&mut self, va: u64, translate: &impl Fn(u64) -> Option<Translation>) -> Known {
         match self.memo.get(va) {
             Some(known) => known,
             None => self.ask(va, translate),
@@ -458,7 +460,7 @@ impl Pages<'_> {
     /// [`Pages::resolve`], packed ([`Known::pack`]): bits 0-5 are the low bits of the page's
     /// TLB tag, bits 6-7 the kind, 8-31 the depth; `DEEP` for a page whose depth does not fit.
     #[inline(always)]
-    pub(super) fn resolve_packed(&mut self, va: u64, translate: &impl Fn(u64) -> Option<Translation>) -> u32 {
+    fn resolve_packed(&mut self, va: u64, translate: &impl Fn(u64) -> Option<Translation>) -> u32 {
         match self.memo.get_packed(va) {
             Some(bits) => bits,
             None => self.ask(va, translate).pack().unwrap_or(memo::DEEP),
@@ -467,7 +469,7 @@ impl Pages<'_> {
 
     #[cold]
     #[inline(never)]
-    pub(super) fn ask(&mut self, va: u64, translate: &impl Fn(u64) -> Option<Translation>) -> Known {
+    fn ask(&mut self, va: u64, translate: &impl Fn(u64) -> Option<Translation>) -> Known {
         let k = self.coalesce;
         let known = match translate(va) {
             Some(t) => {
