@@ -52,6 +52,33 @@ fn tlb_config() -> impl Strategy<Value = TlbConfig> {
         })
 }
 
+/// Hierarchies `Tlb::run` simulates with its kernel: chained (each level one unified array, or
+/// arrays splitting the page sizes between them) and every array narrow LRU over a power of two
+/// of sets. Random hierarchies rarely are all of that.
+fn kernel_config() -> impl Strategy<Value = TlbConfig> {
+    let level = (0usize..7, 0u32..4, 0u8..16, 0u64..20, 0usize..7, 0u32..4).prop_map(|(w, s, split, hit, w2, s2)| {
+        let ways = [1, 2, 3, 4, 8, 12, 16];
+        let sizes = |mask: u8| -> Vec<PageSize> {
+            PageSize::ALL.iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0).map(|(_, &p)| p).collect()
+        };
+        let a = |w: usize, s: u32, mask: u8| {
+            ArrayConfig::new("k", ways[w] << s, ways[w], &sizes(mask), Replacement::Lru, hit)
+        };
+        // `split` picks the sizes of the first array; the rest (if any) go to a second one.
+        if split == 0 || split == 15 { vec![a(w, s, 15)] } else { vec![a(w, s, split), a(w2, s2, 15 & !split)] }
+    });
+    (prop::collection::vec(level, 1..=4), [0usize..40, 0usize..40, 0usize..40], 0u64..50, 0u32..4).prop_map(
+        |(levels, walk_cache_entries, walk_step_cycles, c)| TlbConfig {
+            name: "kernel".into(),
+            levels,
+            walk_cache_entries,
+            walk_step_cycles,
+            source: "proptest".into(),
+            coalesce: 1 << c,
+        },
+    )
+}
+
 /// Which pages of each region are mapped, and whether small pages get contiguous frames.
 #[derive(Clone, Debug)]
 struct Layout {
@@ -121,6 +148,47 @@ fn same(fast: &Tlb, slow: &ReferenceTlb) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// Runs `runs` through both models (the page table changing after the first, resets where
+/// `resets` says, then single accesses given directly), comparing everything after each step.
+fn check_against_reference(
+    config: TlbConfig,
+    first: &Layout,
+    second: &Layout,
+    runs: &[Vec<(u8, u16, u32, u8)>],
+    resets: &[bool],
+    direct: &[(u16, usize)],
+) -> Result<(), TestCaseError> {
+    let mut fast = Tlb::new(config.clone()).unwrap();
+    let mut slow = ReferenceTlb::new(config).unwrap();
+    let mut pt = PageTable::new();
+    map(&mut pt, first);
+    for (i, raw) in runs.iter().enumerate() {
+        if i == 1 {
+            // The page table changes between runs: what a run remembered must not carry over.
+            pt = PageTable::new();
+            map(&mut pt, second);
+        }
+        let addrs = addresses(raw);
+        fast.run(&addrs, |va| pt.translate(va));
+        slow.run(&addrs, |va| pt.translate(va));
+        same(&fast, &slow)?;
+        if resets[i] {
+            fast.reset_stats();
+            slow.reset_stats();
+            same(&fast, &slow)?;
+        }
+    }
+    // Single accesses with a translation given directly.
+    for &(page, size) in direct {
+        let size = PageSize::ALL[size];
+        let va = BASE + u64::from(page) * size.bytes();
+        let t = Translation { pa: 0, page_size: size, depth: 4 - (size as u32).saturating_sub(1) };
+        fast.access(va, t);
+        slow.access(va, t);
+    }
+    same(&fast, &slow)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 384, ..ProptestConfig::default() })]
 
@@ -133,35 +201,40 @@ proptest! {
         resets in prop::collection::vec(any::<bool>(), 4),
         direct in prop::collection::vec((any::<u16>(), 0usize..4), 0..8),
     ) {
+        check_against_reference(config, &first, &second, &runs, &resets, &direct)?;
+    }
+
+    /// The same over hierarchies the run kernel takes (chained, narrow LRU).
+    #[test]
+    fn run_kernel_is_bit_identical_to_the_reference(
+        config in kernel_config(),
+        first in layout(),
+        second in layout(),
+        runs in prop::collection::vec(prop::collection::vec(address(), 0..400), 1..4),
+        resets in prop::collection::vec(any::<bool>(), 4),
+        direct in prop::collection::vec((any::<u16>(), 0usize..4), 0..8),
+    ) {
+        check_against_reference(config, &first, &second, &runs, &resets, &direct)?;
+    }
+}
+
+/// A translation whose walk depth is too large for the run's memo to pack (no page table gives
+/// one, a closure may) is simulated exactly all the same, on every path.
+#[test]
+fn deep_translations_match_the_reference() {
+    let addrs: Vec<u64> = (0..3000u64).map(|i| BASE + (i * 7919 % 300) * 4 * KIB + i % 64).collect();
+    // Every 23rd page unmapped (a page translates alike at every address).
+    let deep = |va: u64| {
+        (va / (4 * KIB) % 23 != 0).then_some(Translation { pa: va, page_size: PageSize::Size4K, depth: 1 << 30 })
+    };
+    for name in ["skylake", "zen4", "ascend_like"] {
+        let config = TlbConfig::preset(name).unwrap();
         let mut fast = Tlb::new(config.clone()).unwrap();
         let mut slow = ReferenceTlb::new(config).unwrap();
-        let mut pt = PageTable::new();
-        map(&mut pt, &first);
-        for (i, raw) in runs.iter().enumerate() {
-            if i == 1 {
-                // The page table changes between runs: what a run remembered must not carry over.
-                pt = PageTable::new();
-                map(&mut pt, &second);
-            }
-            let addrs = addresses(raw);
-            fast.run(&addrs, |va| pt.translate(va));
-            slow.run(&addrs, |va| pt.translate(va));
-            same(&fast, &slow)?;
-            if resets[i] {
-                fast.reset_stats();
-                slow.reset_stats();
-                same(&fast, &slow)?;
-            }
-        }
-        // Single accesses with a translation given directly.
-        for &(page, size) in &direct {
-            let size = PageSize::ALL[size];
-            let va = BASE + u64::from(page) * size.bytes();
-            let t = Translation { pa: 0, page_size: size, depth: 4 - (size as u32).saturating_sub(1) };
-            fast.access(va, t);
-            slow.access(va, t);
-        }
-        same(&fast, &slow)?;
+        fast.run(&addrs, deep);
+        slow.run(&addrs, deep);
+        assert_eq!(fast.stats(), slow.stats(), "{name}");
+        assert_eq!(fast.contents(), slow.contents(), "{name}");
     }
 }
 

@@ -6,14 +6,18 @@
 //! its tags at once (SSE2 on x86_64) into a bit mask and checking the full tag where one matches
 //! (no branch per way, so a random hit position costs no misprediction); a wider one (fully associative L1s of 72–256 entries, walk caches of up to
 //! 4096) through a hash index from tag to slot, which is exact because a tag always falls in the
-//! same set. LRU keeps a stamp per entry in narrow sets (the victim is the smallest stamp) and a
-//! doubly linked recency list per set in wide ones (the victim is the tail); the two give the same
-//! victim because no two entries of a set share a stamp. Entries are never invalidated, so a set
-//! fills its ways in order and the first empty way is the number of ways filled.
+//! same set. LRU keeps a recency order per narrow set — its ways as 4-bit numbers in one `u64`,
+//! most recent first — and a doubly linked recency list per set in wide ones (the victim is the
+//! tail). Entries are never invalidated, so a set fills its ways in order and the first empty way
+//! is the number of ways filled; a narrow LRU set's order starts as `ways-1, ..., 1, 0`, so its
+//! least recent way is always the next empty one until the set is full (touched ways move to the
+//! front, the untouched empty ones keep their order behind them), and a fill simply takes the
+//! least recent way.
 //!
 //! Invariants: a tag is held in at most one slot; `filled[s]` ways of set `s` hold tags, the
-//! rest are empty; in a narrow array the fingerprint of each filled way is that of its tag; in a
-//! wide array the index maps exactly the held tags to their slots and, under LRU, the recency
+//! rest are empty; in a narrow array the fingerprint of each filled way is that of its tag; a
+//! narrow LRU set's order holds each of its ways once (in its low `4 * ways` bits), filled ways
+//! by recency before the empty ones in way order from the back; in a wide array the index maps exactly the held tags to their slots and, under LRU, the recency
 //! list of a set links exactly its filled slots, most recent first; PLRU bits and round-robin
 //! pointers evolve exactly as in `super::reference`, slot for slot.
 
@@ -44,7 +48,7 @@ struct Fingerprints([u16; SCAN_WAYS]);
 /// The fingerprint of `tag` (its high bits after a multiplicative hash: tags of one set share
 /// their low page-number bits).
 #[inline(always)]
-fn fingerprint(tag: u64) -> u16 {
+pub(super) fn fingerprint(tag: u64) -> u16 {
     (tag.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 48) as u16
 }
 
@@ -150,9 +154,11 @@ pub(super) struct Array {
     fps: Box<[Fingerprints]>,
     /// Bits of the ways of a set (`ways` ones).
     way_bits: u32,
-    /// LRU in narrow sets: the clock of each slot's last use.
-    stamps: Box<[u64]>,
-    /// Per set: how many ways hold tags.
+    /// LRU in narrow sets: per set, its ways most recent first, 4 bits each ([`Order`]).
+    orders: Box<[u64]>,
+    /// Whether this is a narrow LRU array (the common case, with its own fast paths).
+    narrow_lru: bool,
+    /// Per set: how many ways hold tags (not kept for narrow LRU arrays, whose order knows).
     filled: Box<[u32]>,
     /// Per set: tree pseudo-LRU bits, or the next round-robin victim.
     meta: Box<[u64]>,
@@ -160,6 +166,11 @@ pub(super) struct Array {
     sets: usize,
     /// `sets - 1` when `sets` is a power of two.
     set_mask: Option<u64>,
+    /// Whether this array takes the chained kernel's narrow paths (narrow LRU over a power of
+    /// two of sets: [`Array::lookup_narrow`], [`Array::fill_narrow`]).
+    pub(super) kernel: bool,
+    /// `sets - 1` for a kernel array (0 otherwise).
+    kernel_mask: u64,
     replacement: Replacement,
     wide: Option<Box<Wide>>,
     pub(super) sizes_mask: u8,
@@ -180,12 +191,15 @@ impl Array {
             tags: vec![EMPTY; entries].into(),
             fps: vec![Fingerprints::default(); if wide { 0 } else { sets }].into(),
             way_bits: if wide { 0 } else { u32::MAX >> (32 - ways) },
-            stamps: vec![0; if narrow_lru { entries } else { 0 }].into(),
+            orders: vec![Order::initial(ways); if narrow_lru { sets } else { 0 }].into(),
+            narrow_lru,
             filled: vec![0; sets].into(),
             meta: vec![0; if has_meta { sets } else { 0 }].into(),
             ways,
             sets,
             set_mask: sets.is_power_of_two().then(|| sets as u64 - 1),
+            kernel: narrow_lru && sets.is_power_of_two(),
+            kernel_mask: if narrow_lru && sets.is_power_of_two() { sets as u64 - 1 } else { 0 },
             replacement,
             wide: wide.then(|| Box::new(Wide::new(entries, sets, replacement == Replacement::Lru))),
             sizes_mask,
@@ -218,11 +232,21 @@ impl Array {
 
     /// Looks `tag` (of page number `vpn`) up; a hit updates the replacement state.
     #[inline(always)]
-    pub(super) fn lookup(&mut self, tag: u64, vpn: u64, now: u64) -> bool {
+    pub(super) fn lookup(&mut self, tag: u64, vpn: u64) -> bool {
         let set = self.set_of(vpn);
+        if self.narrow_lru {
+            let base = set * self.ways;
+            return match find_narrow(&self.tags, &self.fps[set], self.way_bits, base, tag) {
+                Some(slot) => {
+                    self.orders[set] = Order::touch(self.orders[set], (slot - base) as u64);
+                    true
+                }
+                None => false,
+            };
+        }
         match self.find(set, tag) {
             Some(slot) => {
-                self.touch(set, slot, now);
+                self.touch(set, slot);
                 true
             }
             None => false,
@@ -231,21 +255,21 @@ impl Array {
 
     /// Looks `tag` up and inserts it on a miss (a walk cache); returns whether it hit.
     #[inline]
-    pub(super) fn lookup_fill(&mut self, tag: u64, now: u64) -> bool {
-        let hit = self.lookup(tag, tag, now);
+    pub(super) fn lookup_fill(&mut self, tag: u64) -> bool {
+        let hit = self.lookup(tag, tag);
         if !hit {
-            self.fill(tag, tag, now, &mut 0);
+            self.fill(tag, tag, &mut 0);
         }
         hit
     }
 
     /// Marks `slot` of `set` the most recently used.
     #[inline(always)]
-    fn touch(&mut self, set: usize, slot: usize, now: u64) {
+    fn touch(&mut self, set: usize, slot: usize) {
         match self.replacement {
             Replacement::Lru => match &mut self.wide {
                 Some(wide) => wide.make_most_recent(set, slot),
-                None => self.stamps[slot] = now,
+                None => self.orders[set] = Order::touch(self.orders[set], (slot - set * self.ways) as u64),
             },
             Replacement::Plru => {
                 // Walk the tree from the root towards the way, pointing each node away from it.
@@ -276,17 +300,7 @@ impl Array {
         match self.replacement {
             Replacement::Lru => match &self.wide {
                 Some(wide) => wide.tail[set] as usize - base,
-                None => {
-                    // The first smallest stamp (stamps of a full set are distinct anyway).
-                    let stamps = &self.stamps[base..base + ways];
-                    let (mut best, mut oldest) = (0, stamps[0]);
-                    for (w, &stamp) in stamps.iter().enumerate().skip(1) {
-                        if stamp < oldest {
-                            (best, oldest) = (w, stamp);
-                        }
-                    }
-                    best
-                }
+                None => Order::least_recent(self.orders[set], ways),
             },
             Replacement::Plru => {
                 let b = self.meta[set];
@@ -318,8 +332,11 @@ impl Array {
 
     /// Inserts `tag` (not held), evicting if its set is full; returns whether it evicted.
     #[inline(always)]
-    pub(super) fn fill(&mut self, tag: u64, vpn: u64, now: u64, rng: &mut u64) -> bool {
+    pub(super) fn fill(&mut self, tag: u64, vpn: u64, rng: &mut u64) -> bool {
         let set = self.set_of(vpn);
+        if self.narrow_lru {
+            return self.fill_narrow_lru(set, tag);
+        }
         let filled = self.filled[set] as usize;
         let (way, evicted) = if filled < self.ways {
             self.filled[set] += 1;
@@ -338,7 +355,7 @@ impl Array {
             }
             None => self.fps[set].0[way] = fingerprint(tag),
         }
-        self.touch(set, slot, now);
+        self.touch(set, slot);
         evicted
     }
 
@@ -364,11 +381,11 @@ impl Array {
                     continue;
                 }
                 lookups += 1;
-                if self.lookup(a.tag, a.tag >> 6, a.now) {
+                if self.lookup(a.tag, a.tag >> 6) {
                     hits += 1;
                     hit[j] = true;
                 } else {
-                    evictions += u64::from(self.fill(a.tag, a.tag >> 6, a.now, rng));
+                    evictions += u64::from(self.fill(a.tag, a.tag >> 6, rng));
                 }
             }
             (lookups, hits, evictions)
@@ -380,14 +397,57 @@ impl Array {
         *cycles = cycles.saturating_add(hits.saturating_mul(self.hit_cycles));
     }
 
+    /// [`Array::lookup`] for a kernel array, given the tag's fingerprint `fp`.
+    #[inline(always)]
+    pub(super) fn lookup_narrow(&mut self, tag: u64, vpn: u64, fp: u16) -> bool {
+        debug_assert!(self.kernel);
+        // A power of two of sets: the mask keeps the set below `sets`, the length of `fps` and
+        // `orders`, and its ways below `tags.len()`.
+        let set = (vpn & self.kernel_mask) as usize;
+        let base = set * self.ways;
+        assert!(set < self.fps.len() && set < self.orders.len() && base + self.ways <= self.tags.len());
+        let mut candidates = self.fps[set].matches(fp) & self.way_bits;
+        while candidates != 0 {
+            let way = candidates.trailing_zeros() as usize;
+            if self.tags[base + way] == tag {
+                self.orders[set] = Order::touch(self.orders[set], way as u64);
+                return true;
+            }
+            candidates &= candidates - 1;
+        }
+        false
+    }
+
+    /// [`Array::fill`] for a kernel array, given the tag's fingerprint `fp`.
+    #[inline(always)]
+    pub(super) fn fill_narrow(&mut self, tag: u64, vpn: u64, fp: u16) -> bool {
+        debug_assert!(self.kernel);
+        let set = (vpn & self.kernel_mask) as usize;
+        let order = self.orders[set];
+        let way = Order::least_recent(order, self.ways);
+        let old = std::mem::replace(&mut self.tags[set * self.ways + way], tag);
+        self.fps[set].0[way] = fp;
+        self.orders[set] = Order::refill(order, way as u64, self.ways);
+        old != EMPTY
+    }
+
+    /// Inserts `tag` (not held) into `set` of a narrow LRU array, in its least recent way (the
+    /// next empty one while the set is not full); returns whether it evicted.
+    #[inline(always)]
+    fn fill_narrow_lru(&mut self, set: usize, tag: u64) -> bool {
+        let order = self.orders[set];
+        let way = Order::least_recent(order, self.ways);
+        let old = std::mem::replace(&mut self.tags[set * self.ways + way], tag);
+        self.fps[set].0[way] = fingerprint(tag);
+        self.orders[set] = Order::refill(order, way as u64, self.ways);
+        old != EMPTY
+    }
+
     /// [`Array::pass`] for LRU over narrow sets, the common case, in one tight loop; returns
     /// (lookups, hits, evictions).
     fn pass_narrow_lru(&mut self, accesses: &[Access], reach: &[u32], hit: &mut [bool]) -> (u64, u64, u64) {
-        let (ways, sets, set_mask, sizes) = (self.ways, self.sets as u64, self.set_mask, self.sizes_mask);
+        let sizes = self.sizes_mask;
         let (mut lookups, mut hits, mut evictions) = (0, 0, 0);
-        let way_bits = self.way_bits;
-        let (tags, stamps, filled, fps) =
-            (&mut self.tags[..], &mut self.stamps[..], &mut self.filled[..], &mut self.fps[..]);
         for (j, &i) in reach.iter().enumerate() {
             let a = &accesses[i as usize];
             if sizes & size_bit(a.page) == 0 {
@@ -395,38 +455,96 @@ impl Array {
             }
             lookups += 1;
             let vpn = a.tag >> 6;
-            let set = match set_mask {
-                Some(mask) => (vpn & mask) as usize,
-                None => (vpn % sets) as usize,
-            };
-            let base = set * ways;
-            let set_tags = &mut tags[base..base + ways];
-            let set_stamps = &mut stamps[base..base + ways];
-            if let Some(w) = find_narrow(set_tags, &fps[set], way_bits, 0, a.tag) {
-                set_stamps[w] = a.now;
+            if self.lookup(a.tag, vpn) {
                 hits += 1;
                 hit[j] = true;
-                continue;
-            }
-            let f = filled[set] as usize;
-            let w = if f < ways {
-                filled[set] += 1;
-                f
             } else {
-                evictions += 1;
-                // The first smallest stamp (stamps of a full set are distinct anyway).
-                let (mut best, mut oldest) = (0, set_stamps[0]);
-                for (w, &stamp) in set_stamps.iter().enumerate().skip(1) {
-                    if stamp < oldest {
-                        (best, oldest) = (w, stamp);
-                    }
-                }
-                best
-            };
-            set_tags[w] = a.tag;
-            fps[set].0[w] = fingerprint(a.tag);
-            set_stamps[w] = a.now;
+                let set = self.set_of(vpn);
+                evictions += u64::from(self.fill_narrow_lru(set, a.tag));
+            }
         }
         (lookups, hits, evictions)
+    }
+}
+
+/// The recency order of a narrow LRU set: its ways (4 bits each, so at most 16) from the most
+/// recent in the low bits to the least recent at bits `4 * (ways - 1)`; bits above are unused.
+struct Order;
+
+/// A nibble of ones in every 4-bit lane.
+const NIBBLES_1: u64 = 0x1111_1111_1111_1111;
+
+impl Order {
+    /// The order of an empty set: `ways - 1` most recent, way 0 least recent (filled first).
+    fn initial(ways: usize) -> u64 {
+        (0..ways as u64).fold(0, |order, w| order | w << (4 * (ways as u64 - 1 - w)))
+    }
+
+    /// The least recent way.
+    #[inline(always)]
+    fn least_recent(order: u64, ways: usize) -> usize {
+        ((order >> (4 * (ways - 1))) & 15) as usize
+    }
+
+    /// `order` after a fill of its least recent way `way`: every way moves back one place and
+    /// `way` goes to the front.
+    #[inline(always)]
+    fn refill(order: u64, way: u64, ways: usize) -> u64 {
+        // Shifting by 4 * ways would overflow at 16 ways: shift twice.
+        let live = !((u64::MAX << (4 * (ways - 1))) << 4);
+        ((order << 4) & live) | way
+    }
+
+    /// `order` after a use of `way` (present in it): `way` moves to the front, the ways before
+    /// it back one place.
+    #[inline(always)]
+    fn touch(order: u64, way: u64) -> u64 {
+        // The lowest zero nibble of order ^ (way in every lane) is `way`'s place (the classic
+        // has-zero-byte test, exact for the lowest lane).
+        let x = order ^ way.wrapping_mul(NIBBLES_1);
+        let zeros = x.wrapping_sub(NIBBLES_1) & !x & (NIBBLES_1 << 3);
+        let place = zeros.trailing_zeros() / 4;
+        // Ways before `place` move up one lane; those after it stay.
+        let before = (1u64 << (4 * place)) - 1;
+        let after = !((before << 4) | 15);
+        (order & after) | ((order & before) << 4) | way
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Order;
+
+    /// The order as a list of ways, most recent first.
+    fn ways(order: u64, n: usize) -> Vec<u64> {
+        (0..n).map(|i| (order >> (4 * i)) & 15).collect()
+    }
+
+    #[test]
+    fn recency_order_moves_ways_to_the_front() {
+        for n in [1usize, 2, 3, 4, 8, 12, 15, 16] {
+            let mut order = Order::initial(n);
+            let mut model: Vec<u64> = (0..n as u64).rev().collect();
+            assert_eq!(ways(order, n), model);
+            let mut x = 12345u64;
+            for _ in 0..500 {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let way = if x >> 63 == 0 {
+                    let way = (x >> 40) % n as u64;
+                    order = Order::touch(order, way);
+                    model.retain(|&w| w != way);
+                    way
+                } else {
+                    let way = Order::least_recent(order, n) as u64;
+                    assert_eq!(way, model[n - 1]);
+                    order = Order::refill(order, way, n);
+                    model.pop();
+                    way
+                };
+                model.insert(0, way);
+                assert_eq!(ways(order, n), model, "{n} ways");
+                assert_eq!(order >> (4 * n - 1) >> 1, 0, "no bits above the ways");
+            }
+        }
     }
 }

@@ -29,7 +29,6 @@ const BATCH: usize = 4096;
 pub(super) struct Access {
     pub tag: u64,
     pub va: u64,
-    pub now: u64,
     pub page: PageSize,
     pub depth: u8,
 }
@@ -89,7 +88,7 @@ impl Tlb {
         }
         for &i in reach.iter() {
             let a = accesses[i as usize];
-            self.walk(a.va, u32::from(a.depth), a.now);
+            self.walk(a.va, u32::from(a.depth));
         }
         accesses.clear();
     }
@@ -132,19 +131,19 @@ impl Tlb {
         let mut cycles = self.stats.cycles;
         for &i in reach {
             let a = &accesses[i as usize];
-            let (tag, now) = (a.tag, a.now);
+            let tag = a.tag;
             match holders[a.page as usize] {
                 [] => pass.push(i),
                 &[ai] => {
                     let ai = ai as usize;
                     let (array, c) = (&mut self.arrays[ai], &mut self.counters[ai]);
                     c.lookups += 1;
-                    if array.lookup(tag, tag >> 6, now) {
+                    if array.lookup(tag, tag >> 6) {
                         c.hits += 1;
                         cycles = cycles.saturating_add(array.hit_cycles);
                     } else {
                         c.misses += 1;
-                        c.evictions += u64::from(array.fill(tag, tag >> 6, now, &mut self.rng));
+                        c.evictions += u64::from(array.fill(tag, tag >> 6, &mut self.rng));
                         pass.push(i);
                     }
                 }
@@ -154,7 +153,7 @@ impl Tlb {
                         let ai = ai as usize;
                         let (array, c) = (&mut self.arrays[ai], &mut self.counters[ai]);
                         c.lookups += 1;
-                        if array.lookup(tag, tag >> 6, now) {
+                        if array.lookup(tag, tag >> 6) {
                             c.hits += 1;
                             cycles = cycles.saturating_add(array.hit_cycles);
                             hit = true;
@@ -165,7 +164,7 @@ impl Tlb {
                     if !hit {
                         for &ai in several {
                             let ai = ai as usize;
-                            if self.arrays[ai].fill(tag, tag >> 6, now, &mut self.rng) {
+                            if self.arrays[ai].fill(tag, tag >> 6, &mut self.rng) {
                                 self.counters[ai].evictions += 1;
                             }
                         }

@@ -11,7 +11,14 @@
 //! Invariants: `Chains::of[p]` lists exactly the arrays of `Tlb::plans[p]`, one per level, in
 //! level order; a chain is used only when `Tlb::chained` (no level has two arrays for one size).
 
-use super::{PageSize, Tlb};
+use super::array::{EMPTY, fingerprint};
+use super::memo::{DEEP, Known};
+use super::{PageSize, Pages, Tlb, Translation};
+
+/// The kind bits of a packed translation (0: a page).
+const KIND: u32 = 3 << 6;
+/// log2 of each page size's bytes, by `PageSize as usize`.
+const PAGE_SHIFT: [u32; 4] = [12, 16, 21, 30];
 
 /// One link of a chain: an array index.
 pub(super) type Link = u8;
@@ -44,7 +51,7 @@ impl Tlb {
     /// Simulates one access along its page size's chain (the hierarchy is chained): the same
     /// state changes, in the same order, as [`Tlb::simulate`].
     #[inline(always)]
-    pub(super) fn simulate_chained(&mut self, tag: u64, va: u64, now: u64, page: PageSize, depth: u32) {
+    pub(super) fn simulate_chained(&mut self, tag: u64, va: u64, page: PageSize, depth: u32) {
         let vpn = tag >> 6;
         let chain = &self.chains.of[page as usize];
         let mut reached = chain.len();
@@ -52,7 +59,7 @@ impl Tlb {
             let ai = ai as usize;
             let (a, c) = (&mut self.arrays[ai], &mut self.counters[ai]);
             c.lookups += 1;
-            if a.lookup(tag, vpn, now) {
+            if a.lookup(tag, vpn) {
                 c.hits += 1;
                 self.stats.cycles = self.stats.cycles.saturating_add(a.hit_cycles);
                 reached = i;
@@ -61,14 +68,142 @@ impl Tlb {
             c.misses += 1;
         }
         if reached == chain.len() {
-            self.walk(va, depth, now);
+            self.walk(va, depth);
         }
         let chain = &self.chains.of[page as usize];
         for &ai in &chain[..reached] {
             let ai = ai as usize;
-            if self.arrays[ai].fill(tag, vpn, now, &mut self.rng) {
+            if self.arrays[ai].fill(tag, vpn, &mut self.rng) {
                 self.counters[ai].evictions += 1;
             }
         }
     }
+}
+
+impl Tlb {
+    /// [`Tlb::run`] for a hierarchy that is chained and whose arrays are all narrow LRU over a
+    /// power of two of sets (every preset but those with wide L1s): one loop that translates
+    /// through the memo, counts repeats of the previous access's page as L1 hits, and simulates
+    /// the rest along their chain with the arrays' narrow paths. Counts exactly what
+    /// [`Tlb::run_general`] counts, state change for state change.
+    pub(super) fn run_kernel(
+        &mut self,
+        addresses: &[u64],
+        pages: &mut Pages<'_>,
+        translate: &impl Fn(u64) -> Option<Translation>,
+    ) {
+        // Per page size: accesses simulated, and per link of its chain hits and evictions (the
+        // lookups follow: every simulated access looks up the first link, every miss the next).
+        let mut tally = Tally::default();
+        // The previous access's entry and the L1 arrays holding it (`EMPTY` when none does),
+        // and its page (`va - lo < len`): a repeat is an L1 hit on the most recent entry.
+        let (mut last_tag, mut last_mask) = self.last.unwrap_or((EMPTY, 0));
+        let (mut lo, mut len) = (0u64, 0u64);
+        let (mut streak, mut faults) = (0u64, 0u64);
+        for &va in addresses {
+            if va.wrapping_sub(lo) < len {
+                streak += 1;
+                continue;
+            }
+            let bits = pages.resolve_packed(va, translate);
+            if bits & KIND != 0 {
+                if bits == DEEP {
+                    // A depth too large to remember (never from a page table): simulated as
+                    // the general path does.
+                    let Known::Page { page, depth, group } = pages.ask(va, translate) else { unreachable!() };
+                    self.count_l1_hits(last_mask, std::mem::take(&mut streak));
+                    self.last = (last_tag != EMPTY).then_some((last_tag, last_mask));
+                    if let Some(a) = self.admit(va, page, depth, group) {
+                        self.simulate_chained(a.tag, va, page, depth);
+                    }
+                    self.stats.accesses -= 1; // counted with the others at the end
+                    (last_tag, last_mask) = self.last.unwrap_or((EMPTY, 0));
+                    (lo, len) = (0, 0);
+                    continue;
+                }
+                faults += 1;
+                continue;
+            }
+            let (page, depth) = (PageSize::ALL[(bits & 3) as usize], bits >> 8);
+            let tag = ((va >> (PAGE_SHIFT[(bits & 3) as usize] + ((bits >> 2) & 15))) << 6) | u64::from(bits & 63);
+            if tag != last_tag {
+                if streak != 0 {
+                    self.count_l1_hits(last_mask, streak);
+                    streak = 0;
+                }
+                let l1_mask = self.plans[page as usize].l1_mask;
+                (last_tag, last_mask) = if l1_mask != 0 { (tag, l1_mask) } else { (EMPTY, 0) };
+                if !self.simulate_kernel(&mut tally, tag, page) {
+                    self.walk(va, depth);
+                }
+            } else {
+                // Another page of the previous access's (coalesced) entry.
+                streak += 1;
+            }
+            (lo, len) = if last_tag == EMPTY { (0, 0) } else { (va & !(page.bytes() - 1), page.bytes()) };
+        }
+        self.count_l1_hits(last_mask, streak);
+        self.last = (last_tag != EMPTY).then_some((last_tag, last_mask));
+        self.stats.accesses += addresses.len() as u64 - faults;
+        self.stats.faults += faults;
+        for (p, chain) in self.chains.of.iter().enumerate() {
+            let mut reach = tally.simulated[p];
+            for (i, &ai) in chain.iter().enumerate() {
+                let (a, c) = (&self.arrays[ai as usize], &mut self.counters[ai as usize]);
+                let hits = tally.hits[p][i];
+                c.lookups += reach;
+                c.hits += hits;
+                c.misses += reach - hits;
+                c.evictions += tally.evictions[p][i];
+                self.stats.cycles = self.stats.cycles.saturating_add(hits.saturating_mul(a.hit_cycles));
+                reach -= hits;
+            }
+        }
+    }
+
+    /// Simulates one access along its chain of kernel arrays, counting into `tally`; returns
+    /// whether a link hit (otherwise the caller walks).
+    #[inline(always)]
+    fn simulate_kernel(&mut self, tally: &mut Tally, tag: u64, page: PageSize) -> bool {
+        let (vpn, fp, p) = (tag >> 6, fingerprint(tag), page as usize);
+        let chain = &self.chains.of[p][..];
+        tally.simulated[p] += 1;
+        if let &[l1, l2] = chain {
+            // Two levels (the common shape), unrolled.
+            let (l1, l2) = (l1 as usize, l2 as usize);
+            if self.arrays[l1].lookup_narrow(tag, vpn, fp) {
+                tally.hits[p][0] += 1;
+                return true;
+            }
+            let hit = self.arrays[l2].lookup_narrow(tag, vpn, fp);
+            if hit {
+                tally.hits[p][1] += 1;
+            } else {
+                tally.evictions[p][1] += u64::from(self.arrays[l2].fill_narrow(tag, vpn, fp));
+            }
+            tally.evictions[p][0] += u64::from(self.arrays[l1].fill_narrow(tag, vpn, fp));
+            return hit;
+        }
+        let mut reached = chain.len();
+        for (i, &ai) in chain.iter().enumerate() {
+            if self.arrays[ai as usize].lookup_narrow(tag, vpn, fp) {
+                tally.hits[p][i & 3] += 1;
+                reached = i;
+                break;
+            }
+        }
+        for (i, &ai) in chain[..reached].iter().enumerate() {
+            tally.evictions[p][i & 3] += u64::from(self.arrays[ai as usize].fill_narrow(tag, vpn, fp));
+        }
+        reached < chain.len()
+    }
+}
+
+/// What [`Tlb::run_kernel`] counts, per page size and link (a chain has at most 4 links: one a
+/// level).
+#[derive(Default)]
+struct Tally {
+    simulated: [u64; 4],
+    hits: [[u64; 4]; 4],
+    evictions: [[u64; 4]; 4],
 }

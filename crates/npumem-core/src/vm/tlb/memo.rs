@@ -13,6 +13,11 @@
 
 use crate::vm::PageSize;
 
+/// Packed: a fault, a split region; kinds sit in bits 6-7.
+pub(super) const FAULT: u32 = 1 << 6;
+const SPLIT: u32 = 2 << 6;
+/// Not stored: what `Pages::resolve_packed` says of a page whose depth does not fit 24 bits.
+pub(super) const DEEP: u32 = 3 << 6;
 const REGION_SHIFT: u32 = 21;
 const GRANULE_SHIFT: u32 = 12;
 /// 2 MiB regions remembered: 8 GiB mapped with huge or giant pages without a conflict.
@@ -31,11 +36,41 @@ pub(super) enum Known {
     Split,
 }
 
+/// A slot: 16 aligned bytes, what is known packed in one word (`Known::pack`), so a lookup reads
+/// it in one load.
 #[derive(Clone, Copy, Debug)]
 struct Slot {
     key: u64,
     generation: u32,
-    known: Known,
+    known: u32,
+}
+
+impl Known {
+    /// Bits 0-1 the page size, 2-5 log2 of the group (a power of two up to 512), 6-7 the kind
+    /// (page, fault, split), 8-31 the depth (`None` for a depth that does not fit: not
+    /// remembered).
+    pub(super) fn pack(self) -> Option<u32> {
+        match self {
+            Known::Page { page, depth, group } => {
+                (depth < 1 << 24).then(|| page as u32 | group.trailing_zeros() << 2 | depth << 8)
+            }
+            Known::Fault => Some(FAULT),
+            Known::Split => Some(SPLIT),
+        }
+    }
+
+    #[inline(always)]
+    pub(super) fn unpack(bits: u32) -> Self {
+        match (bits >> 6) & 3 {
+            0 => Known::Page {
+                page: PageSize::ALL[(bits & 3) as usize],
+                depth: bits >> 8,
+                group: 1 << ((bits >> 2) & 15),
+            },
+            1 => Known::Fault,
+            _ => Known::Split,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -52,7 +87,7 @@ fn slot_of(key: u64, bits: u32) -> usize {
 
 impl Memo {
     pub(super) fn new() -> Self {
-        let empty = Slot { key: 0, generation: 0, known: Known::Fault };
+        let empty = Slot { key: 0, generation: 0, known: FAULT };
         Memo { generation: 0, regions: vec![empty; 1 << REGION_BITS], granules: vec![empty; 1 << GRANULE_BITS] }
     }
 
@@ -66,15 +101,15 @@ impl Memo {
         }
     }
 
-    /// What this run knows of `va`'s page, if anything.
-    #[inline]
-    pub(super) fn get(&self, va: u64) -> Option<Known> {
+    /// What this run knows of `va`'s page, packed ([`Known::pack`]), if anything.
+    #[inline(always)]
+    pub(super) fn get_packed(&self, va: u64) -> Option<u32> {
         let region = va >> REGION_SHIFT;
         let r = self.regions[slot_of(region, REGION_BITS)];
         if r.generation != self.generation || r.key != region {
             return None;
         }
-        if r.known != Known::Split {
+        if r.known != SPLIT {
             return Some(r.known);
         }
         let granule = va >> GRANULE_SHIFT;
@@ -82,17 +117,25 @@ impl Memo {
         (g.generation == self.generation && g.key == granule).then_some(g.known)
     }
 
-    /// Remembers what `translate` said of `va` (`Known::Page` or `Known::Fault`).
+    /// What this run knows of `va`'s page, if anything.
+    #[inline(always)]
+    pub(super) fn get(&self, va: u64) -> Option<Known> {
+        self.get_packed(va).map(Known::unpack)
+    }
+
+    /// Remembers what `translate` said of `va` (`Known::Page` or `Known::Fault`; a page whose
+    /// depth does not fit a slot is not remembered).
     #[inline]
     pub(super) fn put(&mut self, va: u64, known: Known) {
+        let Some(packed) = known.pack() else { return };
         let generation = self.generation;
         let region = va >> REGION_SHIFT;
         let whole = matches!(known, Known::Page { page: PageSize::Size2M | PageSize::Size1G, .. });
         self.regions[slot_of(region, REGION_BITS)] =
-            Slot { key: region, generation, known: if whole { known } else { Known::Split } };
+            Slot { key: region, generation, known: if whole { packed } else { SPLIT } };
         if !whole {
             let granule = va >> GRANULE_SHIFT;
-            self.granules[slot_of(granule, GRANULE_BITS)] = Slot { key: granule, generation, known };
+            self.granules[slot_of(granule, GRANULE_BITS)] = Slot { key: granule, generation, known: packed };
         }
     }
 }

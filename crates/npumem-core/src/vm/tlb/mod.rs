@@ -86,7 +86,6 @@ pub struct Tlb {
     /// Page-walk caches of table levels 0, 1, 2 (none where the configuration has 0 entries).
     walk_caches: [Option<Array>; 3],
     stats: TlbStats,
-    now: u64,
     rng: u64,
     /// The tag of the previous access and the L1 arrays that hold it: another access to the
     /// same page is an L1 hit that changes no replacement state (it is already the most recent
@@ -98,6 +97,9 @@ pub struct Tlb {
     /// `run` simulates access by access along them: [`chain`]).
     chains: Chains,
     chained: bool,
+    /// Whether `run` takes the chained kernel (chained, every array narrow LRU over a power of
+    /// two of sets: [`chain`]).
+    kernel: bool,
 }
 
 /// The arrays that hold one page size, in lookup order.
@@ -148,6 +150,7 @@ impl Tlb {
             })
             .collect();
         let (chains, chained) = Chains::new(&plans);
+        let kernel = chained && arrays.iter().all(|a| a.kernel);
         let stats = TlbStats {
             arrays: config.levels.iter().map(|l| vec![ArrayStats::default(); l.len()]).collect(),
             ..Default::default()
@@ -161,10 +164,10 @@ impl Tlb {
             split,
             walk_caches,
             stats,
-            now: 0,
             rng: 0x9E37_79B9_7F4A_7C15,
             last: None,
             memo: None,
+            kernel,
             chains,
             chained,
         })
@@ -216,7 +219,7 @@ impl Tlb {
 
     /// Counts one access whose entry covers `group` contiguous pages (a power of two): another
     /// access to the previous access's entry, held in L1, is counted as an L1 hit at once;
-    /// anything else is returned to be simulated, stamped with the next clock tick.
+    /// anything else is returned to be simulated.
     #[inline]
     fn admit(&mut self, va: u64, page: PageSize, depth: u32, group: u32) -> Option<Access> {
         self.stats.accesses += 1;
@@ -229,15 +232,14 @@ impl Tlb {
                 return None;
             }
         }
-        self.now += 1;
         let l1_mask = self.plans[page as usize].l1_mask;
         self.last = (l1_mask != 0).then_some((tag, l1_mask));
-        Some(Access { tag, va, now: self.now, page, depth: depth as u8 })
+        Some(Access { tag, va, page, depth: depth as u8 })
     }
 
     /// Simulates `access` through every level, then the walk (the order of the reference model).
     fn simulate(&mut self, access: Access) {
-        let Access { tag, now, page, .. } = access;
+        let Access { tag, page, .. } = access;
         let vpn = tag >> 6;
         let plan = &self.plans[page as usize];
         let mut start = 0;
@@ -247,7 +249,7 @@ impl Tlb {
                 let ai = ai as usize;
                 let (a, c) = (&mut self.arrays[ai], &mut self.counters[ai]);
                 c.lookups += 1;
-                if a.lookup(tag, vpn, now) {
+                if a.lookup(tag, vpn) {
                     c.hits += 1;
                     self.stats.cycles = self.stats.cycles.saturating_add(a.hit_cycles);
                     hit = true;
@@ -257,34 +259,34 @@ impl Tlb {
             }
             if hit {
                 // Fill the closer levels (inclusive hierarchy).
-                self.fill(page, start, tag, now);
+                self.fill(page, start, tag);
                 return;
             }
             start = end;
         }
-        self.walk(access.va, u32::from(access.depth), now);
-        self.fill(page, start, tag, now);
+        self.walk(access.va, u32::from(access.depth));
+        self.fill(page, start, tag);
     }
 
     /// Fills `tag` into the first `n` arrays of `page`'s plan.
     #[inline]
-    fn fill(&mut self, page: PageSize, n: usize, tag: u64, now: u64) {
+    fn fill(&mut self, page: PageSize, n: usize, tag: u64) {
         for &ai in &self.plans[page as usize].arrays[..n] {
             let ai = ai as usize;
-            if self.arrays[ai].fill(tag, tag >> 6, now, &mut self.rng) {
+            if self.arrays[ai].fill(tag, tag >> 6, &mut self.rng) {
                 self.counters[ai].evictions += 1;
             }
         }
     }
 
-    /// A page walk of `depth` descriptor reads at clock `now`; the walk caches skip the upper ones.
+    /// A page walk of `depth` descriptor reads; the walk caches skip the upper ones.
     #[inline]
-    fn walk(&mut self, va: u64, depth: u32, now: u64) {
+    fn walk(&mut self, va: u64, depth: u32) {
         self.stats.walks += 1;
         // Table levels above the leaf: depth 4 → tables 0,1,2; depth 3 → 0,1; depth 2 → 0.
         let tables = (depth as usize).saturating_sub(1).min(3);
         let mut probe = |level: usize| {
-            self.walk_caches[level].as_mut().is_some_and(|c| c.lookup_fill(va >> WALK_CACHE_SHIFT[level], now))
+            self.walk_caches[level].as_mut().is_some_and(|c| c.lookup_fill(va >> WALK_CACHE_SHIFT[level]))
         };
         let mut skipped = 0;
         for level in (0..tables).rev() {
@@ -315,10 +317,25 @@ impl Tlb {
     pub fn run(&mut self, addresses: &[u64], translate: impl Fn(u64) -> Option<Translation>) {
         let mut memo = self.memo.take().unwrap_or_else(|| Box::new(Memo::new()));
         memo.start_run();
+        let mut pages = Pages { memo: &mut memo, groups: FxHashMap::default(), coalesce: self.config.coalesce };
+        if self.kernel {
+            self.run_kernel(addresses, &mut pages, &translate);
+        } else {
+            self.run_general(addresses, &mut pages, &translate);
+        }
+        self.memo = Some(memo);
+        self.publish();
+    }
+
+    /// [`Tlb::run`] for any hierarchy: accesses that need simulating go along their chain
+    /// (chained hierarchies) or into batches.
+    fn run_general(
+        &mut self,
+        addresses: &[u64],
+        pages: &mut Pages<'_>,
+        translate: &impl Fn(u64) -> Option<Translation>,
+    ) {
         let mut batch = Batch::default();
-        // Pages one coalesced entry covers, per (unit, page size), for this call.
-        let mut groups: FxHashMap<(u64, PageSize), u32> = FxHashMap::default();
-        let k = self.config.coalesce;
         // (page start, page end, page size, depth, pages its entry covers) of the last translation.
         let mut last: Option<(u64, u64, PageSize, u32, u32)> = None;
         // Fast path: an access to the same page as the previous one is an L1 hit on the most
@@ -333,41 +350,21 @@ impl Tlb {
             self.flush_streak(&mut streak);
             let (page, depth, group) = match last {
                 Some((lo, hi, page, depth, group)) if va >= lo && va < hi => (page, depth, group),
-                _ => {
-                    let known = memo.get(va).unwrap_or_else(|| {
-                        let known = match translate(va) {
-                            Some(t) => {
-                                let group = if k > 1 {
-                                    let unit = va / (t.page_size.bytes() * k as u64);
-                                    *groups
-                                        .entry((unit, t.page_size))
-                                        .or_insert_with(|| if coalescible(va, t, k, &translate) { k } else { 1 })
-                                } else {
-                                    1
-                                };
-                                Known::Page { page: t.page_size, depth: t.depth, group }
-                            }
-                            None => Known::Fault,
-                        };
-                        memo.put(va, known);
-                        known
-                    });
-                    match known {
-                        Known::Page { page, depth, group } => {
-                            let lo = va & !(page.bytes() - 1);
-                            last = Some((lo, lo + page.bytes(), page, depth, group));
-                            (page, depth, group)
-                        }
-                        Known::Fault | Known::Split => {
-                            self.stats.faults += 1;
-                            continue;
-                        }
+                _ => match pages.resolve(va, translate) {
+                    Known::Page { page, depth, group } => {
+                        let lo = va & !(page.bytes() - 1);
+                        last = Some((lo, lo + page.bytes(), page, depth, group));
+                        (page, depth, group)
                     }
-                }
+                    Known::Fault | Known::Split => {
+                        self.stats.faults += 1;
+                        continue;
+                    }
+                },
             };
             if let Some(access) = self.admit(va, page, depth, group) {
                 if self.chained {
-                    self.simulate_chained(access.tag, va, access.now, page, depth);
+                    self.simulate_chained(access.tag, va, page, depth);
                 } else if batch.push(access) {
                     self.drain(&mut batch);
                 }
@@ -380,8 +377,6 @@ impl Tlb {
         }
         self.flush_streak(&mut streak);
         self.drain(&mut batch);
-        self.memo = Some(memo);
-        self.publish();
     }
 
     /// Counts `streak` fast-path L1 hits on the arrays holding the last entry.
@@ -439,6 +434,60 @@ impl Tlb {
                     .sum()
             })
             .collect()
+    }
+}
+
+/// What a run knows of pages: the memo of its translations and, with coalescing, how many pages
+/// each entry covers.
+struct Pages<'a> {
+    memo: &'a mut Memo,
+    /// Pages one coalesced entry covers, per (unit, page size), for this call.
+    groups: FxHashMap<(u64, PageSize), u32>,
+    coalesce: u32,
+}
+
+impl Pages<'_> {
+    /// What `va`'s page is (`Known::Page` or `Known::Fault`): from the memo, or asked of
+    /// `translate` once and remembered.
+    #[inline(always)]
+    fn resolve(&mut self, va: u64, translate: &impl Fn(u64) -> Option<Translation>) -> Known {
+        match self.memo.get(va) {
+            Some(known) => known,
+            None => self.ask(va, translate),
+        }
+    }
+
+    /// [`Pages::resolve`], packed ([`Known::pack`]): bits 0-5 are the low bits of the page's
+    /// TLB tag, bits 6-7 the kind, 8-31 the depth; `DEEP` for a page whose depth does not fit.
+    #[inline(always)]
+    fn resolve_packed(&mut self, va: u64, translate: &impl Fn(u64) -> Option<Translation>) -> u32 {
+        match self.memo.get_packed(va) {
+            Some(bits) => bits,
+            None => self.ask(va, translate).pack().unwrap_or(memo::DEEP),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn ask(&mut self, va: u64, translate: &impl Fn(u64) -> Option<Translation>) -> Known {
+        let k = self.coalesce;
+        let known = match translate(va) {
+            Some(t) => {
+                let group = if k > 1 {
+                    let unit = va / (t.page_size.bytes() * k as u64);
+                    *self
+                        .groups
+                        .entry((unit, t.page_size))
+                        .or_insert_with(|| if coalescible(va, t, k, translate) { k } else { 1 })
+                } else {
+                    1
+                };
+                Known::Page { page: t.page_size, depth: t.depth, group }
+            }
+            None => Known::Fault,
+        };
+        self.memo.put(va, known);
+        known
     }
 }
 
