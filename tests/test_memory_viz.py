@@ -181,7 +181,7 @@ def run_memory_viz(path: Path, snap: dict, tmp: Path) -> None:
     _viz("segment_plot", str(path), "-o", str(tmp / "segments.html"))
     # segments / memory: the flamegraph's folded lines tile every segment.
     home = _flamegraph_home(tmp)
-    if home is not None:
+    if home is not None and segs:  # no segment, no stack: the flamegraph script exits 2, for PyTorch's too
         for cmd in ("segments", "memory"):
             svg = tmp / f"{cmd}.svg"
             _viz(cmd, str(path), "-o", str(svg), home=home)
