@@ -63,7 +63,7 @@ def find_memory_viz() -> tuple[str | None, str]:
         return env, f"NPUMEM_MEMORY_VIZ={env}"
     spec = importlib.util.find_spec("torch")
     if spec is not None and spec.submodule_search_locations:
-        path = os.path.join(list(spec.submodule_search_locations)[0], "cuda", "_memory_viz.py")
+        path = os.path.join(next(iter(spec.submodule_search_locations)), "cuda", "_memory_viz.py")
         if os.path.isfile(path):
             return path, f"torch at {path}"
     return None, (

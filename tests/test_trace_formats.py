@@ -227,7 +227,7 @@ def test_a_segment_is_released_after_the_frees_of_its_blocks(family):
     bad = pickle.loads(pickle.dumps(snap))
     t = bad["device_traces"][0]
     t[j], t[k] = t[k], t[j]
-    with pytest.raises(InvalidParamError, match="not inside memory mapped|no live block|still mapped"):
+    with pytest.raises(InvalidParamError, match=r"not inside memory mapped|no live block|still mapped"):
         check_snapshot(bad)
 
 
