@@ -427,7 +427,7 @@ def _host_html(host: dict[str, Any] | None, source: str) -> str:
     if host is None:
         return (
             '<p class="note">No host measurement given: <code>make bench-pagesize</code> measures 4 KiB against '
-            "2 MiB pages on this machine's memory (a pointer chase and tiled GEMMs) and writes "
+            "2 MiB pages on this machine's memory (a pointer chase, tiled GEMMs and the study's patterns) and writes "
             "<code>target/bench-pagesize.json</code>; pass it with <code>npumem report DIR --host-pagesize "
             "target/bench-pagesize.json</code> to set it beside the model here.</p>"
         )
