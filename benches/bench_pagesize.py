@@ -570,9 +570,8 @@ def measure_study(
         row = dict(
             zip(
                 head,
-                [pattern, fp, len(out), round(m4, 3), round(m2, 3), round(m4 - m2, 3)]
-                + [winner({"4KiB": m4, "2MiB": m2}), round(c4, 3), round(c2, 3)]
-                + [round((c4 - c2) / ghz, 3), round((k4 - k2) / ghz, 3)],
+                [pattern, fp, len(out), *(round(v, 3) for v in (m4, m2, m4 - m2)), winner({"4KiB": m4, "2MiB": m2})]
+                + [round(v, 3) for v in (c4, c2, (c4 - c2) / ghz, (k4 - k2) / ghz)],
                 strict=True,
             )
         )

@@ -63,7 +63,7 @@ def find_memory_viz() -> tuple[str | None, str]:
         return env, f"NPUMEM_MEMORY_VIZ={env}"
     spec = importlib.util.find_spec("torch")
     if spec is not None and spec.submodule_search_locations:
-        path = os.path.join(list(spec.submodule_search_locations)[0], "cuda", "_memory_viz.py")
+        path = os.path.join(next(iter(spec.submodule_search_locations)), "cuda", "_memory_viz.py")
         if os.path.isfile(path):
             return path, f"torch at {path}"
     return None, (
@@ -181,7 +181,7 @@ def run_memory_viz(path: Path, snap: dict, tmp: Path) -> None:
     _viz("segment_plot", str(path), "-o", str(tmp / "segments.html"))
     # segments / memory: the flamegraph's folded lines tile every segment.
     home = _flamegraph_home(tmp)
-    if home is not None:
+    if home is not None and segs:  # no segment, no stack: the flamegraph script exits 2, for PyTorch's too
         for cmd in ("segments", "memory"):
             svg = tmp / f"{cmd}.svg"
             _viz(cmd, str(path), "-o", str(svg), home=home)

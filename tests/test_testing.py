@@ -113,7 +113,9 @@ class _Wrapped:
 
 @pytest.mark.parametrize(
     ("how", "message"),
-    [("misaligned", "alignment 16"), ("same", "inside the live block|overlapping"), ("stats", "live blocks")],
+    # "same" hands out a block it freed: an overlap when the block is live, else stats that count
+    # fewer bytes than are live (hypothesis may meet either first; its example database replays it).
+    [("misaligned", "alignment 16"), ("same", "inside the live block|overlapping|stats say"), ("stats", "live blocks")],
 )
 def test_machine_catches_broken_promises(how, message):
     with pytest.raises(AllocatorCheckError, match=message):

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _args, _files, _native
+from . import _args, _native
 from .enums import Policy
 from .errors import InvalidParamError, invalid_param
 from .sanitizer import Finding

@@ -419,7 +419,9 @@ def _host_pattern_html(host: dict[str, Any] | None, pattern: str, sel: list[dict
         f"within {100 * TIE:.0f}% of the best time), the sweep's winner between the same two page sizes for each "
         "preset at that footprint, and the host preset's predicted saving (translation cycles, as published and "
         "calibrated to the machine's pointer chase). The reads are independent loads, so the CPU overlaps "
-        "their misses and walks: the measured saving is at most the predicted one.</p>" + _table(rows, left=0)
+        "their misses and walks; in a virtual machine each walk is two-dimensional (guest and host tables), "
+        "which the model does not represent, so a walk that misses the caches costs far more than it "
+        "predicts.</p>" + _table(rows, left=0)
     )
 
 
@@ -427,7 +429,7 @@ def _host_html(host: dict[str, Any] | None, source: str) -> str:
     if host is None:
         return (
             '<p class="note">No host measurement given: <code>make bench-pagesize</code> measures 4 KiB against '
-            "2 MiB pages on this machine's memory (a pointer chase and tiled GEMMs) and writes "
+            "2 MiB pages on this machine's memory (a pointer chase, tiled GEMMs and the study's patterns) and writes "
             "<code>target/bench-pagesize.json</code>; pass it with <code>npumem report DIR --host-pagesize "
             "target/bench-pagesize.json</code> to set it beside the model here.</p>"
         )

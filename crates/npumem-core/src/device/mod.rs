@@ -487,7 +487,9 @@ impl Device {
     /// A free is recorded before the segment events the allocator made while taking the block back
     /// (a segment is released after the blocks in it, as PyTorch's traces and memory_viz have it):
     /// those wait in the allocator's log until the next entry or `history()`, so a batch of frees
-    /// lists every block's free before the segments it emptied.
+    /// lists every block's free before the segments it emptied. They carry the stream of the first
+    /// free since the last flush (a run of frees on several streams gives its segment events the
+    /// first one's).
     #[inline]
     fn trace(&mut self, action: Action, addr: u64, size: u64, stream: StreamId) {
         if self.history.is_none() {
