@@ -8,7 +8,6 @@ import gc
 
 import numpy as np
 import pytest
-
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
