@@ -174,3 +174,24 @@ class BufferAgainstMallocFree(RuleBasedStateMachine):
 
 TestBufferAgainstMallocFree = BufferAgainstMallocFree.TestCase
 TestBufferAgainstMallocFree.settings = settings(max_examples=30, stateful_step_count=30, deadline=None)
+
+
+def test_device_subclasses_dispatch_native_methods_as_their_own():
+    """`Device` and its subclasses call the native methods through descriptors of their own
+    (which CPython specialises), and keep every method they override."""
+    assert npumem.Device.__dict__["buffer"].__objclass__ is npumem.Device
+
+    class Counting(npumem.Device):
+        def malloc(self, size, *args, **kwargs):
+            self.calls = getattr(self, "calls", 0) + 1
+            return super().malloc(size, *args, **kwargs)
+
+    assert Counting.__dict__["free"].__objclass__ is Counting
+    assert Counting.__dict__["malloc"].__qualname__.endswith("Counting.malloc")
+    dev = Counting("64MiB")
+    dev.free(dev.malloc(64))
+    assert dev.calls == 1 and dev.stats()["live_count"] == 0
+    with pytest.raises(TypeError):
+        Counting.free(npumem.Device("64MiB"), 1)  # a descriptor of Counting takes only Countings
+    with pytest.raises(TypeError, match="subclass"):
+        npumem._native._bind_methods(int)
