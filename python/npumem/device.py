@@ -70,6 +70,10 @@ class Device(_native.Device):
     AscendCL ``code``.
     """
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _native._bind_methods(cls)
+
     def write(self, ptr: int, buffer: Any, stream: int | None = None) -> None:
         """Writes the bytes of ``buffer`` (bytes-like, or a numpy array or scalar of any layout) at
         ``ptr``; with ``stream``, queued on it and completed before returning (pageable memory)."""
@@ -271,3 +275,8 @@ class Device(_native.Device):
     def page_of(self, ptr: int) -> int:
         """The page size (bytes) backing the allocation at ``ptr``."""
         return self.translate(ptr)[1]
+
+
+# Native methods dispatched as fast on Device (and its subclasses, `__init_subclass__`) as on the
+# native class: descriptors of its own, which CPython specialises (see dispatch.rs).
+_native._bind_methods(Device)

@@ -4,6 +4,7 @@
 mod buffer;
 mod convert;
 mod device;
+mod dispatch;
 mod errors;
 mod export;
 mod hostpool;
@@ -40,6 +41,9 @@ mod _native {
 
     #[pymodule_export]
     use crate::device::cost_preset;
+
+    #[pymodule_export]
+    use crate::dispatch::_bind_methods;
 
     #[pymodule_export]
     use crate::kernels::{chase, gemm_tiled};

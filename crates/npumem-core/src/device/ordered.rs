@@ -175,11 +175,11 @@ impl Device {
         // The free's point: after the given stream's work so far, or after the block's own
         // stream's and every recorded stream's; never before the work that touches it.
         let ready = match stream {
-            Some(s) => self.sched.tail_ns(s).unwrap_or(now),
+            Some(s) => self.sched.tail_or_now(s),
             None => uses
                 .iter()
-                .filter_map(|&s| self.sched.tail_ns(s).ok())
-                .fold(self.sched.tail_ns(allocation.stream).unwrap_or(now), u64::max),
+                .map(|&s| self.sched.tail_or_now(s))
+                .fold(self.sched.tail_or_now(allocation.stream), u64::max),
         }
         .max(busy_until);
         // The free's point (a vector clock) matters only to a deferred free.
@@ -280,6 +280,7 @@ impl Device {
     }
 
     /// Whether the runtime work that touches the block at `ptr` is complete.
+    #[inline]
     fn busy_done(&mut self, ptr: u64) -> bool {
         if self.busy.is_empty() {
             return true;

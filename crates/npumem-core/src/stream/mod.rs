@@ -109,6 +109,8 @@ pub struct Scheduler {
     /// When the work of destroyed streams completes (it still runs; `synchronize_device` waits
     /// for it). Their clocks stay in `clocks`, so synchronising learns their work too.
     retired_tail_ns: u64,
+    /// The latest tail a stream was given: no stream's work runs past it (or past `now_ns`).
+    latest_tail_ns: u64,
 }
 
 impl Scheduler {
@@ -129,6 +131,7 @@ impl Scheduler {
             event_clocks: HashMap::default(),
             host_clock: Clock::new(),
             retired_tail_ns: 0,
+            latest_tail_ns: 0,
         }
     }
 
@@ -240,6 +243,7 @@ impl Scheduler {
         let (now, start, end) = self.plan_enqueue(stream, duration_ns, label)?;
         self.now_ns = now;
         self.stream(stream)?.tail_ns = end;
+        self.latest_tail_ns = self.latest_tail_ns.max(end);
         self.clocks.insert(stream, self.next_clock(stream));
         if let Some(effect) = effect {
             self.seq += 1;
@@ -266,6 +270,7 @@ impl Scheduler {
         let time = self.event(event)?.time_ns.unwrap_or(0);
         let s = self.stream(stream)?;
         s.tail_ns = s.tail_ns.max(time);
+        self.latest_tail_ns = self.latest_tail_ns.max(time);
         if let Some(clock) = self.event_clocks.get(&event).cloned() {
             join(self.clocks.entry(stream).or_default(), &clock);
         }
@@ -277,6 +282,7 @@ impl Scheduler {
     pub fn stream_wait_point(&mut self, stream: StreamId, time_ns: u64, clock: &Clock) -> Result<()> {
         let s = self.stream(stream)?;
         s.tail_ns = s.tail_ns.max(time_ns);
+        self.latest_tail_ns = self.latest_tail_ns.max(time_ns);
         join(self.clocks.entry(stream).or_default(), clock);
         Ok(())
     }
@@ -372,6 +378,16 @@ impl Scheduler {
         })
     }
 
+    /// `tail_ns(stream)`, or the host clock where `stream` does not exist; without a lookup
+    /// while no stream has work past the host clock (the common case of a free).
+    #[inline]
+    pub fn tail_or_now(&self, stream: StreamId) -> u64 {
+        if self.latest_tail_ns <= self.now_ns {
+            return self.now_ns;
+        }
+        self.tail_ns(stream).unwrap_or(self.now_ns)
+    }
+
     /// Whether `stream` still has work running on the host clock.
     pub fn stream_busy(&self, stream: StreamId) -> bool {
         self.streams.get(&stream).is_some_and(|s| s.tail_ns > self.now_ns)
@@ -414,6 +430,29 @@ mod tests {
         let mut c = CostModel::ascend910b();
         c.launch_ns = 1.0;
         Scheduler::new(c)
+    }
+
+    proptest::proptest! {
+        /// `tail_or_now` answers as `tail_ns` (the host clock for a stream that does not exist)
+        /// after any mix of streams made and destroyed, work queued, waits and host time.
+        #[test]
+        fn tail_or_now_is_tail_ns(ops in proptest::collection::vec((0u8..6, 0u64..4, 1u64..5_000), 1..60)) {
+            let mut s = sched();
+            let event = s.create_event();
+            for (op, id, ns) in ops {
+                match op {
+                    0 => { s.create_stream(); }
+                    1 => { let _ = s.destroy_stream(id); }
+                    2 => { let _ = s.enqueue(id, ns, "kernel", 0, None); }
+                    3 => { let _ = s.record_event(event, id); let _ = s.stream_wait_event((id + 1) % 4, event); }
+                    4 => { let _ = s.stream_wait_point(id, s.now_ns() + ns, &Clock::new()); }
+                    _ => s.advance(ns),
+                }
+                for id in 0..5 {
+                    proptest::prop_assert_eq!(s.tail_or_now(id), s.tail_ns(id).unwrap_or(s.now_ns()));
+                }
+            }
+        }
     }
 
     #[test]
