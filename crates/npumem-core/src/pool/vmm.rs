@@ -1170,8 +1170,10 @@ mod tests {
         a.free(&mut sim, x.ptr).unwrap();
         a.free(&mut sim, y.ptr).unwrap();
         let maps = sim.counters().maps;
+        // Far from the limit, a miss takes the free space on the mapped page: the waiting
+        // blocks keep waiting for their size.
         let z = a.malloc(&mut sim, &req(4000)).unwrap();
-        assert_eq!(z.ptr, x.ptr);
+        assert_eq!(z.ptr, y.ptr + 1024);
         assert_eq!(sim.counters().maps, maps);
         a.free(&mut sim, z.ptr).unwrap();
         a.empty_cache(&mut sim).unwrap();
@@ -1198,9 +1200,16 @@ mod tests {
         let z = a.malloc(&mut sim, &req(4096)).unwrap();
         a.free(&mut sim, z.ptr).unwrap();
         assert_eq!(a.stats.allocation.all.allocated, stats.allocation.all.allocated + 2);
-        // Another size misses: the waiting blocks are released and coalesce first, so the best
-        // fit finds the two of them as one 8 KiB hole at the bottom.
+        // Another size misses. Far from the limit, it goes to free space on mapped pages and the
+        // waiting blocks keep waiting.
         let w = a.malloc(&mut sim, &req(8192)).unwrap();
+        assert_eq!((w.ptr, a.recent.len()), (y.ptr + 4096, 2));
+        a.free(&mut sim, w.ptr).unwrap();
+        // Under pressure (the pool holds more than half its limit) a miss releases every waiting
+        // block first, and the best fit finds the three of them coalesced at the bottom.
+        a.set_memory_fraction(0.001).unwrap();
+        assert!(a.reserved() > a.limit() / CALM_DIVISOR);
+        let w = a.malloc(&mut sim, &req(16384)).unwrap();
         assert_eq!(w.ptr, x.ptr);
         assert!(a.recent.is_empty());
         a.free(&mut sim, w.ptr).unwrap();
