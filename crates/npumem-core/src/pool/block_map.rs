@@ -135,8 +135,7 @@ impl BlockMap {
                 self.pages.resize_with(page + 1, || None);
             }
             let per_page = self.per_page;
-            let records =
-                self.pages[page].get_or_insert_with(|| vec![Record::default(); per_page].into_boxed_slice());
+            let records = self.pages[page].get_or_insert_with(|| vec![Record::default(); per_page].into_boxed_slice());
             let record = &mut records[slot];
             debug_assert!(record.page.is_none(), "a block already starts at {ptr:#x}");
             *record = new;

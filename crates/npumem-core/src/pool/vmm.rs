@@ -19,16 +19,23 @@
 //! reported, with the fragmentation diagnostics in the error.
 //!
 //! Freed pooled blocks first wait in `RecentFrees` (exact-size stacks): a malloc of a size
-//! freed since the last miss takes one back in O(1); the first miss releases all of them into
-//! the free space before it searches, and trimming does the same, so placement, reclamation and
-//! out-of-memory decisions see all free memory. Statistics, snapshots and fragmentation count
-//! waiting blocks as the free memory they are.
+//! that waits takes one back in O(1). A miss coalesces them lazily, under pressure only (as
+//! glibc's malloc consolidates its fastbins only when its other bins cannot serve): while the
+//! pool holds at most 1/`CALM_DIVISOR` of its limit it takes a place in the free space that
+//! needs no page mapped (small pool: the best fit on mapped pages; large pool: the
+//! page-economical place on pages that hold blocks), and the waiting blocks keep waiting.
+//! Otherwise — no such place, the pool near its limit, HUGE_ONLY, a bypass request — and on
+//! every trim, all of them are released into the free space first, so that reclamation and
+//! out-of-memory decisions, and placement near the limit, see all free memory. Statistics,
+//! snapshots and fragmentation count waiting blocks as the free memory they are.
 //!
 //! Invariants: a page slot holds a handle iff it is mapped; `live` of a slot counts the live
 //! and waiting blocks overlapping it, and a mapped slot with `live == 0` is in the pool's idle
 //! set (keyed by the clock when it became idle, so trimming takes the coldest first); cached
 //! handles are held but unmapped; `reserved_bytes` = (mapped + cached pages) × page size +
-//! bypass segments; a pool's `BlockMap` holds exactly its live blocks (not the waiting ones).
+//! bypass segments; a pool's `BlockMap` holds exactly its live blocks (not the waiting ones);
+//! no page is mapped, no frame allocated and no out-of-memory reported by a malloc while a
+//! block waits (the miss releases them all before any of those).
 
 use rustc_hash::FxHashMap;
 use std::collections::BTreeSet;
@@ -1170,8 +1177,10 @@ mod tests {
         a.free(&mut sim, x.ptr).unwrap();
         a.free(&mut sim, y.ptr).unwrap();
         let maps = sim.counters().maps;
+        // Far from the limit, a miss takes the free space on the mapped page: the waiting
+        // blocks keep waiting for their size.
         let z = a.malloc(&mut sim, &req(4000)).unwrap();
-        assert_eq!(z.ptr, x.ptr);
+        assert_eq!(z.ptr, y.ptr + 1024);
         assert_eq!(sim.counters().maps, maps);
         a.free(&mut sim, z.ptr).unwrap();
         a.empty_cache(&mut sim).unwrap();
@@ -1198,9 +1207,16 @@ mod tests {
         let z = a.malloc(&mut sim, &req(4096)).unwrap();
         a.free(&mut sim, z.ptr).unwrap();
         assert_eq!(a.stats.allocation.all.allocated, stats.allocation.all.allocated + 2);
-        // Another size misses: the waiting blocks are released and coalesce first, so the best
-        // fit finds the two of them as one 8 KiB hole at the bottom.
+        // Another size misses. Far from the limit, it goes to free space on mapped pages and the
+        // waiting blocks keep waiting.
         let w = a.malloc(&mut sim, &req(8192)).unwrap();
+        assert_eq!((w.ptr, a.recent.len()), (y.ptr + 4096, 2));
+        a.free(&mut sim, w.ptr).unwrap();
+        // Under pressure (the pool holds more than half its limit) a miss releases every waiting
+        // block first, and the best fit finds the three of them coalesced at the bottom.
+        a.set_memory_fraction(0.001).unwrap();
+        assert!(a.reserved() > a.limit() / CALM_DIVISOR);
+        let w = a.malloc(&mut sim, &req(16384)).unwrap();
         assert_eq!(w.ptr, x.ptr);
         assert!(a.recent.is_empty());
         a.free(&mut sim, w.ptr).unwrap();
