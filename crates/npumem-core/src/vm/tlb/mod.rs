@@ -319,8 +319,9 @@ impl Tlb {
     /// order, so this gives exactly the result of simulating them one by one.
     pub fn run(&mut self, addresses: &[u64], translate: impl Fn(u64) -> Option<Translation>) {
         let mut memo = self.memo.take().unwrap_or_else(|| Box::new(Memo::new()));
-        memo.start_run(addresses);
-        let mut pages = Pages { memo: &mut memo, groups: FxHashMap::default(), coalesce: self.config.coalesce };
+        memo.start_run();
+        let mut pages =
+            Pages { memo: &mut memo, groups: FxHashMap::default(), coalesce: self.config.coalesce, addresses };
         if self.kernel {
             self.run_kernel(addresses, &mut pages, &translate);
         } else {
@@ -447,6 +448,8 @@ struct Pages<'a> {
     /// Pages one coalesced entry covers, per (unit, page size), for this call.
     groups: FxHashMap<(u64, PageSize), u32>,
     coalesce: u32,
+    /// The run's addresses (for the memo's choice of granule table).
+    addresses: &'a [u64],
 }
 
 impl Pages<'_> {
@@ -489,7 +492,7 @@ impl Pages<'_> {
             }
             None => Known::Fault,
         };
-        self.memo.put(va, known);
+        self.memo.put(va, known, self.addresses);
         known
     }
 }
