@@ -282,3 +282,47 @@ fn presets_match_the_reference_on_long_streams() {
         }
     }
 }
+
+/// Runs whose addresses span few granules take the memo's dense granule table: small pages with
+/// holes, huge pages beside them, and a page table that changes between runs (the table must
+/// forget), on every preset.
+#[test]
+fn dense_translation_table_matches_the_reference() {
+    let tables: Vec<PageTable> = (0..2u64)
+        .map(|t| {
+            let mut pt = PageTable::new();
+            for i in (0..2048u64).filter(|i| (i + t) % 7 != 0) {
+                pt.map(SMALL + i * 4 * KIB, 16 * GIB + ((i * 37 + t) % 2048) * 4 * KIB, PageSize::Size4K).unwrap();
+            }
+            for i in 0..4u64 {
+                pt.map(SMALL + 8 * MIB + i * 2 * MIB, 8 * GIB + i * 2 * MIB, PageSize::Size2M).unwrap();
+            }
+            pt
+        })
+        .collect();
+    let mut x = 11u64;
+    let streams: Vec<Vec<u64>> = (0..3)
+        .map(|_| {
+            (0..20_000)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    SMALL + x % (16 * MIB)
+                })
+                .collect()
+        })
+        .collect();
+    for &name in TlbConfig::PRESETS {
+        let config = TlbConfig::preset(name).unwrap();
+        let mut fast = Tlb::new(config.clone()).unwrap();
+        let mut slow = ReferenceTlb::new(config).unwrap();
+        for (i, s) in streams.iter().enumerate() {
+            let pt = &tables[i.min(1)];
+            fast.run(s, |va| pt.translate(va));
+            slow.run(s, |va| pt.translate(va));
+            assert_eq!(fast.stats(), slow.stats(), "{name}, run {i}");
+            assert_eq!(fast.contents(), slow.contents(), "{name}, run {i}");
+        }
+    }
+}

@@ -8,8 +8,18 @@
 //! counters of each link in the link itself. Being access by access, the order of every state
 //! change (random replacement's shared generator included) is the reference's.
 //!
+//! When moreover every array is narrow LRU over a power of two of sets, `run` takes the kernel
+//! ([`Tlb::run_kernel`]): one loop over the addresses that reads the memo's packed answer,
+//! builds the tag with one shift, and runs the chain (unrolled for two levels) with the arrays'
+//! narrow lookup and fill, tallying hits and evictions per (page size, link); lookups, misses and
+//! hit cycles follow from the tallies at the end (every simulated access looks up a chain's first
+//! link, every miss the next), so the counters are the same sums.
+//!
 //! Invariants: `Chains::of[p]` lists exactly the arrays of `Tlb::plans[p]`, one per level, in
-//! level order; a chain is used only when `Tlb::chained` (no level has two arrays for one size).
+//! level order; a chain is used only when `Tlb::chained` (no level has two arrays for one size),
+//! the kernel only when `Tlb::kernel` (chained, every array narrow LRU over a power of two of
+//! sets); after `run_kernel`, `Tlb::last` is the last access's entry exactly as the general
+//! loop leaves it.
 
 use super::array::{EMPTY, fingerprint};
 use super::memo::{DEEP, Known};
@@ -100,11 +110,16 @@ impl Tlb {
         let (mut last_tag, mut last_mask) = self.last.unwrap_or((EMPTY, 0));
         let (mut lo, mut len) = (0u64, 0u64);
         let (mut streak, mut faults) = (0u64, 0u64);
-        for &va in addresses {
+        let mut i = 0;
+        while let Some(&va) = addresses.get(i) {
             if va.wrapping_sub(lo) < len {
-                streak += 1;
+                // A run of accesses to the previous page, counted in a tight loop of its own.
+                let run = addresses[i..].iter().take_while(|&&v| v.wrapping_sub(lo) < len).count();
+                streak += run as u64;
+                i += run;
                 continue;
             }
+            i += 1;
             let bits = pages.resolve_packed(va, translate);
             if bits & KIND != 0 {
                 if bits == DEEP {

@@ -1,9 +1,14 @@
 //! `Memo`: the translations one `Tlb::run` has already asked for, so that random access over a
 //! footprint costs a table probe instead of a page-table walk per address.
 //!
-//! Two direct-mapped tables: one by 2 MiB region, which answers for a region covered by one
+//! Two tables: one direct-mapped by 2 MiB region, which answers for a region covered by one
 //! 2 MiB or 1 GiB page (or says the region holds smaller pages), and one by 4 KiB granule, which
-//! answers for 4 KiB and 64 KiB pages and for granules that are not mapped. A slot is valid only
+//! answers for 4 KiB and 64 KiB pages and for granules that are not mapped. The granule table is
+//! dense — one word per granule of the run's span, so a footprint of any size never conflicts —
+//! when that span is at most [`DENSE_GRANULES`] granules and at most four per address of the run
+//! (clearing it then costs less than the run); otherwise direct-mapped. The choice is made once
+//! per run, at its first granule to remember, so a run over huge pages only never scans its
+//! addresses for their span. A slot is valid only
 //! for the run that filled it (its generation), so a new run, which may see another page table,
 //! starts empty without clearing anything.
 //!
@@ -24,6 +29,10 @@ const GRANULE_SHIFT: u32 = 12;
 const REGION_BITS: u32 = 12;
 /// 4 KiB granules remembered: 128 MiB mapped with 4 KiB pages, in 512 KiB of slots.
 const GRANULE_BITS: u32 = 15;
+/// The widest span with a dense granule table: 4 GiB, in 8 MiB of words.
+pub(super) const DENSE_GRANULES: u64 = 1 << 20;
+/// A dense word's bit saying it is known (the packed answer is below it).
+const DENSE_KNOWN: u64 = 1 << 32;
 
 /// What a run knows of an address's page.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,6 +87,12 @@ pub(super) struct Memo {
     generation: u32,
     regions: Vec<Slot>,
     granules: Vec<Slot>,
+    /// The dense granule table of this run (empty when it uses `granules`), from granule
+    /// `dense_first`: 0 unknown, else `DENSE_KNOWN | packed`.
+    dense: Vec<u64>,
+    dense_first: u64,
+    /// Whether this run has chosen its granule table (at its first granule to remember).
+    decided: bool,
 }
 
 #[inline]
@@ -88,11 +103,20 @@ fn slot_of(key: u64, bits: u32) -> usize {
 impl Memo {
     pub(super) fn new() -> Self {
         let empty = Slot { key: 0, generation: 0, known: FAULT };
-        Memo { generation: 0, regions: vec![empty; 1 << REGION_BITS], granules: vec![empty; 1 << GRANULE_BITS] }
+        Memo {
+            generation: 0,
+            regions: vec![empty; 1 << REGION_BITS],
+            granules: vec![empty; 1 << GRANULE_BITS],
+            dense: Vec::new(),
+            dense_first: 0,
+            decided: false,
+        }
     }
 
     /// Forgets everything (a new run).
     pub(super) fn start_run(&mut self) {
+        self.dense.clear();
+        self.decided = false;
         self.generation = self.generation.wrapping_add(1);
         if self.generation == 0 {
             // After 2^32 runs the oldest slots could look current again: clear them once.
@@ -113,6 +137,10 @@ impl Memo {
             return Some(r.known);
         }
         let granule = va >> GRANULE_SHIFT;
+        if !self.dense.is_empty() {
+            let word = self.dense.get(granule.wrapping_sub(self.dense_first) as usize).copied().unwrap_or(0);
+            return (word & DENSE_KNOWN != 0).then_some(word as u32);
+        }
         let g = self.granules[slot_of(granule, GRANULE_BITS)];
         (g.generation == self.generation && g.key == granule).then_some(g.known)
     }
@@ -123,10 +151,36 @@ impl Memo {
         self.get_packed(va).map(Known::unpack)
     }
 
+    /// Chooses the granule table of this run over `addresses` (once, before the first granule is
+    /// remembered: a run of huge pages only never pays for the span).
+    #[cold]
+    fn decide(&mut self, addresses: &[u64]) {
+        self.decided = true;
+        // Lane-wise minima and maxima over chunks (independent chains), then across lanes.
+        let (mut lo, mut hi) = ([u64::MAX; 4], [0u64; 4]);
+        let chunks = addresses.chunks_exact(4);
+        for &va in chunks.remainder() {
+            (lo[0], hi[0]) = (lo[0].min(va), hi[0].max(va));
+        }
+        for c in chunks {
+            for k in 0..4 {
+                (lo[k], hi[k]) = (lo[k].min(c[k]), hi[k].max(c[k]));
+            }
+        }
+        let (lo, hi) = (lo.into_iter().min().unwrap_or(u64::MAX), hi.into_iter().max().unwrap_or(0));
+        if lo <= hi {
+            let span = (hi >> GRANULE_SHIFT) - (lo >> GRANULE_SHIFT) + 1;
+            if span <= DENSE_GRANULES && span <= 4 * addresses.len() as u64 {
+                self.dense.resize(span as usize, 0);
+                self.dense_first = lo >> GRANULE_SHIFT;
+            }
+        }
+    }
+
     /// Remembers what `translate` said of `va` (`Known::Page` or `Known::Fault`; a page whose
     /// depth does not fit a slot is not remembered).
     #[inline]
-    pub(super) fn put(&mut self, va: u64, known: Known) {
+    pub(super) fn put(&mut self, va: u64, known: Known, addresses: &[u64]) {
         let Some(packed) = known.pack() else { return };
         let generation = self.generation;
         let region = va >> REGION_SHIFT;
@@ -134,7 +188,16 @@ impl Memo {
         self.regions[slot_of(region, REGION_BITS)] =
             Slot { key: region, generation, known: if whole { packed } else { SPLIT } };
         if !whole {
+            if !self.decided {
+                self.decide(addresses);
+            }
             let granule = va >> GRANULE_SHIFT;
+            if !self.dense.is_empty() {
+                if let Some(word) = self.dense.get_mut(granule.wrapping_sub(self.dense_first) as usize) {
+                    *word = DENSE_KNOWN | u64::from(packed);
+                }
+                return;
+            }
             self.granules[slot_of(granule, GRANULE_BITS)] = Slot { key: granule, generation, known: packed };
         }
     }

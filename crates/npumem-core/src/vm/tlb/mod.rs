@@ -9,12 +9,15 @@
 //! 2 MiB or 1 GiB pages — is exactly what the TLB caches.
 //!
 //! Speed: a lookup costs O(1) at any associativity (narrow sets compare fingerprints of all
-//! ways at once, wide ones and the walk caches are hashed: [`array`]); `run` remembers the
-//! translations it has asked for ([`memo`]), counts a run of accesses to the page of the
-//! previous one in bulk, simulates the rest in batches level by level ([`batch`]), and
-//! precomputes which arrays hold each page size. [`reference::ReferenceTlb`] is the model as first written
-//! (linear scans); the two give bit-identical counters and contents on every configuration and
-//! address stream (property tests in `tests/tlb_reference.rs`).
+//! ways at once and keep LRU as a 4-bit-a-way recency order, wide ones and the walk caches are
+//! hashed: [`array`]); `run` remembers the translations it has asked for ([`memo`]), counts a run
+//! of accesses to the page of the previous one in bulk, and simulates the rest along each page
+//! size's chain of arrays ([`chain`]: a dedicated loop when every array is narrow LRU, access by
+//! access otherwise) or, where a level has two arrays for one size, in batches level by level
+//! ([`batch`]). [`reference::ReferenceTlb`] is the model as first written (linear scans); the
+//! two give bit-identical counters and contents on every configuration and address stream
+//! (property tests in `tests/tlb_reference.rs`, one of them over hierarchies the chain loop
+//! takes).
 //!
 //! Every size and cycle count of a configuration is checked against the bounds in [`limits`]
 //! before anything is allocated: they sit far above every real part, and keep a hierarchy within
@@ -317,7 +320,8 @@ impl Tlb {
     pub fn run(&mut self, addresses: &[u64], translate: impl Fn(u64) -> Option<Translation>) {
         let mut memo = self.memo.take().unwrap_or_else(|| Box::new(Memo::new()));
         memo.start_run();
-        let mut pages = Pages { memo: &mut memo, groups: FxHashMap::default(), coalesce: self.config.coalesce };
+        let mut pages =
+            Pages { memo: &mut memo, groups: FxHashMap::default(), coalesce: self.config.coalesce, addresses };
         if self.kernel {
             self.run_kernel(addresses, &mut pages, &translate);
         } else {
@@ -444,6 +448,8 @@ struct Pages<'a> {
     /// Pages one coalesced entry covers, per (unit, page size), for this call.
     groups: FxHashMap<(u64, PageSize), u32>,
     coalesce: u32,
+    /// The run's addresses (for the memo's choice of granule table).
+    addresses: &'a [u64],
 }
 
 impl Pages<'_> {
@@ -486,7 +492,7 @@ impl Pages<'_> {
             }
             None => Known::Fault,
         };
-        self.memo.put(va, known);
+        self.memo.put(va, known, self.addresses);
         known
     }
 }
@@ -690,6 +696,15 @@ mod tests {
         tlb.run(&[0, 1 << 30, 2 << 30], |_| Some(t(PageSize::Size4K)));
         assert_eq!(tlb.stats().cycles, u64::MAX);
         assert_eq!(tlb.stats().walks, 3);
+    }
+
+    #[test]
+    fn presets_take_the_paths_their_shapes_allow() {
+        for name in TlbConfig::PRESETS {
+            let tlb = Tlb::new(TlbConfig::preset(name).unwrap()).unwrap();
+            assert!(tlb.chained, "{name}: every preset has one array a level per page size");
+            assert_eq!(tlb.kernel, ["skylake", "champsim_default"].contains(name), "{name}");
+        }
     }
 
     #[test]
