@@ -101,6 +101,25 @@ def test_freeing_pinned_memory_under_a_queued_copy_drops_the_effect(dev):
     assert [f.kind for f in dev.sanitizer_reports()] == ["use_after_free"]
 
 
+@pytest.mark.parametrize("n", [4096, MiB])
+def test_a_dropped_copy_never_lands_in_the_next_pinned_block(dev, n):
+    """A D2H copy queued on a pinned block that is then freed is lost with it: it must not land
+    in the next malloc_host block given the same address (it did, corrupting that block)."""
+    buf = dev.malloc(n)
+    dev.memset(buf, n, 0xAB, n)
+    s = dev.create_stream()
+    dev.launch(s, 1000.0, [buf], [buf])
+    host = dev.malloc_host(n)
+    dev.memcpy_async(host, n, buf, n, MemcpyKind.DEVICE_TO_HOST, s)
+    dev.free_host(host)
+    fresh = [dev.malloc_host(n) for _ in range(4)]
+    for h in fresh:
+        dev.write(h, np.zeros(n, np.uint8))
+    dev.synchronize_device()
+    assert dev.stats()["lost_effects"] == 1
+    assert all(not dev.read(h, n).strip(b"\0") for h in fresh)
+
+
 def test_cost_model_presets_and_overrides(dev):
     assert dev.cost_model()["name"] == "ascend910b"
     dev.use_preset("ascend310p")

@@ -125,6 +125,11 @@ impl HostHeap {
         Ok(())
     }
 
+    /// The size of the live block that starts at `start`.
+    pub fn block_size(&self, start: u64) -> Option<u64> {
+        self.blocks.get(&start).map(|&(size, _)| size)
+    }
+
     /// Whether `addr` falls inside a live block.
     pub fn contains(&self, addr: u64) -> bool {
         self.block_of(addr).is_some()

@@ -819,8 +819,13 @@ impl Device {
             let clock = self.sched.host_clock().clone();
             self.sanitizer.check_free(ptr, 0, HOST, &clock, &[], None)?;
         }
-        if self.host.block_start(ptr) == Some(ptr) {
+        if let Some(size) = self.host.block_size(ptr) {
             self.rt_synchronize_device()?;
+            // The copies and fills still queued on the block are lost with it, now: landing
+            // later, they would write (or read) memory that is gone or is the next malloc_host
+            // block at the same address.
+            self.settle();
+            self.stats.lost_effects += self.sched.drop_effects_touching(ptr, ptr.saturating_add(size));
         }
         self.host.free(ptr, self.backend.as_mut())?;
         self.sanitizer.forget(ptr);

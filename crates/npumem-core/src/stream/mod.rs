@@ -417,6 +417,21 @@ impl Scheduler {
         self.pending.len()
     }
 
+    /// Drops the queued copies and fills (not landed yet) that read or write `[start, end)`:
+    /// their memory is going away. Returns how many were dropped.
+    pub fn drop_effects_touching(&mut self, start: u64, end: u64) -> u64 {
+        if self.pending.is_empty() {
+            return 0;
+        }
+        let hits = |at: u64, count: u64| at < end && start < at.saturating_add(count);
+        let before = self.pending.len();
+        self.pending.retain(|_, e| match *e {
+            Effect::Copy { dst, src, count } => !(hits(dst, count) || hits(src, count)),
+            Effect::Fill { dst, count, .. } => !hits(dst, count),
+        });
+        (before - self.pending.len()) as u64
+    }
+
     pub fn timeline(&self) -> impl Iterator<Item = &Span> {
         self.timeline.iter()
     }
