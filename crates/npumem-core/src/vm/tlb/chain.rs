@@ -63,21 +63,15 @@ impl Tlb {
     #[inline(always)]
     pub(super) fn simulate_chained(&mut self, tag: u64, va: u64, page: PageSize, depth: u32) {
         let vpn = tag >> 6;
-        let chain = &self.chains.of[page as usize];
-        let mut reached = chain.len();
-        for (i, &ai) in chain.iter().enumerate() {
-            let ai = ai as usize;
-            let (a, c) = (&mut self.arrays[ai], &mut self.counters[ai]);
-            c.lookups += 1;
-            if a.lookup(tag, vpn) {
-                c.hits += 1;
-                self.stats.cycles = self.stats.cycles.saturating_add(a.hit_cycles);
+        let links = self.chains.of[page as usize].len();
+        let mut reached = links;
+        for i in 0..links {
+            if self.probe(self.chains.of[page as usize][i] as usize, tag, vpn) {
                 reached = i;
                 break;
             }
-            c.misses += 1;
         }
-        if reached == chain.len() {
+        if reached == links {
             self.walk(va, depth);
         }
         let chain = &self.chains.of[page as usize];
