@@ -86,7 +86,7 @@ impl Tlb {
 
 impl Tlb {
     /// [`Tlb::run`] for a hierarchy that is chained and whose arrays are all narrow LRU over a
-    /// power of two of sets (every preset but those with wide L1s): one loop that translates
+    /// power of two of sets (the skylake and champsim_default presets): one loop that translates
     /// through the memo, counts repeats of the previous access's page as L1 hits, and simulates
     /// the rest along their chain with the arrays' narrow paths. Counts exactly what
     /// [`Tlb::run_general`] counts, state change for state change.
@@ -119,7 +119,10 @@ impl Tlb {
                 if bits == DEEP {
                     // A depth too large to remember (never from a page table): simulated as
                     // the general path does.
-                    let Known::Page { page, depth, group } = pages.ask(va, translate) else { unreachable!() };
+                    let Known::Page { page, depth, group } = pages.ask(va, translate) else {
+                        faults += 1;
+                        continue;
+                    };
                     self.count_l1_hits(last_mask, std::mem::take(&mut streak));
                     self.last = (last_tag != EMPTY).then_some((last_tag, last_mask));
                     if let Some(a) = self.admit(va, page, depth, group) {
