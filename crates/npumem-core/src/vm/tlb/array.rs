@@ -192,7 +192,7 @@ impl Array {
             tags: vec![EMPTY; entries].into(),
             fps: vec![Fingerprints::default(); if wide { 0 } else { sets }].into(),
             way_bits: if wide { 0 } else { u32::MAX >> (32 - ways) },
-            orders: vec![Order::initial(ways); if narrow_lru { sets } else { 0 }].into(),
+            orders: if narrow_lru { vec![Order::initial(ways); sets] } else { Vec::new() }.into(),
             narrow_lru,
             filled: vec![0; sets].into(),
             meta: vec![0; if has_meta { sets } else { 0 }].into(),
