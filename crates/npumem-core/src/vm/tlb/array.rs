@@ -14,11 +14,12 @@
 //! front, the untouched empty ones keep their order behind them), and a fill simply takes the
 //! least recent way.
 //!
-//! Invariants: a tag is held in at most one slot; `filled[s]` ways of set `s` hold tags, the
-//! rest are empty; in a narrow array the fingerprint of each filled way is that of its tag; a
-//! narrow LRU set's order holds each of its ways once (in its low `4 * ways` bits), filled ways
-//! by recency before the empty ones in way order from the back; in a wide array the index maps exactly the held tags to their slots and, under LRU, the recency
-//! list of a set links exactly its filled slots, most recent first; PLRU bits and round-robin
+//! Invariants: a tag is held in at most one slot; the first ways of a set hold tags, the rest are
+//! empty (`filled[s]` of them, counted for every array but narrow LRU ones); in a narrow array
+//! the fingerprint of each filled way is that of its tag; a narrow LRU set's order holds each of
+//! its ways once (in its low `4 * ways` bits), filled ways by recency, then the empty ones with
+//! the lowest at the back; in a wide array the index maps exactly the held tags to their slots
+//! and, under LRU, the recency list of a set links exactly its filled slots, most recent first; PLRU bits and round-robin
 //! pointers evolve exactly as in `super::reference`, slot for slot.
 
 use rustc_hash::FxHashMap;
@@ -191,7 +192,7 @@ impl Array {
             tags: vec![EMPTY; entries].into(),
             fps: vec![Fingerprints::default(); if wide { 0 } else { sets }].into(),
             way_bits: if wide { 0 } else { u32::MAX >> (32 - ways) },
-            orders: vec![Order::initial(ways); if narrow_lru { sets } else { 0 }].into(),
+            orders: if narrow_lru { vec![Order::initial(ways); sets] } else { Vec::new() }.into(),
             narrow_lru,
             filled: vec![0; sets].into(),
             meta: vec![0; if has_meta { sets } else { 0 }].into(),

@@ -63,21 +63,15 @@ impl Tlb {
     #[inline(always)]
     pub(super) fn simulate_chained(&mut self, tag: u64, va: u64, page: PageSize, depth: u32) {
         let vpn = tag >> 6;
-        let chain = &self.chains.of[page as usize];
-        let mut reached = chain.len();
-        for (i, &ai) in chain.iter().enumerate() {
-            let ai = ai as usize;
-            let (a, c) = (&mut self.arrays[ai], &mut self.counters[ai]);
-            c.lookups += 1;
-            if a.lookup(tag, vpn) {
-                c.hits += 1;
-                self.stats.cycles = self.stats.cycles.saturating_add(a.hit_cycles);
+        let links = self.chains.of[page as usize].len();
+        let mut reached = links;
+        for i in 0..links {
+            if self.probe(self.chains.of[page as usize][i] as usize, tag, vpn) {
                 reached = i;
                 break;
             }
-            c.misses += 1;
         }
-        if reached == chain.len() {
+        if reached == links {
             self.walk(va, depth);
         }
         let chain = &self.chains.of[page as usize];
@@ -92,7 +86,7 @@ impl Tlb {
 
 impl Tlb {
     /// [`Tlb::run`] for a hierarchy that is chained and whose arrays are all narrow LRU over a
-    /// power of two of sets (every preset but those with wide L1s): one loop that translates
+    /// power of two of sets (the skylake and champsim_default presets): one loop that translates
     /// through the memo, counts repeats of the previous access's page as L1 hits, and simulates
     /// the rest along their chain with the arrays' narrow paths. Counts exactly what
     /// [`Tlb::run_general`] counts, state change for state change.
@@ -125,7 +119,10 @@ impl Tlb {
                 if bits == DEEP {
                     // A depth too large to remember (never from a page table): simulated as
                     // the general path does.
-                    let Known::Page { page, depth, group } = pages.ask(va, translate) else { unreachable!() };
+                    let Known::Page { page, depth, group } = pages.ask(va, translate) else {
+                        faults += 1;
+                        continue;
+                    };
                     self.count_l1_hits(last_mask, std::mem::take(&mut streak));
                     self.last = (last_tag != EMPTY).then_some((last_tag, last_mask));
                     if let Some(a) = self.admit(va, page, depth, group) {

@@ -240,25 +240,32 @@ impl Tlb {
         Some(Access { tag, va, page, depth: depth as u8 })
     }
 
+    /// Looks `tag` up in array `ai`, counting the lookup and a hit's cycles; returns whether it hit.
+    #[inline(always)]
+    fn probe(&mut self, ai: usize, tag: u64, vpn: u64) -> bool {
+        let (a, c) = (&mut self.arrays[ai], &mut self.counters[ai]);
+        c.lookups += 1;
+        let hit = a.lookup(tag, vpn);
+        if hit {
+            c.hits += 1;
+            self.stats.cycles = self.stats.cycles.saturating_add(a.hit_cycles);
+        } else {
+            c.misses += 1;
+        }
+        hit
+    }
+
     /// Simulates `access` through every level, then the walk (the order of the reference model).
     fn simulate(&mut self, access: Access) {
         let Access { tag, page, .. } = access;
         let vpn = tag >> 6;
-        let plan = &self.plans[page as usize];
+        let p = page as usize;
         let mut start = 0;
-        for &end in &plan.level_ends {
+        for level in 0..self.plans[p].level_ends.len() {
+            let end = self.plans[p].level_ends[level];
             let mut hit = false;
-            for &ai in &plan.arrays[start..end] {
-                let ai = ai as usize;
-                let (a, c) = (&mut self.arrays[ai], &mut self.counters[ai]);
-                c.lookups += 1;
-                if a.lookup(tag, vpn) {
-                    c.hits += 1;
-                    self.stats.cycles = self.stats.cycles.saturating_add(a.hit_cycles);
-                    hit = true;
-                } else {
-                    c.misses += 1;
-                }
+            for j in start..end {
+                hit |= self.probe(self.plans[p].arrays[j] as usize, tag, vpn);
             }
             if hit {
                 // Fill the closer levels (inclusive hierarchy).
