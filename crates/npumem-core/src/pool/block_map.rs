@@ -3,7 +3,8 @@
 //! small block ever started has one record per quantum, and insert, remove and lookup are an
 //! index computation and one record access — no hashing, and blocks that are neighbours in
 //! memory are neighbours in the map (a batch of thousands of 4 KiB blocks touches a few lines).
-//! A large block (at least 1/`DENSE_SHARE` of a page) is kept in a hash map by address
+//! On pages of more than `DENSE_QUANTA` quanta (2 MiB pages), a large block (at least
+//! 1/`DENSE_SHARE` of a page) is kept in a hash map by address
 //! instead: such blocks start in few places of a page, and a record array per page for them
 //! would be mostly empty and scattered (64 KiB a 2 MiB page at 512 bytes, hundreds of megabytes
 //! for a pool of large blocks), so that every malloc and free touched a cold line of a cold
@@ -22,6 +23,9 @@ use crate::vm::PageSize;
 
 /// Blocks smaller than 1/`DENSE_SHARE` of a page are kept in their page's record array.
 const DENSE_SHARE: u64 = 16;
+/// Pages of at most this many quanta keep every block in their record array (at most 16 KiB of
+/// records a page: small pages' arrays are dense enough).
+const DENSE_QUANTA: u64 = 1024;
 
 /// A live block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,7 +76,7 @@ impl BlockMap {
             page_mask: page - 1,
             quantum_mask: quantum - 1,
             per_page: (page / quantum) as usize,
-            large_from: (page / DENSE_SHARE).max(quantum),
+            large_from: if page / quantum > DENSE_QUANTA { (page / DENSE_SHARE).max(quantum) } else { u64::MAX },
             pages: Vec::new(),
             large: FxHashMap::default(),
             len: 0,
