@@ -21,10 +21,10 @@
 //! Freed pooled blocks first wait in `RecentFrees` (exact-size stacks): a malloc of a size
 //! that waits takes one back in O(1). A miss coalesces them lazily, under pressure only (as
 //! glibc's malloc consolidates its fastbins only when its other bins cannot serve): while the
-//! pool holds at most 1/`CALM_DIVISOR` of its limit it takes a place in the free space that
-//! needs no page mapped (small pool: the best fit on mapped pages; large pool: the
-//! page-economical place on pages that hold blocks), and the waiting blocks keep waiting.
-//! Otherwise — no such place, the pool near its limit, HUGE_ONLY, a bypass request — and on
+//! pool holds at most 1/`CALM_DIVISOR` of its limit, a small-pool miss takes the best fit in
+//! the free space if every page under it is mapped, and the waiting blocks keep waiting.
+//! Otherwise — no such place, the large pool, the pool near its limit, HUGE_ONLY, a bypass
+//! request — and on
 //! every trim, all of them are released into the free space first, so that reclamation and
 //! out-of-memory decisions, and placement near the limit, see all free memory. Statistics,
 //! snapshots and fragmentation count waiting blocks as the free memory they are.
@@ -803,33 +803,29 @@ impl VmmAllocator {
         self.place_and_map(backend, kind, ptr, size, huge_only)
     }
 
-    /// Places a block of `size` bytes in `kind`'s free space with the waiting blocks left where
-    /// they are, where it takes no page the pool would have to map: in the small pool the best
-    /// fit if every page under it is mapped; in the large pool the page-economical place if
-    /// every page under it already holds a block (an idle 2 MiB page taken there while holes
-    /// wait to coalesce is what grows a pool of large blocks). Counts the block on its pages;
-    /// None, with nothing changed, where there is no such place.
+    /// Places a block of `size` bytes in the small pool's free space with the waiting blocks
+    /// left where they are: the best fit, if every page under it is mapped. Counts the block on
+    /// its pages; None, with nothing changed, where there is no such place or `kind` is the
+    /// large pool. The large pool always coalesces first: with 2 MiB pages, a place taken beside
+    /// a waiting block is a hole that coalescing would have made larger, and a later large
+    /// request that needed that hole maps a page — a training loop's second pass then maps
+    /// pages its first pass did not need (the demo's host-memory trace did, one more per pass).
     fn place_on_mapped(
         &mut self,
         backend: &mut dyn Backend,
         kind: PoolKind,
         size: u64,
     ) -> Result<Option<(u64, PageSize)>> {
+        if kind == PoolKind::Large {
+            return Ok(None);
+        }
         let quantum = self.config.quantum;
         let Some(pool) = self.pools[kind as usize].as_mut() else { return Ok(None) };
-        let ptr = if kind == PoolKind::Large {
-            match pool.economical_place(size, quantum) {
-                Some((ptr, 0)) => pool.space.reserve_at(ptr, size, quantum)?,
-                _ => return Ok(None),
-            }
-        } else {
-            let Ok(ptr) = pool.space.reserve(size, quantum) else { return Ok(None) };
-            if pool.pages_of(ptr, size).any(|i| pool.slot(i).handle == NO_HANDLE) {
-                pool.space.release(ptr)?;
-                return Ok(None);
-            }
-            ptr
-        };
+        let Ok(ptr) = pool.space.reserve(size, quantum) else { return Ok(None) };
+        if pool.pages_of(ptr, size).any(|i| pool.slot(i).handle == NO_HANDLE) {
+            pool.space.release(ptr)?;
+            return Ok(None);
+        }
         // Every page is mapped: this only counts the block on them.
         self.map_range(backend, kind, ptr, size, false).map(|page| Some((ptr, page)))
     }
