@@ -1,8 +1,10 @@
 //! `RecentFrees`: the npumem pool's front cache. A freed pooled block is not released into its
 //! pool's free space at once; it waits in a LIFO stack of blocks of exactly its size, and the
 //! next malloc of that size (same pool) takes it back in O(1) — no best-fit search, no
-//! coalescing, no page bookkeeping. The first malloc that finds no block of its size releases
-//! every waiting block (`take_all`) before it searches, so the search, trimming and
+//! coalescing, no page bookkeeping. A malloc that finds no block of its size and that the pool
+//! cannot place on mapped pages of its small pool (or any miss while the pool is near its
+//! limit) releases
+//! every waiting block (`take_all`) before it searches, so that page mapping, trimming and
 //! out-of-memory handling always see all free memory, exactly as without the cache.
 //!
 //! Invariants: a waiting block is free to the pool's statistics and live table but still holds

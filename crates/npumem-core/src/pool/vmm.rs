@@ -19,16 +19,23 @@
 //! reported, with the fragmentation diagnostics in the error.
 //!
 //! Freed pooled blocks first wait in `RecentFrees` (exact-size stacks): a malloc of a size
-//! freed since the last miss takes one back in O(1); the first miss releases all of them into
-//! the free space before it searches, and trimming does the same, so placement, reclamation and
-//! out-of-memory decisions see all free memory. Statistics, snapshots and fragmentation count
-//! waiting blocks as the free memory they are.
+//! that waits takes one back in O(1). A miss coalesces them lazily, under pressure only (as
+//! glibc's malloc consolidates its fastbins only when its other bins cannot serve): while the
+//! pool holds at most 1/`CALM_DIVISOR` of its limit, a small-pool miss takes the best fit in
+//! the free space if every page under it is mapped, and the waiting blocks keep waiting.
+//! Otherwise — no such place, the large pool, the pool near its limit, HUGE_ONLY, a bypass
+//! request — and on
+//! every trim, all of them are released into the free space first, so that reclamation and
+//! out-of-memory decisions, and placement near the limit, see all free memory. Statistics,
+//! snapshots and fragmentation count waiting blocks as the free memory they are.
 //!
 //! Invariants: a page slot holds a handle iff it is mapped; `live` of a slot counts the live
 //! and waiting blocks overlapping it, and a mapped slot with `live == 0` is in the pool's idle
 //! set (keyed by the clock when it became idle, so trimming takes the coldest first); cached
 //! handles are held but unmapped; `reserved_bytes` = (mapped + cached pages) × page size +
-//! bypass segments; a pool's `BlockMap` holds exactly its live blocks (not the waiting ones).
+//! bypass segments; a pool's `BlockMap` holds exactly its live blocks (not the waiting ones);
+//! no page is mapped, no frame allocated and no out-of-memory reported by a malloc while a
+//! block waits (the miss releases them all before any of those).
 
 use rustc_hash::FxHashMap;
 use std::collections::BTreeSet;
@@ -134,6 +141,10 @@ const LARGE_PAGE: u64 = 2 * MIB;
 /// Free extents `economical_place` weighs at most (shortest first): past them, the pages a
 /// block would save are not worth the time of a slow-path malloc.
 const PLACE_SCAN: usize = 64;
+/// A miss leaves the waiting blocks waiting (see `malloc_slow`) only while the pool holds at
+/// most 1/`CALM_DIVISOR` of its limit: near the limit, every miss coalesces all free memory
+/// first, so that a device near full packs as tightly as it can.
+const CALM_DIVISOR: u64 = 2;
 /// The physical page of the small pool: small enough that scattered small blocks pin little
 /// memory, large enough to keep map calls few.
 const SMALL_PAGE: u64 = 64 * 1024;
@@ -718,8 +729,8 @@ impl VmmAllocator {
         };
         let bypass = size >= self.config.bypass_threshold || policy == Policy::Huge1gOnly;
         let huge_only = policy == Policy::HugeOnly;
-        self.release_recent()?;
         if bypass {
+            self.release_recent()?;
             return self.malloc_bypass(backend, request, size, plan).map_err(|e| self.oom(e, request));
         }
         if self.config.garbage_collection_threshold > 0.0 {
@@ -728,6 +739,20 @@ impl VmmAllocator {
                 self.trim_to(backend, target)?;
             }
         }
+        // Waiting blocks are coalesced only under pressure (as glibc's malloc consolidates its
+        // fastbins only when its other bins cannot serve): while the pool holds at most
+        // 1/`CALM_DIVISOR` of its limit and its free space has room for the block on pages
+        // already mapped, the block goes there and the waiting blocks keep waiting for their
+        // sizes. Otherwise they are all released and coalesced first, and the search sees all
+        // free memory (the tightest packing, for a device near full).
+        if !huge_only && !self.recent.is_empty() && self.reserved() <= self.limit() / CALM_DIVISOR {
+            if let Some((ptr, page)) = self.place_on_mapped(backend, kind, size)? {
+                self.pool_mut(kind).blocks.insert(ptr, Block { size, requested: request.size, page });
+                self.stats.on_alloc(kind, size, request.size);
+                return Ok(Grant { ptr, granted: size, page });
+            }
+        }
+        self.release_recent()?;
         let device_allocs = self.stats.num_device_alloc;
         let (kind, ptr, page) = match self.malloc_in(backend, kind, size, huge_only) {
             Ok((ptr, page)) => (kind, ptr, page),
@@ -776,6 +801,33 @@ impl VmmAllocator {
             pool.space.reserve(size, quantum)?
         };
         self.place_and_map(backend, kind, ptr, size, huge_only)
+    }
+
+    /// Places a block of `size` bytes in the small pool's free space with the waiting blocks
+    /// left where they are: the best fit, if every page under it is mapped. Counts the block on
+    /// its pages; None, with nothing changed, where there is no such place or `kind` is the
+    /// large pool. The large pool always coalesces first: with 2 MiB pages, a place taken beside
+    /// a waiting block is a hole that coalescing would have made larger, and a later large
+    /// request that needed that hole maps a page — a training loop's second pass then maps
+    /// pages its first pass did not need (the demo's host-memory trace did, one more per pass).
+    fn place_on_mapped(
+        &mut self,
+        backend: &mut dyn Backend,
+        kind: PoolKind,
+        size: u64,
+    ) -> Result<Option<(u64, PageSize)>> {
+        if kind == PoolKind::Large {
+            return Ok(None);
+        }
+        let quantum = self.config.quantum;
+        let Some(pool) = self.pools[kind as usize].as_mut() else { return Ok(None) };
+        let Ok(ptr) = pool.space.reserve(size, quantum) else { return Ok(None) };
+        if pool.pages_of(ptr, size).any(|i| pool.slot(i).handle == NO_HANDLE) {
+            pool.space.release(ptr)?;
+            return Ok(None);
+        }
+        // Every page is mapped: this only counts the block on them.
+        self.map_range(backend, kind, ptr, size, false).map(|page| Some((ptr, page)))
     }
 
     /// Places a small block in the large pool where it needs the fewest pages (the small pool
@@ -1121,8 +1173,10 @@ mod tests {
         a.free(&mut sim, x.ptr).unwrap();
         a.free(&mut sim, y.ptr).unwrap();
         let maps = sim.counters().maps;
+        // Far from the limit, a miss takes the free space on the mapped page: the waiting
+        // blocks keep waiting for their size.
         let z = a.malloc(&mut sim, &req(4000)).unwrap();
-        assert_eq!(z.ptr, x.ptr);
+        assert_eq!(z.ptr, y.ptr + 1024);
         assert_eq!(sim.counters().maps, maps);
         a.free(&mut sim, z.ptr).unwrap();
         a.empty_cache(&mut sim).unwrap();
@@ -1149,9 +1203,16 @@ mod tests {
         let z = a.malloc(&mut sim, &req(4096)).unwrap();
         a.free(&mut sim, z.ptr).unwrap();
         assert_eq!(a.stats.allocation.all.allocated, stats.allocation.all.allocated + 2);
-        // Another size misses: the waiting blocks are released and coalesce first, so the best
-        // fit finds the two of them as one 8 KiB hole at the bottom.
+        // Another size misses. Far from the limit, it goes to free space on mapped pages and the
+        // waiting blocks keep waiting.
         let w = a.malloc(&mut sim, &req(8192)).unwrap();
+        assert_eq!((w.ptr, a.recent.len()), (y.ptr + 4096, 2));
+        a.free(&mut sim, w.ptr).unwrap();
+        // Under pressure (the pool holds more than half its limit) a miss releases every waiting
+        // block first, and the best fit finds the three of them coalesced at the bottom.
+        a.set_memory_fraction(0.001).unwrap();
+        assert!(a.reserved() > a.limit() / CALM_DIVISOR);
+        let w = a.malloc(&mut sim, &req(16384)).unwrap();
         assert_eq!(w.ptr, x.ptr);
         assert!(a.recent.is_empty());
         a.free(&mut sim, w.ptr).unwrap();
