@@ -565,8 +565,9 @@ impl Device {
                 }
             };
             if !applied {
-                // Only memory freed under queued work without waiting for it gets here (a host
-                // block freed while a copy used it): the free was the hazard, and reported.
+                // The memory is gone without waiting for this work (`free_host` drops the
+                // effects on its block itself, and counts them there): the free was the hazard,
+                // and reported.
                 self.stats.lost_effects += 1;
             }
         }
