@@ -468,6 +468,96 @@ impl Array {
     }
 }
 
+/// A kernel array with `W` ways, borrowed for a fixed loop ([`super::fixed`]): the same state
+/// as [`Array::lookup_narrow`] and [`Array::fill_narrow`] change, in the same way, with the
+/// width a constant (the recency order's shifts are immediates, a set of at most 4 ways is
+/// matched in one 64-bit word) and no bounds check per access (checked once, in
+/// [`Array::ways_mut`]).
+pub(super) struct Ways<'a, const W: usize> {
+    tags: &'a mut [u64],
+    fps: &'a mut [Fingerprints],
+    orders: &'a mut [u64],
+    /// `sets - 1` (a power of two of sets).
+    mask: u64,
+}
+
+impl Array {
+    /// This array's sets as [`Ways`]; `None` unless it is a kernel array of exactly `W` ways.
+    pub(super) fn ways_mut<const W: usize>(&mut self) -> Option<Ways<'_, W>> {
+        let sets = self.kernel_mask as usize + 1;
+        let fits = self.kernel
+            && self.ways == W
+            && self.fps.len() == sets
+            && self.orders.len() == sets
+            && self.tags.len() == sets * W;
+        fits.then(|| Ways {
+            tags: &mut self.tags,
+            fps: &mut self.fps,
+            orders: &mut self.orders,
+            mask: self.kernel_mask,
+        })
+    }
+}
+
+impl<const W: usize> Ways<'_, W> {
+    /// The ways of set `set` whose fingerprint may be `fp` (every one that is; for `W <= 4`
+    /// possibly others above the lowest true one, which the tag check rejects), as one bit per
+    /// way at bit `way * STRIDE`.
+    const STRIDE: u32 = if W <= 4 { 16 } else { 1 };
+
+    #[inline(always)]
+    fn candidates(fps: &Fingerprints, fp: u16) -> u64 {
+        if W <= 4 {
+            // Four 16-bit lanes in one word: the classic has-zero test on fps ^ fp, exact for
+            // the lowest matching lane (a borrow can only flag lanes above a zero one).
+            const ONES: u64 = 0x0001_0001_0001_0001;
+            let f = &fps.0;
+            let word = u64::from(f[0]) | u64::from(f[1]) << 16 | u64::from(f[2]) << 32 | u64::from(f[3]) << 48;
+            let x = word ^ u64::from(fp).wrapping_mul(ONES);
+            let lanes = if W == 4 { u64::MAX } else { (1u64 << (16 * W)) - 1 };
+            x.wrapping_sub(ONES) & !x & (ONES << 15) & lanes
+        } else {
+            u64::from(fps.matches(fp) & (u32::MAX >> (32 - W)))
+        }
+    }
+
+    /// Looks `tag` (page number `vpn`, fingerprint `fp`) up; a hit becomes the most recent of
+    /// its set. Returns whether it hit.
+    #[inline(always)]
+    pub(super) fn lookup(&mut self, tag: u64, vpn: u64, fp: u16) -> bool {
+        let set = (vpn & self.mask) as usize;
+        // SAFETY: `set <= mask`, and `ways_mut` checked that `fps` and `orders` hold `mask + 1`
+        // sets and `tags` `W` ways of each; every way below is below `W`.
+        unsafe {
+            let mut candidates = Self::candidates(self.fps.get_unchecked(set), fp);
+            while candidates != 0 {
+                let way = (candidates.trailing_zeros() / Self::STRIDE) as usize;
+                if *self.tags.get_unchecked(set * W + way) == tag {
+                    let order = self.orders.get_unchecked_mut(set);
+                    *order = Order::touch(*order, way as u64);
+                    return true;
+                }
+                candidates &= candidates - 1;
+            }
+        }
+        false
+    }
+
+    /// Inserts `tag` (not held) in its set's least recent way; returns whether it evicted.
+    #[inline(always)]
+    pub(super) fn fill(&mut self, tag: u64, vpn: u64, fp: u16) -> bool {
+        let set = (vpn & self.mask) as usize;
+        // SAFETY: as in `lookup`; `least_recent` is a way of the order, below `W`.
+        unsafe {
+            let order = self.orders.get_unchecked_mut(set);
+            let way = Order::least_recent(*order, W);
+            *order = Order::refill(*order, way as u64, W);
+            self.fps.get_unchecked_mut(set).0[way & 15] = fp;
+            std::mem::replace(self.tags.get_unchecked_mut(set * W + way), tag) != EMPTY
+        }
+    }
+}
+
 /// The recency order of a narrow LRU set: its ways (4 bits each, so at most 16) from the most
 /// recent in the low bits to the least recent at bits `4 * (ways - 1)`; bits above are unused.
 struct Order;

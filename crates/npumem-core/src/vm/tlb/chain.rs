@@ -28,7 +28,7 @@ use super::{PageSize, Pages, Tlb, Translation};
 /// The kind bits of a packed translation (0: a page).
 const KIND: u32 = 3 << 6;
 /// log2 of each page size's bytes, by `PageSize as usize`.
-const PAGE_SHIFT: [u32; 4] = [12, 16, 21, 30];
+pub(super) const PAGE_SHIFT: [u32; 4] = [12, 16, 21, 30];
 
 /// One link of a chain: an array index.
 pub(super) type Link = u8;
@@ -101,9 +101,16 @@ impl Tlb {
         let mut tally = Tally::default();
         // The previous access's entry and the L1 arrays holding it (`EMPTY` when none does),
         // and its page (`va - lo < len`): a repeat is an L1 hit on the most recent entry.
-        let (mut last_tag, mut last_mask) = self.last.unwrap_or((EMPTY, 0));
+        let (last_tag, last_mask) = self.last.unwrap_or((EMPTY, 0));
+        let mut cursor = Cursor { last_tag, last_mask, faults: 0 };
         let (mut lo, mut len) = (0u64, 0u64);
-        let (mut streak, mut faults) = (0u64, 0u64);
+        let mut streak = 0u64;
+        // A dense table for the fixed loops, and the index before which none is entered again
+        // (one that stopped at once waits a while: mixed page sizes would thrash).
+        if self.fixed.iter().any(Option::is_some) {
+            pages.memo.plan(addresses);
+        }
+        let mut retry_at = 0;
         let mut i = 0;
         while let Some(&va) = addresses.get(i) {
             if va.wrapping_sub(lo) < len {
@@ -120,44 +127,56 @@ impl Tlb {
                     // A depth too large to remember (never from a page table): simulated as
                     // the general path does.
                     let Known::Page { page, depth, group } = pages.ask(va, translate) else {
-                        faults += 1;
+                        cursor.faults += 1;
                         continue;
                     };
-                    self.count_l1_hits(last_mask, std::mem::take(&mut streak));
-                    self.last = (last_tag != EMPTY).then_some((last_tag, last_mask));
+                    self.count_l1_hits(cursor.last_mask, std::mem::take(&mut streak));
+                    self.last = (cursor.last_tag != EMPTY).then_some((cursor.last_tag, cursor.last_mask));
                     if let Some(a) = self.admit(va, page, depth, group) {
                         self.simulate_chained(a.tag, va, page, depth);
                     }
                     self.stats.accesses -= 1; // counted with the others at the end
-                    (last_tag, last_mask) = self.last.unwrap_or((EMPTY, 0));
+                    (cursor.last_tag, cursor.last_mask) = self.last.unwrap_or((EMPTY, 0));
                     (lo, len) = (0, 0);
                     continue;
                 }
-                faults += 1;
+                cursor.faults += 1;
                 continue;
             }
             let (page, depth) = (PageSize::ALL[(bits & 3) as usize], bits >> 8);
             let tag = ((va >> (PAGE_SHIFT[(bits & 3) as usize] + ((bits >> 2) & 15))) << 6) | u64::from(bits & 63);
-            if tag != last_tag {
+            if tag != cursor.last_tag {
                 if streak != 0 {
-                    self.count_l1_hits(last_mask, streak);
+                    self.count_l1_hits(cursor.last_mask, streak);
                     streak = 0;
                 }
                 let l1_mask = self.plans[page as usize].l1_mask;
-                (last_tag, last_mask) = if l1_mask != 0 { (tag, l1_mask) } else { (EMPTY, 0) };
+                (cursor.last_tag, cursor.last_mask) = if l1_mask != 0 { (tag, l1_mask) } else { (EMPTY, 0) };
                 if !self.simulate_kernel(&mut tally, tag, page) {
                     self.walk(va, depth);
+                }
+                // The rest of this stretch of pages like this one, in the size's fixed loop.
+                if let (Some(fixed), Some(table), true) =
+                    (self.fixed[page as usize], pages.memo.dense_table(page), i >= retry_at)
+                {
+                    let next = fixed(self, addresses, i, bits, table, &mut cursor, &mut tally);
+                    if next < i + 16 {
+                        retry_at = next + 64;
+                    }
+                    i = next;
+                    (lo, len) = (0, 0);
+                    continue;
                 }
             } else {
                 // Another page of the previous access's (coalesced) entry.
                 streak += 1;
             }
-            (lo, len) = if last_tag == EMPTY { (0, 0) } else { (va & !(page.bytes() - 1), page.bytes()) };
+            (lo, len) = if cursor.last_tag == EMPTY { (0, 0) } else { (va & !(page.bytes() - 1), page.bytes()) };
         }
-        self.count_l1_hits(last_mask, streak);
-        self.last = (last_tag != EMPTY).then_some((last_tag, last_mask));
-        self.stats.accesses += addresses.len() as u64 - faults;
-        self.stats.faults += faults;
+        self.count_l1_hits(cursor.last_mask, streak);
+        self.last = (cursor.last_tag != EMPTY).then_some((cursor.last_tag, cursor.last_mask));
+        self.stats.accesses += addresses.len() as u64 - cursor.faults;
+        self.stats.faults += cursor.faults;
         for (p, chain) in self.chains.of.iter().enumerate() {
             let mut reach = tally.simulated[p];
             for (i, &ai) in chain.iter().enumerate() {
@@ -214,8 +233,16 @@ impl Tlb {
 /// What [`Tlb::run_kernel`] counts, per page size and link (a chain has at most 4 links: one a
 /// level).
 #[derive(Default)]
-struct Tally {
-    simulated: [u64; 4],
-    hits: [[u64; 4]; 4],
-    evictions: [[u64; 4]; 4],
+pub(super) struct Tally {
+    pub simulated: [u64; 4],
+    pub hits: [[u64; 4]; 4],
+    pub evictions: [[u64; 4]; 4],
+}
+
+/// Where [`Tlb::run_kernel`] stands: the previous access's entry and the L1 arrays holding it
+/// (`EMPTY` and 0 when none does), and the faults counted so far.
+pub(super) struct Cursor {
+    pub last_tag: u64,
+    pub last_mask: u8,
+    pub faults: u64,
 }

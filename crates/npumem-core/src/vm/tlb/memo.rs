@@ -32,7 +32,10 @@ const GRANULE_BITS: u32 = 15;
 /// The widest span with a dense granule table: 4 GiB, in 8 MiB of words.
 pub(super) const DENSE_GRANULES: u64 = 1 << 20;
 /// A dense word's bit saying it is known (the packed answer is below it).
-const DENSE_KNOWN: u64 = 1 << 32;
+pub(super) const DENSE_KNOWN: u64 = 1 << 32;
+/// The widest span of 2 MiB regions with a dense region table beyond four per address of the
+/// run: 8192 regions (16 GiB), 64 KiB of words.
+const DENSE_REGIONS_FREE: u64 = 1 << 13;
 
 /// What a run knows of an address's page.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,6 +96,62 @@ pub(super) struct Memo {
     dense_first: u64,
     /// Whether this run has chosen its granule table (at its first granule to remember).
     decided: bool,
+    /// The dense region table of this run, when [`Memo::plan`] chose one (else empty), from
+    /// region `dense_regions_first`: 0 unknown, else `DENSE_KNOWN | packed` for a region one
+    /// 2 MiB or 1 GiB page covers (split regions and faults are not kept in it).
+    dense_regions: Vec<u64>,
+    dense_regions_first: u64,
+    /// The lowest and highest address of this run, once scanned.
+    bounds: Option<(u64, u64)>,
+}
+
+/// A dense table of what a run knows, for the fixed loops ([`super::fixed`]): one word per unit
+/// (`DENSE_KNOWN | packed`, or 0 while unknown) from unit `first`, a unit being `1 << shift`
+/// bytes.
+#[derive(Clone, Copy)]
+pub(super) struct DenseTable<'a> {
+    pub words: &'a [u64],
+    pub first: u64,
+    pub shift: u32,
+}
+
+/// The lowest and highest of `addresses` (`None` when empty), in one pass over them: with AVX2
+/// where the CPU has it (four lanes a step), else portably.
+fn bounds(addresses: &[u64]) -> Option<(u64, u64)> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        return unsafe { bounds_avx2(addresses) };
+    }
+    bounds_lanes(addresses)
+}
+
+/// [`bounds_lanes`] compiled for AVX2.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn bounds_avx2(addresses: &[u64]) -> Option<(u64, u64)> {
+    bounds_lanes(addresses)
+}
+
+/// [`bounds`]: lane-wise minima and maxima over chunks (independent chains, which the compiler
+/// vectorises), then across lanes.
+#[inline(always)]
+fn bounds_lanes(addresses: &[u64]) -> Option<(u64, u64)> {
+    let (mut lo, mut hi) = ([u64::MAX; 8], [0u64; 8]);
+    let chunks = addresses.chunks_exact(8);
+    for &va in chunks.remainder() {
+        (lo[0], hi[0]) = (lo[0].min(va), hi[0].max(va));
+    }
+    for c in chunks {
+        for k in 0..8 {
+            (lo[k], hi[k]) = (lo[k].min(c[k]), hi[k].max(c[k]));
+        }
+    }
+    let (lo, hi) = (lo.into_iter().min().unwrap_or(u64::MAX), hi.into_iter().max().unwrap_or(0));
+    (lo <= hi).then_some((lo, hi))
 }
 
 #[inline]
@@ -110,12 +169,17 @@ impl Memo {
             dense: Vec::new(),
             dense_first: 0,
             decided: false,
+            dense_regions: Vec::new(),
+            dense_regions_first: 0,
+            bounds: None,
         }
     }
 
     /// Forgets everything (a new run).
     pub(super) fn start_run(&mut self) {
         self.dense.clear();
+        self.dense_regions.clear();
+        self.bounds = None;
         self.decided = false;
         self.generation = self.generation.wrapping_add(1);
         if self.generation == 0 {
@@ -156,25 +220,38 @@ impl Memo {
     #[cold]
     fn decide(&mut self, addresses: &[u64]) {
         self.decided = true;
-        // Lane-wise minima and maxima over chunks (independent chains), then across lanes.
-        let (mut lo, mut hi) = ([u64::MAX; 4], [0u64; 4]);
-        let chunks = addresses.chunks_exact(4);
-        for &va in chunks.remainder() {
-            (lo[0], hi[0]) = (lo[0].min(va), hi[0].max(va));
-        }
-        for c in chunks {
-            for k in 0..4 {
-                (lo[k], hi[k]) = (lo[k].min(c[k]), hi[k].max(c[k]));
-            }
-        }
-        let (lo, hi) = (lo.into_iter().min().unwrap_or(u64::MAX), hi.into_iter().max().unwrap_or(0));
-        if lo <= hi {
+        if let Some((lo, hi)) = self.bounds.or_else(|| bounds(addresses)) {
             let span = (hi >> GRANULE_SHIFT) - (lo >> GRANULE_SHIFT) + 1;
             if span <= DENSE_GRANULES && span <= 4 * addresses.len() as u64 {
                 self.dense.resize(span as usize, 0);
                 self.dense_first = lo >> GRANULE_SHIFT;
             }
         }
+    }
+
+    /// Scans this run's `addresses` once (before anything is remembered) and gives it a dense
+    /// region table when their span is at most four 2 MiB regions per address plus
+    /// [`DENSE_REGIONS_FREE`]; the granule table's choice reuses the scan.
+    pub(super) fn plan(&mut self, addresses: &[u64]) {
+        self.bounds = bounds(addresses);
+        if let Some((lo, hi)) = self.bounds {
+            let span = (hi >> REGION_SHIFT) - (lo >> REGION_SHIFT) + 1;
+            if span <= DENSE_GRANULES && span <= 4 * addresses.len() as u64 + DENSE_REGIONS_FREE {
+                self.dense_regions.resize(span as usize, 0);
+                self.dense_regions_first = lo >> REGION_SHIFT;
+            }
+        }
+    }
+
+    /// The dense table a fixed loop reads for pages of `page` size: the granule table for 4 KiB
+    /// and 64 KiB pages, the region table for 2 MiB and 1 GiB ones; `None` when this run has
+    /// none.
+    pub(super) fn dense_table(&self, page: PageSize) -> Option<DenseTable<'_>> {
+        let (words, first, shift) = match page {
+            PageSize::Size4K | PageSize::Size64K => (&self.dense, self.dense_first, GRANULE_SHIFT),
+            PageSize::Size2M | PageSize::Size1G => (&self.dense_regions, self.dense_regions_first, REGION_SHIFT),
+        };
+        (!words.is_empty()).then_some(DenseTable { words, first, shift })
     }
 
     /// Remembers what `translate` said of `va` (`Known::Page` or `Known::Fault`; a page whose
@@ -187,6 +264,11 @@ impl Memo {
         let whole = matches!(known, Known::Page { page: PageSize::Size2M | PageSize::Size1G, .. });
         self.regions[slot_of(region, REGION_BITS)] =
             Slot { key: region, generation, known: if whole { packed } else { SPLIT } };
+        if whole {
+            if let Some(word) = self.dense_regions.get_mut(region.wrapping_sub(self.dense_regions_first) as usize) {
+                *word = DENSE_KNOWN | u64::from(packed);
+            }
+        }
         if !whole {
             if !self.decided {
                 self.decide(addresses);

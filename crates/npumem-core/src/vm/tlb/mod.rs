@@ -34,6 +34,7 @@ mod array;
 mod batch;
 mod chain;
 mod config;
+mod fixed;
 mod memo;
 pub mod reference;
 
@@ -103,6 +104,9 @@ pub struct Tlb {
     /// Whether `run` takes the chained kernel (chained, every array narrow LRU over a power of
     /// two of sets: [`chain`]).
     kernel: bool,
+    /// Per page size, the kernel's fixed loop for it, where its chain has a shape one is
+    /// compiled for ([`fixed`]; none without the kernel).
+    fixed: [Option<fixed::FixedLoop>; 4],
 }
 
 /// The arrays that hold one page size, in lookup order.
@@ -154,6 +158,11 @@ impl Tlb {
             .collect();
         let (chains, chained) = Chains::new(&plans);
         let kernel = chained && arrays.iter().all(|a| a.kernel);
+        let fixed = if kernel {
+            fixed::fixed_loops(&chains.of, &arrays, plans.each_ref().map(|p| p.l1_mask))
+        } else {
+            [None; 4]
+        };
         let stats = TlbStats {
             arrays: config.levels.iter().map(|l| vec![ArrayStats::default(); l.len()]).collect(),
             ..Default::default()
@@ -171,6 +180,7 @@ impl Tlb {
             last: None,
             memo: None,
             kernel,
+            fixed,
             chains,
             chained,
         })
@@ -292,29 +302,36 @@ impl Tlb {
     /// A page walk of `depth` descriptor reads; the walk caches skip the upper ones.
     #[inline]
     fn walk(&mut self, va: u64, depth: u32) {
-        self.stats.walks += 1;
-        // Table levels above the leaf: depth 4 → tables 0,1,2; depth 3 → 0,1; depth 2 → 0.
-        let tables = (depth as usize).saturating_sub(1).min(3);
-        let mut probe = |level: usize| {
-            self.walk_caches[level].as_mut().is_some_and(|c| c.lookup_fill(va >> WALK_CACHE_SHIFT[level]))
-        };
-        let mut skipped = 0;
-        for level in (0..tables).rev() {
-            if probe(level) {
-                skipped = level as u64 + 1;
-                break;
-            }
-        }
-        // Fill the caches of the levels below the hit too (the walk read them).
-        for level in skipped as usize..tables {
-            probe(level);
-        }
-        let steps = depth as u64 - skipped;
-        self.stats.walk_steps_skipped += skipped;
-        self.stats.walk_steps += steps;
-        self.stats.cycles = self.stats.cycles.saturating_add(steps * self.config.walk_step_cycles);
+        walk(&mut self.walk_caches, &mut self.stats, self.config.walk_step_cycles, va, depth);
     }
+}
 
+/// A page walk of `depth` descriptor reads through `caches` (the walk caches skip the upper
+/// ones), counted in `stats` at `step_cycles` a step read.
+#[inline]
+fn walk(caches: &mut [Option<Array>; 3], stats: &mut TlbStats, step_cycles: u64, va: u64, depth: u32) {
+    stats.walks += 1;
+    // Table levels above the leaf: depth 4 → tables 0,1,2; depth 3 → 0,1; depth 2 → 0.
+    let tables = (depth as usize).saturating_sub(1).min(3);
+    let mut probe = |level: usize| caches[level].as_mut().is_some_and(|c| c.lookup_fill(va >> WALK_CACHE_SHIFT[level]));
+    let mut skipped = 0;
+    for level in (0..tables).rev() {
+        if probe(level) {
+            skipped = level as u64 + 1;
+            break;
+        }
+    }
+    // Fill the caches of the levels below the hit too (the walk read them).
+    for level in skipped as usize..tables {
+        probe(level);
+    }
+    let steps = depth as u64 - skipped;
+    stats.walk_steps_skipped += skipped;
+    stats.walk_steps += steps;
+    stats.cycles = stats.cycles.saturating_add(steps * step_cycles);
+}
+
+impl Tlb {
     /// Runs `addresses` through the TLB, translating each through `translate` (the device's page
     /// table, which must not change during the call: every address of a page translates to that
     /// page); unmapped addresses count as faults. Each page is translated once per call (a

@@ -1,0 +1,156 @@
+//! Fixed loops: the run kernel's inner loop compiled for one chain shape — two links (an L1 and
+//! an L2 array) of `W1` and `W2` ways — and run for one translation (page size, group, walk
+//! depth) at a time.
+//!
+//! [`Tlb::run_kernel`] hands a stretch of its addresses to the fixed loop of the page size it
+//! has just simulated, with the run's dense table for that size ([`memo::DenseTable`]: one word
+//! per 2 MiB region for huge and giant pages, per 4 KiB granule for small ones). The loop takes
+//! every address whose table word is exactly that translation: the tag is one shift of the
+//! address, a repeat of the previous access's entry is counted, anything else looks the two
+//! links up and fills them (walking on a miss of both) through [`super::array::Ways`], whose width is a
+//! constant and whose sets are indexed without a bounds check per access. It stops at the first
+//! address it cannot take (its word unknown, another translation, a split region) and returns
+//! its index: the kernel simulates that one access and may hand the rest back. Faults known to
+//! the table are counted on the way.
+//!
+//! Why it is exact: it changes the same state in the same order as the kernel's access-by-access
+//! path for these accesses (look up L1; on a miss look up L2, fill L2 and walk on its miss, fill
+//! L1), and a table word is what `translate` said for an address of its unit during this run.
+//! A repeat is recognised by its tag alone: a tag equal to the previous access's names that
+//! access's page, which holds this address.
+//!
+//! Invariants: a fixed loop is chosen ([`fixed_loops`]) only for a page size whose chain has two
+//! links, the first in level 0, both kernel arrays of the loop's widths; after it returns, the
+//! cursor's last tag and mask describe the last access exactly as the kernel's path would.
+
+use super::array::{Array, fingerprint};
+use super::chain::{Cursor, PAGE_SHIFT, Tally};
+use super::memo::{DENSE_KNOWN, DenseTable, FAULT};
+use super::{Tlb, TlbStats, walk};
+
+/// A fixed loop: from index `start` of `addresses`, the accesses whose translation packs to
+/// `bits` (as [`super::memo::Known::pack`]), through `table`; returns the index of the first
+/// address it did not take.
+pub(super) type FixedLoop = fn(&mut Tlb, &[u64], usize, u32, DenseTable<'_>, &mut Cursor, &mut Tally) -> usize;
+
+/// The fixed loop of each page size (`PageSize as usize`), where its chain has a shape one is
+/// compiled for: two links, the first in level 0 (`l1_mask` says one holds the size), both
+/// kernel arrays of 4 or 8 ways (L1) and 4, 8, 12 or 16 ways (L2).
+pub(super) fn fixed_loops(chains: &[Vec<u8>; 4], arrays: &[Array], l1_masks: [u8; 4]) -> [Option<FixedLoop>; 4] {
+    std::array::from_fn(|p| {
+        let &[a, b] = &chains[p][..] else { return None };
+        let (a, b) = (&arrays[a as usize], &arrays[b as usize]);
+        if l1_masks[p] == 0 || !a.kernel || !b.kernel {
+            return None;
+        }
+        Some(match (a.cfg.ways, b.cfg.ways) {
+            (4, 4) => fixed::<4, 4>,
+            (4, 8) => fixed::<4, 8>,
+            (4, 12) => fixed::<4, 12>,
+            (4, 16) => fixed::<4, 16>,
+            (8, 4) => fixed::<8, 4>,
+            (8, 8) => fixed::<8, 8>,
+            (8, 12) => fixed::<8, 12>,
+            (8, 16) => fixed::<8, 16>,
+            _ => return None,
+        })
+    })
+}
+
+/// [`walk`], kept out of the loop (rare on the paths the loops are for, and its registers
+/// would crowd the loop's).
+#[cold]
+#[inline(never)]
+fn cold_walk(caches: &mut [Option<Array>; 3], stats: &mut TlbStats, step_cycles: u64, va: u64, depth: u32) {
+    walk(caches, stats, step_cycles, va, depth);
+}
+
+/// Two distinct elements of `items`, mutably.
+fn two_mut<T>(items: &mut [T], a: usize, b: usize) -> (&mut T, &mut T) {
+    assert_ne!(a, b, "two links of a chain are two arrays");
+    if a < b {
+        let (lo, hi) = items.split_at_mut(b);
+        (&mut lo[a], &mut hi[0])
+    } else {
+        let (lo, hi) = items.split_at_mut(a);
+        (&mut hi[0], &mut lo[b])
+    }
+}
+
+/// The fixed loop for an L1 of `W1` ways and an L2 of `W2` ways ([`FixedLoop`]).
+fn fixed<const W1: usize, const W2: usize>(
+    tlb: &mut Tlb,
+    addresses: &[u64],
+    start: usize,
+    bits: u32,
+    table: DenseTable<'_>,
+    cursor: &mut Cursor,
+    tally: &mut Tally,
+) -> usize {
+    let p = (bits & 3) as usize;
+    let (first, second) = (tlb.chains.of[p][0] as usize, tlb.chains.of[p][1] as usize);
+    let l1_mask = tlb.plans[p].l1_mask;
+    let step_cycles = tlb.config.walk_step_cycles;
+    let Tlb { arrays, walk_caches, stats, .. } = &mut *tlb;
+    let (l1, l2) = two_mut(arrays, first, second);
+    let (Some(mut l1), Some(mut l2)) = (l1.ways_mut::<W1>(), l2.ways_mut::<W2>()) else {
+        return start;
+    };
+    // The tag is the entry's unit number (the page number past the group's bits) over the
+    // packed bits' low six; the table word of every address this loop takes is `expected`.
+    let (shift, low, depth) = (PAGE_SHIFT[p] + ((bits >> 2) & 15), u64::from(bits & 63), bits >> 8);
+    let (expected, fault) = (DENSE_KNOWN | u64::from(bits), DENSE_KNOWN | u64::from(FAULT));
+    let mut last = cursor.last_tag;
+    // Hot counters only: accesses simulated follow from the index (every other address taken
+    // is a repeat or a fault), fills from the hits, evictions from the fills into empty ways.
+    let (mut repeats, mut faults, mut hits) = (0u64, 0u64, [0u64; 2]);
+    let mut empty_fills = [0u64; 2];
+    let mut i = start;
+    while let Some(&va) = addresses.get(i) {
+        let tag = ((va >> shift) << 6) | low;
+        if tag == last {
+            repeats += 1;
+            i += 1;
+            continue;
+        }
+        let word = table.words.get((va >> table.shift).wrapping_sub(table.first) as usize).copied().unwrap_or(0);
+        if word != expected {
+            if word != fault {
+                break;
+            }
+            faults += 1;
+            i += 1;
+            continue;
+        }
+        i += 1;
+        last = tag;
+        let (vpn, fp) = (tag >> 6, fingerprint(tag));
+        if l1.lookup(tag, vpn, fp) {
+            hits[0] += 1;
+            continue;
+        }
+        if l2.lookup(tag, vpn, fp) {
+            hits[1] += 1;
+        } else {
+            empty_fills[1] += u64::from(!l2.fill(tag, vpn, fp));
+            cold_walk(walk_caches, stats, step_cycles, va, depth);
+        }
+        empty_fills[0] += u64::from(!l1.fill(tag, vpn, fp));
+    }
+    let simulated = (i - start) as u64 - repeats - faults;
+    let fills = [simulated - hits[0], simulated - hits[0] - hits[1]];
+    if simulated != 0 {
+        (cursor.last_tag, cursor.last_mask) = (last, l1_mask);
+    }
+    cursor.faults += faults;
+    tally.simulated[p] += simulated;
+    for link in 0..2 {
+        tally.hits[p][link] += hits[link];
+        tally.evictions[p][link] += fills[link] - empty_fills[link];
+    }
+    // Repeats are L1 hits on the most recent entry: counted, no state changes.
+    let c = &mut tlb.counters[first];
+    c.lookups += repeats;
+    c.hits += repeats;
+    i
+}
