@@ -490,7 +490,7 @@ impl Array {
             && self.fps.len() == sets
             && self.orders.len() == sets
             && self.tags.len() == sets * W;
-        fits.then(|| Ways {
+        fits.then_some(Ways {
             tags: &mut self.tags,
             fps: &mut self.fps,
             orders: &mut self.orders,

@@ -108,7 +108,7 @@ impl Tlb {
         // A dense table for the fixed loops, and the index before which none is entered again
         // (one that stopped at once waits a while: mixed page sizes would thrash).
         if self.fixed.iter().any(Option::is_some) {
-            pages.memo.plan(addresses);
+            pages.memo.plan(addresses.len());
         }
         let mut retry_at = 0;
         let mut i = 0;

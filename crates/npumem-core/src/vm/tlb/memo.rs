@@ -96,13 +96,14 @@ pub(super) struct Memo {
     dense_first: u64,
     /// Whether this run has chosen its granule table (at its first granule to remember).
     decided: bool,
-    /// The dense region table of this run, when [`Memo::plan`] chose one (else empty), from
-    /// region `dense_regions_first`: 0 unknown, else `DENSE_KNOWN | packed` for a region one
-    /// 2 MiB or 1 GiB page covers (split regions and faults are not kept in it).
+    /// The dense region table of this run (empty until a huge or giant page is remembered),
+    /// from region `dense_regions_first`: 0 unknown, else `DENSE_KNOWN | packed` for a region
+    /// one 2 MiB or 1 GiB page covers (split regions and faults are not kept in it). It grows
+    /// to the regions remembered, at least doubling its span each time, up to
+    /// `dense_regions_cap` regions (0 without [`Memo::plan`]: no table).
     dense_regions: Vec<u64>,
     dense_regions_first: u64,
-    /// The lowest and highest address of this run, once scanned.
-    bounds: Option<(u64, u64)>,
+    dense_regions_cap: u64,
 }
 
 /// A dense table of what a run knows, for the fixed loops ([`super::fixed`]): one word per unit
@@ -115,38 +116,16 @@ pub(super) struct DenseTable<'a> {
     pub shift: u32,
 }
 
-/// The lowest and highest of `addresses` (`None` when empty), in one pass over them: with AVX2
-/// where the CPU has it (four lanes a step), else portably.
+/// The lowest and highest of `addresses` (`None` when empty): lane-wise minima and maxima over
+/// chunks (independent chains), then across lanes.
 fn bounds(addresses: &[u64]) -> Option<(u64, u64)> {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2 (checked just above).
-        return unsafe { bounds_avx2(addresses) };
-    }
-    bounds_lanes(addresses)
-}
-
-/// [`bounds_lanes`] compiled for AVX2.
-///
-/// # Safety
-/// The CPU must have AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn bounds_avx2(addresses: &[u64]) -> Option<(u64, u64)> {
-    bounds_lanes(addresses)
-}
-
-/// [`bounds`]: lane-wise minima and maxima over chunks (independent chains, which the compiler
-/// vectorises), then across lanes.
-#[inline(always)]
-fn bounds_lanes(addresses: &[u64]) -> Option<(u64, u64)> {
-    let (mut lo, mut hi) = ([u64::MAX; 8], [0u64; 8]);
-    let chunks = addresses.chunks_exact(8);
+    let (mut lo, mut hi) = ([u64::MAX; 4], [0u64; 4]);
+    let chunks = addresses.chunks_exact(4);
     for &va in chunks.remainder() {
         (lo[0], hi[0]) = (lo[0].min(va), hi[0].max(va));
     }
     for c in chunks {
-        for k in 0..8 {
+        for k in 0..4 {
             (lo[k], hi[k]) = (lo[k].min(c[k]), hi[k].max(c[k]));
         }
     }
@@ -171,7 +150,7 @@ impl Memo {
             decided: false,
             dense_regions: Vec::new(),
             dense_regions_first: 0,
-            bounds: None,
+            dense_regions_cap: 0,
         }
     }
 
@@ -179,7 +158,7 @@ impl Memo {
     pub(super) fn start_run(&mut self) {
         self.dense.clear();
         self.dense_regions.clear();
-        self.bounds = None;
+        self.dense_regions_cap = 0;
         self.decided = false;
         self.generation = self.generation.wrapping_add(1);
         if self.generation == 0 {
@@ -220,7 +199,7 @@ impl Memo {
     #[cold]
     fn decide(&mut self, addresses: &[u64]) {
         self.decided = true;
-        if let Some((lo, hi)) = self.bounds.or_else(|| bounds(addresses)) {
+        if let Some((lo, hi)) = bounds(addresses) {
             let span = (hi >> GRANULE_SHIFT) - (lo >> GRANULE_SHIFT) + 1;
             if span <= DENSE_GRANULES && span <= 4 * addresses.len() as u64 {
                 self.dense.resize(span as usize, 0);
@@ -229,18 +208,34 @@ impl Memo {
         }
     }
 
-    /// Scans this run's `addresses` once (before anything is remembered) and gives it a dense
-    /// region table when their span is at most four 2 MiB regions per address plus
-    /// [`DENSE_REGIONS_FREE`]; the granule table's choice reuses the scan.
-    pub(super) fn plan(&mut self, addresses: &[u64]) {
-        self.bounds = bounds(addresses);
-        if let Some((lo, hi)) = self.bounds {
-            let span = (hi >> REGION_SHIFT) - (lo >> REGION_SHIFT) + 1;
-            if span <= DENSE_GRANULES && span <= 4 * addresses.len() as u64 + DENSE_REGIONS_FREE {
-                self.dense_regions.resize(span as usize, 0);
-                self.dense_regions_first = lo >> REGION_SHIFT;
+    /// Lets this run, of `accesses` addresses, keep a dense region table spanning up to four
+    /// 2 MiB regions per address plus [`DENSE_REGIONS_FREE`] (at most [`DENSE_GRANULES`]).
+    pub(super) fn plan(&mut self, accesses: usize) {
+        self.dense_regions_cap = (4 * accesses as u64).saturating_add(DENSE_REGIONS_FREE).min(DENSE_GRANULES);
+    }
+
+    /// Writes `word` for `region` in the dense region table, growing it when the span stays
+    /// within its cap (to twice the span, on the side it grew: amortised linear).
+    fn remember_region(&mut self, region: u64, word: u64) {
+        let (first, len) = (self.dense_regions_first, self.dense_regions.len() as u64);
+        let at = region.wrapping_sub(first);
+        if at >= len {
+            let (lo, hi) = if len == 0 { (region, region) } else { (first.min(region), (first + len - 1).max(region)) };
+            let span = hi - lo + 1;
+            if span > self.dense_regions_cap {
+                return;
             }
+            let want = (2 * span).max(64).min(self.dense_regions_cap);
+            let new_first = if len != 0 && region < first { lo - (want - span).min(lo) } else { lo };
+            let mut words = vec![0u64; want as usize];
+            if len != 0 {
+                let offset = (first - new_first) as usize;
+                words[offset..offset + len as usize].copy_from_slice(&self.dense_regions);
+            }
+            (self.dense_regions, self.dense_regions_first) = (words, new_first);
         }
+        let at = region.wrapping_sub(self.dense_regions_first) as usize;
+        self.dense_regions[at] = word;
     }
 
     /// The dense table a fixed loop reads for pages of `page` size: the granule table for 4 KiB
@@ -265,9 +260,7 @@ impl Memo {
         self.regions[slot_of(region, REGION_BITS)] =
             Slot { key: region, generation, known: if whole { packed } else { SPLIT } };
         if whole {
-            if let Some(word) = self.dense_regions.get_mut(region.wrapping_sub(self.dense_regions_first) as usize) {
-                *word = DENSE_KNOWN | u64::from(packed);
-            }
+            self.remember_region(region, DENSE_KNOWN | u64::from(packed));
         }
         if !whole {
             if !self.decided {

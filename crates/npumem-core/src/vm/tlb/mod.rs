@@ -159,7 +159,7 @@ impl Tlb {
         let (chains, chained) = Chains::new(&plans);
         let kernel = chained && arrays.iter().all(|a| a.kernel);
         let fixed = if kernel {
-            fixed::fixed_loops(&chains.of, &arrays, plans.each_ref().map(|p| p.l1_mask))
+            fixed::fixed_loops(&chains.of, &arrays, plans.each_ref().map(|p| p.l1_mask), fixed::wide_isa())
         } else {
             [None; 4]
         };
