@@ -315,3 +315,64 @@ fn dense_translation_table_matches_the_reference() {
         }
     }
 }
+
+/// Two-level hierarchies whose chains the run kernel's fixed loops take (an L1 of 4 or 8 ways,
+/// an L2 of 4, 8, 12 or 16, narrow LRU over a power of two of sets), each level one unified
+/// array or two splitting the page sizes.
+fn fixed_config() -> impl Strategy<Value = TlbConfig> {
+    let level = |ways: &'static [usize]| {
+        (0..ways.len(), 0u32..5, 0u8..16, 0u64..20, 0..ways.len(), 0u32..5).prop_map(
+            move |(w, s, split, hit, w2, s2)| {
+                let sizes = |mask: u8| -> Vec<PageSize> {
+                    PageSize::ALL.iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0).map(|(_, &p)| p).collect()
+                };
+                let a = |w: usize, s: u32, mask: u8| {
+                    ArrayConfig::new("f", ways[w] << s, ways[w], &sizes(mask), Replacement::Lru, hit)
+                };
+                if split == 0 || split == 15 { vec![a(w, s, 15)] } else { vec![a(w, s, split), a(w2, s2, 15 & !split)] }
+            },
+        )
+    };
+    (level(&[4, 8]), level(&[4, 8, 12, 16]), [0usize..40, 0usize..40, 0usize..40], 0u64..50, 0u32..3).prop_map(
+        |(l1, l2, walk_cache_entries, walk_step_cycles, c)| TlbConfig {
+            name: "fixed".into(),
+            levels: vec![l1, l2],
+            walk_cache_entries,
+            walk_step_cycles,
+            source: "proptest".into(),
+            coalesce: 1 << c,
+        },
+    )
+}
+
+/// A stream mostly over one region (`home`: giant, huge, small or medium pages), each address
+/// elsewhere (any region, unmapped included) with probability `foreign` percent: the fixed
+/// loops take the home stretches and hand back at every other address.
+fn home_stream() -> impl Strategy<Value = Vec<(u8, u16, u32, u8)>> {
+    (0u8..4, prop_oneof![Just(0u32), Just(2u32), Just(20u32)], prop::collection::vec((address(), 0u32..100), 0..1500))
+        .prop_map(|(home, foreign, raw)| {
+            raw.into_iter()
+                .map(|((region, page, offset, repeat), roll)| {
+                    (if roll < foreign { region } else { home }, page, offset, repeat)
+                })
+                .collect()
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// The fixed loops (every shape they are compiled for, every page size, coalescing, holes,
+    /// hand-backs at foreign addresses, a page table that changes between runs) against the
+    /// reference.
+    #[test]
+    fn fixed_loops_are_bit_identical_to_the_reference(
+        config in fixed_config(),
+        first in layout(),
+        second in layout(),
+        runs in prop::collection::vec(home_stream(), 1..4),
+        resets in prop::collection::vec(any::<bool>(), 4),
+    ) {
+        check_against_reference(config, &first, &second, &runs, &resets, &[])?;
+    }
+}

@@ -728,6 +728,8 @@ mod tests {
             let tlb = Tlb::new(TlbConfig::preset(name).unwrap()).unwrap();
             assert!(tlb.chained, "{name}: every preset has one array a level per page size");
             assert_eq!(tlb.kernel, ["skylake", "champsim_default"].contains(name), "{name}");
+            // The kernel's presets have a fixed loop for every page size (4- and 12-way links).
+            assert_eq!(tlb.fixed.iter().all(Option::is_some), tlb.kernel, "{name}");
         }
     }
 
