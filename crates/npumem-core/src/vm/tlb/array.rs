@@ -522,10 +522,30 @@ impl<const W: usize> Ways<'_, W> {
     }
 
     /// Looks `tag` (page number `vpn`, fingerprint `fp`) up; a hit becomes the most recent of
-    /// its set. Returns whether it hit.
+    /// its set. Returns whether it hit. With `AVX2` (only ever inlined into code compiled for
+    /// AVX2, on a CPU that has it: [`super::fixed`]), a set of four ways compares its full tags
+    /// in one vector instruction.
     #[inline(always)]
-    pub(super) fn lookup(&mut self, tag: u64, vpn: u64, fp: u16) -> bool {
+    pub(super) fn lookup<const AVX2: bool>(&mut self, tag: u64, vpn: u64, fp: u16) -> bool {
         let set = (vpn & self.mask) as usize;
+        #[cfg(target_arch = "x86_64")]
+        if AVX2 && W == 4 {
+            use std::arch::x86_64::*;
+            // SAFETY: `AVX2` is true only in loops compiled for AVX2 and run where the CPU has
+            // it; `set <= mask` and `ways_mut` checked that `tags` holds 4 ways of each of the
+            // `mask + 1` sets (32 readable bytes from `set * 4`) and `orders` one word a set.
+            unsafe {
+                let ways = _mm256_loadu_si256(self.tags.as_ptr().add(set * 4).cast());
+                let eq = _mm256_cmpeq_epi64(ways, _mm256_set1_epi64x(tag as i64));
+                let hits = _mm256_movemask_pd(_mm256_castsi256_pd(eq)) as u32;
+                if hits == 0 {
+                    return false;
+                }
+                let order = self.orders.get_unchecked_mut(set);
+                *order = Order::touch(*order, u64::from(hits.trailing_zeros()));
+                return true;
+            }
+        }
         // SAFETY: `set <= mask`, and `ways_mut` checked that `fps` and `orders` hold `mask + 1`
         // sets and `tags` `W` ways of each; every way below is below `W`.
         unsafe {

@@ -124,7 +124,7 @@ fn fixed<const W1: usize, const W2: usize>(
     cursor: &mut Cursor,
     tally: &mut Tally,
 ) -> usize {
-    fixed_body::<W1, W2>(tlb, addresses, start, bits, table, cursor, tally)
+    fixed_body::<W1, W2, false>(tlb, addresses, start, bits, table, cursor, tally)
 }
 
 /// [`fixed`] for CPUs with AVX2, BMI1/2 and LZCNT.
@@ -157,12 +157,12 @@ unsafe fn fixed_isa<const W1: usize, const W2: usize>(
     cursor: &mut Cursor,
     tally: &mut Tally,
 ) -> usize {
-    fixed_body::<W1, W2>(tlb, addresses, start, bits, table, cursor, tally)
+    fixed_body::<W1, W2, true>(tlb, addresses, start, bits, table, cursor, tally)
 }
 
-/// The body of every fixed loop.
+/// The body of every fixed loop (`AVX2`: compiled for it, see [`super::array::Ways::lookup`]).
 #[inline(always)]
-fn fixed_body<const W1: usize, const W2: usize>(
+fn fixed_body<const W1: usize, const W2: usize, const AVX2: bool>(
     tlb: &mut Tlb,
     addresses: &[u64],
     start: usize,
@@ -211,11 +211,11 @@ fn fixed_body<const W1: usize, const W2: usize>(
         i += 1;
         last = tag;
         let (vpn, fp) = (tag >> 6, fingerprint(tag));
-        if l1.lookup(tag, vpn, fp) {
+        if l1.lookup::<AVX2>(tag, vpn, fp) {
             hits[0] += 1;
             continue;
         }
-        if l2.lookup(tag, vpn, fp) {
+        if l2.lookup::<AVX2>(tag, vpn, fp) {
             hits[1] += 1;
         } else {
             empty_fills[1] += u64::from(!l2.fill(tag, vpn, fp));
