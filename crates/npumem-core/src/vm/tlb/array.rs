@@ -523,21 +523,24 @@ impl<const W: usize> Ways<'_, W> {
 
     /// Looks `tag` (page number `vpn`, fingerprint `fp`) up; a hit becomes the most recent of
     /// its set. Returns whether it hit. With `AVX2` (only ever inlined into code compiled for
-    /// AVX2, on a CPU that has it: [`super::fixed`]), a set of four ways compares its full tags
-    /// in one vector instruction.
+    /// AVX2, on a CPU that has it: [`super::fixed`]), a set of 4, 8, 12 or 16 ways compares its
+    /// full tags, four ways a vector instruction, instead of fingerprints.
     #[inline(always)]
     pub(super) fn lookup<const AVX2: bool>(&mut self, tag: u64, vpn: u64, fp: u16) -> bool {
         let set = (vpn & self.mask) as usize;
         #[cfg(target_arch = "x86_64")]
-        if AVX2 && W == 4 {
+        if AVX2 && W % 4 == 0 {
             use std::arch::x86_64::*;
             // SAFETY: `AVX2` is true only in loops compiled for AVX2 and run where the CPU has
-            // it; `set <= mask` and `ways_mut` checked that `tags` holds 4 ways of each of the
-            // `mask + 1` sets (32 readable bytes from `set * 4`) and `orders` one word a set.
+            // it; `set <= mask` and `ways_mut` checked that `tags` holds `W` ways of each of the
+            // `mask + 1` sets (`8 * W` readable bytes from `set * W`) and `orders` one word a set.
             unsafe {
-                let ways = _mm256_loadu_si256(self.tags.as_ptr().add(set * 4).cast());
-                let eq = _mm256_cmpeq_epi64(ways, _mm256_set1_epi64x(tag as i64));
-                let hits = _mm256_movemask_pd(_mm256_castsi256_pd(eq)) as u32;
+                let (ways, needle) = (self.tags.as_ptr().add(set * W), _mm256_set1_epi64x(tag as i64));
+                let mut hits = 0u32;
+                for k in 0..W / 4 {
+                    let eq = _mm256_cmpeq_epi64(_mm256_loadu_si256(ways.add(4 * k).cast()), needle);
+                    hits |= (_mm256_movemask_pd(_mm256_castsi256_pd(eq)) as u32) << (4 * k);
+                }
                 if hits == 0 {
                     return false;
                 }
