@@ -13,7 +13,10 @@
 //! builds the tag with one shift, and runs the chain (unrolled for two levels) with the arrays'
 //! narrow lookup and fill, tallying hits and evictions per (page size, link); lookups, misses and
 //! hit cycles follow from the tallies at the end (every simulated access looks up a chain's first
-//! link, every miss the next), so the counters are the same sums.
+//! link, every miss the next), so the counters are the same sums. After each access it
+//! simulates, the kernel hands the addresses that follow to that page size's fixed loop, if it
+//! has one ([`super::fixed`]), which takes them while they translate alike and hands back the
+//! first that does not.
 //!
 //! Invariants: `Chains::of[p]` lists exactly the arrays of `Tlb::plans[p]`, one per level, in
 //! level order; a chain is used only when `Tlb::chained` (no level has two arrays for one size),
@@ -22,6 +25,7 @@
 //! loop leaves it.
 
 use super::array::{EMPTY, fingerprint};
+use super::fixed::Handoff;
 use super::memo::{DEEP, Known};
 use super::{PageSize, Pages, Tlb, Translation};
 
@@ -159,7 +163,7 @@ impl Tlb {
                 if let (Some(fixed), Some(table), true) =
                     (self.fixed[page as usize], pages.memo.dense_table(page), i >= retry_at)
                 {
-                    let next = fixed(self, addresses, i, bits, table, &mut cursor, &mut tally);
+                    let next = fixed(self, Handoff { addresses, start: i, bits, table }, &mut cursor, &mut tally);
                     if next < i + 16 {
                         retry_at = next + 64;
                     }

@@ -28,10 +28,19 @@ use super::chain::{Cursor, PAGE_SHIFT, Tally, stretch};
 use super::memo::{DENSE_KNOWN, DenseTable, FAULT};
 use super::{Tlb, TlbStats, walk};
 
-/// A fixed loop: from index `start` of `addresses`, the accesses whose translation packs to
-/// `bits` (as [`super::memo::Known::pack`]), through `table`; returns the index of the first
-/// address it did not take.
-pub(super) type FixedLoop = fn(&mut Tlb, &[u64], usize, u32, DenseTable<'_>, &mut Cursor, &mut Tally) -> usize;
+/// What the kernel hands a fixed loop: from index `start` of `addresses`, the accesses whose
+/// translation packs to `bits` (as [`super::memo::Known::pack`]), through `table`.
+#[derive(Clone, Copy)]
+pub(super) struct Handoff<'a> {
+    pub addresses: &'a [u64],
+    pub start: usize,
+    pub bits: u32,
+    pub table: DenseTable<'a>,
+}
+
+/// A fixed loop: takes what a [`Handoff`] offers, counting into the cursor and tally; returns
+/// the index of the first address it did not take.
+pub(super) type FixedLoop = fn(&mut Tlb, Handoff<'_>, &mut Cursor, &mut Tally) -> usize;
 
 /// The fixed loop of each page size (`PageSize as usize`), where its chain has a shape one is
 /// compiled for: two links, the first in level 0 (`l1_mask` says one holds the size), both
@@ -117,29 +126,23 @@ fn two_mut<T>(items: &mut [T], a: usize, b: usize) -> (&mut T, &mut T) {
 /// x86_64 baseline.
 fn fixed<const W1: usize, const W2: usize>(
     tlb: &mut Tlb,
-    addresses: &[u64],
-    start: usize,
-    bits: u32,
-    table: DenseTable<'_>,
+    h: Handoff<'_>,
     cursor: &mut Cursor,
     tally: &mut Tally,
 ) -> usize {
-    fixed_body::<W1, W2, false>(tlb, addresses, start, bits, table, cursor, tally)
+    fixed_body::<W1, W2, false>(tlb, h, cursor, tally)
 }
 
 /// [`fixed`] for CPUs with AVX2, BMI1/2 and LZCNT.
 #[cfg(target_arch = "x86_64")]
 fn fixed_wide<const W1: usize, const W2: usize>(
     tlb: &mut Tlb,
-    addresses: &[u64],
-    start: usize,
-    bits: u32,
-    table: DenseTable<'_>,
+    h: Handoff<'_>,
     cursor: &mut Cursor,
     tally: &mut Tally,
 ) -> usize {
     // SAFETY: `fixed_loops` hands this loop out only where `wide_isa` found the features.
-    unsafe { fixed_isa::<W1, W2>(tlb, addresses, start, bits, table, cursor, tally) }
+    unsafe { fixed_isa::<W1, W2>(tlb, h, cursor, tally) }
 }
 
 /// [`fixed_body`] compiled for AVX2, BMI1/2 and LZCNT.
@@ -150,27 +153,22 @@ fn fixed_wide<const W1: usize, const W2: usize>(
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt")]
 unsafe fn fixed_isa<const W1: usize, const W2: usize>(
     tlb: &mut Tlb,
-    addresses: &[u64],
-    start: usize,
-    bits: u32,
-    table: DenseTable<'_>,
+    h: Handoff<'_>,
     cursor: &mut Cursor,
     tally: &mut Tally,
 ) -> usize {
-    fixed_body::<W1, W2, true>(tlb, addresses, start, bits, table, cursor, tally)
+    fixed_body::<W1, W2, true>(tlb, h, cursor, tally)
 }
 
 /// The body of every fixed loop (`AVX2`: compiled for it, see [`super::array::Ways::lookup`]).
 #[inline(always)]
 fn fixed_body<const W1: usize, const W2: usize, const AVX2: bool>(
     tlb: &mut Tlb,
-    addresses: &[u64],
-    start: usize,
-    bits: u32,
-    table: DenseTable<'_>,
+    h: Handoff<'_>,
     cursor: &mut Cursor,
     tally: &mut Tally,
 ) -> usize {
+    let Handoff { addresses, start, bits, table } = h;
     let p = (bits & 3) as usize;
     let (first, second) = (tlb.chains.of[p][0] as usize, tlb.chains.of[p][1] as usize);
     let l1_mask = tlb.plans[p].l1_mask;

@@ -8,13 +8,18 @@
 //! when that span is at most [`DENSE_GRANULES`] granules and at most four per address of the run
 //! (clearing it then costs less than the run); otherwise direct-mapped. The choice is made once
 //! per run, at its first granule to remember, so a run over huge pages only never scans its
-//! addresses for their span. A slot is valid only
+//! addresses for their span. Runs of the kernel also keep a dense table by 2 MiB region for
+//! huge and giant pages ([`Memo::plan`]), grown as regions are remembered; the fixed loops read
+//! both dense tables directly ([`Memo::dense_table`]). A slot is valid only
 //! for the run that filled it (its generation), so a new run, which may see another page table,
 //! starts empty without clearing anything.
 //!
 //! Invariants: a valid slot holds what `translate` said for an address in its region or granule
 //! during the current run (the page table does not change during a run; every address of a page
-//! translates to that page); a slot never answers for another key (the key is compared).
+//! translates to that page); a slot never answers for another key (the key is compared); a
+//! nonzero word of a dense table is `DENSE_KNOWN` over what `translate` said for an address of its
+//! granule or region during the current run, and the region table holds only regions one huge
+//! or giant page covers.
 
 use crate::vm::PageSize;
 

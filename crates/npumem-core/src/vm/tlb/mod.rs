@@ -12,12 +12,13 @@
 //! ways at once and keep LRU as a 4-bit-a-way recency order, wide ones and the walk caches are
 //! hashed: [`array`]); `run` remembers the translations it has asked for ([`memo`]), counts a run
 //! of accesses to the page of the previous one in bulk, and simulates the rest along each page
-//! size's chain of arrays ([`chain`]: a dedicated loop when every array is narrow LRU, access by
+//! size's chain of arrays ([`chain`]: a dedicated loop when every array is narrow LRU, with
+//! [`fixed`] loops monomorphised per chain shape for the common two-link chains; access by
 //! access otherwise) or, where a level has two arrays for one size, in batches level by level
 //! ([`batch`]). [`reference::ReferenceTlb`] is the model as first written (linear scans); the
 //! two give bit-identical counters and contents on every configuration and address stream
 //! (property tests in `tests/tlb_reference.rs`, one of them over hierarchies the chain loop
-//! takes).
+//! takes, one over the shapes the fixed loops are compiled for).
 //!
 //! Every size and cycle count of a configuration is checked against the bounds in [`limits`]
 //! before anything is allocated: they sit far above every real part, and keep a hierarchy within
