@@ -247,7 +247,8 @@ mod tests {
     use crate::vm::{PageSize, PageTable};
 
     /// The loops compiled for the baseline (the machine running the tests may take the others)
-    /// against the reference, on both presets they serve, over 4 KiB and 2 MiB pages with holes.
+    /// against the reference, on both presets they serve and on unified two-level hierarchies of
+    /// every compiled shape, over 4 KiB and 2 MiB pages with holes.
     #[test]
     fn baseline_loops_match_the_reference() {
         const BASE: u64 = 0x2000_0000_0000;
@@ -269,8 +270,16 @@ mod tests {
                 (0..30_000).map(|_| BASE + (next() % 300) * page.bytes() + next() % 64).collect(),
                 (0..30_000u64).map(|i| BASE + i * 4160 % span).collect(),
             ];
-            for preset in ["skylake", "champsim_default"] {
-                let config = TlbConfig::preset(preset).unwrap();
+            let shapes = [(4, 8), (4, 16), (8, 4), (8, 8), (8, 12), (8, 16)].map(|(w1, w2)| {
+                let mut config = TlbConfig::preset("champsim_default").unwrap();
+                config.name = format!("{w1}x{w2}");
+                (config.levels[0][0].entries, config.levels[0][0].ways) = (4 * w1, w1);
+                (config.levels[1][0].entries, config.levels[1][0].ways) = (64 * w2, w2);
+                config
+            });
+            let presets = ["skylake", "champsim_default"].map(|p| TlbConfig::preset(p).unwrap());
+            for config in presets.into_iter().chain(shapes) {
+                let preset = config.name.clone();
                 let mut fast = Tlb::new(config.clone()).unwrap();
                 let masks = fast.plans.each_ref().map(|p| p.l1_mask);
                 fast.fixed = fixed_loops(&fast.chains.of, &fast.arrays, masks, false);
