@@ -5,6 +5,7 @@
 //! `free_many` checks every pointer before freeing any; a replay returns the allocations it still
 //! holds (or frees them when it stops on an error).
 
+use super::id_table::IdTable;
 use super::*;
 use crate::pool::Grant;
 
@@ -643,75 +644,5 @@ impl Replay {
     pub fn finish(mut self) -> ReplayOutcome {
         self.outcome.leftover = self.ids.drain();
         self.outcome
-    }
-}
-
-/// Which pointer each live id of a replay holds (0: none; no allocation starts at 0): a vector
-/// indexed by id for the dense ids traces have, a hash map past `DENSE_LIMIT`.
-#[derive(Debug)]
-enum IdTable {
-    Dense(Vec<u64>),
-    Sparse(FxHashMap<u64, u64>),
-}
-
-/// Ids up to this bound (and up to 4x the events, plus a margin) are kept in a vector.
-const DENSE_LIMIT: u64 = 1 << 30;
-
-impl IdTable {
-    fn new(id_bound: u64, events: u64) -> Self {
-        if id_bound <= DENSE_LIMIT && id_bound <= events.saturating_mul(4).saturating_add(1 << 16) {
-            IdTable::Dense(vec![0; id_bound as usize])
-        } else {
-            IdTable::Sparse(FxHashMap::default())
-        }
-    }
-
-    #[inline(always)]
-    fn get(&self, id: u64) -> u64 {
-        match self {
-            IdTable::Dense(v) => v.get(id as usize).copied().unwrap_or(0),
-            IdTable::Sparse(m) => m.get(&id).copied().unwrap_or(0),
-        }
-    }
-
-    #[inline(always)]
-    fn set(&mut self, id: u64, ptr: u64) {
-        match self {
-            IdTable::Dense(v) if id < v.len() as u64 => v[id as usize] = ptr,
-            IdTable::Dense(v) if id < DENSE_LIMIT && id <= 2 * v.len() as u64 + (1 << 16) => {
-                v.resize((id as usize + 1).max(2 * v.len()), 0);
-                v[id as usize] = ptr;
-            }
-            IdTable::Dense(v) => {
-                let mut m: FxHashMap<u64, u64> =
-                    v.iter().enumerate().filter(|&(_, &p)| p != 0).map(|(i, &p)| (i as u64, p)).collect();
-                m.insert(id, ptr);
-                *self = IdTable::Sparse(m);
-            }
-            IdTable::Sparse(m) => {
-                m.insert(id, ptr);
-            }
-        }
-    }
-
-    /// The pointer of `id`, which is no longer live.
-    #[inline(always)]
-    fn take(&mut self, id: u64) -> u64 {
-        match self {
-            IdTable::Dense(v) => v.get_mut(id as usize).map_or(0, std::mem::take),
-            IdTable::Sparse(m) => m.remove(&id).unwrap_or(0),
-        }
-    }
-
-    /// Every live pointer, leaving the table empty.
-    fn drain(&mut self) -> Vec<u64> {
-        match self {
-            IdTable::Dense(v) => {
-                let out = v.iter().copied().filter(|&p| p != 0).collect();
-                v.fill(0);
-                out
-            }
-            IdTable::Sparse(m) => m.drain().map(|(_, p)| p).filter(|&p| p != 0).collect(),
-        }
     }
 }

@@ -40,6 +40,7 @@ use rustc_hash::FxHashMap;
 
 use super::Allocation;
 use crate::acl::Policy;
+use crate::prefetch::prefetch;
 use crate::vm::PageSize;
 use hashed::Hashed;
 
@@ -102,18 +103,6 @@ impl Record {
             stream: self.stream as u64,
         }
     }
-}
-
-/// A hint to load the cache line at `p`.
-#[inline(always)]
-fn prefetch<T>(p: &T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: SSE is part of x86_64; a prefetch is a hint that never faults, and `p` is valid.
-    unsafe {
-        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p as *const T as *const i8)
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 /// The records of one 2 MiB page.
@@ -215,7 +204,12 @@ impl LiveTable {
         if ptr & GRAIN_MASK == 0 {
             if let Some(record) = Record::pack(&allocation) {
                 let page = ptr >> PAGE_SHIFT;
-                if let Some(leaf) = self.leaf_of(page).or_else(|| self.new_leaf(page)) {
+                let leaf = match self.leaf_of(page) {
+                    Some(leaf) => Some(leaf),
+                    None if self.may_grow() => self.new_leaf(page),
+                    None => None,
+                };
+                if let Some(leaf) = leaf {
                     let leaf = &mut self.leaves[leaf as usize];
                     let slot = Self::slot(ptr);
                     debug_assert!(!leaf.records[slot].live, "{ptr:#x} is live already");
@@ -229,6 +223,21 @@ impl LiveTable {
         }
         debug_assert!(self.get(ptr).is_none(), "{ptr:#x} is live already");
         self.loose.insert(allocation);
+    }
+
+    /// Whether `new_leaf` may find a leaf: one may have gone empty, or the budget allows
+    /// another (checked before the call, which a table of large allocations, most of them
+    /// loose, would otherwise make on every insert).
+    #[inline(always)]
+    fn may_grow(&self) -> bool {
+        !self.emptied.is_empty() || self.within_budget()
+    }
+
+    /// Whether the budget allows one more leaf.
+    #[inline(always)]
+    fn within_budget(&self) -> bool {
+        let budget = (self.in_leaves + 1).saturating_mul(self.slots_per_live) + self.free_leaves * SLOTS;
+        (self.leaves.len() + 1) * SLOTS <= budget && self.leaves.len() < u32::MAX as usize
     }
 
     /// A leaf for `page`: one that went empty, taken over, else a new one while the budget
@@ -254,8 +263,7 @@ impl LiveTable {
                 i
             }
             None => {
-                let budget = (self.in_leaves + 1).saturating_mul(self.slots_per_live) + self.free_leaves * SLOTS;
-                if (self.leaves.len() + 1) * SLOTS > budget || self.leaves.len() >= u32::MAX as usize {
+                if !self.within_budget() {
                     return None;
                 }
                 let records = vec![Record::default(); SLOTS].into_boxed_slice();
@@ -282,6 +290,20 @@ impl LiveTable {
     /// Removes and returns the live allocation at `ptr`.
     #[inline(always)]
     pub fn remove(&mut self, ptr: u64) -> Option<Allocation> {
+        // Where most allocations are is looked at first (an allocation is in one place only):
+        // in a table of large allocations, most are loose, and their pages have no leaf.
+        if self.loose.len() > self.in_leaves {
+            if let Some(a) = self.loose.remove(ptr) {
+                return Some(a);
+            }
+            return self.remove_from_leaf(ptr);
+        }
+        self.remove_from_leaf(ptr).or_else(|| if self.loose.len() == 0 { None } else { self.loose.remove(ptr) })
+    }
+
+    /// Removes and returns the live allocation at `ptr` if a leaf holds it.
+    #[inline(always)]
+    fn remove_from_leaf(&mut self, ptr: u64) -> Option<Allocation> {
         if ptr & GRAIN_MASK == 0 && self.in_leaves > 0 {
             if let Some(i) = self.leaf_of(ptr >> PAGE_SHIFT) {
                 let leaf = &mut self.leaves[i as usize];
@@ -302,7 +324,7 @@ impl LiveTable {
                 }
             }
         }
-        if self.loose.len() == 0 { None } else { self.loose.remove(ptr) }
+        None
     }
 
     #[inline]
