@@ -25,7 +25,7 @@ pub struct ReplayOutcome {
 /// The most requests `malloc_many` hands the allocator's front cache at once.
 const CACHED_RUN: usize = 1024;
 /// How many blocks ahead a batch asks for the live table's records (`LiveTable::prefetch`).
-const LOOK_AHEAD: usize = 8;
+const LOOK_AHEAD: usize = 16;
 
 impl Device {
     /// Allocates one block per size on `stream`; on any failure, frees the blocks this call made
@@ -485,9 +485,7 @@ impl Device {
     /// runtime with a queue of its own (no work there that may be incomplete).
     #[inline]
     fn idle(&self, stream: StreamId) -> bool {
-        let now = self.sched.now_ns();
-        self.sched.tail_ns(stream).is_ok_and(|t| t <= now)
-            && (self.rt_dirty.is_empty() || !self.rt_dirty.contains(&stream))
+        self.sched.is_idle(stream) && (self.rt_dirty.is_empty() || !self.rt_dirty.contains(&stream))
     }
 
     /// [`Device::idle`] of `stream`, asked once per run of blocks on one stream: `last` holds the

@@ -150,7 +150,7 @@ const CALM_DIVISOR: u64 = 2;
 const SMALL_PAGE: u64 = 64 * 1024;
 /// How many blocks ahead the batch paths (`malloc_cached`, `free_cached`) ask for a block's
 /// record (`BlockMap::prefetch`): with 10^6 live blocks the records miss the cache.
-const LOOK_AHEAD: usize = 8;
+const LOOK_AHEAD: usize = 16;
 
 /// The page size of `kind`'s pool on a backend whose smallest physical allocation is at most
 /// this (a pool takes its backend's granularity where that is larger: a GPU's 2 MiB).
