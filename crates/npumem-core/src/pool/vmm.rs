@@ -976,6 +976,15 @@ impl Allocator for VmmAllocator {
             let Some((kind, size)) = self.route_cached(requested, policy) else { break };
             let Some(pool) = self.pools[kind as usize].as_mut() else { break };
             let rest = &sizes[served..];
+            if rest.get(1) != Some(&requested) {
+                // A run of one (sizes that vary): the stack's top, without measuring a run.
+                let Some(w) = self.recent.pop(kind, size) else { break };
+                pool.blocks.insert(w.ptr, Block { size, requested, page: w.page });
+                out.push(Grant { ptr: w.ptr, granted: size, page: w.page });
+                tally[kind as usize].add(size, requested);
+                served += 1;
+                continue;
+            }
             let count = |waiting: usize| rest.iter().take(waiting).take_while(|&&s| s == requested).count();
             let Some(mut taken) = self.recent.take(kind, size, count) else { break };
             let got = taken.len();
