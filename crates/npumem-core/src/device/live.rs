@@ -26,11 +26,13 @@
 //!
 //! Invariants: each live allocation is held exactly once — in the leaf of its page (`live`
 //! set in its record) or in `loose`; `pages`, `ordered` and the leaves' `page` fields name the
-//! same set of pages, each leaf's `live` counts its live records and `in_leaves` sums them; a
-//! leaf's `groups` has bit `g` set for every 64-record group holding a live record (a set bit
-//! may be stale); a leaf with no live record is in `emptied` (once: `listed`); the leaves take
-//! at most `slots_per_live` records per live allocation at the peak plus `free_leaves`
-//! leaves; `last` names a page in `pages` and its leaf, or no page.
+//! same set of pages, each with its bit set in `marked` (a set bit may be stale); each leaf's
+//! `live` counts its live records and `in_leaves` sums them; a leaf's `groups` has bit `g` set
+//! for every 64-record group holding a live record (a set bit may be stale); a leaf with no
+//! live record is in `emptied` (once: `listed`); the leaves take at most `slots_per_live`
+//! records per live allocation at the peak plus `free_leaves` leaves, and `grow_at` is the
+//! least `in_leaves` at which that budget allows one more; `last` names a page in `pages` and
+//! its leaf, or no page.
 
 mod hashed;
 
@@ -40,6 +42,7 @@ use rustc_hash::FxHashMap;
 
 use super::Allocation;
 use crate::acl::Policy;
+use crate::prefetch::prefetch;
 use crate::vm::PageSize;
 use hashed::Hashed;
 
@@ -104,18 +107,6 @@ impl Record {
     }
 }
 
-/// A hint to load the cache line at `p`.
-#[inline(always)]
-fn prefetch<T>(p: &T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: SSE is part of x86_64; a prefetch is a hint that never faults, and `p` is valid.
-    unsafe {
-        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p as *const T as *const i8)
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
-
 /// The records of one 2 MiB page.
 #[derive(Debug)]
 struct Leaf {
@@ -156,6 +147,9 @@ impl Leaf {
 pub(super) struct LiveTable {
     /// The leaf of each page that has one, by page number (`ptr >> PAGE_SHIFT`).
     pages: FxHashMap<u64, u32>,
+    /// A filter of `pages`: bit `marker(page)` is set for every page that has a leaf (a set
+    /// bit may be stale), so that most pages without one are known without hashing.
+    marked: [u64; 4],
     leaves: Vec<Leaf>,
     /// The page numbers of `pages` in order, for "which allocation holds this address".
     ordered: BTreeSet<u64>,
@@ -164,6 +158,8 @@ pub(super) struct LiveTable {
     /// The page of the last insert or remove, and its leaf.
     last: (u64, u32),
     in_leaves: usize,
+    /// The least `in_leaves` at which the budget allows one more leaf (`usize::MAX`: none).
+    grow_at: usize,
     /// The budget: leaves may take `slots_per_live` records per live allocation, plus
     /// `free_leaves` leaves.
     slots_per_live: usize,
@@ -179,16 +175,36 @@ impl Default for LiveTable {
 
 impl LiveTable {
     fn with_budget(slots_per_live: usize, free_leaves: usize, loose: Hashed) -> Self {
-        LiveTable {
+        let mut table = LiveTable {
             pages: FxHashMap::default(),
+            marked: [0; 4],
             leaves: Vec::new(),
             ordered: BTreeSet::new(),
             emptied: Vec::new(),
             last: (NO_PAGE, 0),
             in_leaves: 0,
+            grow_at: 0,
             slots_per_live,
             free_leaves,
             loose,
+        };
+        table.grow_at = table.grow_at();
+        table
+    }
+
+    /// The least `in_leaves` at which the budget — `slots_per_live` records per allocation in
+    /// the leaves, plus the first allocation's share and `free_leaves` leaves — allows one more
+    /// leaf than there are.
+    fn grow_at(&self) -> usize {
+        let needed = (self.leaves.len() + 1).saturating_sub(self.free_leaves).saturating_mul(SLOTS);
+        if self.leaves.len() >= u32::MAX as usize {
+            usize::MAX
+        } else if needed == 0 {
+            0
+        } else if self.slots_per_live == 0 {
+            usize::MAX
+        } else {
+            needed.div_ceil(self.slots_per_live) - 1
         }
     }
 
@@ -197,11 +213,27 @@ impl LiveTable {
         ((ptr >> GRAIN_SHIFT) as usize) & (SLOTS - 1)
     }
 
+    /// `page`'s bit in `marked`.
+    #[inline(always)]
+    fn marker(page: u64) -> usize {
+        (page.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as usize
+    }
+
+    /// False when `page` has no leaf (true: it may have one).
+    #[inline(always)]
+    fn may_have_leaf(&self, page: u64) -> bool {
+        let bit = Self::marker(page);
+        self.marked[bit / 64] & (1 << (bit % 64)) != 0
+    }
+
     /// The leaf of `page`, if it has one (remembered for the next call).
     #[inline(always)]
     fn leaf_of(&mut self, page: u64) -> Option<u32> {
         if self.last.0 == page {
             return Some(self.last.1);
+        }
+        if !self.may_have_leaf(page) {
+            return None;
         }
         let &leaf = self.pages.get(&page)?;
         self.last = (page, leaf);
@@ -215,7 +247,12 @@ impl LiveTable {
         if ptr & GRAIN_MASK == 0 {
             if let Some(record) = Record::pack(&allocation) {
                 let page = ptr >> PAGE_SHIFT;
-                if let Some(leaf) = self.leaf_of(page).or_else(|| self.new_leaf(page)) {
+                let leaf = match self.leaf_of(page) {
+                    Some(leaf) => Some(leaf),
+                    None if self.may_grow() => self.new_leaf(page),
+                    None => None,
+                };
+                if let Some(leaf) = leaf {
                     let leaf = &mut self.leaves[leaf as usize];
                     let slot = Self::slot(ptr);
                     debug_assert!(!leaf.records[slot].live, "{ptr:#x} is live already");
@@ -229,6 +266,21 @@ impl LiveTable {
         }
         debug_assert!(self.get(ptr).is_none(), "{ptr:#x} is live already");
         self.loose.insert(allocation);
+    }
+
+    /// Whether `new_leaf` may find a leaf: one may have gone empty, or the budget allows
+    /// another (checked before the call, which a table of large allocations, most of them
+    /// loose, would otherwise make on every insert).
+    #[inline(always)]
+    fn may_grow(&self) -> bool {
+        !self.emptied.is_empty() || self.within_budget()
+    }
+
+    /// Whether the budget allows one more leaf.
+    #[inline(always)]
+    fn within_budget(&self) -> bool {
+        debug_assert_eq!(self.grow_at, self.grow_at());
+        self.in_leaves >= self.grow_at
     }
 
     /// A leaf for `page`: one that went empty, taken over, else a new one while the budget
@@ -254,16 +306,18 @@ impl LiveTable {
                 i
             }
             None => {
-                let budget = (self.in_leaves + 1).saturating_mul(self.slots_per_live) + self.free_leaves * SLOTS;
-                if (self.leaves.len() + 1) * SLOTS > budget || self.leaves.len() >= u32::MAX as usize {
+                if !self.within_budget() {
                     return None;
                 }
                 let records = vec![Record::default(); SLOTS].into_boxed_slice();
                 self.leaves.push(Leaf { page, live: 0, listed: false, groups: 0, records });
+                self.grow_at = self.grow_at();
                 (self.leaves.len() - 1) as u32
             }
         };
         self.pages.insert(page, i);
+        let bit = Self::marker(page);
+        self.marked[bit / 64] |= 1 << (bit % 64);
         self.ordered.insert(page);
         self.last = (page, i);
         Some(i)
@@ -282,6 +336,24 @@ impl LiveTable {
     /// Removes and returns the live allocation at `ptr`.
     #[inline(always)]
     pub fn remove(&mut self, ptr: u64) -> Option<Allocation> {
+        // Where most allocations are is looked at first (an allocation is in one place only):
+        // in a table of large allocations, most are loose, and their pages have no leaf.
+        if self.loose.len() > self.in_leaves {
+            if let Some(a) = self.loose.remove(ptr) {
+                return Some(a);
+            }
+            return self.remove_from_leaf(ptr);
+        }
+        match self.remove_from_leaf(ptr) {
+            Some(a) => Some(a),
+            None if self.loose.len() == 0 => None,
+            None => self.loose.remove(ptr),
+        }
+    }
+
+    /// Removes and returns the live allocation at `ptr` if a leaf holds it.
+    #[inline(always)]
+    fn remove_from_leaf(&mut self, ptr: u64) -> Option<Allocation> {
         if ptr & GRAIN_MASK == 0 && self.in_leaves > 0 {
             if let Some(i) = self.leaf_of(ptr >> PAGE_SHIFT) {
                 let leaf = &mut self.leaves[i as usize];
@@ -302,14 +374,20 @@ impl LiveTable {
                 }
             }
         }
-        if self.loose.len() == 0 { None } else { self.loose.remove(ptr) }
+        None
     }
 
     #[inline]
     pub fn get(&self, ptr: u64) -> Option<Allocation> {
         if ptr & GRAIN_MASK == 0 && self.in_leaves > 0 {
             let page = ptr >> PAGE_SHIFT;
-            let leaf = if self.last.0 == page { Some(&self.last.1) } else { self.pages.get(&page) };
+            let leaf = if self.last.0 == page {
+                Some(&self.last.1)
+            } else if self.may_have_leaf(page) {
+                self.pages.get(&page)
+            } else {
+                None
+            };
             if let Some(&i) = leaf {
                 let record = &self.leaves[i as usize].records[Self::slot(ptr)];
                 if record.live {
@@ -468,6 +546,9 @@ mod tests {
                 // and the page indexes agree.
                 peak = peak.max(model.len());
                 prop_assert!(table.leaves.len() * SLOTS <= peak * slots_per_live + free_leaves * SLOTS);
+                // The cached budget check agrees with the budget's formula.
+                let room = (table.in_leaves + 1) * slots_per_live + free_leaves * SLOTS;
+                prop_assert_eq!(table.within_budget(), (table.leaves.len() + 1) * SLOTS <= room);
                 prop_assert_eq!(table.pages.len(), table.leaves.len());
                 prop_assert_eq!(table.ordered.len(), table.leaves.len());
                 prop_assert_eq!(table.in_leaves, table.leaves.iter().map(|l| l.live as usize).sum::<usize>());

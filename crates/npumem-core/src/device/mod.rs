@@ -16,6 +16,7 @@
 
 mod access;
 mod batch;
+mod id_table;
 mod live;
 mod ordered;
 mod pins;

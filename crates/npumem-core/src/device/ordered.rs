@@ -303,6 +303,17 @@ impl Device {
     #[inline(always)]
     pub(super) fn untrack(&mut self, allocation: &Allocation, completed: bool) {
         let ptr = allocation.ptr;
+        self.untrack_ptr(ptr, completed);
+        self.trace(Action::FreeRequested, ptr, allocation.granted, allocation.stream);
+        if completed {
+            self.trace(Action::FreeCompleted, ptr, allocation.granted, allocation.stream);
+        }
+    }
+
+    /// `untrack` less the trace entries (what needs only the pointer): a batch calls it alone
+    /// while no trace is recorded.
+    #[inline(always)]
+    pub(super) fn untrack_ptr(&mut self, ptr: u64, completed: bool) {
         if !self.stream_uses.is_empty() {
             self.stream_uses.remove(&ptr);
         }
@@ -311,10 +322,6 @@ impl Device {
         }
         if completed {
             self.forget_memory(ptr);
-        }
-        self.trace(Action::FreeRequested, ptr, allocation.granted, allocation.stream);
-        if completed {
-            self.trace(Action::FreeCompleted, ptr, allocation.granted, allocation.stream);
         }
         self.recently_freed.push(ptr);
     }

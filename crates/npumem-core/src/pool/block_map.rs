@@ -173,6 +173,23 @@ impl BlockMap {
         self.record(ptr).and_then(Self::block)
     }
 
+    /// Starts loading the record of a small block at `ptr` into the cache (a hint, with no
+    /// effect on the contents: a batch names a block a few places ahead, so that its record's
+    /// cache miss overlaps the work on those before). Does nothing for a pointer outside the
+    /// range or on a page without records.
+    #[inline(always)]
+    pub fn prefetch(&self, ptr: u64) {
+        if ptr < self.base {
+            return;
+        }
+        let (page, slot) = self.at(ptr);
+        if let Some(Some(records)) = self.pages.get(page) {
+            if let Some(record) = records.get(slot) {
+                crate::prefetch::prefetch(record);
+            }
+        }
+    }
+
     fn block(record: &Record) -> Option<Block> {
         let page = record.page?;
         Some(Block { size: record.size, requested: record.size - record.slack as u64, page })

@@ -78,29 +78,26 @@ impl RecentFrees {
         got
     }
 
-    /// How many blocks of exactly `size` bytes of `kind`'s pool are waiting.
+    /// Takes waiting blocks of exactly `size` bytes of `kind`'s pool: `count`, given how many
+    /// wait, says how many (at most that many). They come from the back of the drain
+    /// (`next_back`) in the order `pop` would give them, the most recently freed first; what is
+    /// still in the drain (`as_slice`) are the blocks the next ones come from, for a look-ahead.
+    /// None when no block of that size ever waited.
     #[inline]
-    pub fn waiting(&self, kind: PoolKind, size: u64) -> usize {
-        match self.slot(kind, size) {
-            Some(i) => self.small.get(i).map_or(0, |(stack, _)| stack.len()),
-            None => self.other.get(&(kind, size)).map_or(0, Vec::len),
-        }
-    }
-
-    /// Takes up to `n` waiting blocks of exactly `size` bytes of `kind`'s pool, the most
-    /// recently freed first (the order `pop` would give them in).
-    #[inline]
-    pub fn take(&mut self, kind: PoolKind, size: u64, n: usize) -> impl Iterator<Item = Waiting> + '_ {
+    pub fn take(
+        &mut self,
+        kind: PoolKind,
+        size: u64,
+        count: impl FnOnce(usize) -> usize,
+    ) -> Option<std::vec::Drain<'_, Waiting>> {
         let stack = match self.slot(kind, size) {
-            Some(i) => self.small.get_mut(i).map(|(stack, _)| stack),
-            None => self.other.get_mut(&(kind, size)),
+            Some(i) => &mut self.small.get_mut(i)?.0,
+            None => self.other.get_mut(&(kind, size))?,
         };
-        let taken = stack.as_ref().map_or(0, |s| s.len().min(n));
+        let taken = count(stack.len()).min(stack.len());
         self.len -= taken;
-        stack.into_iter().flat_map(move |s| {
-            let keep = s.len() - taken;
-            s.drain(keep..).rev()
-        })
+        let keep = stack.len() - taken;
+        Some(stack.drain(keep..))
     }
 
     /// Keeps a freed block of `size` bytes of `kind`'s pool.
@@ -175,10 +172,17 @@ mod tests {
         for p in 10..15 {
             r.push(PoolKind::Small, 4096, w(p));
         }
-        assert_eq!(r.take(PoolKind::Small, 4096, 3).collect::<Vec<_>>(), vec![w(14), w(13), w(12)]);
+        let take = |r: &mut RecentFrees, kind, size, n: usize| {
+            r.take(kind, size, |waiting| waiting.min(n)).map_or_else(Vec::new, |d| d.rev().collect::<Vec<_>>())
+        };
+        assert_eq!(take(&mut r, PoolKind::Small, 4096, 3), vec![w(14), w(13), w(12)]);
         assert_eq!(r.len(), 2);
-        assert_eq!(r.take(PoolKind::Small, 4096, 9).collect::<Vec<_>>(), vec![w(11), w(10)]);
-        assert_eq!(r.take(PoolKind::Large, 8192, 9).count(), 0);
+        // `count` sees how many wait; asking for more takes what there is.
+        assert_eq!(
+            r.take(PoolKind::Small, 4096, |waiting| waiting + 7).map(|d| d.rev().collect::<Vec<_>>()),
+            Some(vec![w(11), w(10)])
+        );
+        assert_eq!(take(&mut r, PoolKind::Large, 8192, 9), vec![]);
         assert!(r.is_empty());
         assert_eq!(r.pop(PoolKind::Small, 1024), None);
         // A stack emptied by pops and refilled is listed once.

@@ -388,6 +388,16 @@ impl Scheduler {
         self.tail_ns(stream).unwrap_or(self.now_ns)
     }
 
+    /// Whether `stream` exists and has no work past the host clock: without a lookup for the
+    /// default stream (which always exists) while no stream has work past the clock.
+    #[inline]
+    pub fn is_idle(&self, stream: StreamId) -> bool {
+        if stream == DEFAULT_STREAM && self.latest_tail_ns <= self.now_ns {
+            return true;
+        }
+        self.tail_ns(stream).is_ok_and(|t| t <= self.now_ns)
+    }
+
     /// Whether `stream` still has work running on the host clock.
     pub fn stream_busy(&self, stream: StreamId) -> bool {
         self.streams.get(&stream).is_some_and(|s| s.tail_ns > self.now_ns)
