@@ -261,27 +261,33 @@ impl VmmPool {
 
     /// Where a block of `size` bytes (a multiple of `quantum`) needs the fewest pages: in each
     /// free extent that fits it, at its start or end, or with one end on a page boundary; the
-    /// fewest pages, then — for a block of at least two pages — the fewest free bytes stranded
-    /// on held pages beside it (see `stranded`), then the shortest extent, then the lowest
-    /// address. (Shorter blocks skip the second rule: packed against a neighbour, whatever the
-    /// scrap, they fared better on the repository's traces; docs/benchmarks.md, issue #17.)
+    /// fewest pages, then — when `tight` (the pool near its limit) and for a block of at least
+    /// two pages — the fewest free bytes stranded on held pages beside it (see `stranded`), then
+    /// the shortest extent, then the lowest address. (Far from the limit the shortest extent
+    /// comes first, as it reuses mapped holes rather than growing the pool; shorter blocks skip
+    /// the second rule: packed against a neighbour, whatever the scrap, they fared better on
+    /// the repository's traces; docs/benchmarks.md, issue #17.)
     /// Extents are taken
     /// shortest first and the search stops at a placement that needs as few pages as any
     /// position could (all but the two end pages) or after [`PLACE_SCAN`] extents. Returns the
     /// address and the pages it needs.
-    fn economical_place(&self, size: u64, quantum: u64) -> Option<(u64, usize)> {
+    fn economical_place(&self, size: u64, quantum: u64, tight: bool) -> Option<(u64, usize)> {
         let page = self.page;
         // No placement needs fewer: all but its two end pages lie wholly under the block.
         let floor = (size.div_ceil(page) as usize).saturating_sub(2);
         let mut best: Option<(usize, u64, u64, u64)> = None;
         for (start, len) in self.space.free_extents_by_len(size).take(PLACE_SCAN) {
             let end = start + len;
-            let last = (end - size) / quantum * quantum;
+            // The extent that runs to the end of the range (the untouched top) is taken from
+            // its start only: a block at the range's far end would start a second front of
+            // partly used pages.
+            let top = end == self.end;
+            let last = (!top).then(|| (end - size) / quantum * quantum);
             let page_start = start.div_ceil(page) * page;
-            let page_end = (end / page * page).checked_sub(size);
-            for ptr in [Some(start), Some(last), Some(page_start), page_end] {
+            let page_end = (end / page * page).checked_sub(size).filter(|_| !top);
+            for ptr in [Some(start), last, Some(page_start), page_end] {
                 let Some(ptr) = ptr.filter(|&p| p >= start && p + size <= end) else { continue };
-                let stranded = if size >= 2 * page { self.stranded(start, end, ptr, size) } else { 0 };
+                let stranded = if tight && size >= 2 * page { self.stranded(start, end, ptr, size) } else { 0 };
                 let key = (self.pages_needed(ptr, size), stranded, len, ptr);
                 if best.is_none_or(|b| key < b) {
                     best = Some(key);
@@ -369,6 +375,12 @@ impl VmmAllocator {
 
     fn reserved(&self) -> u64 {
         self.stats.reserved_bytes.all.current
+    }
+
+    /// Whether the pool holds more than 1/`CALM_DIVISOR` of its limit: then waiting blocks are
+    /// coalesced on every miss and large blocks are placed to strand the fewest free bytes.
+    fn tight(&self) -> bool {
+        self.reserved() > self.limit() / CALM_DIVISOR
     }
 
     /// The page size of `kind`'s pool (set when the pool is made).
@@ -775,7 +787,7 @@ impl VmmAllocator {
         // already mapped, the block goes there and the waiting blocks keep waiting for their
         // sizes. Otherwise they are all released and coalesced first, and the search sees all
         // free memory (the tightest packing, for a device near full).
-        if !huge_only && !self.recent.is_empty() && self.reserved() <= self.limit() / CALM_DIVISOR {
+        if !huge_only && !self.recent.is_empty() && !self.tight() {
             if let Some((ptr, page)) = self.place_on_mapped(backend, kind, size)? {
                 self.pool_mut(kind).blocks.insert(ptr, Block { size, requested: request.size, page });
                 self.stats.on_alloc(kind, size, request.size);
@@ -847,13 +859,14 @@ impl VmmAllocator {
     ) -> Result<(u64, PageSize)> {
         self.ensure_pool(backend, kind)?;
         let quantum = self.config.quantum;
+        let tight = self.tight();
         let pool = self.pool_mut(kind);
         let ptr = if huge_only {
             self.place_huge_only(size)?
         } else if kind == PoolKind::Large {
             // 2 MiB pages: where a block's ends fall decides how much of its end pages lies
             // unused beside a hole, so placement counts pages first (see `economical_place`).
-            match pool.economical_place(size, quantum) {
+            match pool.economical_place(size, quantum, tight) {
                 Some((ptr, _)) => pool.space.reserve_at(ptr, size, quantum)?,
                 None => pool.space.reserve(size, quantum)?,
             }
@@ -894,8 +907,9 @@ impl VmmAllocator {
     /// ran out of memory), if the large pool exists and the block can be mapped there.
     fn borrow_large(&mut self, backend: &mut dyn Backend, size: u64) -> Option<(u64, PageSize)> {
         let quantum = self.config.quantum;
+        let tight = self.tight();
         let pool = self.pools[PoolKind::Large as usize].as_mut()?;
-        let (ptr, _) = pool.economical_place(size, quantum)?;
+        let (ptr, _) = pool.economical_place(size, quantum, tight)?;
         let ptr = pool.space.reserve_at(ptr, size, quantum).ok()?;
         self.place_and_map(backend, PoolKind::Large, ptr, size, false).ok()
     }
@@ -929,8 +943,9 @@ impl VmmAllocator {
             }
             retried = true;
             let quantum = self.config.quantum;
+            let tight = self.tight();
             let pool = self.pool_mut(kind);
-            match pool.economical_place(size, quantum) {
+            match pool.economical_place(size, quantum, tight) {
                 Some((better, needed)) if needed < pool.pages_needed(ptr, size) => {
                     ptr = pool.space.reserve_at(better, size, quantum)?;
                 }
