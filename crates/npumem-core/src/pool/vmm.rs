@@ -4,16 +4,16 @@
 //! (address space is cheap; contiguous VA for any request that fits physically is not). Blocks are
 //! placed in that range (512-byte quantum) so that freed blocks coalesce by address: in the small
 //! pool best fit (lowest address among equals); in the large pool where the block needs the
-//! fewest pages that hold no block yet (its end pages shared with live neighbours), then, for a
-//! block of two pages or more, where it strands the fewest free bytes on held pages, then best
-//! fit — with 2 MiB pages, where a block's ends fall decides how much of its end pages lies
+//! fewest pages that hold no block yet (its end pages shared with live neighbours), then, near
+//! the limit and for a block of two pages or more, where it strands the fewest free bytes on
+//! held pages, then best fit — with 2 MiB pages, where a block's ends fall decides how much of its end pages lies
 //! unused beside a hole. A small HUGE_FIRST block for which no memory is left in the small pool
 //! borrows the free part of a large-pool page; a mapping that runs out of memory is retried
-//! once where the block needs the fewest pages; a pooled request that still cannot be mapped
-//! gets a segment of its own (2 MiB pages, else normal frames for exactly its size, as a
-//! bypass request), which needs none of the partly empty end pages around the holes. Physical
-//! memory is mapped under blocks on demand, page by page (64 KiB pages in the small pool, 2 MiB
-//! in the large one), and stays
+//! once where the block needs the fewest pages; a pooled request that still cannot be mapped,
+//! the device being short of free memory, gets a segment of its own (2 MiB pages, else normal
+//! frames for exactly its size, as a bypass request), which needs none of the partly empty end
+//! pages around the holes. Physical memory is mapped under blocks on demand, page by page
+//! (64 KiB pages in the small pool, 2 MiB in the large one), and stays
 //! mapped while idle so that reuse costs no driver call. Physical pages are not tied to
 //! addresses: when a request needs pages and the device has no free frames, idle pages (mapped
 //! but holding no live block) are unmapped and their physical handles remapped under the new
@@ -808,11 +808,12 @@ impl VmmAllocator {
                     .flatten();
                 match borrowed {
                     Some((ptr, page)) => (PoolKind::Large, ptr, page),
-                    None => {
+                    None if self.short_of_memory(backend, kind, size) => {
                         return self
                             .malloc_alone(backend, request, size, kind, policy)
                             .map_err(|_| self.oom(e, request));
                     }
+                    None => return Err(self.oom(e, request)),
                 }
             }
             Err(e) => return Err(e),
@@ -825,11 +826,24 @@ impl VmmAllocator {
         Ok(Grant { ptr, granted: size, page })
     }
 
-    /// The last resort of a pooled request that its pool cannot map: a segment of its own, as a
-    /// bypass request gets (idle and cached pages go back to the device first), in the pages its
-    /// policy allows: 2 MiB, else normal frames for exactly its size, as the direct family maps.
-    /// With 2 MiB pool pages, the partly empty end pages of the blocks placed around it can be
-    /// what is missing; a segment of normal frames needs none of them.
+    /// Whether the device, within the pool's limit, has less free memory than any placement of
+    /// a block of `size` bytes in `kind`'s pool could need (its pages, plus one where it
+    /// straddles a boundary): only then can the pool's failure be for want of memory that a
+    /// segment of its own, in smaller pages, might still find. A failure with that much free is
+    /// the driver's, and is reported.
+    fn short_of_memory(&self, backend: &dyn Backend, kind: PoolKind, size: u64) -> bool {
+        let page = self.page_of(kind);
+        let most = size.div_ceil(page).saturating_add(1).saturating_mul(page);
+        let (free, _) = backend.mem_info(crate::acl::MemScope::All);
+        free.min(self.limit().saturating_sub(self.reserved())) < most
+    }
+
+    /// The last resort of a pooled request that its pool cannot map for want of memory (see
+    /// `short_of_memory`): a segment of its own, as a bypass request gets (idle and cached pages
+    /// go back to the device first), in the pages its policy allows: 2 MiB, else normal frames
+    /// for exactly its size, as the direct family maps. With 2 MiB pool pages, the partly empty
+    /// end pages of the blocks placed around it can be what is missing; a segment of normal
+    /// frames needs none of them.
     #[cold]
     fn malloc_alone(
         &mut self,
