@@ -279,7 +279,7 @@ def test_replay_with_no_config_uses_a_default_device():
     ("allocator", "granularity", "expected"),
     [
         ("npumem", 2 * MiB, 4 * MiB),  # two 2 MiB pages
-        ("npumem", 512 * KiB, 4 * MiB),
+        ("npumem", 512 * KiB, 3 * MiB),  # its own segment of normal frames when two pages do not fit
         ("pytorch", 2 * MiB, 20 * MiB),  # a 20 MiB segment for a 1-10 MiB request
         ("torch_npu", 512 * KiB, 20 * MiB),
         ("direct", 2 * MiB, 4 * MiB),  # 3 MiB + 32 on huge pages

@@ -17,6 +17,14 @@ from npumem import cli, stress, traces
 from npumem.replay import min_capacity, normalize, peak_live_bytes, replay
 
 CASES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "stress_cases", "*.json")))
+#: Cases on which npumem still needs more than `direct`, by one or two 2 MiB granules: `direct`
+#: maps the tail of a block in normal frames, while the pool's pages are 2 MiB wherever a block
+#: lies (docs/benchmarks.md, "The last percent"). Every other case must not lose.
+KNOWN_LOSSES = {
+    "npumem-capacity-s21-seed1.json",
+    "npumem-capacity-s21-seed2.json",
+    "npumem-capacity-s21-seed4.json",
+}
 
 
 def _well_formed(w):
@@ -146,13 +154,16 @@ def test_cli_errors_are_one_line_and_status_2(tmp_path, capsys, monkeypatch, arg
 
 @pytest.mark.parametrize("path", CASES, ids=[os.path.basename(p) for p in CASES])
 def test_stress_case_npumem_does_not_regress(path):
-    """Each saved case records every family's min capacity when it was found; npumem must not
-    need more than it did then, and where it lost, the case says to whom."""
+    """Each saved case records every family's min capacity when it was found (a workload on
+    which npumem lost); npumem must not need more than it did then, nor more than the best
+    other family did."""
     data = json.loads(open(path).read())
     events = traces.load(path)
     recorded = data["npumem_stress"]["families"]
     now = min_capacity(events, {"allocator": "npumem"})
     assert now <= recorded["npumem"]["min_capacity"]
     best_other = min(f["min_capacity"] for fam, f in recorded.items() if fam != "npumem")
-    if now > best_other:
-        pytest.xfail(f"known loss: npumem needs {now:,} B, another family {best_other:,} B (see docs/benchmarks.md)")
+    if os.path.basename(path) in KNOWN_LOSSES:
+        assert now > best_other, "npumem no longer loses here: remove the case from KNOWN_LOSSES"
+        pytest.xfail(f"known loss: npumem needs {now:,} B, another family {best_other:,} B")
+    assert now <= best_other, f"npumem needs {now:,} B, another family {best_other:,} B"
