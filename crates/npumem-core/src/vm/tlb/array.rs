@@ -617,11 +617,11 @@ impl Order {
         // has-zero-byte test, exact for the lowest lane).
         let x = order ^ way.wrapping_mul(NIBBLES_1);
         let zeros = x.wrapping_sub(NIBBLES_1) & !x & (NIBBLES_1 << 3);
-        let place = zeros.trailing_zeros() / 4;
-        // Ways before `place` move up one lane; those after it stay.
-        let before = (1u64 << (4 * place)) - 1;
-        let after = !((before << 4) | 15);
-        (order & after) | ((order & before) << 4) | way
+        // Every bit up to the lowest flag (`way`'s lane and those before it; one BLSMSK where
+        // BMI1 is enabled): the lanes before `way` move up one, `way` lands in lane 0, those
+        // after it stay. `way` is in the order, so a flag is set.
+        let through = zeros ^ zeros.wrapping_sub(1);
+        (order & !through) | ((order << 4) & through) | way
     }
 }
 

@@ -184,8 +184,11 @@ fn fixed_body<const W1: usize, const W2: usize, const AVX2: bool>(
     let (expected, fault) = (DENSE_KNOWN | u64::from(bits), DENSE_KNOWN | u64::from(FAULT));
     let mut last = cursor.last_tag;
     // Hot counters only: accesses simulated follow from the index (every other address taken
-    // is a repeat or a fault), fills from the hits, evictions from the fills into empty ways.
-    let (mut repeats, mut faults, mut hits) = (0u64, 0u64, [0u64; 2]);
+    // is a repeat or a fault), L2 hits from the L1 hits and the walks (one per miss of both,
+    // each counted once in `stats.walks`), fills from the hits, evictions from the fills into
+    // empty ways.
+    let walks_before = stats.walks;
+    let (mut repeats, mut faults, mut l1_hits) = (0u64, 0u64, 0u64);
     let mut empty_fills = [0u64; 2];
     let mut i = start;
     while let Some(&va) = addresses.get(i) {
@@ -210,18 +213,18 @@ fn fixed_body<const W1: usize, const W2: usize, const AVX2: bool>(
         last = tag;
         let (vpn, fp) = (tag >> 6, fingerprint(tag));
         if l1.lookup::<AVX2>(tag, vpn, fp) {
-            hits[0] += 1;
+            l1_hits += 1;
             continue;
         }
-        if l2.lookup::<AVX2>(tag, vpn, fp) {
-            hits[1] += 1;
-        } else {
+        if !l2.lookup::<AVX2>(tag, vpn, fp) {
             empty_fills[1] += u64::from(!l2.fill(tag, vpn, fp));
             cold_walk(walk_caches, stats, step_cycles, va, depth);
         }
         empty_fills[0] += u64::from(!l1.fill(tag, vpn, fp));
     }
     let simulated = (i - start) as u64 - repeats - faults;
+    let walks = tlb.stats.walks - walks_before;
+    let hits = [l1_hits, simulated - l1_hits - walks];
     let fills = [simulated - hits[0], simulated - hits[0] - hits[1]];
     if simulated != 0 {
         (cursor.last_tag, cursor.last_mask) = (last, l1_mask);
