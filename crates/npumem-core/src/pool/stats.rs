@@ -194,35 +194,29 @@ impl PoolStats {
     /// `all` entries updated once when both pools have blocks.
     #[inline]
     pub fn on_allocs_each(&mut self, t: [Tally; 2]) {
-        match (t[0].blocks, t[1].blocks) {
-            (0, 0) => {}
-            (_, 0) => self.on_allocs(PoolKind::Small, t[0]),
-            (0, _) => self.on_allocs(PoolKind::Large, t[1]),
-            _ => {
-                let (blocks, bytes) = ([t[0].blocks, t[1].blocks], [t[0].bytes, t[1].bytes]);
-                self.allocation.add_each(blocks);
-                self.allocated_bytes.add_each(bytes);
-                self.active.add_each(blocks);
-                self.active_bytes.add_each(bytes);
-                self.requested_bytes.add_each([t[0].requested, t[1].requested]);
-            }
-        }
+        self.on_each(t, Self::on_allocs, StatArray::add_each);
     }
 
     /// Records the blocks of `t[p]` being freed from pool `p`, all at once.
     #[inline]
     pub fn on_frees_each(&mut self, t: [Tally; 2]) {
+        self.on_each(t, Self::on_frees, StatArray::sub_each);
+    }
+
+    /// `one` for the pool that has blocks in `t`, or `each` on every array when both have.
+    #[inline(always)]
+    fn on_each(&mut self, t: [Tally; 2], one: fn(&mut Self, PoolKind, Tally), each: fn(&mut StatArray, [u64; 2])) {
         match (t[0].blocks, t[1].blocks) {
             (0, 0) => {}
-            (_, 0) => self.on_frees(PoolKind::Small, t[0]),
-            (0, _) => self.on_frees(PoolKind::Large, t[1]),
+            (_, 0) => one(self, PoolKind::Small, t[0]),
+            (0, _) => one(self, PoolKind::Large, t[1]),
             _ => {
                 let (blocks, bytes) = ([t[0].blocks, t[1].blocks], [t[0].bytes, t[1].bytes]);
-                self.allocation.sub_each(blocks);
-                self.allocated_bytes.sub_each(bytes);
-                self.active.sub_each(blocks);
-                self.active_bytes.sub_each(bytes);
-                self.requested_bytes.sub_each([t[0].requested, t[1].requested]);
+                each(&mut self.allocation, blocks);
+                each(&mut self.allocated_bytes, bytes);
+                each(&mut self.active, blocks);
+                each(&mut self.active_bytes, bytes);
+                each(&mut self.requested_bytes, [t[0].requested, t[1].requested]);
             }
         }
     }
