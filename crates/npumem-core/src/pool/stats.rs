@@ -72,6 +72,23 @@ impl StatArray {
         self.pools[pool as usize].sub(n);
     }
 
+    /// `n[p]` added to pool `p`, both at once: `all` is updated once with the sum (the same
+    /// counters and peaks as the two `add`s, as the second cannot lower the first's peak).
+    #[inline]
+    fn add_each(&mut self, n: [u64; 2]) {
+        self.all.add(n[0] + n[1]);
+        self.pools[0].add(n[0]);
+        self.pools[1].add(n[1]);
+    }
+
+    /// `n[p]` taken from pool `p`, both at once.
+    #[inline]
+    fn sub_each(&mut self, n: [u64; 2]) {
+        self.all.sub(n[0] + n[1]);
+        self.pools[0].sub(n[0]);
+        self.pools[1].sub(n[1]);
+    }
+
     pub fn small_pool(&self) -> Stat {
         self.pools[PoolKind::Small as usize]
     }
@@ -170,6 +187,38 @@ impl PoolStats {
         self.active.sub(pool, t.blocks);
         self.active_bytes.sub(pool, t.bytes);
         self.requested_bytes.sub(pool, t.requested);
+    }
+
+    /// Records the blocks of `t[p]` becoming allocated in pool `p`, all at once (a batch's
+    /// blocks of both pools): the same counters and peaks as `on_allocs` per pool, with the
+    /// `all` entries updated once when both pools have blocks.
+    #[inline]
+    pub fn on_allocs_each(&mut self, t: [Tally; 2]) {
+        self.on_each(t, Self::on_allocs, StatArray::add_each);
+    }
+
+    /// Records the blocks of `t[p]` being freed from pool `p`, all at once.
+    #[inline]
+    pub fn on_frees_each(&mut self, t: [Tally; 2]) {
+        self.on_each(t, Self::on_frees, StatArray::sub_each);
+    }
+
+    /// `one` for the pool that has blocks in `t`, or `each` on every array when both have.
+    #[inline(always)]
+    fn on_each(&mut self, t: [Tally; 2], one: fn(&mut Self, PoolKind, Tally), each: fn(&mut StatArray, [u64; 2])) {
+        match (t[0].blocks, t[1].blocks) {
+            (0, 0) => {}
+            (_, 0) => one(self, PoolKind::Small, t[0]),
+            (0, _) => one(self, PoolKind::Large, t[1]),
+            _ => {
+                let (blocks, bytes) = ([t[0].blocks, t[1].blocks], [t[0].bytes, t[1].bytes]);
+                each(&mut self.allocation, blocks);
+                each(&mut self.allocated_bytes, bytes);
+                each(&mut self.active, blocks);
+                each(&mut self.active_bytes, bytes);
+                each(&mut self.requested_bytes, [t[0].requested, t[1].requested]);
+            }
+        }
     }
 
     pub fn on_segment_alloc(&mut self, pool: PoolKind, size: u64) {
@@ -286,5 +335,34 @@ mod tests {
         assert_eq!(m["num_device_alloc"], 1);
         s.reset_peaks();
         assert_eq!(s.allocated_bytes.all.peak, 1024);
+    }
+
+    /// The batched updates of both pools give exactly what one update per pool gives.
+    #[test]
+    fn batched_updates_of_both_pools_match_one_per_pool() {
+        let tallies = [
+            [Tally::default(), Tally::default()],
+            [Tally { blocks: 2, bytes: 1024, requested: 1000 }, Tally::default()],
+            [Tally::default(), Tally { blocks: 1, bytes: 4 << 20, requested: 3 << 20 }],
+            [
+                Tally { blocks: 3, bytes: 1536, requested: 1400 },
+                Tally { blocks: 2, bytes: 6 << 20, requested: 5 << 20 },
+            ],
+        ];
+        let (mut each, mut one) = (PoolStats::default(), PoolStats::default());
+        for t in tallies {
+            each.on_allocs_each(t);
+            one.on_allocs(PoolKind::Small, t[0]);
+            one.on_allocs(PoolKind::Large, t[1]);
+            assert_eq!(each, one);
+        }
+        for t in tallies.into_iter().rev() {
+            each.on_frees_each(t);
+            one.on_frees(PoolKind::Small, t[0]);
+            one.on_frees(PoolKind::Large, t[1]);
+            assert_eq!(each, one);
+        }
+        assert_eq!(each.allocated_bytes.all.current, 0);
+        assert_eq!(each.allocated_bytes.all.peak, 1024 + 1536 + (10 << 20));
     }
 }

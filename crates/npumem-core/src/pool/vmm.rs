@@ -1098,11 +1098,7 @@ impl Allocator for VmmAllocator {
             }
         }
         self.clock += served as u64;
-        for kind in [PoolKind::Small, PoolKind::Large] {
-            if tally[kind as usize].blocks != 0 {
-                self.stats.on_allocs(kind, tally[kind as usize]);
-            }
-        }
+        self.stats.on_allocs_each(tally);
         served
     }
 
@@ -1128,11 +1124,7 @@ impl Allocator for VmmAllocator {
             tally[kind as usize].add(block.size, block.requested);
             freed += 1;
         }
-        for kind in [PoolKind::Small, PoolKind::Large] {
-            if tally[kind as usize].blocks != 0 {
-                self.stats.on_frees(kind, tally[kind as usize]);
-            }
-        }
+        self.stats.on_frees_each(tally);
         freed
     }
 
