@@ -12,20 +12,29 @@
 //! memory but put two dependent cache misses on each random free: 20-30% slower on a random
 //! churn at 10^6 live blocks.)
 //!
-//! What a leaf cannot hold goes to `Hashed` (a hash map by address with a lazily synced
-//! ordered index): a pointer off the 512-byte grain, an allocation whose fields do not fit a
-//! record (size or grant slack of 4 GiB or more, a stream id past 32 bits, booking slack past
-//! 255 bytes), and allocations on new pages once the leaves would take more than
-//! `slots_per_live` records (512 bytes) per live allocation, plus `free_leaves` leaves (1 MiB).
-//! That budget bounds memory however sparse the addresses are (the host backend's are real
-//! process addresses; several devices share the 48-bit VA): whatever addresses come in, the
-//! leaves take at most 512 bytes per live allocation at the peak plus 1 MiB. Pages that hold an
-//! allocation every 16 KiB on average (a pool's pages) all fit the budget; records take 3% of
-//! the address range they cover. A leaf that empties is kept (a batch freed and made again
-//! refills the same pages) and is taken over by the next new page before a new leaf is made.
+//! What a fine leaf cannot hold goes to a coarse level built the same way (`Paged`, generic
+//! over the grain): per 256 MiB page a leaf of 16-byte records, one per 64 KiB grain, each
+//! naming the 512-byte offset of the allocation that starts in its grain. Allocations of 64 KiB
+//! or more go there first (two never start in one 64 KiB grain, so a pool's large blocks all
+//! fit, however they are placed on the 512-byte grain); a small one whose coarse grain is
+//! taken goes on. Lookups check the offset, so every answer is exact whatever is placed where. What
+//! neither level holds goes to `Hashed` (a hash map by address with a lazily synced ordered
+//! index): a pointer off the 512-byte grain, an allocation whose fields do not fit a record
+//! (size or grant slack of 4 GiB or more, a stream id past 32 bits, booking slack past 255
+//! bytes), and allocations on new pages once a level's leaves would take more than
+//! `slots_per_live` records (512 bytes) per allocation it holds, plus `free_leaves` leaves
+//! (1 MiB). That budget bounds memory however sparse the addresses are (the host backend's are
+//! real process addresses; several devices share the 48-bit VA): whatever addresses come in,
+//! each level's leaves take at most 512 bytes per live allocation at the peak plus 1 MiB. Pages
+//! that hold an allocation every 16 KiB (fine) or 2 MiB (coarse) on average all fit the budget.
+//! A leaf that empties is kept (a batch freed and made again refills the same pages) and is
+//! taken over by the next new page before a new leaf is made. (Before the coarse level, the
+//! large blocks of a training run all went to `Hashed`: 2.1% more instructions per replayed
+//! event.)
 //!
-//! Invariants: each live allocation is held exactly once — in the leaf of its page (`live`
-//! set in its record) or in `loose`; `pages`, `ordered` and the leaves' `page` fields name the
+//! Invariants (of each level): each live allocation it is given is held exactly once — in the
+//! leaf of its page (its record's `at` set to 1 + its offset in the grain, in 512-byte units)
+//! or in `loose`; `pages`, `ordered` and the leaves' `page` fields name the
 //! same set of pages, each with its bit set in `marked` (a set bit may be stale); each leaf's
 //! `live` counts its live records and `in_leaves` sums them; a leaf's `groups` has bit `g` set
 //! for every 64-record group holding a live record (a set bit may be stale); a leaf with no
@@ -46,11 +55,12 @@ use crate::prefetch::prefetch;
 use crate::vm::PageSize;
 use hashed::Hashed;
 
-/// A leaf covers `1 << PAGE_SHIFT` bytes in records of `1 << GRAIN_SHIFT` bytes each.
-const PAGE_SHIFT: u32 = 21;
-const GRAIN_SHIFT: u32 = 9;
-const GRAIN_MASK: u64 = (1 << GRAIN_SHIFT) - 1;
-const SLOTS: usize = 1 << (PAGE_SHIFT - GRAIN_SHIFT);
+/// The grain every allocator family places blocks on: a pointer a leaf holds is on it.
+const BLOCK_SHIFT: u32 = 9;
+const BLOCK_MASK: u64 = (1 << BLOCK_SHIFT) - 1;
+/// The records of a leaf (64 KiB of them): a fine leaf covers a 2 MiB page in 512-byte grains,
+/// a coarse leaf a 256 MiB page in 64 KiB grains.
+const SLOTS: usize = 1 << 12;
 /// Records a 64-bit group mask covers per bit.
 const GROUP: usize = SLOTS / 64;
 /// Leaves that may exist beyond the budget's share (1 MiB of records).
@@ -72,7 +82,16 @@ struct Record {
     booked_extra: u8,
     policy: u8,
     page: u8,
-    live: bool,
+    /// 0: no live allocation; else 1 + the allocation's offset in its grain, in 512-byte
+    /// units (always 1 in a fine leaf).
+    at: u8,
+}
+
+impl Record {
+    #[inline(always)]
+    fn live(&self) -> bool {
+        self.at != 0
+    }
 }
 
 const PAGE_SIZES: [PageSize; 4] = [PageSize::Size4K, PageSize::Size64K, PageSize::Size2M, PageSize::Size1G];
@@ -88,7 +107,7 @@ impl Record {
             booked_extra: u8::try_from(a.booked.checked_sub(a.size)?).ok()?,
             policy: a.policy as u8,
             page: a.page as u8,
-            live: true,
+            at: 1,
         })
     }
 
@@ -128,7 +147,7 @@ impl Leaf {
             if self.groups & (1 << g) != 0 {
                 let first = g * GROUP;
                 let last = top.min(first + GROUP - 1);
-                if let Some(s) = (first..=last).rev().find(|&s| self.records[s].live) {
+                if let Some(s) = (first..=last).rev().find(|&s| self.records[s].live()) {
                     return Some(s);
                 }
                 if last == first + GROUP - 1 {
@@ -143,9 +162,57 @@ impl Leaf {
     }
 }
 
+/// Where a paged table keeps what its leaves do not hold: the next, coarser table, and at the
+/// end `Hashed`.
+pub(super) trait Loose: Default {
+    /// Allocations of this size or more are given to it first: two never start in one of its
+    /// grains, so its leaves hold them all.
+    const FIRST_FROM: u64;
+    fn insert(&mut self, allocation: Allocation);
+    fn remove(&mut self, ptr: u64) -> Option<Allocation>;
+    fn get(&self, ptr: u64) -> Option<Allocation>;
+    /// How many allocations it holds.
+    fn len(&self) -> usize;
+    /// The live allocations in address order.
+    fn sorted(&self) -> Vec<Allocation>;
+    /// The live allocation with the greatest start address at or below `addr`.
+    fn at_or_before(&mut self, addr: u64) -> Option<Allocation>;
+}
+
+impl Loose for Hashed {
+    const FIRST_FROM: u64 = u64::MAX;
+    #[inline(always)]
+    fn insert(&mut self, allocation: Allocation) {
+        Hashed::insert(self, allocation)
+    }
+    #[inline(always)]
+    fn remove(&mut self, ptr: u64) -> Option<Allocation> {
+        Hashed::remove(self, ptr)
+    }
+    #[inline(always)]
+    fn get(&self, ptr: u64) -> Option<Allocation> {
+        Hashed::get(self, ptr)
+    }
+    #[inline(always)]
+    fn len(&self) -> usize {
+        Hashed::len(self)
+    }
+    fn sorted(&self) -> Vec<Allocation> {
+        Hashed::sorted(self)
+    }
+    fn at_or_before(&mut self, addr: u64) -> Option<Allocation> {
+        Hashed::at_or_before(self, addr)
+    }
+}
+
+/// The device's live table: 512-byte grains on 2 MiB pages, then 64 KiB grains on 256 MiB
+/// pages, then the hash map.
+pub(super) type LiveTable = Paged<9, Paged<16, Hashed>>;
+
+/// Leaves of `SLOTS` records of `1 << GRAIN_SHIFT` bytes each, and `L` for the rest.
 #[derive(Debug)]
-pub(super) struct LiveTable {
-    /// The leaf of each page that has one, by page number (`ptr >> PAGE_SHIFT`).
+pub(super) struct Paged<const GRAIN_SHIFT: u32, L> {
+    /// The leaf of each page that has one, by page number (`ptr >> Self::PAGE_SHIFT`).
     pages: FxHashMap<u64, u32>,
     /// A filter of `pages`: bit `marker(page)` is set for every page that has a leaf (a set
     /// bit may be stale), so that most pages without one are known without hashing.
@@ -164,18 +231,21 @@ pub(super) struct LiveTable {
     /// `free_leaves` leaves.
     slots_per_live: usize,
     free_leaves: usize,
-    loose: Hashed,
+    loose: L,
 }
 
-impl Default for LiveTable {
+impl<const GRAIN_SHIFT: u32, L: Loose> Default for Paged<GRAIN_SHIFT, L> {
     fn default() -> Self {
-        Self::with_budget(SLOTS_PER_LIVE, FREE_LEAVES, Hashed::default())
+        Self::with_budget(SLOTS_PER_LIVE, FREE_LEAVES, L::default())
     }
 }
 
-impl LiveTable {
-    fn with_budget(slots_per_live: usize, free_leaves: usize, loose: Hashed) -> Self {
-        let mut table = LiveTable {
+impl<const GRAIN_SHIFT: u32, L: Loose> Paged<GRAIN_SHIFT, L> {
+    const PAGE_SHIFT: u32 = GRAIN_SHIFT + SLOTS.trailing_zeros();
+
+    fn with_budget(slots_per_live: usize, free_leaves: usize, loose: L) -> Self {
+        assert!((BLOCK_SHIFT..=BLOCK_SHIFT + 8).contains(&GRAIN_SHIFT), "an offset in a grain fits `Record::at`");
+        let mut table = Paged {
             pages: FxHashMap::default(),
             marked: [0; 4],
             leaves: Vec::new(),
@@ -213,6 +283,18 @@ impl LiveTable {
         ((ptr >> GRAIN_SHIFT) as usize) & (SLOTS - 1)
     }
 
+    /// The `Record::at` of an allocation at `ptr` (on the 512-byte grain).
+    #[inline(always)]
+    fn at(ptr: u64) -> u8 {
+        1 + ((ptr & ((1 << GRAIN_SHIFT) - 1)) >> BLOCK_SHIFT) as u8
+    }
+
+    /// The start address of the allocation in `slot` of `page`'s leaf, with `at` set.
+    #[inline(always)]
+    fn ptr_of(page: u64, slot: usize, at: u8) -> u64 {
+        (page << Self::PAGE_SHIFT) + ((slot as u64) << GRAIN_SHIFT) + (((at - 1) as u64) << BLOCK_SHIFT)
+    }
+
     /// `page`'s bit in `marked`.
     #[inline(always)]
     fn marker(page: u64) -> usize {
@@ -244,9 +326,9 @@ impl LiveTable {
     #[inline(always)]
     pub fn insert(&mut self, allocation: Allocation) {
         let ptr = allocation.ptr;
-        if ptr & GRAIN_MASK == 0 {
-            if let Some(record) = Record::pack(&allocation) {
-                let page = ptr >> PAGE_SHIFT;
+        if ptr & BLOCK_MASK == 0 && allocation.size < L::FIRST_FROM {
+            if let Some(mut record) = Record::pack(&allocation) {
+                let page = ptr >> Self::PAGE_SHIFT;
                 let leaf = match self.leaf_of(page) {
                     Some(leaf) => Some(leaf),
                     None if self.may_grow() => self.new_leaf(page),
@@ -255,12 +337,16 @@ impl LiveTable {
                 if let Some(leaf) = leaf {
                     let leaf = &mut self.leaves[leaf as usize];
                     let slot = Self::slot(ptr);
-                    debug_assert!(!leaf.records[slot].live, "{ptr:#x} is live already");
-                    leaf.records[slot] = record;
-                    leaf.live += 1;
-                    leaf.groups |= 1 << (slot / GROUP);
-                    self.in_leaves += 1;
-                    return;
+                    // A coarse grain holds one allocation: another that starts in it is loose.
+                    if !leaf.records[slot].live() {
+                        record.at = Self::at(ptr);
+                        leaf.records[slot] = record;
+                        leaf.live += 1;
+                        leaf.groups |= 1 << (slot / GROUP);
+                        self.in_leaves += 1;
+                        return;
+                    }
+                    debug_assert!(leaf.records[slot].at != Self::at(ptr), "{ptr:#x} is live already");
                 }
             }
         }
@@ -328,7 +414,7 @@ impl LiveTable {
     /// a few places ahead, so that its record's cache miss overlaps the work on those before).
     #[inline(always)]
     pub fn prefetch(&self, ptr: u64) {
-        if self.last.0 == ptr >> PAGE_SHIFT {
+        if self.last.0 == ptr >> Self::PAGE_SHIFT {
             prefetch(&self.leaves[self.last.1 as usize].records[Self::slot(ptr)]);
         }
     }
@@ -354,12 +440,12 @@ impl LiveTable {
     /// Removes and returns the live allocation at `ptr` if a leaf holds it.
     #[inline(always)]
     fn remove_from_leaf(&mut self, ptr: u64) -> Option<Allocation> {
-        if ptr & GRAIN_MASK == 0 && self.in_leaves > 0 {
-            if let Some(i) = self.leaf_of(ptr >> PAGE_SHIFT) {
+        if ptr & BLOCK_MASK == 0 && self.in_leaves > 0 {
+            if let Some(i) = self.leaf_of(ptr >> Self::PAGE_SHIFT) {
                 let leaf = &mut self.leaves[i as usize];
                 let record = &mut leaf.records[Self::slot(ptr)];
-                if record.live {
-                    record.live = false;
+                if record.at == Self::at(ptr) {
+                    record.at = 0;
                     let allocation = record.unpack(ptr);
                     leaf.live -= 1;
                     self.in_leaves -= 1;
@@ -379,8 +465,8 @@ impl LiveTable {
 
     #[inline]
     pub fn get(&self, ptr: u64) -> Option<Allocation> {
-        if ptr & GRAIN_MASK == 0 && self.in_leaves > 0 {
-            let page = ptr >> PAGE_SHIFT;
+        if ptr & BLOCK_MASK == 0 && self.in_leaves > 0 {
+            let page = ptr >> Self::PAGE_SHIFT;
             let leaf = if self.last.0 == page {
                 Some(&self.last.1)
             } else if self.may_have_leaf(page) {
@@ -390,7 +476,7 @@ impl LiveTable {
             };
             if let Some(&i) = leaf {
                 let record = &self.leaves[i as usize].records[Self::slot(ptr)];
-                if record.live {
+                if record.at == Self::at(ptr) {
                     return Some(record.unpack(ptr));
                 }
             }
@@ -413,13 +499,12 @@ impl LiveTable {
         let mut all = self.loose.sorted();
         for &page in &self.ordered {
             let leaf = &self.leaves[self.pages[&page] as usize];
-            let base = page << PAGE_SHIFT;
             all.extend(
                 leaf.records
                     .iter()
                     .enumerate()
-                    .filter(|(_, r)| r.live)
-                    .map(|(s, r)| r.unpack(base + ((s as u64) << GRAIN_SHIFT))),
+                    .filter(|(_, r)| r.live())
+                    .map(|(s, r)| r.unpack(Self::ptr_of(page, s, r.at))),
             );
         }
         all.sort_unstable_by_key(|a| a.ptr);
@@ -428,7 +513,7 @@ impl LiveTable {
 
     /// The live allocation in a leaf with the greatest start address at or below `addr`.
     fn leaf_at_or_before(&mut self, addr: u64) -> Option<Allocation> {
-        let page = addr >> PAGE_SHIFT;
+        let page = addr >> Self::PAGE_SHIFT;
         let mut top = Self::slot(addr);
         let mut pages = self.ordered.range(..=page).rev();
         let mut next = pages.next().copied();
@@ -438,8 +523,13 @@ impl LiveTable {
             }
             let leaf = &mut self.leaves[self.pages[&p] as usize];
             if leaf.live > 0 {
-                if let Some(s) = leaf.at_or_before(top) {
-                    return Some(leaf.records[s].unpack((p << PAGE_SHIFT) + ((s as u64) << GRAIN_SHIFT)));
+                let mut found = leaf.at_or_before(top);
+                // The allocation in `addr`'s own grain may start after `addr`.
+                if let Some(s) = found.filter(|&s| Self::ptr_of(p, s, leaf.records[s].at) > addr) {
+                    found = if s == 0 { None } else { leaf.at_or_before(s - 1) };
+                }
+                if let Some(s) = found {
+                    return Some(leaf.records[s].unpack(Self::ptr_of(p, s, leaf.records[s].at)));
                 }
             }
             next = pages.next().copied();
@@ -447,18 +537,49 @@ impl LiveTable {
         None
     }
 
-    /// The live allocation `a` with `a.ptr <= addr < a.ptr + extent(a)`.
-    pub fn containing(&mut self, addr: u64, extent: impl Fn(&Allocation) -> u64) -> Option<Allocation> {
+    /// The live allocation with the greatest start address at or below `addr`.
+    fn at_or_before(&mut self, addr: u64) -> Option<Allocation> {
         if let Some(a) = self.get(addr) {
-            return (extent(&a) > 0).then_some(a);
+            return Some(a);
         }
         let paged = self.leaf_at_or_before(addr);
         let loose = if self.loose.len() == 0 { None } else { self.loose.at_or_before(addr) };
-        let a = match (paged, loose) {
-            (Some(p), Some(l)) => std::cmp::max_by_key(p, l, |a| a.ptr),
-            (p, l) => p.or(l)?,
-        };
+        match (paged, loose) {
+            (Some(p), Some(l)) => Some(std::cmp::max_by_key(p, l, |a| a.ptr)),
+            (p, l) => p.or(l),
+        }
+    }
+
+    /// The live allocation `a` with `a.ptr <= addr < a.ptr + extent(a)`.
+    pub fn containing(&mut self, addr: u64, extent: impl Fn(&Allocation) -> u64) -> Option<Allocation> {
+        let a = self.at_or_before(addr)?;
         (addr - a.ptr < extent(&a)).then_some(a)
+    }
+}
+
+impl<const GRAIN_SHIFT: u32, L: Loose> Loose for Paged<GRAIN_SHIFT, L> {
+    const FIRST_FROM: u64 = 1 << GRAIN_SHIFT;
+    #[inline(always)]
+    fn insert(&mut self, allocation: Allocation) {
+        Paged::insert(self, allocation)
+    }
+    #[inline(always)]
+    fn remove(&mut self, ptr: u64) -> Option<Allocation> {
+        Paged::remove(self, ptr)
+    }
+    #[inline(always)]
+    fn get(&self, ptr: u64) -> Option<Allocation> {
+        Paged::get(self, ptr)
+    }
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.in_leaves + self.loose.len()
+    }
+    fn sorted(&self) -> Vec<Allocation> {
+        Paged::sorted(self)
+    }
+    fn at_or_before(&mut self, addr: u64) -> Option<Allocation> {
+        Paged::at_or_before(self, addr)
     }
 }
 
@@ -479,38 +600,74 @@ mod tests {
     }
 
     /// Pointers over a few 2 MiB pages far apart in the 48-bit space (the host backend's are
-    /// real process addresses): on the grain, off it, at a page's first and last grain.
+    /// real process addresses): on the grain, off it, at a page's first and last grain, and
+    /// spread over 64 KiB grains (several in one, at any 512-byte offset) and 256 MiB pages.
     fn pointer() -> impl Strategy<Value = u64> {
-        let page = prop_oneof![Just(1u64 << 20), Just(5 << 20), Just(6 << 20), Just(0x7fff_ffe0_0000 >> 21 << 21)];
-        let offset = prop_oneof![
-            4 => (0u64..24).prop_map(|g| g << GRAIN_SHIFT),
-            1 => Just((SLOTS as u64 - 1) << GRAIN_SHIFT),
-            1 => (0u64..24).prop_map(|g| (g << GRAIN_SHIFT) + 64),
+        let page = prop_oneof![
+            Just(1u64 << 20),
+            Just(5 << 20),
+            Just(6 << 20),
+            Just(255 << 20),
+            Just(0x7fff_ffe0_0000 >> 21 << 21)
         ];
-        (page, offset).prop_map(|(p, o)| (p >> PAGE_SHIFT << PAGE_SHIFT) + o)
+        let offset = prop_oneof![
+            4 => (0u64..24).prop_map(|g| g << BLOCK_SHIFT),
+            1 => Just((SLOTS as u64 - 1) << BLOCK_SHIFT),
+            1 => (0u64..24).prop_map(|g| (g << BLOCK_SHIFT) + 64),
+            3 => (0u64..40, 0u64..3).prop_map(|(g, o)| (g << 16) + o * 0x5e00),
+        ];
+        (page, offset).prop_map(|(p, o)| (p >> 21 << 21) + o)
+    }
+
+    /// A level's invariants: its budget holds (leaves are kept after frees: it bounds them by
+    /// the peak), the cached budget check agrees with the budget's formula, and the page
+    /// indexes and counts agree.
+    fn check_level<const G: u32, L: Loose>(
+        t: &Paged<G, L>,
+        peak: usize,
+        slots_per_live: usize,
+        free_leaves: usize,
+    ) -> Result<(), TestCaseError> {
+        prop_assert!(t.leaves.len() * SLOTS <= peak * slots_per_live + free_leaves * SLOTS);
+        let room = (t.in_leaves + 1) * slots_per_live + free_leaves * SLOTS;
+        prop_assert_eq!(t.within_budget(), (t.leaves.len() + 1) * SLOTS <= room);
+        prop_assert_eq!(t.pages.len(), t.leaves.len());
+        prop_assert_eq!(t.ordered.len(), t.leaves.len());
+        prop_assert_eq!(t.in_leaves, t.leaves.iter().map(|l| l.live as usize).sum::<usize>());
+        for leaf in &t.leaves {
+            prop_assert_eq!(leaf.live as usize, leaf.records.iter().filter(|r| r.live()).count());
+        }
+        Ok(())
     }
 
     proptest! {
         /// Against a BTreeMap: the same answer for every lookup, containment query and listing
-        /// after any mix of inserts and removes — with leaves, with the budget spent (pages
-        /// going to the hash map, emptied leaves taken over by new pages), and with fields too
-        /// wide for a record.
+        /// after any mix of inserts and removes — with fine and coarse leaves, with their
+        /// budgets spent (pages going to the next level, emptied leaves taken over by new
+        /// pages), with several allocations starting in one coarse grain, with large
+        /// allocations (given to the coarse level first), and with fields too wide for a record.
         #[test]
         fn answers_like_an_ordered_map(
             ops in proptest::collection::vec((0u8..3, pointer(), 1u64..5000), 1..300),
-            slots_per_live in prop_oneof![Just(0usize), Just(SLOTS_PER_LIVE), Just(SLOTS)],
-            free_leaves in 0usize..3,
+            fine in (prop_oneof![Just(0usize), Just(SLOTS_PER_LIVE), Just(SLOTS)], 0usize..3),
+            coarse in (prop_oneof![Just(0usize), Just(SLOTS_PER_LIVE), Just(SLOTS)], 0usize..3),
         ) {
-            // A budget that lets no or a few leaves exist beyond the live allocations' share.
-            let mut table = LiveTable::with_budget(slots_per_live, free_leaves, Hashed::with_slack(3));
+            // Budgets that let no or a few leaves exist beyond the live allocations' share.
+            let mut table = LiveTable::with_budget(
+                fine.0,
+                fine.1,
+                Paged::with_budget(coarse.0, coarse.1, Hashed::with_slack(3)),
+            );
             let mut model: BTreeMap<u64, Allocation> = BTreeMap::new();
             let mut peak = 0;
             for (op, ptr, x) in ops {
                 match op {
                     0 if !model.contains_key(&ptr) => {
-                        // Sizes that keep allocations apart (a pointer's neighbours are 512 B
-                        // or more away): what the allocators grant never overlaps.
-                        let size = 1 + x % 64;
+                        let size = match x % 5 {
+                            0 => 64 << 10,
+                            1 => (64 << 10) + x * 1000,
+                            _ => 1 + x % 64,
+                        };
                         let mut a = Allocation {
                             ptr,
                             size,
@@ -532,26 +689,24 @@ mod tests {
                     }
                     1 => prop_assert_eq!(table.remove(ptr), model.remove(&ptr)),
                     _ => {
-                        let addr = ptr + x % 700;
-                        for extent in [|a: &Allocation| a.size, |a: &Allocation| a.granted] {
-                            let want = model.range(..=addr).next_back().map(|(_, a)| a).filter(|a| addr - a.ptr < extent(a));
-                            prop_assert_eq!(table.containing(addr, extent), want.copied());
+                        for addr in [ptr + x % 700, ptr + x * 37, ptr.saturating_sub(x * 13)] {
+                            for extent in [|a: &Allocation| a.size, |a: &Allocation| a.granted] {
+                                let want = model
+                                    .range(..=addr)
+                                    .next_back()
+                                    .map(|(_, a)| a)
+                                    .filter(|a| addr - a.ptr < extent(a));
+                                prop_assert_eq!(table.containing(addr, extent), want.copied());
+                            }
+                            prop_assert_eq!(table.contains(addr), model.contains_key(&addr));
                         }
                         prop_assert_eq!(table.get(ptr), model.get(&ptr).copied());
-                        prop_assert_eq!(table.contains(addr), model.contains_key(&addr));
                     }
                 }
                 prop_assert_eq!(table.len(), model.len());
-                // The budget holds (leaves are kept after frees: it bounds them by the peak)
-                // and the page indexes agree.
                 peak = peak.max(model.len());
-                prop_assert!(table.leaves.len() * SLOTS <= peak * slots_per_live + free_leaves * SLOTS);
-                // The cached budget check agrees with the budget's formula.
-                let room = (table.in_leaves + 1) * slots_per_live + free_leaves * SLOTS;
-                prop_assert_eq!(table.within_budget(), (table.leaves.len() + 1) * SLOTS <= room);
-                prop_assert_eq!(table.pages.len(), table.leaves.len());
-                prop_assert_eq!(table.ordered.len(), table.leaves.len());
-                prop_assert_eq!(table.in_leaves, table.leaves.iter().map(|l| l.live as usize).sum::<usize>());
+                check_level(&table, peak, fine.0, fine.1)?;
+                check_level(&table.loose, peak, coarse.0, coarse.1)?;
             }
             prop_assert_eq!(table.sorted(), model.values().copied().collect::<Vec<_>>());
         }

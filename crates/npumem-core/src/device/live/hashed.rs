@@ -89,7 +89,7 @@ impl Entry {
 const SLACK: usize = 4096;
 
 #[derive(Debug)]
-pub(super) struct Hashed {
+pub(in crate::device) struct Hashed {
     by_ptr: FxHashMap<u64, Entry>,
     wide: FxHashMap<u64, Allocation>,
     ordered: BTreeSet<u64>,
