@@ -14,6 +14,12 @@
 //! front, the untouched empty ones keep their order behind them), and a fill simply takes the
 //! least recent way.
 //!
+//! Layout: each set is one row of words — its tags, then (narrow arrays) its recency order and
+//! its fingerprints, `ways.div_ceil(4)` words of four — so one base pointer and the set's index
+//! reach everything a lookup and a fill touch (the fixed loops keep two values an array live, not
+//! four); [`FP_WORDS`] words of padding follow the last row, so the 32-byte fingerprint compare
+//! of any row stays inside the buffer.
+//!
 //! Invariants: a tag is held in at most one slot; the first ways of a set hold tags, the rest are
 //! empty (`filled[s]` of them, counted for every array but narrow LRU ones); in a narrow array
 //! the fingerprint of each filled way is that of its tag; a narrow LRU set's order holds each of
@@ -39,12 +45,17 @@ pub(super) fn size_bit(p: PageSize) -> u8 {
     1 << (p as u8)
 }
 
-/// The 16-bit fingerprints of a narrow set's tags, one per way (ways past the set's width
-/// hold stale values and are masked off): a lookup compares the fingerprints of all ways at once
-/// and checks the full tag only where a fingerprint matches.
-#[derive(Clone, Copy, Debug, Default)]
-#[repr(C, align(32))]
-struct Fingerprints([u16; SCAN_WAYS]);
+/// Words a lookup reads from the start of a narrow set's fingerprints: 16-bit lanes, way `w` in
+/// lane `w % 4` of word `w / 4` (on little-endian machines, `u16` number `w` of the words'
+/// bytes). A row holds `ways.div_ceil(4)` of them; the lanes past the set's width (the next
+/// row's words, or the padding after the last row) are masked off. A lookup compares the
+/// fingerprints of all ways at once and checks the full tag only where a fingerprint matches.
+const FP_WORDS: usize = SCAN_WAYS / 4;
+
+/// Words a row of a narrow set of `ways` ways: its tags, its recency order, its fingerprints.
+const fn narrow_stride(ways: usize) -> usize {
+    ways + 1 + ways.div_ceil(4)
+}
 
 /// The fingerprint of `tag` (its high bits after a multiplicative hash: tags of one set share
 /// their low page-number bits).
@@ -53,40 +64,57 @@ pub(super) fn fingerprint(tag: u64) -> u16 {
     (tag.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 48) as u16
 }
 
-impl Fingerprints {
-    /// The ways whose fingerprint is `fp`, as a bit mask (bit `w` for way `w`).
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    fn matches(&self, fp: u16) -> u32 {
-        use std::arch::x86_64::*;
-        // SAFETY: SSE2 is part of the x86_64 baseline; `self.0` is 32 readable bytes (two
-        // unaligned 16-byte loads stay inside it).
-        unsafe {
-            let needle = _mm_set1_epi16(fp as i16);
-            let lo = _mm_cmpeq_epi16(_mm_loadu_si128(self.0.as_ptr().cast()), needle);
-            let hi = _mm_cmpeq_epi16(_mm_loadu_si128(self.0.as_ptr().add(8).cast()), needle);
-            // Each 16-bit lane is all ones or all zeros: packing to bytes keeps it, one bit a way.
-            _mm_movemask_epi8(_mm_packs_epi16(lo, hi)) as u32
-        }
-    }
-
-    /// The ways whose fingerprint is `fp`, as a bit mask (bit `w` for way `w`).
-    #[cfg(not(target_arch = "x86_64"))]
-    #[inline(always)]
-    fn matches(&self, fp: u16) -> u32 {
-        self.0.iter().enumerate().fold(0, |m, (w, &f)| m | u32::from(f == fp) << w)
+/// The ways whose fingerprint in `fps` (a row's [`FP_WORDS`] words) is `fp`, as a bit mask
+/// (bit `w` for way `w`).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn fp_matches(fps: &[u64], fp: u16) -> u32 {
+    use std::arch::x86_64::*;
+    assert!(fps.len() >= FP_WORDS);
+    // SAFETY: SSE2 is part of the x86_64 baseline; `fps` holds 32 readable bytes (two unaligned
+    // 16-byte loads stay inside them); x86_64 is little-endian, so lane `w` is `u16` number `w`.
+    unsafe {
+        let needle = _mm_set1_epi16(fp as i16);
+        let lo = _mm_cmpeq_epi16(_mm_loadu_si128(fps.as_ptr().cast()), needle);
+        let hi = _mm_cmpeq_epi16(_mm_loadu_si128(fps.as_ptr().add(2).cast()), needle);
+        // Each 16-bit lane is all ones or all zeros: packing to bytes keeps it, one bit a way.
+        _mm_movemask_epi8(_mm_packs_epi16(lo, hi)) as u32
     }
 }
 
-/// The slot of `tags` holding `tag` in the narrow set starting at slot `base`, whose
-/// fingerprints are `fps` and ways `way_bits`.
+/// The ways whose fingerprint in `fps` (a row's [`FP_WORDS`] words) is `fp`, as a bit mask
+/// (bit `w` for way `w`).
+#[cfg(not(target_arch = "x86_64"))]
 #[inline(always)]
-fn find_narrow(tags: &[u64], fps: &Fingerprints, way_bits: u32, base: usize, tag: u64) -> Option<usize> {
-    let mut candidates = fps.matches(fingerprint(tag)) & way_bits;
+fn fp_matches(fps: &[u64], fp: u16) -> u32 {
+    (0..SCAN_WAYS).fold(0, |m, w| m | u32::from((fps[w / 4] >> (16 * (w % 4))) as u16 == fp) << w)
+}
+
+/// Sets the fingerprint of way `way` in `fps` (a row's [`FP_WORDS`] words) to `fp`.
+#[inline(always)]
+fn set_fp(fps: &mut [u64], way: usize, fp: u16) {
+    assert!(way < 4 * fps.len());
+    #[cfg(target_endian = "little")]
+    // SAFETY: lane `way` is `u16` number `way` of the words' bytes on a little-endian machine,
+    // and `way < 4 * fps.len()` keeps it inside them.
+    unsafe {
+        fps.as_mut_ptr().cast::<u16>().add(way).write(fp);
+    }
+    #[cfg(not(target_endian = "little"))]
+    {
+        let (word, shift) = (&mut fps[way / 4], 16 * (way % 4));
+        *word = (*word & !(0xFFFF << shift)) | u64::from(fp) << shift;
+    }
+}
+
+/// The way holding `tag` in the narrow set `row` (its row) of `ways` ways, `way_bits` their bits.
+#[inline(always)]
+fn find_narrow(row: &[u64], ways: usize, way_bits: u32, tag: u64) -> Option<usize> {
+    let mut candidates = fp_matches(&row[ways + 1..], fingerprint(tag)) & way_bits;
     while candidates != 0 {
-        let slot = base + candidates.trailing_zeros() as usize;
-        if tags[slot] == tag {
-            return Some(slot);
+        let way = candidates.trailing_zeros() as usize;
+        if row[way] == tag {
+            return Some(way);
         }
         candidates &= candidates - 1;
     }
@@ -150,13 +178,15 @@ impl Wide {
 
 #[derive(Debug)]
 pub(super) struct Array {
-    pub(super) tags: Box<[u64]>,
-    /// Per set of a narrow array, the fingerprints of its tags (empty for a wide array).
-    fps: Box<[Fingerprints]>,
+    /// Per set, one row of `stride` words: its `ways` tags (slot `set * stride + way`), then in
+    /// a narrow array its recency order (LRU: its ways most recent first, 4 bits each, [`Order`])
+    /// and its fingerprints ([`narrow_stride`]), with [`FP_WORDS`] words of padding after the
+    /// last row — one base pointer reaches all of a set.
+    rows: Box<[u64]>,
+    /// Words a row: `ways` in a wide array, [`narrow_stride`] in a narrow one.
+    stride: usize,
     /// Bits of the ways of a set (`ways` ones).
     way_bits: u32,
-    /// LRU in narrow sets: per set, its ways most recent first, 4 bits each ([`Order`]).
-    orders: Box<[u64]>,
     /// Whether this is a narrow LRU array (the common case, with its own fast paths).
     narrow_lru: bool,
     /// Per set: how many ways hold tags (not kept for narrow LRU arrays, whose order knows).
@@ -172,6 +202,9 @@ pub(super) struct Array {
     pub(super) kernel: bool,
     /// `sets - 1` for a kernel array (0 otherwise).
     kernel_mask: u64,
+    /// Whether [`Ways::empty`] found every way holding a tag (it stays so: entries are never
+    /// invalidated).
+    full: bool,
     replacement: Replacement,
     wide: Option<Box<Wide>>,
     pub(super) sizes_mask: u8,
@@ -188,11 +221,20 @@ impl Array {
             if cfg.page_sizes.is_empty() { 0xFF } else { cfg.page_sizes.iter().fold(0, |m, &p| m | size_bit(p)) };
         let narrow_lru = replacement == Replacement::Lru && !wide;
         let has_meta = matches!(replacement, Replacement::Plru | Replacement::RoundRobin);
+        let stride = if wide { ways } else { narrow_stride(ways) };
+        let mut row = vec![EMPTY; stride];
+        let mut rows = if wide {
+            row.repeat(sets)
+        } else {
+            row[ways..].fill(0);
+            row[ways] = if narrow_lru { Order::initial(ways) } else { 0 };
+            [row.repeat(sets), vec![0; FP_WORDS]].concat()
+        };
+        rows.shrink_to_fit();
         Array {
-            tags: vec![EMPTY; entries].into(),
-            fps: vec![Fingerprints::default(); if wide { 0 } else { sets }].into(),
+            rows: rows.into(),
+            stride,
             way_bits: if wide { 0 } else { u32::MAX >> (32 - ways) },
-            orders: if narrow_lru { vec![Order::initial(ways); sets] } else { Vec::new() }.into(),
             narrow_lru,
             filled: vec![0; sets].into(),
             meta: vec![0; if has_meta { sets } else { 0 }].into(),
@@ -201,6 +243,7 @@ impl Array {
             set_mask: sets.is_power_of_two().then(|| sets as u64 - 1),
             kernel: narrow_lru && sets.is_power_of_two(),
             kernel_mask: if narrow_lru && sets.is_power_of_two() { sets as u64 - 1 } else { 0 },
+            full: false,
             replacement,
             wide: wide.then(|| Box::new(Wide::new(entries, sets, replacement == Replacement::Lru))),
             sizes_mask,
@@ -228,7 +271,23 @@ impl Array {
         if let Some(wide) = &self.wide {
             return wide.index.get(&tag).map(|&slot| slot as usize);
         }
-        find_narrow(&self.tags, &self.fps[set], self.way_bits, set * self.ways, tag)
+        let base = set * self.stride;
+        find_narrow(&self.rows[base..], self.ways, self.way_bits, tag).map(|way| base + way)
+    }
+
+    /// Whether [`Ways::empty`] found every slot of this array holding a tag.
+    pub(super) fn full(&self) -> bool {
+        self.full
+    }
+
+    /// Records that [`Ways::empty`] found no empty slot.
+    pub(super) fn mark_full(&mut self) {
+        self.full = true;
+    }
+
+    /// The tag of every slot, set by set, way by way (`EMPTY` for an empty one).
+    pub(super) fn tags(&self) -> impl Iterator<Item = u64> + '_ {
+        self.rows.chunks_exact(self.stride).take(self.sets).flat_map(|row| row[..self.ways].iter().copied())
     }
 
     /// Looks `tag` (of page number `vpn`) up; a hit updates the replacement state.
@@ -236,10 +295,10 @@ impl Array {
     pub(super) fn lookup(&mut self, tag: u64, vpn: u64) -> bool {
         let set = self.set_of(vpn);
         if self.narrow_lru {
-            let base = set * self.ways;
-            return match find_narrow(&self.tags, &self.fps[set], self.way_bits, base, tag) {
-                Some(slot) => {
-                    self.orders[set] = Order::touch(self.orders[set], (slot - base) as u64);
+            let (ways, row) = (self.ways, &mut self.rows[set * self.stride..]);
+            return match find_narrow(row, ways, self.way_bits, tag) {
+                Some(way) => {
+                    row[ways] = Order::touch(row[ways], way as u64);
                     true
                 }
                 None => false,
@@ -270,11 +329,14 @@ impl Array {
         match self.replacement {
             Replacement::Lru => match &mut self.wide {
                 Some(wide) => wide.make_most_recent(set, slot),
-                None => self.orders[set] = Order::touch(self.orders[set], (slot - set * self.ways) as u64),
+                None => {
+                    let order = set * self.stride + self.ways;
+                    self.rows[order] = Order::touch(self.rows[order], (slot - set * self.stride) as u64);
+                }
             },
             Replacement::Plru => {
                 // Walk the tree from the root towards the way, pointing each node away from it.
-                let way = slot - set * self.ways;
+                let way = slot - set * self.stride;
                 let mut b = self.meta[set];
                 let (mut node, mut lo, mut span) = (1usize, 0usize, self.ways);
                 while span > 1 {
@@ -297,11 +359,11 @@ impl Array {
     /// The way to evict from the full `set`.
     #[inline(always)]
     fn victim(&mut self, set: usize, rng: &mut u64) -> usize {
-        let (base, ways) = (set * self.ways, self.ways);
+        let (base, ways) = (set * self.stride, self.ways);
         match self.replacement {
             Replacement::Lru => match &self.wide {
                 Some(wide) => wide.tail[set] as usize - base,
-                None => Order::least_recent(self.orders[set], ways),
+                None => Order::least_recent(self.rows[base + ways], ways),
             },
             Replacement::Plru => {
                 let b = self.meta[set];
@@ -345,8 +407,8 @@ impl Array {
         } else {
             (self.victim(set, rng), true)
         };
-        let slot = set * self.ways + way;
-        let old = std::mem::replace(&mut self.tags[slot], tag);
+        let slot = set * self.stride + way;
+        let old = std::mem::replace(&mut self.rows[slot], tag);
         match &mut self.wide {
             Some(wide) => {
                 if evicted {
@@ -354,7 +416,7 @@ impl Array {
                 }
                 wide.index.insert(tag, slot as u32);
             }
-            None => self.fps[set].0[way] = fingerprint(tag),
+            None => set_fp(&mut self.rows[slot - way + self.ways + 1..], way, fingerprint(tag)),
         }
         self.touch(set, slot);
         evicted
@@ -398,20 +460,24 @@ impl Array {
         *cycles = cycles.saturating_add(hits.saturating_mul(self.hit_cycles));
     }
 
+    /// The row of `set` in a kernel array (its tags, order and fingerprints).
+    #[inline(always)]
+    fn kernel_row(&mut self, vpn: u64) -> &mut [u64] {
+        debug_assert!(self.kernel);
+        let set = (vpn & self.kernel_mask) as usize;
+        &mut self.rows[set * self.stride..]
+    }
+
     /// [`Array::lookup`] for a kernel array, given the tag's fingerprint `fp`.
     #[inline(always)]
     pub(super) fn lookup_narrow(&mut self, tag: u64, vpn: u64, fp: u16) -> bool {
-        debug_assert!(self.kernel);
-        // A power of two of sets: the mask keeps the set below `sets`, the length of `fps` and
-        // `orders`, and its ways below `tags.len()`.
-        let set = (vpn & self.kernel_mask) as usize;
-        let base = set * self.ways;
-        assert!(set < self.fps.len() && set < self.orders.len() && base + self.ways <= self.tags.len());
-        let mut candidates = self.fps[set].matches(fp) & self.way_bits;
+        let (ways, way_bits) = (self.ways, self.way_bits);
+        let row = self.kernel_row(vpn);
+        let mut candidates = fp_matches(&row[ways + 1..], fp) & way_bits;
         while candidates != 0 {
             let way = candidates.trailing_zeros() as usize;
-            if self.tags[base + way] == tag {
-                self.orders[set] = Order::touch(self.orders[set], way as u64);
+            if row[way] == tag {
+                row[ways] = Order::touch(row[ways], way as u64);
                 return true;
             }
             candidates &= candidates - 1;
@@ -422,26 +488,27 @@ impl Array {
     /// [`Array::fill`] for a kernel array, given the tag's fingerprint `fp`.
     #[inline(always)]
     pub(super) fn fill_narrow(&mut self, tag: u64, vpn: u64, fp: u16) -> bool {
-        debug_assert!(self.kernel);
-        let set = (vpn & self.kernel_mask) as usize;
-        let order = self.orders[set];
-        let way = Order::least_recent(order, self.ways);
-        let old = std::mem::replace(&mut self.tags[set * self.ways + way], tag);
-        self.fps[set].0[way] = fp;
-        self.orders[set] = Order::refill(order, way as u64, self.ways);
-        old != EMPTY
+        let ways = self.ways;
+        Self::refill_row(self.kernel_row(vpn), ways, tag, fp)
     }
 
     /// Inserts `tag` (not held) into `set` of a narrow LRU array, in its least recent way (the
     /// next empty one while the set is not full); returns whether it evicted.
     #[inline(always)]
     fn fill_narrow_lru(&mut self, set: usize, tag: u64) -> bool {
-        let order = self.orders[set];
-        let way = Order::least_recent(order, self.ways);
-        let old = std::mem::replace(&mut self.tags[set * self.ways + way], tag);
-        self.fps[set].0[way] = fingerprint(tag);
-        self.orders[set] = Order::refill(order, way as u64, self.ways);
-        old != EMPTY
+        let ways = self.ways;
+        Self::refill_row(&mut self.rows[set * self.stride..], ways, tag, fingerprint(tag))
+    }
+
+    /// Inserts `tag` (not held, fingerprint `fp`) into the least recent way of the narrow LRU
+    /// set whose row is `row`, of `ways` ways; returns whether it evicted.
+    #[inline(always)]
+    fn refill_row(row: &mut [u64], ways: usize, tag: u64, fp: u16) -> bool {
+        let order = row[ways];
+        let way = Order::least_recent(order, ways);
+        row[ways] = Order::refill(order, way as u64, ways);
+        set_fp(&mut row[ways + 1..], way, fp);
+        std::mem::replace(&mut row[way], tag) != EMPTY
     }
 
     /// [`Array::pass`] for LRU over narrow sets, the common case, in one tight loop; returns
@@ -474,9 +541,8 @@ impl Array {
 /// matched in one 64-bit word) and no bounds check per access (checked once, in
 /// [`Array::ways_mut`]).
 pub(super) struct Ways<'a, const W: usize> {
-    tags: &'a mut [u64],
-    fps: &'a mut [Fingerprints],
-    orders: &'a mut [u64],
+    /// The rows of the array's sets, [`narrow_stride`] words each, then [`FP_WORDS`] of padding.
+    rows: &'a mut [u64],
     /// `sets - 1` (a power of two of sets).
     mask: u64,
 }
@@ -487,37 +553,43 @@ impl Array {
         let sets = self.kernel_mask as usize + 1;
         let fits = self.kernel
             && self.ways == W
-            && self.fps.len() == sets
-            && self.orders.len() == sets
-            && self.tags.len() == sets * W;
-        fits.then_some(Ways {
-            tags: &mut self.tags,
-            fps: &mut self.fps,
-            orders: &mut self.orders,
-            mask: self.kernel_mask,
-        })
+            && self.stride == narrow_stride(W)
+            && self.rows.len() == sets * self.stride + FP_WORDS;
+        fits.then_some(Ways { rows: &mut self.rows, mask: self.kernel_mask })
     }
 }
 
 impl<const W: usize> Ways<'_, W> {
+    /// Words a row: the tags at `0..W`, the order at `W`, the fingerprints from `W + 1`.
+    const STRIDE: usize = narrow_stride(W);
+
     /// The ways of set `set` whose fingerprint may be `fp` (every one that is; for `W <= 4`
     /// possibly others above the lowest true one, which the tag check rejects), as one bit per
-    /// way at bit `way * STRIDE`.
-    const STRIDE: u32 = if W <= 4 { 16 } else { 1 };
+    /// way at bit `way * STEP`.
+    const STEP: u32 = if W <= 4 { 16 } else { 1 };
+
+    /// The row of the set of page number `vpn`.
+    #[inline(always)]
+    fn row(&mut self, vpn: u64) -> *mut u64 {
+        let set = (vpn & self.mask) as usize;
+        // SAFETY: `set <= mask`, and `ways_mut` checked that `rows` holds `mask + 1` rows of
+        // `STRIDE` words and `FP_WORDS` of padding: the row's `STRIDE` words are inside `rows`,
+        // and so are the `FP_WORDS` words from its fingerprints (`W + 1 + FP_WORDS <= STRIDE +
+        // FP_WORDS`).
+        unsafe { self.rows.as_mut_ptr().add(set * Self::STRIDE) }
+    }
 
     #[inline(always)]
-    fn candidates(fps: &Fingerprints, fp: u16) -> u64 {
+    fn candidates(fps: &[u64], fp: u16) -> u64 {
         if W <= 4 {
             // Four 16-bit lanes in one word: the classic has-zero test on fps ^ fp, exact for
             // the lowest matching lane (a borrow can only flag lanes above a zero one).
             const ONES: u64 = 0x0001_0001_0001_0001;
-            let f = &fps.0;
-            let word = u64::from(f[0]) | u64::from(f[1]) << 16 | u64::from(f[2]) << 32 | u64::from(f[3]) << 48;
-            let x = word ^ u64::from(fp).wrapping_mul(ONES);
+            let x = fps[0] ^ u64::from(fp).wrapping_mul(ONES);
             let lanes = if W == 4 { u64::MAX } else { (1u64 << (16 * W)) - 1 };
             x.wrapping_sub(ONES) & !x & (ONES << 15) & lanes
         } else {
-            u64::from(fps.matches(fp) & (u32::MAX >> (32 - W)))
+            u64::from(fp_matches(fps, fp) & (u32::MAX >> (32 - W)))
         }
     }
 
@@ -527,36 +599,36 @@ impl<const W: usize> Ways<'_, W> {
     /// full tags, four ways a vector instruction, instead of fingerprints.
     #[inline(always)]
     pub(super) fn lookup<const AVX2: bool>(&mut self, tag: u64, vpn: u64, fp: u16) -> bool {
-        let set = (vpn & self.mask) as usize;
+        let row = self.row(vpn);
         #[cfg(target_arch = "x86_64")]
         if AVX2 && W % 4 == 0 {
             use std::arch::x86_64::*;
             // SAFETY: `AVX2` is true only in loops compiled for AVX2 and run where the CPU has
-            // it; `set <= mask` and `ways_mut` checked that `tags` holds `W` ways of each of the
-            // `mask + 1` sets (`8 * W` readable bytes from `set * W`) and `orders` one word a set.
+            // it; `row` starts a row of `rows` (`row`): `W` tags, then the order.
             unsafe {
-                let (ways, needle) = (self.tags.as_ptr().add(set * W), _mm256_set1_epi64x(tag as i64));
+                let needle = _mm256_set1_epi64x(tag as i64);
                 let mut hits = 0u32;
                 for k in 0..W / 4 {
-                    let eq = _mm256_cmpeq_epi64(_mm256_loadu_si256(ways.add(4 * k).cast()), needle);
+                    let eq = _mm256_cmpeq_epi64(_mm256_loadu_si256(row.add(4 * k).cast()), needle);
                     hits |= (_mm256_movemask_pd(_mm256_castsi256_pd(eq)) as u32) << (4 * k);
                 }
                 if hits == 0 {
                     return false;
                 }
-                let order = self.orders.get_unchecked_mut(set);
+                let order = row.add(W);
                 *order = Order::touch(*order, u64::from(hits.trailing_zeros()));
                 return true;
             }
         }
-        // SAFETY: `set <= mask`, and `ways_mut` checked that `fps` and `orders` hold `mask + 1`
-        // sets and `tags` `W` ways of each; every way below is below `W`.
+        // SAFETY: `row` starts a row of `rows` with `FP_WORDS` readable words from its
+        // fingerprints (`row`); every way below is below `W`.
         unsafe {
-            let mut candidates = Self::candidates(self.fps.get_unchecked(set), fp);
+            let fps = std::slice::from_raw_parts(row.add(W + 1), FP_WORDS);
+            let mut candidates = Self::candidates(fps, fp);
             while candidates != 0 {
-                let way = (candidates.trailing_zeros() / Self::STRIDE) as usize;
-                if *self.tags.get_unchecked(set * W + way) == tag {
-                    let order = self.orders.get_unchecked_mut(set);
+                let way = (candidates.trailing_zeros() / Self::STEP) as usize;
+                if *row.add(way) == tag {
+                    let order = row.add(W);
                     *order = Order::touch(*order, way as u64);
                     return true;
                 }
@@ -566,17 +638,28 @@ impl<const W: usize> Ways<'_, W> {
         false
     }
 
+    /// How many ways hold no tag: a fill into one of them evicts nothing, and entries are never
+    /// invalidated, so the fills that evicted are the fills less the drop of this count (O(sets)
+    /// around a fixed loop, until [`Array::full`], instead of a counter in it).
+    pub(super) fn empty(&self) -> u64 {
+        let rows = self.rows.chunks_exact(Self::STRIDE);
+        rows.map(|row| row[..W].iter().filter(|&&t| t == EMPTY).count() as u64).sum()
+    }
+
     /// Inserts `tag` (not held) in its set's least recent way; returns whether it evicted.
     #[inline(always)]
     pub(super) fn fill(&mut self, tag: u64, vpn: u64, fp: u16) -> bool {
-        let set = (vpn & self.mask) as usize;
-        // SAFETY: as in `lookup`; `least_recent` is a way of the order, below `W`.
+        let row = self.row(vpn);
+        // SAFETY: `row` starts a row of `rows` with `FP_WORDS` words from its fingerprints
+        // (`row`), none borrowed elsewhere; `least_recent` is a way of the order, below `W`, so
+        // its fingerprint lane is in this row.
         unsafe {
-            let order = self.orders.get_unchecked_mut(set);
+            let order = row.add(W);
             let way = Order::least_recent(*order, W);
             *order = Order::refill(*order, way as u64, W);
-            self.fps.get_unchecked_mut(set).0[way & 15] = fp;
-            std::mem::replace(self.tags.get_unchecked_mut(set * W + way), tag) != EMPTY
+            let fps = std::slice::from_raw_parts_mut(row.add(W + 1), FP_WORDS);
+            set_fp(fps, way, fp);
+            std::mem::replace(&mut *row.add(way), tag) != EMPTY
         }
     }
 }

@@ -174,8 +174,9 @@ fn fixed_body<const W1: usize, const W2: usize, const AVX2: bool>(
     let l1_mask = tlb.plans[p].l1_mask;
     let step_cycles = tlb.config.walk_step_cycles;
     let Tlb { arrays, walk_caches, stats, .. } = &mut *tlb;
-    let (l1, l2) = two_mut(arrays, first, second);
-    let (Some(mut l1), Some(mut l2)) = (l1.ways_mut::<W1>(), l2.ways_mut::<W2>()) else {
+    let (a1, a2) = two_mut(arrays, first, second);
+    let l1_full = a1.full();
+    let (Some(mut l1), Some(mut l2)) = (a1.ways_mut::<W1>(), a2.ways_mut::<W2>()) else {
         return start;
     };
     // The tag is the entry's unit number (the page number past the group's bits) over the
@@ -186,10 +187,10 @@ fn fixed_body<const W1: usize, const W2: usize, const AVX2: bool>(
     // Hot counters only: accesses simulated follow from the index (every other address taken
     // is a repeat or a fault), L2 hits from the L1 hits and the walks (one per miss of both,
     // each counted once in `stats.walks`), fills from the hits, evictions from the fills into
-    // empty ways.
+    // empty ways (counted for L2; for L1, the drop of its empty ways over the loop).
     let walks_before = stats.walks;
     let (mut repeats, mut faults, mut l1_hits) = (0u64, 0u64, 0u64);
-    let mut empty_fills = [0u64; 2];
+    let mut empty_fills = [if l1_full { 0 } else { l1.empty() }, 0u64];
     let mut i = start;
     while let Some(&va) = addresses.get(i) {
         let tag = ((va >> shift) << 6) | low;
@@ -220,7 +221,14 @@ fn fixed_body<const W1: usize, const W2: usize, const AVX2: bool>(
             empty_fills[1] += u64::from(!l2.fill(tag, vpn, fp));
             cold_walk(walk_caches, stats, step_cycles, va, depth);
         }
-        empty_fills[0] += u64::from(!l1.fill(tag, vpn, fp));
+        l1.fill(tag, vpn, fp);
+    }
+    if !l1_full {
+        let left = l1.empty();
+        empty_fills[0] -= left;
+        if left == 0 {
+            a1.mark_full();
+        }
     }
     let simulated = (i - start) as u64 - repeats - faults;
     let walks = tlb.stats.walks - walks_before;

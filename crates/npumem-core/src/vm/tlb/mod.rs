@@ -436,8 +436,8 @@ impl Tlb {
         self.levels()
             .map(|l| {
                 l.iter()
-                    .flat_map(|a| a.tags.iter())
-                    .filter(|&&tag| tag != EMPTY)
+                    .flat_map(|a| a.tags())
+                    .filter(|&tag| tag != EMPTY)
                     .map(|tag| sizes[(tag & 3) as usize].bytes() << ((tag >> 2) & 15))
                     .sum()
             })
@@ -447,8 +447,9 @@ impl Tlb {
     /// The tag of every entry, per level and array in slot order (set by set, way by way; `u64::MAX`
     /// for an empty one), then of every walk cache: the whole state two models must share.
     pub fn contents(&self) -> (Vec<Vec<Vec<u64>>>, Vec<Vec<u64>>) {
-        let arrays = self.levels().map(|l| l.iter().map(|a| a.tags.to_vec()).collect()).collect();
-        let caches = self.walk_caches.iter().map(|c| c.as_ref().map_or_else(Vec::new, |c| c.tags.to_vec())).collect();
+        let arrays = self.levels().map(|l| l.iter().map(|a| a.tags().collect()).collect()).collect();
+        let caches =
+            self.walk_caches.iter().map(|c| c.as_ref().map_or_else(Vec::new, |c| c.tags().collect())).collect();
         (arrays, caches)
     }
 
