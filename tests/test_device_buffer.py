@@ -5,6 +5,8 @@ backend it exports its bytes through the buffer protocol."""
 from __future__ import annotations
 
 import gc
+import operator
+import weakref
 
 import numpy as np
 import pytest
@@ -85,6 +87,53 @@ def test_buffer_protocol_on_the_host_backend_only():
     assert host.stats()["live_count"] == 1
     del arr
     assert host.stats()["live_count"] == 0
+
+
+def test_buffer_outlives_its_device_object():
+    """A buffer shares the core device, not the Device object: the object goes when its last
+    reference does (even one held through the buffer, a cycle no collector needs to see), and
+    the buffer's block stays valid and usable until the buffer goes."""
+    dev = npumem.Device("64MiB")
+    buf = dev.buffer(4096)
+    dev.keep = dev.buffer(64)  # a buffer reachable from its own Device object
+    gone = weakref.ref(dev)
+    del dev
+    assert gone() is None  # no collection needed: nothing the buffers hold points back
+    assert int(buf) == buf.ptr and len(buf) == 4096
+    del buf
+    try:
+        host = npumem.Device("64MiB", backend="host")
+    except npumem.AclError as e:  # a machine without the host backend's mappings
+        pytest.skip(f"host backend unavailable: {e}")
+    buf = host.buffer(16)
+    del host
+    gc.collect()
+    view = memoryview(buf)
+    view[:3] = b"xyz"
+    assert bytes(memoryview(buf)[:3]) == b"xyz"
+    del buf  # the view still pins the block
+    assert view[:3] == b"xyz"
+    view.release()
+
+
+def test_a_buffer_is_made_only_by_device_buffer():
+    """The type cannot be instantiated or subclassed from Python (an object not made by
+    Device.buffer would own no block), and its fields are read-only."""
+    dev = npumem.Device("64MiB")
+    buf = dev.buffer(8)
+    with pytest.raises(TypeError):
+        npumem._native.DeviceBuffer()
+    with pytest.raises(TypeError):
+        type(buf)()
+    with pytest.raises(TypeError):
+        type("Sub", (npumem._native.DeviceBuffer,), {})
+    with pytest.raises(AttributeError):
+        buf.ptr = 0
+    with pytest.raises((AttributeError, TypeError)):
+        buf.extra = 1
+    assert repr(buf) == f"DeviceBuffer(ptr={buf.ptr:#x}, nbytes=8)"
+    assert operator.index(buf) == int(buf) == buf.ptr and buf.nbytes == 8
+    assert type(buf) is npumem._native.DeviceBuffer and type(buf).__module__ == "npumem._native"
 
 
 class BufferAgainstMallocFree(RuleBasedStateMachine):

@@ -20,8 +20,9 @@ use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
+use std::sync::Arc;
 
-use crate::buffer::DeviceBuffer;
+use crate::buffer::{SharedDevice, new_buffer};
 use crate::convert::{array_slice, enum_arg, i32_arg, size_arg, uint_arg};
 use crate::errors::{catch_panics, guard, to_py};
 use crate::view::DeviceView;
@@ -31,7 +32,7 @@ const DETACH_BYTES: usize = 1 << 20;
 
 #[pyclass(module = "npumem._native", name = "Device", frozen, subclass)]
 pub struct PyDevice {
-    inner: Mutex<Device>,
+    inner: SharedDevice,
     config: DeviceConfig,
 }
 
@@ -230,7 +231,7 @@ impl PyDevice {
             let mut device = Device::new(config.clone())?;
             device.scheduler().cost = CostModel::preset(preset)?;
             device.set_sanitizer(SanitizerMode::parse(sanitizer)?);
-            Ok(PyDevice { inner: Mutex::new(device), config })
+            Ok(PyDevice { inner: Arc::new(Mutex::new(device)), config })
         })
     }
 
@@ -404,18 +405,18 @@ impl PyDevice {
     /// One owning allocation of `nbytes` on `stream`: a `DeviceBuffer` that converts to its
     /// pointer and frees its block when collected (a plain `free` of it is refused meanwhile).
     #[pyo3(signature = (nbytes, policy = None, stream = None))]
-    fn buffer(
-        slf: &Bound<'_, Self>,
+    fn buffer<'py>(
+        &self,
+        py: Python<'py>,
         nbytes: &Bound<'_, PyAny>,
         policy: Option<&Bound<'_, PyAny>>,
         stream: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<DeviceBuffer> {
-        let py = slf.py();
+    ) -> PyResult<Bound<'py, PyAny>> {
         let size = size_arg(nbytes, "nbytes")?;
         let policy = policy.map(|p| enum_arg(p, "policy")).transpose()?.unwrap_or(0);
         let stream = opt_stream(stream)?.unwrap_or(0);
-        let ptr = slf.get().run(py, |d| d.malloc_held(size, Policy::from_raw(policy)?, stream))?;
-        Ok(DeviceBuffer::new(slf.clone().unbind(), ptr, size))
+        let ptr = self.run(py, |d| d.malloc_held(size, Policy::from_raw(policy)?, stream))?;
+        new_buffer(py, &self.inner, ptr, size)
     }
 
     /// Marks the allocation at `ptr` as used by `stream` too: its free waits for that stream.

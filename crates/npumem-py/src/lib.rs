@@ -29,9 +29,6 @@ mod _native {
     use crate::view::DeviceView;
 
     #[pymodule_export]
-    use crate::buffer::DeviceBuffer;
-
-    #[pymodule_export]
     use crate::hostpool::{HostBlock, PyHostPool};
 
     #[pymodule_export]
@@ -66,6 +63,7 @@ mod _native {
         m.add("VA_WINDOW_START", npumem_core::vm::VA_WINDOW_START)?;
         m.add("VA_WINDOW_END", npumem_core::vm::VA_WINDOW_END)?;
         m.add("HOST_POOL_HANDLER_NAME", crate::hostpool::HANDLER_NAME)?;
+        m.add("DeviceBuffer", crate::buffer::create_type(m.py())?)?;
         Ok(())
     }
 }
