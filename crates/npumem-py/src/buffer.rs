@@ -4,7 +4,7 @@
 //! The type is written against the C API, not as a PyO3 class: a PyO3 class is always a
 //! garbage-collected type (tracked at creation, untracked at deallocation, counted towards the
 //! collector's generations), and its slots go through PyO3's trampolines. This object holds no
-//! Python object at all — the core device by `Arc`, its pointer and length — so it can form no
+//! Python object at all — a holder of the core device (`SharedDevice`), its pointer and length — so it can form no
 //! reference cycle and needs no collector: it is a plain object (`PyObject_Malloc`,
 //! `PyObject_Free`), as `np.empty`'s array is.
 //!
@@ -20,11 +20,9 @@
 use std::ffi::{c_char, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
-use npumem_core::{AclError, Device};
-use parking_lot::Mutex;
+use npumem_core::AclError;
 use pyo3::exceptions::{PyMemoryError, PyRuntimeError};
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -32,16 +30,14 @@ use pyo3::types::PyType;
 
 use crate::errors::{catch_panics, to_py};
 use crate::export::fill_buffer;
-
-/// The core device a `Device` object and its buffers share.
-pub type SharedDevice = Arc<Mutex<Device>>;
+use crate::shared::SharedDevice;
 
 /// The object's layout: a plain (untracked) Python object and the block it owns.
 #[repr(C)]
 struct RawBuffer {
     ob_base: ffi::PyObject,
-    /// `Arc::into_raw` of the device, released by the deallocation.
-    device: *const Mutex<Device>,
+    /// A holder of the device, given up by the deallocation.
+    device: SharedDevice,
     ptr: u64,
     len: u64,
 }
@@ -111,32 +107,30 @@ pub fn create_type(py: Python<'_>) -> PyResult<Bound<'_, PyType>> {
 }
 
 /// A `DeviceBuffer` owning the live allocation of `len` bytes at `ptr`, already held in
-/// `device` (`Device::malloc_held`). Should the object not be made, the block is freed.
-pub fn new_buffer<'py>(py: Python<'py>, device: &SharedDevice, ptr: u64, len: u64) -> PyResult<Bound<'py, PyAny>> {
+/// `device` (`Device::malloc_held`), for `device`, a holder of it. Should the object not be
+/// made, the block is freed.
+pub fn new_buffer<'py>(py: Python<'py>, device: SharedDevice, ptr: u64, len: u64) -> PyResult<Bound<'py, PyAny>> {
     let ty = TYPE.load(Ordering::Acquire);
-    // SAFETY: `ty` is null or the type made by `create_type`, alive for the process; a block of
-    // its basic size from `PyObject_Malloc` is initialised as an object of that type (which
-    // takes a reference to the heap type) and its fields are written before it is shared.
-    let obj = unsafe {
-        let obj = if ty.is_null() { ptr::null_mut() } else { ffi::PyObject_Malloc(size_of::<RawBuffer>()) };
-        if !obj.is_null() {
-            let obj = ffi::PyObject_Init(obj.cast(), ty).cast::<RawBuffer>();
-            (&raw mut (*obj).device).write(Arc::into_raw(Arc::clone(device)));
-            (&raw mut (*obj).ptr).write(ptr);
-            (&raw mut (*obj).len).write(len);
-        }
-        obj.cast::<ffi::PyObject>()
-    };
+    // SAFETY: `PyObject_Malloc` may be called on an attached thread (any size; NULL on failure).
+    let obj = if ty.is_null() { ptr::null_mut() } else { unsafe { ffi::PyObject_Malloc(size_of::<RawBuffer>()) } };
     if obj.is_null() {
-        let _ = catch_panics(|| device.lock().free_held(ptr));
+        let _ = device.release_with(|d| d.free_held(ptr));
         return Err(if ty.is_null() {
             PyRuntimeError::new_err("npumem._native is not initialised")
         } else {
             PyMemoryError::new_err("no memory for a DeviceBuffer object")
         });
     }
-    // SAFETY: `obj` is a new, fully initialised object (a new reference).
-    Ok(unsafe { Bound::from_owned_ptr(py, obj) })
+    // SAFETY: `ty` is the type made by `create_type`, alive for the process; `obj` is a block of
+    // its basic size, initialised as an object of that type (which takes a reference to the
+    // heap type), and its fields are written before it is shared; the result is a new reference.
+    unsafe {
+        let obj = ffi::PyObject_Init(obj.cast(), ty).cast::<RawBuffer>();
+        (&raw mut (*obj).device).write(device);
+        (&raw mut (*obj).ptr).write(ptr);
+        (&raw mut (*obj).len).write(len);
+        Ok(Bound::from_owned_ptr(py, obj.cast()))
+    }
 }
 
 /// The object's fields.
@@ -153,10 +147,9 @@ unsafe fn fields<'a>(obj: *mut ffi::PyObject) -> &'a RawBuffer {
 ///
 /// # Safety
 /// `obj` is a live `DeviceBuffer`.
-unsafe fn device<'a>(obj: *mut ffi::PyObject) -> &'a Mutex<Device> {
-    // SAFETY: `device` came from `Arc::into_raw` and the object holds that count until its
-    // deallocation, so the device outlives this borrow.
-    unsafe { &*fields(obj).device }
+unsafe fn device<'a>(obj: *mut ffi::PyObject) -> &'a SharedDevice {
+    // SAFETY: as `fields`.
+    unsafe { &fields(obj).device }
 }
 
 /// Raises `err` in Python (the caller returns its C API failure value).
@@ -174,12 +167,12 @@ unsafe extern "C" fn dealloc(obj: *mut ffi::PyObject) {
     // SAFETY: called once, when the last reference is gone; the fields are read before the
     // memory goes back, and the device count taken at creation is released here.
     unsafe {
-        let this = fields(obj);
-        let (device, ptr) = (Arc::from_raw(this.device), this.ptr);
-        // A deallocation cannot raise: a free the driver refuses leaves the block to the
-        // device's leak report (the device counts it live).
-        let _ = catch_unwind(AssertUnwindSafe(|| device.lock().free_held(ptr)));
-        drop(device);
+        let ptr = fields(obj).ptr;
+        let device = ptr::read(&raw const (*obj.cast::<RawBuffer>()).device);
+        // One critical section frees the block and gives up the holder. A deallocation cannot
+        // raise: a free the driver refuses leaves the block to the device's leak report (the
+        // device counts it live).
+        let _ = device.release_with(|d| d.free_held(ptr));
         let ty = ffi::Py_TYPE(obj);
         ffi::PyObject_Free(obj.cast());
         // Instances of a heap type hold a reference to it (taken by `PyObject_Init`).

@@ -15,16 +15,15 @@ use npumem_core::units::format_size;
 use npumem_core::vm::PageSize;
 use npumem_core::{AclError, AllocatorKind, BackendKind, Device, DeviceConfig, MemAttr, Policy};
 use numpy::{PyArray1, PyReadonlyArray1};
-use parking_lot::Mutex;
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
-use std::sync::Arc;
 
-use crate::buffer::{SharedDevice, new_buffer};
+use crate::buffer::new_buffer;
 use crate::convert::{array_slice, enum_arg, i32_arg, size_arg, uint_arg};
 use crate::errors::{catch_panics, guard, to_py};
+use crate::shared::{Locked, SharedDevice};
 use crate::view::DeviceView;
 
 /// Transfers at least this large release the GIL while they copy.
@@ -70,7 +69,7 @@ fn contiguous_buffer(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<PyUntyp
 
 impl PyDevice {
     /// The core device, locked.
-    pub(crate) fn lock_inner(&self) -> parking_lot::MutexGuard<'_, Device> {
+    pub(crate) fn lock_inner(&self) -> Locked<'_> {
         self.inner.lock()
     }
 
@@ -127,6 +126,17 @@ impl PyDevice {
         py: Python<'_>,
         detach: bool,
         f: impl FnOnce(&mut Device) -> Result<T, AclError> + Send,
+    ) -> PyResult<T> {
+        self.run_locked(py, detach, |d| f(d))
+    }
+
+    /// `run_detached_if` with the lock itself (to `share` the device with a new holder in the
+    /// same critical section).
+    fn run_locked<T: Send>(
+        &self,
+        py: Python<'_>,
+        detach: bool,
+        f: impl FnOnce(&mut Locked<'_>) -> Result<T, AclError> + Send,
     ) -> PyResult<T> {
         let inner = &self.inner;
         let work = move || {
@@ -231,7 +241,7 @@ impl PyDevice {
             let mut device = Device::new(config.clone())?;
             device.scheduler().cost = CostModel::preset(preset)?;
             device.set_sanitizer(SanitizerMode::parse(sanitizer)?);
-            Ok(PyDevice { inner: Arc::new(Mutex::new(device)), config })
+            Ok(PyDevice { inner: SharedDevice::new(device), config })
         })
     }
 
@@ -415,8 +425,11 @@ impl PyDevice {
         let size = size_arg(nbytes, "nbytes")?;
         let policy = policy.map(|p| enum_arg(p, "policy")).transpose()?.unwrap_or(0);
         let stream = opt_stream(stream)?.unwrap_or(0);
-        let ptr = self.run(py, |d| d.malloc_held(size, Policy::from_raw(policy)?, stream))?;
-        new_buffer(py, &self.inner, ptr, size)
+        let (ptr, owner) = self.run_locked(py, false, |d| {
+            let ptr = d.malloc_held(size, Policy::from_raw(policy)?, stream)?;
+            Ok((ptr, d.share()))
+        })?;
+        new_buffer(py, owner, ptr, size)
     }
 
     /// Marks the allocation at `ptr` as used by `stream` too: its free waits for that stream.

@@ -10,6 +10,7 @@ mod export;
 mod hostpool;
 mod kernels;
 mod plan;
+mod shared;
 mod tlb;
 mod view;
 
