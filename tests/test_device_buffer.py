@@ -136,6 +136,22 @@ def test_a_buffer_is_made_only_by_device_buffer():
     assert type(buf) is npumem._native.DeviceBuffer and type(buf).__module__ == "npumem._native"
 
 
+@pytest.mark.parametrize("nbytes", [0, 1, 4096, 3 << 20, 1 << 40, -1, 1 << 64, (1 << 64) - 1, True, np.uint32(64)])
+def test_one_int_argument_acts_as_every_other_call(nbytes):
+    """`dev.buffer(n)` with one int takes a shorter path than a call with keywords: both give
+    the same block (and the same error, in the same words) for any value."""
+    outcomes = []
+    for call in (lambda d: d.buffer(nbytes), lambda d: d.buffer(nbytes=nbytes, policy=None, stream=None)):
+        dev = npumem.Device("64MiB")
+        try:
+            buf = call(dev)
+        except (npumem.AclError, TypeError, OverflowError) as e:
+            outcomes.append((type(e), str(e), dev.stats()["live_count"]))
+        else:
+            outcomes.append((type(buf), int(buf), len(buf), dev.allocations()))
+    assert outcomes[0] == outcomes[1]
+
+
 class BufferAgainstMallocFree(RuleBasedStateMachine):
     """Device.buffer against its model, malloc + free at collection: a random program of
     buffers (on streams, under queued work, with host writes the sanitizer judges) run on one

@@ -119,6 +119,21 @@ impl PyDevice {
         })
     }
 
+    /// `Device.buffer` with its arguments converted: `size` bytes on `stream` under `policy`.
+    pub(crate) fn make_buffer<'py>(
+        &self,
+        py: Python<'py>,
+        size: u64,
+        policy: u32,
+        stream: u64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let (ptr, owner) = self.run_locked(py, false, |d| {
+            let ptr = d.malloc_held(size, Policy::from_raw(policy)?, stream)?;
+            Ok((ptr, d.share()))
+        })?;
+        new_buffer(py, owner, ptr, size)
+    }
+
     /// Runs `f` on the locked device; with `detach`, outside the interpreter so other Python
     /// threads run meanwhile (for transfers of at least `DETACH_BYTES`).
     fn run_detached_if<T: Send>(
@@ -414,6 +429,7 @@ impl PyDevice {
 
     /// One owning allocation of `nbytes` on `stream`: a `DeviceBuffer` that converts to its
     /// pointer and frees its block when collected (a plain `free` of it is refused meanwhile).
+    // A call with one exact int takes `buffer::fast_buffer`, installed over this method.
     #[pyo3(signature = (nbytes, policy = None, stream = None))]
     fn buffer<'py>(
         &self,
@@ -425,11 +441,7 @@ impl PyDevice {
         let size = size_arg(nbytes, "nbytes")?;
         let policy = policy.map(|p| enum_arg(p, "policy")).transpose()?.unwrap_or(0);
         let stream = opt_stream(stream)?.unwrap_or(0);
-        let (ptr, owner) = self.run_locked(py, false, |d| {
-            let ptr = d.malloc_held(size, Policy::from_raw(policy)?, stream)?;
-            Ok((ptr, d.share()))
-        })?;
-        new_buffer(py, owner, ptr, size)
+        self.make_buffer(py, size, policy, stream)
     }
 
     /// Marks the allocation at `ptr` as used by `stream` too: its free waits for that stream.

@@ -65,6 +65,7 @@ mod _native {
         m.add("VA_WINDOW_END", npumem_core::vm::VA_WINDOW_END)?;
         m.add("HOST_POOL_HANDLER_NAME", crate::hostpool::HANDLER_NAME)?;
         m.add("DeviceBuffer", crate::buffer::create_type(m.py())?)?;
+        crate::buffer::install_fast_buffer(&m.py().get_type::<crate::device::PyDevice>())?;
         Ok(())
     }
 }
