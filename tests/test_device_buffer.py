@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import operator
+import threading
 import weakref
 
 import numpy as np
@@ -134,6 +135,47 @@ def test_a_buffer_is_made_only_by_device_buffer():
     assert repr(buf) == f"DeviceBuffer(ptr={buf.ptr:#x}, nbytes=8)"
     assert operator.index(buf) == int(buf) == buf.ptr and buf.nbytes == 8
     assert type(buf) is npumem._native.DeviceBuffer and type(buf).__module__ == "npumem._native"
+
+
+def test_buffers_made_and_dropped_on_several_threads():
+    """Threads make and drop buffers of one device while others copy through it without the
+    GIL (2 MiB writes) and while the Device object itself goes: every block is freed once, and
+    the last buffer to go takes the shared device with it."""
+    dev = npumem.Device("256MiB")
+    big = dev.malloc(2 << 20)
+    payload = bytes(2 << 20)
+    kept: list[list] = [[] for _ in range(4)]
+
+    def work(i, dev):
+        for n in range(300):
+            buf = dev.buffer(64 + 512 * (n % 7))
+            if n % 3 == 0:
+                kept[i].append(buf)  # dropped later, on another thread
+            if n % 50 == 0:
+                dev.write(big, payload)
+            del buf
+
+    threads = [threading.Thread(target=work, args=(i, dev)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    del threads, t
+    assert dev.stats()["live_count"] == 1 + sum(map(len, kept))
+    dropper = threading.Thread(target=lambda: [k.clear() for k in kept[:2]])
+    dropper.start()
+    dropper.join()
+    assert dev.stats()["live_count"] == 1 + sum(map(len, kept))
+    dev.free(big)
+    survivors = [b for k in kept for b in k]
+    kept.clear()
+    gone = weakref.ref(dev)
+    del dev
+    assert gone() is None
+    last = threading.Thread(target=survivors.clear)
+    last.start()
+    last.join()
+    assert not survivors
 
 
 @pytest.mark.parametrize("nbytes", [0, 1, 4096, 3 << 20, 1 << 40, -1, 1 << 64, (1 << 64) - 1, True, np.uint32(64)])
