@@ -64,8 +64,9 @@ pub struct BlockMap {
     per_page: usize,
     /// Blocks of at least this many bytes are large (a power of two; `u64::MAX`: none are).
     large_from: u64,
-    /// `log2(large_from)`, and coarse records per page.
+    /// `log2(large_from)`, `large_from - 1`, and coarse records per page.
     large_shift: u32,
+    large_mask: u64,
     large_per_page: usize,
     pages: Vec<Option<Box<[Record]>>>,
     /// Per page, the large blocks' records, one per `large_from` bytes.
@@ -90,6 +91,7 @@ impl BlockMap {
             per_page: (page / quantum) as usize,
             large_from,
             large_shift,
+            large_mask: large_from.wrapping_sub(1),
             large_per_page: if large_from == u64::MAX { 0 } else { (page / large_from) as usize },
             pages: Vec::new(),
             large: Vec::new(),
@@ -145,7 +147,7 @@ impl BlockMap {
     #[inline(always)]
     fn bucket(&self, ptr: u64) -> (usize, u32) {
         let offset = (ptr - self.base) & self.page_mask;
-        ((offset >> self.large_shift) as usize, ((offset & (self.large_from - 1)) >> self.quantum_shift) as u32)
+        ((offset >> self.large_shift) as usize, ((offset & self.large_mask) >> self.quantum_shift) as u32)
     }
 
     /// Records a live block at `ptr` (a quantum multiple inside the range, where no live block
@@ -190,10 +192,17 @@ impl BlockMap {
         }
         let (page, slot) = self.at(ptr);
         // The coarse array first: on pages that have one, most blocks are large.
-        let (bucket, at) = self.bucket(ptr);
-        let record = match self.large.get_mut(page).and_then(Option::as_mut).map(|records| &mut records[bucket]) {
-            Some(record) if record.page.is_some() && record.at == at => record,
-            _ => match self.pages.get_mut(page).and_then(Option::as_mut).map(|records| &mut records[slot]) {
+        let coarse = match self.large.get(page) {
+            Some(Some(_)) => {
+                let (bucket, at) = self.bucket(ptr);
+                let records = self.large[page].as_mut().expect("checked");
+                Some(&mut records[bucket]).filter(|r| r.page.is_some() && r.at == at)
+            }
+            _ => None,
+        };
+        let record = match coarse {
+            Some(record) => record,
+            None => match self.pages.get_mut(page).and_then(Option::as_mut).map(|records| &mut records[slot]) {
                 Some(record) if record.page.is_some() => record,
                 _ => return None,
             },
