@@ -32,6 +32,16 @@ const DENSE_QUANTA: u64 = 1024;
 // A record is 16 bytes: a page of small records is 64 KiB at a 512-byte quantum.
 const _: () = assert!(std::mem::size_of::<Record>() == 16);
 
+/// Record `slot` of `page` in `arrays` (per page, an array of `per_page` records, made when a
+/// page first needs one).
+#[inline(always)]
+fn record_in(arrays: &mut Vec<Option<Box<[Record]>>>, page: usize, slot: usize, per_page: usize) -> &mut Record {
+    if page >= arrays.len() {
+        arrays.resize_with(page + 1, || None);
+    }
+    &mut arrays[page].get_or_insert_with(|| vec![Record::default(); per_page].into_boxed_slice())[slot]
+}
+
 /// A live block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Block {
@@ -157,29 +167,17 @@ impl BlockMap {
         let slack = block.size - block.requested;
         debug_assert!(slack < 1 << self.quantum_shift);
         let mut new = Record { size: block.size, slack: slack as u16, page: Some(block.page), at: 0 };
-        if block.size >= self.large_from {
-            let page = ((ptr - self.base) >> self.page_shift) as usize;
+        let record = if block.size >= self.large_from {
             let (bucket, at) = self.bucket(ptr);
             new.at = at;
-            if page >= self.large.len() {
-                self.large.resize_with(page + 1, || None);
-            }
-            let per_page = self.large_per_page;
-            let records = self.large[page].get_or_insert_with(|| vec![Record::default(); per_page].into_boxed_slice());
-            let record = &mut records[bucket];
-            debug_assert!(record.page.is_none(), "a large block already starts near {ptr:#x}");
-            *record = new;
+            let page = ((ptr - self.base) >> self.page_shift) as usize;
+            record_in(&mut self.large, page, bucket, self.large_per_page)
         } else {
             let (page, slot) = self.at(ptr);
-            if page >= self.pages.len() {
-                self.pages.resize_with(page + 1, || None);
-            }
-            let per_page = self.per_page;
-            let records = self.pages[page].get_or_insert_with(|| vec![Record::default(); per_page].into_boxed_slice());
-            let record = &mut records[slot];
-            debug_assert!(record.page.is_none(), "a block already starts at {ptr:#x}");
-            *record = new;
-        }
+            record_in(&mut self.pages, page, slot, self.per_page)
+        };
+        debug_assert!(record.page.is_none(), "a block already starts at {ptr:#x}");
+        *record = new;
         self.len += 1;
         self.bytes += block.size;
     }
@@ -191,24 +189,19 @@ impl BlockMap {
             return None;
         }
         let (page, slot) = self.at(ptr);
-        // The coarse array first: on pages that have one, most blocks are large.
-        let coarse = match self.large.get(page) {
-            Some(Some(_)) => {
-                let (bucket, at) = self.bucket(ptr);
-                let records = self.large[page].as_mut().expect("checked");
-                Some(&mut records[bucket]).filter(|r| r.page.is_some() && r.at == at)
-            }
+        // The page's small records first (a page of the large pool seldom has them, so that
+        // look is cheap there), then its coarse ones.
+        let mut block = match self.pages.get_mut(page) {
+            Some(Some(records)) => Self::take(&mut records[slot], None),
             _ => None,
         };
-        let record = match coarse {
-            Some(record) => record,
-            None => match self.pages.get_mut(page).and_then(Option::as_mut).map(|records| &mut records[slot]) {
-                Some(record) if record.page.is_some() => record,
-                _ => return None,
-            },
-        };
-        let block = Self::block(record)?;
-        record.page = None;
+        if block.is_none() {
+            let (bucket, at) = self.bucket(ptr);
+            if let Some(Some(records)) = self.large.get_mut(page) {
+                block = Self::take(&mut records[bucket], Some(at));
+            }
+        }
+        let block = block?;
         self.len -= 1;
         self.bytes -= block.size;
         Some(block)
@@ -233,6 +226,18 @@ impl BlockMap {
                 crate::prefetch::prefetch(record);
             }
         }
+    }
+
+    /// The block of `record`, which no longer starts there, if one does (at offset `at` in its
+    /// bucket, for a coarse record).
+    #[inline(always)]
+    fn take(record: &mut Record, at: Option<u32>) -> Option<Block> {
+        if at.is_some_and(|at| record.at != at) {
+            return None;
+        }
+        let block = Self::block(record)?;
+        record.page = None;
+        Some(block)
     }
 
     fn block(record: &Record) -> Option<Block> {
