@@ -173,3 +173,28 @@ fn sparse_and_dense_ids_replay_alike() {
     assert_eq!((out.allocs, out.leftover.len()), (4, 1));
     d.free_many(&out.leftover).unwrap();
 }
+
+#[test]
+fn a_driver_error_in_a_run_of_frees_names_its_event_and_frees_the_rest_after() {
+    // A run of six frees whose third (a block past the bypass threshold) fails to unmap: the
+    // error names that event, the blocks after it in the run are still the replay's (its
+    // error path frees them), and nothing stays live.
+    let sim = SimConfig { capacity: 4 << 30, normal_page: PageSize::Size4K, giant_frames: 0 };
+    let config = DeviceConfig { sim, allocator: AllocatorKind::Npumem, faults: true, ..Default::default() };
+    let mut d = Device::new(config).unwrap();
+    let sizes = [4096u64, 8192, 600 * MIB, 4096, 3 * MIB, 4096];
+    let ids: Vec<u64> = (0..6).collect();
+    let mut replay = Replay::new(6, 12, 0);
+    let allocs = ReplayEvents { is_alloc: &[1; 6], ids: &ids, sizes: &sizes, streams: None };
+    d.replay_chunk(&mut replay, allocs, Policy::HugeFirst, false).unwrap();
+    assert_eq!(d.stats().live_count, 6);
+    d.inject_faults(npumem_core::backend::FaultPlan { unmap: Some(1), ..Default::default() }).unwrap();
+    let frees = ReplayEvents { is_alloc: &[0; 6], ids: &ids, sizes: &[0; 6], streams: None };
+    let err = d.replay_chunk(&mut replay, frees, Policy::HugeFirst, false).unwrap_err();
+    assert!(err.message.starts_with("event 8:"), "{}", err.message);
+    assert_eq!(replay.events(), 9);
+    assert!(replay.stopped());
+    assert_eq!(d.stats().live_count, 0);
+    assert_eq!(d.pool_stats().allocated_bytes.all.current, 0);
+    assert_eq!(d.allocations().len(), 0);
+}

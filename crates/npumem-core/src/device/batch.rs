@@ -407,11 +407,15 @@ impl Device {
             if ids.len() - k >= RUN && self.quiet() && stream.is_none_or(|s| self.idle(s)) {
                 let mut ptrs = std::mem::take(&mut replay.ptrs);
                 let mut allocs = std::mem::take(&mut replay.allocs);
+                let mut at = std::mem::take(&mut replay.at);
                 ptrs.clear();
                 allocs.clear();
+                at.clear();
                 let mut last = None;
                 let mut tally = Tally::default();
                 let mut taken = k;
+                // One pass: each block taken out of the live table has its id cleared at once
+                // (and put back below if its free does not happen); `at` keeps its event.
                 while taken < ids.len() {
                     let p = replay.ids.get(ids[taken]);
                     if p != 0 {
@@ -421,36 +425,30 @@ impl Device {
                             self.live.insert(a);
                             break;
                         }
+                        replay.ids.set(ids[taken], 0);
+                        replay.live_bytes -= a.size;
                         tally.add(a.granted, a.size);
                         ptrs.push(p);
                         allocs.push(a);
+                        at.push(taken);
                     }
                     taken += 1;
                 }
                 let (done, result) = self.free_now(&ptrs, &allocs, tally);
-                for a in &allocs[done..] {
+                // The blocks not freed (after a driver error) are live again, with their ids.
+                for (a, &j) in allocs[done..].iter().zip(&at[done..]) {
                     self.live.insert(*a);
-                }
-                // The ids of the blocks freed are no longer live (the others keep theirs).
-                let mut freed = 0;
-                let mut j = k;
-                while freed < done {
-                    let p = replay.ids.get(ids[j]);
-                    if p != 0 {
-                        replay.ids.set(ids[j], 0);
-                        replay.live_bytes -= allocs[freed].size;
-                        freed += 1;
-                    }
-                    j += 1;
+                    replay.ids.set(ids[j], a.ptr);
+                    replay.live_bytes += a.size;
                 }
                 self.charge_driver();
+                let failed_at = at.get(done).copied();
                 replay.ptrs = ptrs;
                 replay.allocs = allocs;
+                replay.at = at;
                 if let Err(e) = result {
-                    // The failing free is the next event whose id is live.
-                    while replay.ids.get(ids[j]) == 0 {
-                        j += 1;
-                    }
+                    // The failing free is the first block not freed.
+                    let j = failed_at.unwrap_or(k);
                     replay.events += (j - k + 1) as u64;
                     return Err(AclError::new(e.code, format!("event {}: {}", replay.events - 1, e.message)));
                 }
@@ -606,6 +604,8 @@ pub struct Replay {
     /// Buffers of the runs, kept between them.
     ptrs: Vec<u64>,
     allocs: Vec<Allocation>,
+    /// The events (indices in a run) of the blocks in `allocs`.
+    at: Vec<usize>,
     grants: Vec<Grant>,
     stopped: bool,
 }
@@ -624,6 +624,7 @@ impl Replay {
             samples: Vec::new(),
             ptrs: Vec::new(),
             allocs: Vec::new(),
+            at: Vec::new(),
             grants: Vec::new(),
             stopped: false,
         }

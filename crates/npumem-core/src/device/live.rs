@@ -41,9 +41,13 @@
 //! live record is in `emptied` (once: `listed`); the leaves take at most `slots_per_live`
 //! records per live allocation at the peak plus `free_leaves` leaves, and `grow_at` is the
 //! least `in_leaves` at which that budget allows one more; `last` names a page in `pages` and
-//! its leaf, or no page.
+//! its leaf, or no page; so does each entry of `memo` (the pages last looked up, by their
+//! marker modulo `MEMO`: allocations of two pools, on two pages, alternate without hashing).
 
 mod hashed;
+
+/// Entries of a paged table's memo of pages looked up.
+const MEMO: usize = 4;
 
 use std::collections::BTreeSet;
 
@@ -224,6 +228,8 @@ pub(super) struct Paged<const GRAIN_SHIFT: u32, L> {
     emptied: Vec<u32>,
     /// The page of the last insert or remove, and its leaf.
     last: (u64, u32),
+    /// Pages looked up before, and their leaves, by `marker(page) % MEMO`.
+    memo: [(u64, u32); MEMO],
     in_leaves: usize,
     /// The least `in_leaves` at which the budget allows one more leaf (`usize::MAX`: none).
     grow_at: usize,
@@ -252,6 +258,7 @@ impl<const GRAIN_SHIFT: u32, L: Loose> Paged<GRAIN_SHIFT, L> {
             ordered: BTreeSet::new(),
             emptied: Vec::new(),
             last: (NO_PAGE, 0),
+            memo: [(NO_PAGE, 0); MEMO],
             in_leaves: 0,
             grow_at: 0,
             slots_per_live,
@@ -314,11 +321,17 @@ impl<const GRAIN_SHIFT: u32, L: Loose> Paged<GRAIN_SHIFT, L> {
         if self.last.0 == page {
             return Some(self.last.1);
         }
+        let memo = Self::marker(page) % MEMO;
+        if self.memo[memo].0 == page {
+            self.last = self.memo[memo];
+            return Some(self.last.1);
+        }
         if !self.may_have_leaf(page) {
             return None;
         }
         let &leaf = self.pages.get(&page)?;
         self.last = (page, leaf);
+        self.memo[memo] = self.last;
         Some(leaf)
     }
 
@@ -387,6 +400,10 @@ impl<const GRAIN_SHIFT: u32, L: Loose> Paged<GRAIN_SHIFT, L> {
                 let leaf = &mut self.leaves[i as usize];
                 let old = std::mem::replace(&mut leaf.page, page);
                 leaf.groups = 0;
+                let memo = &mut self.memo[Self::marker(old) % MEMO];
+                if memo.0 == old {
+                    *memo = (NO_PAGE, 0);
+                }
                 self.pages.remove(&old);
                 self.ordered.remove(&old);
                 i
@@ -406,6 +423,7 @@ impl<const GRAIN_SHIFT: u32, L: Loose> Paged<GRAIN_SHIFT, L> {
         self.marked[bit / 64] |= 1 << (bit % 64);
         self.ordered.insert(page);
         self.last = (page, i);
+        self.memo[Self::marker(page) % MEMO] = self.last;
         Some(i)
     }
 

@@ -4,20 +4,22 @@
 //! index computation and one record access — no hashing, and blocks that are neighbours in
 //! memory are neighbours in the map (a batch of thousands of 4 KiB blocks touches a few lines).
 //! On pages of more than `DENSE_QUANTA` quanta (2 MiB pages), a large block (at least
-//! 1/`DENSE_SHARE` of a page) is kept in a hash map by address
-//! instead: such blocks start in few places of a page, and a record array per page for them
-//! would be mostly empty and scattered (64 KiB a 2 MiB page at 512 bytes, hundreds of megabytes
-//! for a pool of large blocks), so that every malloc and free touched a cold line of a cold
-//! page of records.
+//! 1/`DENSE_SHARE` of a page, `large_from` bytes, a power of two) is kept in a coarser array
+//! instead: per page where a large block ever started, one record per `large_from` bytes (16
+//! records, 256 bytes). Two live large blocks are at least `large_from` bytes apart, so at most
+//! one starts in each such bucket; its record keeps the block's quantum offset in the bucket
+//! (`at`), which a lookup checks. A per-quantum array for such blocks would be mostly empty and
+//! scattered (64 KiB a 2 MiB page at 512 bytes), so that every malloc and free touched a cold
+//! line of a cold page of records; a hash map by address (what they had before) costs a hash and
+//! a probe on every insert and remove.
 //!
 //! Invariants: a block starting at `ptr` is recorded in exactly one place: the record of its
-//! quantum in its page's array if it is small, else an entry of `large`; `len` counts the
+//! quantum in its page's array if it is small, else the record of its bucket in its page's
+//! coarse array (with `at` its quantum offset in the bucket); `len` counts the
 //! blocks and `bytes` sums their sizes; `size - requested < quantum` (the pool rounds requests
 //! up to the quantum), which is what lets a record keep the difference in 16 bits. Memory is
 //! one 16-byte record per quantum of every page a small block ever started in (3% of the range
-//! used, at a 512-byte quantum), plus one hash entry per large block.
-
-use rustc_hash::FxHashMap;
+//! used, at a 512-byte quantum), plus 16 records per page a large block ever started in.
 
 use crate::vm::PageSize;
 
@@ -26,6 +28,19 @@ const DENSE_SHARE: u64 = 16;
 /// Pages of at most this many quanta keep every block in their record array (at most 16 KiB of
 /// records a page: small pages' arrays are dense enough).
 const DENSE_QUANTA: u64 = 1024;
+
+// A record is 16 bytes: a page of small records is 64 KiB at a 512-byte quantum.
+const _: () = assert!(std::mem::size_of::<Record>() == 16);
+
+/// Record `slot` of `page` in `arrays` (per page, an array of `per_page` records, made when a
+/// page first needs one).
+#[inline(always)]
+fn record_in(arrays: &mut Vec<Option<Box<[Record]>>>, page: usize, slot: usize, per_page: usize) -> &mut Record {
+    if page >= arrays.len() {
+        arrays.resize_with(page + 1, || None);
+    }
+    &mut arrays[page].get_or_insert_with(|| vec![Record::default(); per_page].into_boxed_slice())[slot]
+}
 
 /// A live block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +59,8 @@ struct Record {
     slack: u16,
     /// None: no block starts here.
     page: Option<PageSize>,
+    /// In a coarse (large-block) record: the block's offset in its bucket, in quanta.
+    at: u32,
 }
 
 #[derive(Debug)]
@@ -55,11 +72,15 @@ pub struct BlockMap {
     page_mask: u64,
     quantum_mask: u64,
     per_page: usize,
-    /// Blocks of at least this many bytes are large.
+    /// Blocks of at least this many bytes are large (a power of two; `u64::MAX`: none are).
     large_from: u64,
+    /// `log2(large_from)`, `large_from - 1`, and coarse records per page.
+    large_shift: u32,
+    large_mask: u64,
+    large_per_page: usize,
     pages: Vec<Option<Box<[Record]>>>,
-    /// The large blocks' records by address.
-    large: FxHashMap<u64, Record>,
+    /// Per page, the large blocks' records, one per `large_from` bytes.
+    large: Vec<Option<Box<[Record]>>>,
     len: usize,
     bytes: u64,
 }
@@ -69,6 +90,8 @@ impl BlockMap {
     /// starting on multiples of `quantum` (both powers of two, quantum ≤ 64 KiB).
     pub fn new(base: u64, page: u64, quantum: u64) -> Self {
         assert!(page.is_power_of_two() && quantum.is_power_of_two() && quantum <= page && quantum <= 1 << 16);
+        let large_from = if page / quantum > DENSE_QUANTA { (page / DENSE_SHARE).max(quantum) } else { u64::MAX };
+        let large_shift = if large_from == u64::MAX { 0 } else { large_from.trailing_zeros() };
         BlockMap {
             base,
             page_shift: page.trailing_zeros(),
@@ -76,9 +99,12 @@ impl BlockMap {
             page_mask: page - 1,
             quantum_mask: quantum - 1,
             per_page: (page / quantum) as usize,
-            large_from: if page / quantum > DENSE_QUANTA { (page / DENSE_SHARE).max(quantum) } else { u64::MAX },
+            large_from,
+            large_shift,
+            large_mask: large_from.wrapping_sub(1),
+            large_per_page: if large_from == u64::MAX { 0 } else { (page / large_from) as usize },
             pages: Vec::new(),
-            large: FxHashMap::default(),
+            large: Vec::new(),
             len: 0,
             bytes: 0,
         }
@@ -119,8 +145,19 @@ impl BlockMap {
         let (page, slot) = self.at(ptr);
         match self.pages.get(page).and_then(Option::as_ref).map(|records| &records[slot]) {
             Some(record) if record.page.is_some() => Some(record),
-            _ => self.large.get(&ptr),
+            _ => {
+                let (bucket, at) = self.bucket(ptr);
+                let record = &self.large.get(page)?.as_ref()?[bucket];
+                (record.page.is_some() && record.at == at).then_some(record)
+            }
         }
+    }
+
+    /// A large block's bucket in its page's coarse array, and its offset there in quanta.
+    #[inline(always)]
+    fn bucket(&self, ptr: u64) -> (usize, u32) {
+        let offset = (ptr - self.base) & self.page_mask;
+        ((offset >> self.large_shift) as usize, ((offset & self.large_mask) >> self.quantum_shift) as u32)
     }
 
     /// Records a live block at `ptr` (a quantum multiple inside the range, where no live block
@@ -129,21 +166,18 @@ impl BlockMap {
     pub fn insert(&mut self, ptr: u64, block: Block) {
         let slack = block.size - block.requested;
         debug_assert!(slack < 1 << self.quantum_shift);
-        let new = Record { size: block.size, slack: slack as u16, page: Some(block.page) };
-        if block.size >= self.large_from {
-            let old = self.large.insert(ptr, new);
-            debug_assert!(old.is_none(), "a block already starts at {ptr:#x}");
+        let mut new = Record { size: block.size, slack: slack as u16, page: Some(block.page), at: 0 };
+        let record = if block.size >= self.large_from {
+            let (bucket, at) = self.bucket(ptr);
+            new.at = at;
+            let page = ((ptr - self.base) >> self.page_shift) as usize;
+            record_in(&mut self.large, page, bucket, self.large_per_page)
         } else {
             let (page, slot) = self.at(ptr);
-            if page >= self.pages.len() {
-                self.pages.resize_with(page + 1, || None);
-            }
-            let per_page = self.per_page;
-            let records = self.pages[page].get_or_insert_with(|| vec![Record::default(); per_page].into_boxed_slice());
-            let record = &mut records[slot];
-            debug_assert!(record.page.is_none(), "a block already starts at {ptr:#x}");
-            *record = new;
-        }
+            record_in(&mut self.pages, page, slot, self.per_page)
+        };
+        debug_assert!(record.page.is_none(), "a block already starts at {ptr:#x}");
+        *record = new;
         self.len += 1;
         self.bytes += block.size;
     }
@@ -155,15 +189,19 @@ impl BlockMap {
             return None;
         }
         let (page, slot) = self.at(ptr);
-        let small = self.pages.get_mut(page).and_then(Option::as_mut).map(|records| &mut records[slot]);
-        let block = match small {
-            Some(record) if record.page.is_some() => {
-                let block = Self::block(record)?;
-                record.page = None;
-                block
-            }
-            _ => Self::block(&self.large.remove(&ptr)?)?,
+        // The page's small records first (a page of the large pool seldom has them, so that
+        // look is cheap there), then its coarse ones.
+        let mut block = match self.pages.get_mut(page) {
+            Some(Some(records)) => Self::take(&mut records[slot], None),
+            _ => None,
         };
+        if block.is_none() {
+            let (bucket, at) = self.bucket(ptr);
+            if let Some(Some(records)) = self.large.get_mut(page) {
+                block = Self::take(&mut records[bucket], Some(at));
+            }
+        }
+        let block = block?;
         self.len -= 1;
         self.bytes -= block.size;
         Some(block)
@@ -190,6 +228,18 @@ impl BlockMap {
         }
     }
 
+    /// The block of `record`, which no longer starts there, if one does (at offset `at` in its
+    /// bucket, for a coarse record).
+    #[inline(always)]
+    fn take(record: &mut Record, at: Option<u32>) -> Option<Block> {
+        if at.is_some_and(|at| record.at != at) {
+            return None;
+        }
+        let block = Self::block(record)?;
+        record.page = None;
+        Some(block)
+    }
+
     fn block(record: &Record) -> Option<Block> {
         let page = record.page?;
         Some(Block { size: record.size, requested: record.size - record.slack as u64, page })
@@ -198,15 +248,23 @@ impl BlockMap {
     /// The live blocks in address order: the small ones (in order already) merged with the
     /// large ones, sorted.
     pub fn iter(&self) -> impl Iterator<Item = (u64, Block)> + '_ {
-        let mut large: Vec<(u64, Block)> =
-            self.large.iter().filter_map(|(&ptr, r)| Self::block(r).map(|b| (ptr, b))).collect();
-        large.sort_unstable_by_key(|&(ptr, _)| ptr);
-        let mut large = large.into_iter().peekable();
+        let mut large = self.large_blocks().peekable();
         let mut small = self.small().peekable();
         std::iter::from_fn(move || match (small.peek(), large.peek()) {
             (Some(s), Some(l)) if l.0 < s.0 => large.next(),
             (Some(_), _) => small.next(),
             (None, _) => large.next(),
+        })
+    }
+
+    /// The large blocks, in address order.
+    fn large_blocks(&self) -> impl Iterator<Item = (u64, Block)> + '_ {
+        self.large.iter().enumerate().filter_map(|(i, p)| p.as_ref().map(|r| (i, r))).flat_map(move |(i, records)| {
+            let page_start = self.base + ((i as u64) << self.page_shift);
+            records.iter().enumerate().filter_map(move |(j, r)| {
+                let ptr = page_start + ((j as u64) << self.large_shift) + ((r.at as u64) << self.quantum_shift);
+                Self::block(r).map(|b| (ptr, b))
+            })
         })
     }
 
@@ -235,22 +293,27 @@ mod tests {
             huge_pages in any::<bool>(),
         ) {
             let base = 1 << 40;
-            // Small blocks in the pages' record arrays, large ones in the hash map, on 64 KiB
-            // and 2 MiB pages: the same answers as the model.
+            // Small blocks in the pages' record arrays, large ones in the pages' coarse arrays,
+            // on 64 KiB and 2 MiB pages: the same answers as the model. Blocks do not overlap
+            // (the pool never makes two live blocks share bytes).
             let page = if huge_pages { 2 << 20 } else { 64 * 1024 };
+            let spread = if huge_pages { 4 } else { 1 };
             let mut map = BlockMap::new(base, page, 512);
-            let mut model = BTreeMap::new();
+            let mut model: BTreeMap<u64, Block> = BTreeMap::new();
             for (insert, slot, requested, large) in ops {
-                let ptr = base + slot * 512;
+                let ptr = base + slot * 512 * spread;
                 let requested = if large { requested * 1024 } else { requested };
-                if insert && !model.contains_key(&ptr) {
-                    let block = Block { size: requested.div_ceil(512) * 512, requested, page: PageSize::Size64K };
+                let size = requested.div_ceil(512) * 512;
+                let free = model.range(..ptr + size).next_back().is_none_or(|(&p, b)| p + b.size <= ptr);
+                if insert && free {
+                    let block = Block { size, requested, page: PageSize::Size64K };
                     map.insert(ptr, block);
                     model.insert(ptr, block);
                 } else {
                     prop_assert_eq!(map.remove(ptr), model.remove(&ptr));
                 }
                 prop_assert_eq!(map.get(ptr), model.get(&ptr).copied());
+                prop_assert_eq!(map.get(ptr + 512), model.get(&(ptr + 512)).copied());
                 prop_assert_eq!(map.len(), model.len());
                 prop_assert_eq!(map.bytes(), model.values().map(|b| b.size).sum::<u64>());
             }
