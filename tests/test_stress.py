@@ -24,6 +24,10 @@ CASES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "stress_cases",
 KNOWN_LOSSES = {
     "npumem-capacity-s21-seed1.json",
     "npumem-capacity-s21-seed2.json",
+    "npumem-capacity-tails-seed1.json",
+    "npumem-capacity-tails-seed2.json",
+    "npumem-capacity-tails-seed3.json",
+    "npumem-capacity-tails-seed4.json",
 }
 
 
