@@ -6,8 +6,8 @@
 //! pool best fit (lowest address among equals); in the large pool where the block needs the
 //! fewest pages that hold no block yet (its end pages shared with live neighbours), then, near
 //! the limit and for a block of two pages or more, where it strands the fewest free bytes on
-//! held pages, then best fit — with 2 MiB pages, where a block's ends fall decides how much of its end pages lies
-//! unused beside a hole. A small HUGE_FIRST block for which no memory is left in the small pool
+//! held pages, then best fit — with 2 MiB pages, where a block's ends fall decides how much of
+//! its end pages lies unused beside a hole. A small HUGE_FIRST block for which no memory is left in the small pool
 //! borrows the free part of a large-pool page; a mapping that runs out of memory is retried
 //! once where the block needs the fewest pages; a HUGE_FIRST large request that still cannot
 //! be mapped, the device being short of free memory, is placed once more with a normal-frame
@@ -15,8 +15,8 @@
 //! part (as `direct` maps a block in normal frames when 2 MiB frames run out), and the rest of
 //! that page's VA is fenced off while the tail is mapped; failing that, it gets a segment of its
 //! own (2 MiB pages, else normal frames for exactly its size, as a bypass request), which needs
-//! none of the partly empty end pages around the holes. Physical memory is mapped under blocks on demand, page by page
-//! (64 KiB pages in the small pool, 2 MiB in the large one), and stays
+//! none of the partly empty end pages around the holes. Physical memory is mapped under blocks
+//! on demand, page by page (64 KiB pages in the small pool, 2 MiB in the large one), and stays
 //! mapped while idle so that reuse costs no driver call. Physical pages are not tied to
 //! addresses: when a request needs pages and the device has no free frames, idle pages (mapped
 //! but holding no live block) are unmapped and their physical handles remapped under the new
@@ -42,7 +42,8 @@
 //! handles are held but unmapped (whole pages only: a tail's handle goes back to the device when
 //! it is unmapped); `reserved_bytes` = (mapped + cached pages) × page size − the bytes tails
 //! leave unmapped + bypass segments; a tail's page is the last of its run of mapped pages, and
-//! no free VA lies over its unmapped part (the fence); every block lies on mapped memory; a pool's `BlockMap` holds exactly its live blocks (not the waiting ones);
+//! no free VA lies over its unmapped part (the fence); every block lies on mapped memory; a
+//! pool's `BlockMap` holds exactly its live blocks (not the waiting ones);
 //! no page is mapped, no frame allocated and no out-of-memory reported by a malloc while a
 //! block waits (the miss releases them all before any of those).
 
@@ -567,19 +568,23 @@ impl VmmAllocator {
         self.release_one(backend, kind)
     }
 
-    /// The normal-frame tail of a block that ends at `end`, if its last page is unmapped and
-    /// the block covers less than a page's worth of normal pages of it: the page and the bytes
-    /// to map at its start. The rest of that page's VA (free: no block lies on an unmapped page)
-    /// is fenced off here, so that no block is placed over memory the tail does not map.
-    fn tail_of(&mut self, backend: &dyn Backend, kind: PoolKind, end: u64) -> Result<Option<(usize, u64)>> {
+    /// The normal-frame tail a block that ends at `end` in `kind`'s pool could have: its last
+    /// page and the bytes to map at that page's start (the block's part of it, in normal
+    /// pages), if the page is unmapped and that part is less than the page.
+    fn tail_at(&self, backend: &dyn Backend, kind: PoolKind, end: u64) -> Option<(usize, u64)> {
         let unit = backend.page_size(PageKind::Normal).bytes().max(TAIL_UNIT);
+        let pool = self.pool(kind);
+        let last = pool.pages_of(end - 1, 1).start;
+        let len = checked_align_up(end - pool.page_va(last), unit)?;
+        (pool.slot(last).handle == NO_HANDLE && len < pool.page && len % TAIL_UNIT == 0).then_some((last, len))
+    }
+
+    /// The tail of `tail_at`, with the rest of its page's VA (free: no block lies on an unmapped
+    /// page) fenced off, so that no block is placed over memory the tail does not map.
+    fn tail_of(&mut self, backend: &dyn Backend, kind: PoolKind, end: u64) -> Result<Option<(usize, u64)>> {
+        let Some((last, len)) = self.tail_at(backend, kind, end) else { return Ok(None) };
         let quantum = self.config.quantum;
         let pool = self.pool_mut(kind);
-        let last = pool.pages_of(end - 1, 1).start;
-        let len = checked_align_up(end - pool.page_va(last), unit).unwrap_or(u64::MAX);
-        if pool.slot(last).handle != NO_HANDLE || len >= pool.page || len % TAIL_UNIT != 0 {
-            return Ok(None);
-        }
         pool.space.reserve_at(pool.page_va(last) + len, pool.page - len, quantum)?;
         Ok(Some((last, len)))
     }
@@ -1040,12 +1045,12 @@ impl VmmAllocator {
     /// The memory a large block at `ptr` that needs `needed` pages takes with a normal-frame
     /// tail (see `tail_of`): its last page's part in normal pages instead of a whole page.
     fn tail_bytes(&self, backend: &dyn Backend, ptr: u64, size: u64, needed: usize) -> u64 {
-        let unit = backend.page_size(PageKind::Normal).bytes().max(TAIL_UNIT);
-        let pool = self.pool(PoolKind::Large);
-        let last = pool.pages_of(ptr + size - 1, 1).start;
-        let whole = needed as u64 * pool.page;
-        let part = checked_align_up(ptr + size - pool.page_va(last), unit).unwrap_or(u64::MAX);
-        if pool.slot(last).handle == NO_HANDLE && part < pool.page { whole - pool.page + part } else { whole }
+        let page = self.page_of(PoolKind::Large);
+        let whole = needed as u64 * page;
+        match self.tail_at(backend, PoolKind::Large, ptr + size) {
+            Some((_, len)) => whole.saturating_sub(page) + len,
+            None => whole,
+        }
     }
 
     /// At most how much memory a malloc could get: what the device has free within the limit,
