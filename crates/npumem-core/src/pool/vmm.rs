@@ -6,14 +6,17 @@
 //! pool best fit (lowest address among equals); in the large pool where the block needs the
 //! fewest pages that hold no block yet (its end pages shared with live neighbours), then, near
 //! the limit and for a block of two pages or more, where it strands the fewest free bytes on
-//! held pages, then best fit — with 2 MiB pages, where a block's ends fall decides how much of its end pages lies
-//! unused beside a hole. A small HUGE_FIRST block for which no memory is left in the small pool
+//! held pages, then best fit — with 2 MiB pages, where a block's ends fall decides how much of
+//! its end pages lies unused beside a hole. A small HUGE_FIRST block for which no memory is left in the small pool
 //! borrows the free part of a large-pool page; a mapping that runs out of memory is retried
-//! once where the block needs the fewest pages; a pooled request that still cannot be mapped,
-//! the device being short of free memory, gets a segment of its own (2 MiB pages, else normal
-//! frames for exactly its size, as a bypass request), which needs none of the partly empty end
-//! pages around the holes. Physical memory is mapped under blocks on demand, page by page
-//! (64 KiB pages in the small pool, 2 MiB in the large one), and stays
+//! once where the block needs the fewest pages; a HUGE_FIRST large request that still cannot
+//! be mapped, the device being short of free memory, is placed once more with a normal-frame
+//! tail: its last page, if unmapped and only partly under it, gets normal frames for just that
+//! part (as `direct` maps a block in normal frames when 2 MiB frames run out), and the rest of
+//! that page's VA is fenced off while the tail is mapped; failing that, it gets a segment of its
+//! own (2 MiB pages, else normal frames for exactly its size, as a bypass request), which needs
+//! none of the partly empty end pages around the holes. Physical memory is mapped under blocks
+//! on demand, page by page (64 KiB pages in the small pool, 2 MiB in the large one), and stays
 //! mapped while idle so that reuse costs no driver call. Physical pages are not tied to
 //! addresses: when a request needs pages and the device has no free frames, idle pages (mapped
 //! but holding no live block) are unmapped and their physical handles remapped under the new
@@ -36,8 +39,11 @@
 //! Invariants: a page slot holds a handle iff it is mapped; `live` of a slot counts the live
 //! and waiting blocks overlapping it, and a mapped slot with `live == 0` is in the pool's idle
 //! set (keyed by the clock when it became idle, so trimming takes the coldest first); cached
-//! handles are held but unmapped; `reserved_bytes` = (mapped + cached pages) × page size +
-//! bypass segments; a pool's `BlockMap` holds exactly its live blocks (not the waiting ones);
+//! handles are held but unmapped (whole pages only: a tail's handle goes back to the device when
+//! it is unmapped); `reserved_bytes` = (mapped + cached pages) × page size − the bytes tails
+//! leave unmapped + bypass segments; a tail's page is the last of its run of mapped pages, and
+//! no free VA lies over its unmapped part (the fence); every block lies on mapped memory; a
+//! pool's `BlockMap` holds exactly its live blocks (not the waiting ones);
 //! no page is mapped, no frame allocated and no out-of-memory reported by a malloc while a
 //! block waits (the miss releases them all before any of those).
 
@@ -175,13 +181,20 @@ struct Slot {
     handle: PhysHandle,
     /// PTE size of the mapped handle (2 MiB, or normal pages when huge frames ran out).
     page: PageSize,
+    /// 0 for a whole page; else a normal-frame tail: only the page's first `tail` ×
+    /// [`TAIL_UNIT`] bytes are mapped, and the rest of the page's VA is fenced off (reserved in
+    /// the pool's free space) for as long as the slot is mapped.
+    tail: u16,
     live: u32,
     idle_since: u64,
 }
 
 impl Slot {
-    const EMPTY: Slot = Slot { handle: NO_HANDLE, page: PageSize::Size4K, live: 0, idle_since: 0 };
+    const EMPTY: Slot = Slot { handle: NO_HANDLE, page: PageSize::Size4K, tail: 0, live: 0, idle_since: 0 };
 }
+
+/// The unit in which a normal-frame tail's mapped length is kept (the smallest normal page).
+const TAIL_UNIT: u64 = 4096;
 
 #[derive(Debug)]
 struct VmmPool {
@@ -194,6 +207,9 @@ struct VmmPool {
     slots: Vec<Slot>,
     idle: BTreeSet<(u64, u32)>,
     mapped: u64,
+    /// Bytes the normal-frame tails leave unmapped on their pages: the pool holds `mapped`
+    /// pages minus these.
+    tail_gap: u64,
 }
 
 impl VmmPool {
@@ -223,11 +239,21 @@ impl VmmPool {
         self.slots.get(i).copied().unwrap_or(Slot::EMPTY)
     }
 
-    /// How many of page `i`'s two neighbours are mapped: mapping `i` starts a segment (a run of
-    /// mapped pages) when none is, joins two when both are; unmapping it does the reverse.
+    /// How many of page `i`'s two neighbours its mapping joins: mapping `i` starts a segment (a
+    /// run of mapped pages) when none is, joins two when both are; unmapping it does the
+    /// reverse. A normal-frame tail ends its run (the VA after its mapped part is not mapped).
     fn mapped_neighbours(&self, i: usize) -> u32 {
-        let mapped = |j: usize| (self.slot(j).handle != NO_HANDLE) as u32;
-        i.checked_sub(1).map_or(0, mapped) + mapped(i + 1)
+        let joins_left = i.checked_sub(1).map(|j| self.slot(j)).is_some_and(|s| s.handle != NO_HANDLE && s.tail == 0);
+        let joins_right = self.slot(i).tail == 0 && self.slot(i + 1).handle != NO_HANDLE;
+        joins_left as u32 + joins_right as u32
+    }
+
+    /// The bytes mapped at page `i`'s start (the page, or a normal-frame tail's part of it).
+    fn mapped_len(&self, i: usize) -> u64 {
+        match self.slot(i).tail {
+            0 => self.page,
+            units => u64::from(units) * TAIL_UNIT,
+        }
     }
 
     /// The pages a block at `[ptr, ptr + size)`, inside one free extent, would take from the
@@ -408,6 +434,7 @@ impl VmmAllocator {
             slots: Vec::new(),
             idle: BTreeSet::new(),
             mapped: 0,
+            tail_gap: 0,
         });
         Ok(())
     }
@@ -448,13 +475,7 @@ impl VmmAllocator {
             return Ok(cached);
         }
         let page = self.page_of(kind);
-        if self.reserved() + page > self.limit() {
-            return Err(AclError::oom(format!(
-                "the npumem pool's limit of {} (memory fraction {}) is reached",
-                format_size(self.limit()),
-                self.config.memory_fraction
-            )));
-        }
+        self.check_limit(page)?;
         let normal_pte = backend.page_size(PageKind::Normal);
         let (h, pte) = match kind {
             PoolKind::Small => (backend.create_physical(page, PageKind::Normal)?, normal_pte),
@@ -469,6 +490,18 @@ impl VmmAllocator {
         };
         self.stats.on_page_alloc(kind, page);
         Ok((h, pte))
+    }
+
+    /// Out of memory if `bytes` more would pass the pool's limit.
+    fn check_limit(&self, bytes: u64) -> Result<()> {
+        if self.reserved() + bytes > self.limit() {
+            return Err(AclError::oom(format!(
+                "the npumem pool's limit of {} (memory fraction {}) is reached",
+                format_size(self.limit()),
+                self.config.memory_fraction
+            )));
+        }
+        Ok(())
     }
 
     /// Unmaps the coldest idle page of `kind`'s pool, skipping the pages in `keep` (about to be
@@ -499,7 +532,12 @@ impl VmmAllocator {
         if self.free_cached(backend, kind)? {
             return Ok(true);
         }
-        Ok(self.unmap_coldest(backend, kind, 0..0)? && self.free_cached(backend, kind)?)
+        if !self.unmap_coldest(backend, kind, 0..0)? {
+            return Ok(false);
+        }
+        // A whole page went to the (empty) cache; a normal-frame tail went to the device.
+        self.free_cached(backend, kind)?;
+        Ok(true)
     }
 
     /// One step of giving memory back so that `kind`'s pool can grow: a page of the other pool
@@ -530,8 +568,38 @@ impl VmmAllocator {
         self.release_one(backend, kind)
     }
 
+    /// The normal-frame tail a block that ends at `end` in `kind`'s pool could have: its last
+    /// page and the bytes to map at that page's start (the block's part of it, in normal
+    /// pages), if the page is unmapped and that part is less than the page.
+    fn tail_at(&self, backend: &dyn Backend, kind: PoolKind, end: u64) -> Option<(usize, u64)> {
+        let unit = backend.page_size(PageKind::Normal).bytes().max(TAIL_UNIT);
+        let pool = self.pool(kind);
+        let last = pool.pages_of(end - 1, 1).start;
+        let len = checked_align_up(end - pool.page_va(last), unit)?;
+        (pool.slot(last).handle == NO_HANDLE && len < pool.page && len % TAIL_UNIT == 0).then_some((last, len))
+    }
+
+    /// The tail of `tail_at`, with the rest of its page's VA (free: no block lies on an unmapped
+    /// page) fenced off, so that no block is placed over memory the tail does not map.
+    fn tail_of(&mut self, backend: &dyn Backend, kind: PoolKind, end: u64) -> Result<Option<(usize, u64)>> {
+        let Some((last, len)) = self.tail_at(backend, kind, end) else { return Ok(None) };
+        let quantum = self.config.quantum;
+        let pool = self.pool_mut(kind);
+        pool.space.reserve_at(pool.page_va(last) + len, pool.page - len, quantum)?;
+        Ok(Some((last, len)))
+    }
+
+    /// Normal frames for a tail of `len` bytes in `kind`'s pool, within the limit.
+    fn acquire_tail(&mut self, backend: &mut dyn Backend, kind: PoolKind, len: u64) -> Result<(PhysHandle, PageSize)> {
+        self.check_limit(len)?;
+        let h = backend.create_physical(len, PageKind::Normal)?;
+        self.stats.on_page_alloc(kind, len);
+        Ok((h, backend.page_size(PageKind::Normal)))
+    }
+
     /// Maps every unmapped page under `[ptr, ptr + size)` of `kind`'s pool and counts the block
-    /// on each page. On failure nothing is left changed.
+    /// on each page. With `tail`, an unmapped last page that the block covers only in part gets
+    /// a normal-frame tail (see `tail_of`). On failure nothing is left changed.
     fn map_range(
         &mut self,
         backend: &mut dyn Backend,
@@ -539,8 +607,10 @@ impl VmmAllocator {
         ptr: u64,
         size: u64,
         huge_only: bool,
+        tail: bool,
     ) -> Result<PageSize> {
         let range = self.pool(kind).pages_of(ptr, size);
+        let tail = if tail { self.tail_of(backend, kind, ptr + size)? } else { None };
         if huge_only {
             // Idle pages of normal frames under a HUGE_ONLY block are unmapped (their handles
             // cached) so that 2 MiB frames take their place; `place_huge_only` kept the block
@@ -556,15 +626,22 @@ impl VmmAllocator {
         let needed: Vec<usize> = range.clone().filter(|&i| self.pool(kind).slot(i).handle == NO_HANDLE).collect();
         let mut done: Vec<usize> = Vec::with_capacity(needed.len());
         for &i in &needed {
+            let tail_len = tail.filter(|&(t, _)| t == i).map(|(_, len)| len);
             let got = loop {
-                match self.acquire(backend, kind, huge_only) {
+                let got = match tail_len {
+                    Some(len) => self.acquire_tail(backend, kind, len),
+                    None => self.acquire(backend, kind, huge_only),
+                };
+                match got {
                     Ok(h) => break Ok(h),
                     // HUGE_ONLY cannot use cached normal-frame pages: give them back first, so
-                    // that their frames can merge into 2 MiB ones. Then stitching: unmap an idle
-                    // page of this pool and map its memory here; else give the other pool's
-                    // spare memory back to the device and try again.
+                    // that their frames can merge into 2 MiB ones (a tail, which takes no cached
+                    // page, gives any back). Then stitching: unmap an idle page of this pool and
+                    // map its memory here; else give the other pool's spare memory back to the
+                    // device and try again.
                     Err(e) if e.code.is_out_of_memory() => {
                         let reclaimed = (huge_only && self.free_cached_normal(backend, kind)?)
+                            || (tail_len.is_some() && self.free_cached(backend, kind)?)
                             || self.unmap_coldest(backend, kind, range.clone())?
                             || self.release_foreign(backend, kind)?;
                         if !reclaimed {
@@ -576,27 +653,42 @@ impl VmmAllocator {
             };
             let mapped = got.and_then(|(h, pte)| {
                 let va = self.pool(kind).page_va(i);
-                backend.map(va, h).map(|()| (h, pte)).inspect_err(|_| self.cache[kind as usize].push((h, pte)))
+                backend.map(va, h).map(|()| (h, pte)).inspect_err(|_| match tail_len {
+                    // A tail's handle has no page's size: it goes back to the device.
+                    Some(len) => {
+                        if backend.free_physical(h).is_ok() {
+                            self.stats.on_page_free(kind, len);
+                        }
+                    }
+                    None => self.cache[kind as usize].push((h, pte)),
+                })
             });
             match mapped {
                 Ok((h, pte)) => {
                     let pool = self.pool_mut(kind);
-                    *pool.slot_mut(i) = Slot { handle: h, page: pte, live: 0, idle_since: 0 };
-                    pool.mapped += 1;
                     let (va, page) = (pool.page_va(i), pool.page);
+                    let len = tail_len.unwrap_or(page);
+                    let units = if len < page { (len / TAIL_UNIT) as u16 } else { 0 };
+                    *pool.slot_mut(i) = Slot { handle: h, page: pte, tail: units, live: 0, idle_since: 0 };
+                    pool.mapped += 1;
+                    pool.tail_gap += page - len;
                     let neighbours = pool.mapped_neighbours(i);
                     self.count_runs(kind, neighbours, true);
-                    self.events.push(Action::SegmentMap, va, page);
+                    self.events.push(Action::SegmentMap, va, len);
                     done.push(i);
                 }
                 Err(e) => {
                     // The pages mapped for the failed request stay mapped, idle (no driver call
-                    // that could fail again); the caller gives back what the pool gained.
+                    // that could fail again); the caller gives back what the pool gained. The
+                    // fence of a tail not mapped goes.
                     let clock = self.clock;
                     let pool = self.pool_mut(kind);
                     for &j in &done {
                         pool.slot_mut(j).idle_since = clock;
                         pool.idle.insert((clock, j as u32));
+                    }
+                    if let Some((t, len)) = tail.filter(|&(t, _)| !done.contains(&t)) {
+                        pool.space.release(pool.page_va(t) + len)?;
                     }
                     return Err(e);
                 }
@@ -655,20 +747,30 @@ impl VmmAllocator {
         placed
     }
 
-    /// Unmaps the mapped page `i` of `kind`'s pool that holds no block and caches its handle. A
-    /// driver failure leaves it mapped and idle, as it was.
+    /// Unmaps the mapped page `i` of `kind`'s pool that holds no block and caches its handle (a
+    /// normal-frame tail's goes back to the device, and its fence with it). A driver failure
+    /// leaves it mapped and idle, as it was.
     fn unmap_page(&mut self, backend: &mut dyn Backend, kind: PoolKind, i: usize) -> Result<()> {
         let pool = self.pools[kind as usize].as_mut().expect("pool exists");
         let slot = pool.slot(i);
         debug_assert!(slot.handle != NO_HANDLE && slot.live == 0);
-        let (va, page) = (pool.page_va(i), pool.page);
+        let (va, len) = (pool.page_va(i), pool.mapped_len(i));
         backend.unmap(va)?;
         pool.idle.remove(&(slot.idle_since, i as u32));
         pool.slot_mut(i).handle = NO_HANDLE;
         pool.mapped -= 1;
         let neighbours = pool.mapped_neighbours(i);
+        self.events.push(Action::SegmentUnmap, va, len);
+        if slot.tail != 0 {
+            pool.slot_mut(i).tail = 0;
+            pool.tail_gap -= pool.page - len;
+            pool.space.release(va + len)?;
+            self.count_runs(kind, neighbours, false);
+            backend.free_physical(slot.handle)?;
+            self.stats.on_page_free(kind, len);
+            return Ok(());
+        }
         self.count_runs(kind, neighbours, false);
-        self.events.push(Action::SegmentUnmap, va, page);
         self.cache[kind as usize].push((slot.handle, slot.page));
         Ok(())
     }
@@ -806,12 +908,15 @@ impl VmmAllocator {
             // where its policy lets it take any page, it goes there. Failing that, the block
             // gets a mapping of its own (see `malloc_alone`).
             Err(e) if e.code.is_out_of_memory() => {
-                let borrowed = (kind == PoolKind::Small && policy == Policy::HugeFirst)
-                    .then(|| self.borrow_large(backend, size))
-                    .flatten();
-                match borrowed {
+                let huge_first = policy == Policy::HugeFirst;
+                let borrowed =
+                    (kind == PoolKind::Small && huge_first).then(|| self.place_large(backend, size, false)).flatten();
+                let short = borrowed.is_none() && self.short_of_memory(backend, kind, size);
+                let tailed =
+                    (short && kind == PoolKind::Large && huge_first).then(|| self.place_large(backend, size, true));
+                match borrowed.or(tailed.flatten()) {
                     Some((ptr, page)) => (PoolKind::Large, ptr, page),
-                    None if self.short_of_memory(backend, kind, size) => {
+                    None if short => {
                         return self
                             .malloc_alone(backend, request, size, kind, policy)
                             .map_err(|_| self.oom(e, request));
@@ -890,7 +995,7 @@ impl VmmAllocator {
         } else {
             pool.space.reserve(size, quantum)?
         };
-        self.place_and_map(backend, kind, ptr, size, huge_only)
+        self.place_and_map(backend, kind, ptr, size, huge_only, false)
     }
 
     /// Places a block of `size` bytes in the small pool's free space with the waiting blocks
@@ -917,18 +1022,49 @@ impl VmmAllocator {
             return Ok(None);
         }
         // Every page is mapped: this only counts the block on them.
-        self.map_range(backend, kind, ptr, size, false).map(|page| Some((ptr, page)))
+        self.map_range(backend, kind, ptr, size, false, false).map(|page| Some((ptr, page)))
     }
 
-    /// Places a small block in the large pool where it needs the fewest pages (the small pool
-    /// ran out of memory), if the large pool exists and the block can be mapped there.
-    fn borrow_large(&mut self, backend: &mut dyn Backend, size: u64) -> Option<(u64, PageSize)> {
+    /// Places a HUGE_FIRST block in the large pool where it needs the fewest pages, if the large
+    /// pool exists and the block can be mapped there: a small block whose pool ran out of
+    /// memory, or (`tail`) a large one that no placement could map, its last page in normal
+    /// frames as far as it reaches (see `tail_of`).
+    fn place_large(&mut self, backend: &mut dyn Backend, size: u64, tail: bool) -> Option<(u64, PageSize)> {
         let quantum = self.config.quantum;
         let tight = self.tight();
-        let pool = self.pools[PoolKind::Large as usize].as_mut()?;
-        let (ptr, _) = pool.economical_place(size, quantum, tight)?;
+        let (ptr, needed) = self.pools[PoolKind::Large as usize].as_ref()?.economical_place(size, quantum, tight)?;
+        if tail && self.tail_bytes(backend, ptr, size, needed) > self.obtainable(backend) {
+            // Not worth the driver calls of an attempt bound to fail.
+            return None;
+        }
+        let pool = self.pool_mut(PoolKind::Large);
         let ptr = pool.space.reserve_at(ptr, size, quantum).ok()?;
-        self.place_and_map(backend, PoolKind::Large, ptr, size, false).ok()
+        self.place_and_map(backend, PoolKind::Large, ptr, size, false, tail).ok()
+    }
+
+    /// The memory a large block at `ptr` that needs `needed` pages takes with a normal-frame
+    /// tail (see `tail_of`): its last page's part in normal pages instead of a whole page.
+    fn tail_bytes(&self, backend: &dyn Backend, ptr: u64, size: u64, needed: usize) -> u64 {
+        let page = self.page_of(PoolKind::Large);
+        let whole = needed as u64 * page;
+        match self.tail_at(backend, PoolKind::Large, ptr + size) {
+            Some((_, len)) => whole.saturating_sub(page) + len,
+            None => whole,
+        }
+    }
+
+    /// At most how much memory a malloc could get: what the device has free within the limit,
+    /// plus every idle and cached page of both pools (stitching and giving back reclaim them).
+    fn obtainable(&self, backend: &dyn Backend) -> u64 {
+        let (free, _) = backend.mem_info(crate::acl::MemScope::All);
+        let spare: u64 = [PoolKind::Small, PoolKind::Large]
+            .iter()
+            .map(|&k| {
+                let idle = self.pools[k as usize].as_ref().map_or(0, |p| p.idle.len() as u64);
+                (idle + self.cache[k as usize].len() as u64) * self.page_of(k)
+            })
+            .sum();
+        free.min(self.limit().saturating_sub(self.reserved())) + spare
     }
 
     /// Maps the pages under the block reserved at `ptr`; when memory runs out, tries once more
@@ -944,12 +1080,13 @@ impl VmmAllocator {
         ptr: u64,
         size: u64,
         huge_only: bool,
+        tail: bool,
     ) -> Result<(u64, PageSize)> {
         let reserved_before = self.reserved();
         let mut ptr = ptr;
         let mut retried = huge_only;
         loop {
-            let err = match self.map_range(backend, kind, ptr, size, huge_only) {
+            let err = match self.map_range(backend, kind, ptr, size, huge_only, tail) {
                 Ok(page) => return Ok((ptr, page)),
                 Err(e) => e,
             };
@@ -1219,8 +1356,11 @@ impl Allocator for VmmAllocator {
                 let start = i;
                 while i < pool.slots.len() && pool.slots[i].handle != NO_HANDLE {
                     i += 1;
+                    if pool.slots[i - 1].tail != 0 {
+                        break;
+                    }
                 }
-                let (lo, hi) = (pool.page_va(start), pool.page_va(i));
+                let (lo, hi) = (pool.page_va(start), pool.page_va(i - 1) + pool.mapped_len(i - 1));
                 let mut blocks = Vec::new();
                 let mut at = lo;
                 while let Some((p, l)) = lives.next_if(|&(p, _)| p < hi) {
@@ -1364,13 +1504,14 @@ mod tests {
     }
 
     #[test]
-    fn a_block_no_placement_can_map_gets_its_own_segment() {
+    fn a_block_no_placement_can_map_gets_a_normal_frame_tail() {
         // The seed-1 capacity case of `npumem stress` (tests/stress_cases): on 68 MiB the live
         // blocks at the peak (47 + 3.5 + 15.44 MiB and 64 KiB) fit only if 3.5 MiB shares a
         // page with 47 MiB and the last block takes no partly empty pool page. 5 MiB, as few
         // new pages at the hole's end (beside 47 MiB) as past 47 MiB's end, goes where it
         // strands fewer free bytes (past the end), leaving the hole's end to 3.5 MiB; 15.44 MiB,
-        // for which the pool has no room, is mapped alone in normal frames, as direct maps.
+        // for which the pool has no whole pages, goes past 47 MiB's end with its last page in
+        // normal frames as far as it reaches, the rest of that page fenced off.
         let (mut a, mut sim) = setup(68 * MIB, "");
         let frames = sim.frame_stats().unwrap();
         let kib = |k: u64| k * 1024;
@@ -1387,8 +1528,17 @@ mod tests {
         a.free(&mut sim, a4.ptr).unwrap();
         let ooms = a.stats.num_ooms;
         let a6 = a.malloc(&mut sim, &req(kib(15808))).unwrap();
-        assert_eq!((a6.page, a.stats.num_ooms, a.bypass.len()), (PageSize::Size4K, ooms, 1));
-        sim.write(a6.ptr + a6.granted - 1, &[1]).unwrap();
+        assert_eq!((a6.page, a.stats.num_ooms, a.bypass.len()), (PageSize::Size4K, ooms, 0));
+        let end = a6.ptr + a6.granted;
+        let pool = a.pool(PoolKind::Large);
+        let last = pool.pages_of(end - 1, 1).start;
+        let tail = pool.mapped_len(last);
+        assert!(end - pool.page_va(last) <= tail && tail < LARGE_PAGE, "a tail of {tail} bytes");
+        assert_eq!(sim.translate(end - 1).unwrap().page_size, PageSize::Size4K);
+        // The rest of the tail's page is fenced: no block goes there while the tail is mapped.
+        assert!(pool.space.free_extents_in(pool.page_va(last) + tail, pool.page_va(last + 1)).is_empty());
+        sim.write(end - 1, &[1]).unwrap();
+        assert_eq!(a.reserved(), 68 * MIB - sim.mem_info(crate::acl::MemScope::All).0);
         for g in [a6, a2, a5, a3] {
             a.free(&mut sim, g.ptr).unwrap();
         }
@@ -1526,6 +1676,70 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// On a small device, where requests run out of memory and large ones take normal-frame
+        /// tails: every page under a block keeps its policy's promise, blocks never overlap and
+        /// keep their bytes, and the pool's statistics agree with the device's own count.
+        #[test]
+        fn tails_keep_policies_bytes_and_the_books(
+            ops in proptest::collection::vec((0u8..4, 1u64..(9 << 20), any::<usize>()), 1..120),
+        ) {
+            let capacity = 24 * MIB;
+            let (mut a, mut sim) = setup(capacity, "");
+            let frames = sim.frame_stats().unwrap();
+            let mut live: Vec<(Grant, Policy, u8)> = Vec::new();
+            for (n, (op, size, pick)) in ops.into_iter().enumerate() {
+                if op == 0 && !live.is_empty() {
+                    let (g, _, tag) = live.swap_remove(pick % live.len());
+                    for at in [g.ptr, g.ptr + g.granted - 1] {
+                        let mut byte = [0u8];
+                        sim.read(at, &mut byte).unwrap();
+                        prop_assert_eq!(byte[0], tag);
+                    }
+                    a.free(&mut sim, g.ptr).unwrap();
+                } else {
+                    let policy = [Policy::HugeFirst, Policy::HugeFirst, Policy::HugeOnly, Policy::NormalOnly][pick % 4];
+                    let size = if pick % 3 == 0 { size >> 6 } else { size };
+                    let Ok(g) = a.malloc(&mut sim, &Request { size, booked: size, policy }) else { continue };
+                    prop_assert!(g.granted >= size && g.ptr % 64 == 0);
+                    for (o, _, _) in &live {
+                        prop_assert!(g.ptr + g.granted <= o.ptr || o.ptr + o.granted <= g.ptr);
+                    }
+                    let mut at = g.ptr;
+                    while at < g.ptr + g.granted {
+                        let page = sim.translate(at).unwrap().page_size;
+                        prop_assert!(crate::policy::honours(policy, page), "{:?} under {:?}", page, policy);
+                        at = (at / 4096 + 1) * 4096;
+                        if at < g.ptr + g.granted && page == PageSize::Size2M {
+                            at = at.max(at.next_multiple_of(LARGE_PAGE));
+                        }
+                    }
+                    let tag = n as u8;
+                    sim.write(g.ptr, &[tag]).unwrap();
+                    sim.write(g.ptr + g.granted - 1, &[tag]).unwrap();
+                    live.push((g, policy, tag));
+                }
+                // The books against the device and the live blocks (an independent count).
+                let used = capacity - sim.mem_info(crate::acl::MemScope::All).0;
+                prop_assert_eq!(a.reserved(), used);
+                prop_assert_eq!(a.stats.allocated_bytes.all.current, live.iter().map(|(g, _, _)| g.granted).sum::<u64>());
+                let segs = a.segments();
+                prop_assert_eq!(a.stats.segment.all.current, segs.len() as u64);
+                let cached: u64 = [PoolKind::Small, PoolKind::Large]
+                    .iter()
+                    .map(|&k| a.cache[k as usize].len() as u64 * a.page_of(k))
+                    .sum();
+                prop_assert_eq!(segs.iter().map(|s| s.total_size).sum::<u64>(), used - cached);
+            }
+            for (g, _, _) in live { a.free(&mut sim, g.ptr).unwrap(); }
+            a.empty_cache(&mut sim).unwrap();
+            prop_assert_eq!(a.reserved(), 0);
+            prop_assert_eq!(a.stats.segment.all.current, 0);
+            prop_assert_eq!(sim.frame_stats().unwrap(), frames);
+        }
+    }
+
+    proptest! {
         #![proptest_config(ProptestConfig::with_cases(48))]
         #[test]
         fn no_overlap_and_everything_returns(
@@ -1567,7 +1781,8 @@ mod tests {
                     .iter()
                     .map(|&k| {
                         let mapped = a.pools[k as usize].as_ref().map_or(0, |p| p.mapped);
-                        (mapped + a.cache[k as usize].len() as u64) * a.page_of(k)
+                        let gap = a.pools[k as usize].as_ref().map_or(0, |p| p.tail_gap);
+                        (mapped + a.cache[k as usize].len() as u64) * a.page_of(k) - gap
                     })
                     .sum();
                 prop_assert_eq!(a.reserved(), held + a.bypass.values().map(|b| b.segment.size).sum::<u64>());
