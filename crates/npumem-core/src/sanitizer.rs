@@ -374,6 +374,12 @@ impl Sanitizer {
         !self.access.is_empty() && self.access.contains_key(&base)
     }
 
+    /// Whether no allocation has access records (`tracks` and `forget` then do nothing).
+    #[inline]
+    pub fn tracks_none(&self) -> bool {
+        self.access.is_empty()
+    }
+
     /// Forgets the accesses of an allocation whose memory went back to the allocator.
     #[inline]
     pub fn forget(&mut self, base: u64) {

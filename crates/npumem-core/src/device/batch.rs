@@ -216,7 +216,12 @@ impl Device {
             allocs[..done].iter().for_each(|a| tally.add(a.granted, a.size));
         }
         if self.history.is_none() {
-            ptrs[..done].iter().for_each(|&p| self.untrack_ptr(p, true));
+            if self.untracks_nothing() {
+                // `untrack_ptr` of each block would only note it in the ring.
+                self.recently_freed.extend(&ptrs[..done]);
+            } else {
+                ptrs[..done].iter().for_each(|&p| self.untrack_ptr(p, true));
+            }
         } else {
             allocs[..done].iter().for_each(|a| self.untrack(a, true));
         }

@@ -123,8 +123,9 @@ impl Record {
             size,
             booked: size + self.booked_extra as u64,
             granted: size + self.granted_extra as u64,
-            policy: Policy::ALL[self.policy as usize],
-            page: PAGE_SIZES[self.page as usize],
+            // `pack` stores indexes below 8 and 4: the masks only spare the bounds checks.
+            policy: Policy::ALL[self.policy as usize & 7],
+            page: PAGE_SIZES[self.page as usize & 3],
             stream: self.stream as u64,
         }
     }
@@ -609,6 +610,8 @@ mod tests {
 
     #[test]
     fn records_keep_every_policy_and_page_size() {
+        // `unpack` masks the indexes with 7 and 3.
+        assert_eq!((Policy::ALL.len(), PAGE_SIZES.len()), (8, 4));
         for (i, &policy) in Policy::ALL.iter().enumerate() {
             assert_eq!(policy as usize, i);
         }

@@ -374,6 +374,17 @@ impl FreedRing {
         self.next = (self.next + 1) % FREED_MEMORY;
     }
 
+    /// `push` of each of `ptrs` in order, a slice copy per stretch of the ring.
+    #[inline]
+    fn extend(&mut self, mut ptrs: &[u64]) {
+        while !ptrs.is_empty() {
+            let take = ptrs.len().min(FREED_MEMORY - self.next);
+            self.slots[self.next..self.next + take].copy_from_slice(&ptrs[..take]);
+            self.next = (self.next + take) % FREED_MEMORY;
+            ptrs = &ptrs[take..];
+        }
+    }
+
     fn contains(&self, ptr: &u64) -> bool {
         *ptr != 0 && self.slots.contains(ptr)
     }

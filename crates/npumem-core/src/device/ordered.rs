@@ -326,6 +326,13 @@ impl Device {
         self.recently_freed.push(ptr);
     }
 
+    /// Whether `untrack_ptr` of a completed free only notes the pointer in the ring: no
+    /// recorded streams, tags, queued work or sanitizer records on any block.
+    #[inline(always)]
+    pub(super) fn untracks_nothing(&self) -> bool {
+        self.stream_uses.is_empty() && self.tags.is_empty() && self.busy.is_empty() && self.sanitizer.tracks_none()
+    }
+
     /// Drops what the device knows of the memory at `ptr` once it is back with the allocator:
     /// the streams that kept it busy and the sanitizer's access records.
     #[inline(always)]
