@@ -419,18 +419,21 @@ impl Device {
                 let mut last = None;
                 let mut tally = Tally::default();
                 let mut taken = k;
-                // One pass: each block taken out of the live table has its id cleared at once
-                // (and put back below if its free does not happen); `at` keeps its event.
+                // One pass: each id is cleared as it is read (and put back if its block stays
+                // live: here, or below if its free does not happen); `at` keeps its event.
                 while taken < ids.len() {
-                    let p = replay.ids.get(ids[taken]);
+                    let p = replay.ids.take(ids[taken]);
                     if p != 0 {
-                        let Some(a) = self.live.remove(p) else { break };
+                        let Some(a) = self.live.remove(p) else {
+                            replay.ids.set(ids[taken], p);
+                            break;
+                        };
                         let idle = self.idle_memo(&mut last, a.stream);
                         if !idle || self.sanitizer.tracks(p) {
                             self.live.insert(a);
+                            replay.ids.set(ids[taken], p);
                             break;
                         }
-                        replay.ids.set(ids[taken], 0);
                         replay.live_bytes -= a.size;
                         tally.add(a.granted, a.size);
                         ptrs.push(p);
