@@ -342,10 +342,9 @@ impl Device {
                 // seen, so that an id repeated within the run ends the prefix there).
                 let mut valid = k;
                 while valid < ids.len()
-                    && replay.ids.get(ids[valid]) == 0
                     && booked_size(sizes[valid], policy, true).is_ok()
+                    && replay.ids.claim(ids[valid], PENDING)
                 {
-                    replay.ids.set(ids[valid], PENDING);
                     valid += 1;
                 }
                 self.settle();

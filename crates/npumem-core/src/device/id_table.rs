@@ -111,6 +111,29 @@ impl IdTable {
         }
     }
 
+    /// Sets `id` to `ptr` when it holds none (0), and says whether it did: `get` and `set` in
+    /// one lookup of the window.
+    #[inline(always)]
+    pub(super) fn claim(&mut self, id: u64, ptr: u64) -> bool {
+        match self {
+            IdTable::Window(w) if id.wrapping_sub(w.base) < w.slots.len() as u64 => {
+                let slot = &mut w.slots[id.wrapping_sub(w.base) as usize];
+                let free = *slot == 0;
+                if free {
+                    *slot = ptr;
+                }
+                free
+            }
+            _ => {
+                let free = self.get(id) == 0;
+                if free {
+                    self.set_outside(id, ptr);
+                }
+                free
+            }
+        }
+    }
+
     /// The pointer of `id`, which is no longer live.
     #[inline(always)]
     pub(super) fn take(&mut self, id: u64) -> u64 {
@@ -184,7 +207,7 @@ mod tests {
     use std::collections::HashMap;
 
     proptest! {
-        /// Against a HashMap: the same pointer for every id after any mix of sets and takes,
+        /// Against a HashMap: the same pointer for every id after any mix of sets, claims and takes,
         /// with ids in a band that moves up (a trace's), far behind it (long-lived blocks) and
         /// far ahead (jumps, up to a switch to a hash map), and the same pointers drained.
         #[test]
@@ -205,6 +228,12 @@ mod tests {
                 };
                 if ptr % 3 == 0 {
                     prop_assert_eq!(table.take(id), model.remove(&id).unwrap_or(0));
+                } else if ptr % 3 == 1 {
+                    let free = model.get(&id).copied().unwrap_or(0) == 0;
+                    prop_assert_eq!(table.claim(id, ptr), free);
+                    if free {
+                        model.insert(id, ptr);
+                    }
                 } else {
                     table.set(id, ptr);
                     model.insert(id, ptr);
