@@ -78,11 +78,11 @@ impl From<&PoolStats> for CDeviceStats {
         CDeviceStats {
             allocation: array(&s.allocation),
             segment: array(&s.segment),
-            active: array(&s.active),
+            active: array(s.active()),
             inactive_split: array(&s.inactive_split),
             allocated_bytes: array(&s.allocated_bytes),
             reserved_bytes: array(&s.reserved_bytes),
-            active_bytes: array(&s.active_bytes),
+            active_bytes: array(s.active_bytes()),
             inactive_split_bytes: array(&s.inactive_split_bytes),
             requested_bytes: array(&s.requested_bytes),
             num_alloc_retries: signed(s.num_alloc_retries),

@@ -5,7 +5,11 @@
 //! arrays, and plain names for the scalars (`num_alloc_retries`, `num_ooms`, ...).
 //!
 //! Invariants: `current` = `allocated` − `freed` for every stat; `peak` ≥ `current`; the `all`
-//! entry of every array equals the sum of its two pools.
+//! entry of every array equals the sum of its two pools. `active` and `active_bytes` are
+//! `allocation` and `allocated_bytes` (a block stays allocated in its pool until the device hands
+//! it back, after its stream-ordered free has completed), so they are kept once and read through
+//! `PoolStats::active` / `PoolStats::active_bytes`: each block costs three arrays' updates, not
+//! five.
 
 /// A counter with its high-water mark and its accumulated increases and decreases.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -133,13 +137,10 @@ pub struct PoolStats {
     pub allocation: StatArray,
     /// Segments obtained from the device.
     pub segment: StatArray,
-    /// Blocks in use (allocated, or freed but still awaited by a stream).
-    pub active: StatArray,
     /// Free blocks inside segments that also hold other blocks (cannot be returned alone).
     pub inactive_split: StatArray,
     pub allocated_bytes: StatArray,
     pub reserved_bytes: StatArray,
-    pub active_bytes: StatArray,
     pub inactive_split_bytes: StatArray,
     /// Bytes the callers asked for (allocated_bytes − requested_bytes = rounding waste).
     pub requested_bytes: StatArray,
@@ -157,6 +158,19 @@ pub struct PoolStats {
 }
 
 impl PoolStats {
+    /// Blocks in use (allocated, or freed but still awaited by a stream): `allocation`, as a
+    /// block's free reaches its pool only once its streams have completed.
+    #[inline]
+    pub fn active(&self) -> &StatArray {
+        &self.allocation
+    }
+
+    /// Bytes of the blocks in use: `allocated_bytes` (see `active`).
+    #[inline]
+    pub fn active_bytes(&self) -> &StatArray {
+        &self.allocated_bytes
+    }
+
     /// Records a block of `size` bytes (`requested` asked for) becoming allocated.
     #[inline]
     pub fn on_alloc(&mut self, pool: PoolKind, size: u64, requested: u64) {
@@ -174,8 +188,6 @@ impl PoolStats {
     pub fn on_allocs(&mut self, pool: PoolKind, t: Tally) {
         self.allocation.add(pool, t.blocks);
         self.allocated_bytes.add(pool, t.bytes);
-        self.active.add(pool, t.blocks);
-        self.active_bytes.add(pool, t.bytes);
         self.requested_bytes.add(pool, t.requested);
     }
 
@@ -184,8 +196,6 @@ impl PoolStats {
     pub fn on_frees(&mut self, pool: PoolKind, t: Tally) {
         self.allocation.sub(pool, t.blocks);
         self.allocated_bytes.sub(pool, t.bytes);
-        self.active.sub(pool, t.blocks);
-        self.active_bytes.sub(pool, t.bytes);
         self.requested_bytes.sub(pool, t.requested);
     }
 
@@ -214,8 +224,6 @@ impl PoolStats {
                 let (blocks, bytes) = ([t[0].blocks, t[1].blocks], [t[0].bytes, t[1].bytes]);
                 each(&mut self.allocation, blocks);
                 each(&mut self.allocated_bytes, bytes);
-                each(&mut self.active, blocks);
-                each(&mut self.active_bytes, bytes);
                 each(&mut self.requested_bytes, [t[0].requested, t[1].requested]);
             }
         }
@@ -256,25 +264,24 @@ impl PoolStats {
         [
             ("allocation", &self.allocation),
             ("segment", &self.segment),
-            ("active", &self.active),
+            ("active", self.active()),
             ("inactive_split", &self.inactive_split),
             ("allocated_bytes", &self.allocated_bytes),
             ("reserved_bytes", &self.reserved_bytes),
-            ("active_bytes", &self.active_bytes),
+            ("active_bytes", self.active_bytes()),
             ("inactive_split_bytes", &self.inactive_split_bytes),
             ("requested_bytes", &self.requested_bytes),
         ]
     }
 
-    fn arrays_mut(&mut self) -> [&mut StatArray; 9] {
+    /// The arrays kept (`active` and `active_bytes` read two of them).
+    fn arrays_mut(&mut self) -> [&mut StatArray; 7] {
         [
             &mut self.allocation,
             &mut self.segment,
-            &mut self.active,
             &mut self.inactive_split,
             &mut self.allocated_bytes,
             &mut self.reserved_bytes,
-            &mut self.active_bytes,
             &mut self.inactive_split_bytes,
             &mut self.requested_bytes,
         ]
@@ -331,6 +338,9 @@ mod tests {
         assert_eq!(m["allocated_bytes.small_pool.freed"], 512);
         assert_eq!(m["allocated_bytes.large_pool.current"], 0);
         assert_eq!(m["requested_bytes.all.current"], 1000);
+        // Active blocks are the allocated ones, under their own keys.
+        assert_eq!((m["active_bytes.all.current"], m["active_bytes.all.peak"]), (1024, 1536));
+        assert_eq!((m["active.small_pool.allocated"], m["active.small_pool.freed"]), (2, 1));
         assert_eq!(m["reserved_bytes.all.current"], 2 << 20);
         assert_eq!(m["num_device_alloc"], 1);
         s.reset_peaks();
