@@ -625,6 +625,9 @@ impl Device {
         })
     }
 
+    /// Records a granted malloc as live (inlined into its callers: a replay's short runs go
+    /// through here one block at a time), or turns a failed one into its error.
+    #[inline(always)]
     fn finish_malloc(
         &mut self,
         granted: Result<(u64, crate::pool::Grant)>,
@@ -632,20 +635,25 @@ impl Device {
         policy: Policy,
         stream: StreamId,
     ) -> Result<u64> {
-        let (booked, grant) = match granted {
-            Ok(g) => g,
-            Err(e) => {
-                if e.code.is_out_of_memory() {
-                    self.stats.failed_mallocs += 1;
-                    let free = self.backend.mem_info(crate::acl::MemScope::All).0;
-                    self.trace(Action::Oom, free, size, stream);
-                }
-                return Err(self.malloc_error(e, size, policy));
+        match granted {
+            Ok((booked, grant)) => {
+                let allocation = self.allocation_of(grant, size, booked, policy, stream);
+                self.record_live(allocation);
+                Ok(grant.ptr)
             }
-        };
-        let allocation = self.allocation_of(grant, size, booked, policy, stream);
-        self.record_live(allocation);
-        Ok(grant.ptr)
+            Err(e) => Err(self.failed_malloc(e, size, policy, stream)),
+        }
+    }
+
+    /// The error of a failed malloc (an out-of-memory one counted and traced).
+    #[cold]
+    fn failed_malloc(&mut self, e: AclError, size: u64, policy: Policy, stream: StreamId) -> AclError {
+        if e.code.is_out_of_memory() {
+            self.stats.failed_mallocs += 1;
+            let free = self.backend.mem_info(crate::acl::MemScope::All).0;
+            self.trace(Action::Oom, free, size, stream);
+        }
+        self.malloc_error(e, size, policy)
     }
 
     /// The allocation a grant makes (counting HUGE_FIRST's fallbacks to normal pages).
@@ -671,7 +679,7 @@ impl Device {
         Allocation { ptr: grant.ptr, size, booked, granted: grant.granted, policy, page: grant.page, stream }
     }
 
-    #[inline]
+    #[inline(always)]
     fn record_live(&mut self, allocation: Allocation) {
         self.live.insert(allocation);
         self.trace(Action::Alloc, allocation.ptr, allocation.granted, allocation.stream);
