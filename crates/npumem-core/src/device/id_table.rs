@@ -1,23 +1,25 @@
 //! `IdTable`: which pointer each live id of a replay holds (0: none; no allocation starts at
 //! 0). Traces number their allocations densely, mostly in order, and free most of them soon:
 //! the ids live at one time sit in a narrow band that moves up through the id space. A dense
-//! trace's ids go in a window — a vector of up to `WINDOW` slots (512 KiB), slot `id - base`
-//! for the ids `base .. base + len` — so a lookup is an index computation, and
+//! trace's ids go in a window — a ring of up to `WINDOW` slots (512 KiB, a power of two), slot
+//! `id % len` for the ids `base .. base + len` — so a lookup is an index computation, and
 //! the same memory serves the whole trace: it stays in the cache, and no page of a table sized
 //! by the largest id is touched for the first time (a page fault) as the ids grow. An id past
-//! the window moves it up (the slots shift down); the live ids it leaves behind (long-lived blocks: weights) move to
+//! the window moves it up: the slots of the ids it leaves behind become the new ids' slots
+//! (nothing shifts), and the live ones among them (long-lived blocks: weights) move to
 //! `old`, a hash map. A sparse trace (ids far more spread than its events) keeps every id in
 //! the hash map.
 //!
-//! Invariants (window): every live id in `base .. base + slots.len()` has its pointer at
-//! `slots[id - base]`, every other slot is 0; every live id below `base` is in `old`; no id at
-//! or past `base + slots.len()` is live; `slots.len() >= 2`.
+//! Invariants (window): `slots.len()` is a power of two, at least 2, and `mask` is one less;
+//! every live id in `base .. base + slots.len()` has its pointer at `slots[id & mask]`, every
+//! other slot is 0; every live id below `base` is in `old`; no id at or past
+//! `base + slots.len()` is live.
 
 use rustc_hash::FxHashMap;
 
-/// The window's slots at most (512 KiB).
+/// The window's slots at most (512 KiB; a power of two).
 const WINDOW: usize = 1 << 16;
-/// The window's slots at least.
+/// The window's slots at least (a power of two).
 const MIN_WINDOW: usize = 1 << 10;
 /// Ids up to this bound (and up to 4x the events, plus a margin) go to a window.
 const DENSE_LIMIT: u64 = 1 << 30;
@@ -34,6 +36,8 @@ pub(super) enum IdTable {
 #[derive(Debug)]
 pub(super) struct Window {
     slots: Vec<u64>,
+    /// `slots.len() - 1`.
+    mask: usize,
     base: u64,
     old: FxHashMap<u64, u64>,
     jumps: u32,
@@ -44,8 +48,8 @@ impl IdTable {
     /// `events` events.
     pub(super) fn new(id_bound: u64, events: u64) -> Self {
         if id_bound <= DENSE_LIMIT && id_bound <= events.saturating_mul(4).saturating_add(1 << 16) {
-            let len = (id_bound as usize).clamp(MIN_WINDOW, WINDOW);
-            IdTable::Window(Window { slots: vec![0; len], base: 0, old: FxHashMap::default(), jumps: 0 })
+            let len = (id_bound as usize).clamp(MIN_WINDOW, WINDOW).next_power_of_two();
+            IdTable::Window(Window { slots: vec![0; len], mask: len - 1, base: 0, old: FxHashMap::default(), jumps: 0 })
         } else {
             IdTable::Sparse(FxHashMap::default())
         }
@@ -55,8 +59,8 @@ impl IdTable {
     pub(super) fn get(&self, id: u64) -> u64 {
         match self {
             IdTable::Window(w) => {
-                if let Some(&p) = w.slots.get(id.wrapping_sub(w.base) as usize) {
-                    p
+                if w.covers(id) {
+                    w.slots[id as usize & w.mask]
                 } else if id < w.base {
                     w.old.get(&id).copied().unwrap_or(0)
                 } else {
@@ -71,9 +75,7 @@ impl IdTable {
     #[inline(always)]
     pub(super) fn set(&mut self, id: u64, ptr: u64) {
         match self {
-            IdTable::Window(w) if id.wrapping_sub(w.base) < w.slots.len() as u64 => {
-                w.slots[id.wrapping_sub(w.base) as usize] = ptr
-            }
+            IdTable::Window(w) if w.covers(id) => w.slots[id as usize & w.mask] = ptr,
             _ => self.set_outside(id, ptr),
         }
     }
@@ -92,11 +94,10 @@ impl IdTable {
             IdTable::Window(_) if ptr == 0 => {}
             IdTable::Window(w) => {
                 if w.slide(id) {
-                    w.slots[(id - w.base) as usize] = ptr;
+                    w.slots[id as usize & w.mask] = ptr;
                 } else {
                     let mut m = std::mem::take(&mut w.old);
-                    let base = w.base;
-                    m.extend(w.slots.iter().enumerate().filter(|&(_, &p)| p != 0).map(|(i, &p)| (base + i as u64, p)));
+                    m.extend(w.slots.iter().enumerate().filter(|&(_, &p)| p != 0).map(|(i, &p)| (w.id_of(i), p)));
                     m.insert(id, ptr);
                     *self = IdTable::Sparse(m);
                 }
@@ -116,8 +117,8 @@ impl IdTable {
     #[inline(always)]
     pub(super) fn claim(&mut self, id: u64, ptr: u64) -> bool {
         match self {
-            IdTable::Window(w) if id.wrapping_sub(w.base) < w.slots.len() as u64 => {
-                let slot = &mut w.slots[id.wrapping_sub(w.base) as usize];
+            IdTable::Window(w) if w.covers(id) => {
+                let slot = &mut w.slots[id as usize & w.mask];
                 let free = *slot == 0;
                 if free {
                     *slot = ptr;
@@ -138,9 +139,7 @@ impl IdTable {
     #[inline(always)]
     pub(super) fn take(&mut self, id: u64) -> u64 {
         match self {
-            IdTable::Window(w) if id.wrapping_sub(w.base) < w.slots.len() as u64 => {
-                std::mem::take(&mut w.slots[id.wrapping_sub(w.base) as usize])
-            }
+            IdTable::Window(w) if w.covers(id) => std::mem::take(&mut w.slots[id as usize & w.mask]),
             _ => {
                 let p = self.get(id);
                 if p != 0 {
@@ -166,9 +165,21 @@ impl IdTable {
 }
 
 impl Window {
+    /// Whether `id` is in `base .. base + slots.len()`.
+    #[inline(always)]
+    fn covers(&self, id: u64) -> bool {
+        id.wrapping_sub(self.base) < self.slots.len() as u64
+    }
+
+    /// The id the window keeps in slot `i`.
+    fn id_of(&self, i: usize) -> u64 {
+        self.base + (i.wrapping_sub(self.base as usize) & self.mask) as u64
+    }
+
     /// Moves the window up so that it covers `id` (at or past its end), with half its length
-    /// free above `id`; the live ids it leaves behind go to `old`. False when the table should
-    /// become a hash map instead (the window jumped too often).
+    /// free above `id`; the live ids it leaves behind go to `old`, and their slots, cleared,
+    /// become the slots of the ids it now covers. False when the table should become a hash
+    /// map instead (the window jumped too often).
     fn slide(&mut self, id: u64) -> bool {
         let len = self.slots.len() as u64;
         // No id at or past u64::MAX - len / 2 fits a window: a hash map takes them.
@@ -184,19 +195,30 @@ impl Window {
                 return false;
             }
         }
-        // The slots of ids below the new base (at most the whole window) leave; the rest
-        // shift down.
+        // The slots of ids below the new base (at most the whole window) are emptied: the ring
+        // from the old base's slot, in at most two pieces.
         let gone = passed.min(len) as usize;
-        for (i, slot) in self.slots[..gone].iter_mut().enumerate() {
-            if *slot != 0 {
-                self.old.insert(self.base + i as u64, std::mem::take(slot));
-            }
-        }
-        self.slots.copy_within(gone.., 0);
-        let len = self.slots.len();
-        self.slots[len - gone..].fill(0);
+        let start = self.base as usize & self.mask;
+        let first = gone.min(self.slots.len() - start);
+        self.leave(start, first, self.base);
+        self.leave(0, gone - first, self.base + first as u64);
         self.base = base;
         true
+    }
+
+    /// Empties slots `start .. start + n`, those of the ids from `id`, moving the live ones to
+    /// `old` (8 slots at a time are checked at once: most are empty).
+    fn leave(&mut self, start: usize, n: usize, id: u64) {
+        for (c, chunk) in self.slots[start..start + n].chunks_mut(8).enumerate() {
+            if chunk.iter().fold(0, |any, &p| any | p) == 0 {
+                continue;
+            }
+            for (i, slot) in chunk.iter_mut().enumerate() {
+                if *slot != 0 {
+                    self.old.insert(id + (c * 8 + i) as u64, std::mem::take(slot));
+                }
+            }
+        }
     }
 }
 
