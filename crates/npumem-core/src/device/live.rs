@@ -100,6 +100,33 @@ impl Record {
 
 const PAGE_SIZES: [PageSize; 4] = [PageSize::Size4K, PageSize::Size64K, PageSize::Size2M, PageSize::Size1G];
 
+/// The policy `pack` stored as `p as u8` (a match the compiler makes an identity: the
+/// discriminants are the indexes, which `records_keep_every_policy_and_page_size` checks).
+#[inline(always)]
+fn policy_of(p: u8) -> Policy {
+    match p & 7 {
+        0 => Policy::ALL[0],
+        1 => Policy::ALL[1],
+        2 => Policy::ALL[2],
+        3 => Policy::ALL[3],
+        4 => Policy::ALL[4],
+        5 => Policy::ALL[5],
+        6 => Policy::ALL[6],
+        _ => Policy::ALL[7],
+    }
+}
+
+/// The page size `pack` stored as `p as u8`.
+#[inline(always)]
+fn page_of(p: u8) -> PageSize {
+    match p & 3 {
+        0 => PAGE_SIZES[0],
+        1 => PAGE_SIZES[1],
+        2 => PAGE_SIZES[2],
+        _ => PAGE_SIZES[3],
+    }
+}
+
 impl Record {
     /// The packed form of `a`, or None when a field does not fit.
     #[inline]
@@ -123,9 +150,8 @@ impl Record {
             size,
             booked: size + self.booked_extra as u64,
             granted: size + self.granted_extra as u64,
-            // `pack` stores indexes below 8 and 4: the masks only spare the bounds checks.
-            policy: Policy::ALL[self.policy as usize & 7],
-            page: PAGE_SIZES[self.page as usize & 3],
+            policy: policy_of(self.policy),
+            page: page_of(self.page),
             stream: self.stream as u64,
         }
     }
@@ -140,7 +166,8 @@ struct Leaf {
     listed: bool,
     /// Bit `g`: records `g * GROUP ..` may hold a live one.
     groups: u64,
-    records: Box<[Record]>,
+    /// A fixed-size array: a slot (masked to `SLOTS`) indexes it without a bounds check.
+    records: Box<[Record; SLOTS]>,
 }
 
 impl Leaf {
@@ -413,7 +440,7 @@ impl<const GRAIN_SHIFT: u32, L: Loose> Paged<GRAIN_SHIFT, L> {
                 if !self.within_budget() {
                     return None;
                 }
-                let records = vec![Record::default(); SLOTS].into_boxed_slice();
+                let records = vec![Record::default(); SLOTS].into_boxed_slice().try_into().expect("SLOTS records");
                 self.leaves.push(Leaf { page, live: 0, listed: false, groups: 0, records });
                 self.grow_at = self.grow_at();
                 (self.leaves.len() - 1) as u32
@@ -613,10 +640,10 @@ mod tests {
         // `unpack` masks the indexes with 7 and 3.
         assert_eq!((Policy::ALL.len(), PAGE_SIZES.len()), (8, 4));
         for (i, &policy) in Policy::ALL.iter().enumerate() {
-            assert_eq!(policy as usize, i);
+            assert_eq!((policy as usize, policy_of(i as u8)), (i, policy));
         }
         for (i, &page) in PAGE_SIZES.iter().enumerate() {
-            assert_eq!(page as usize, i);
+            assert_eq!((page as usize, page_of(i as u8)), (i, page));
         }
     }
 
