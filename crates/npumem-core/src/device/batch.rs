@@ -291,9 +291,21 @@ impl Device {
                 let to_sample = replay.sample_every - replay.events % replay.sample_every;
                 end = end.min(k.saturating_add(usize::try_from(to_sample).unwrap_or(usize::MAX)));
             }
+            // The run ends at the first later event of the other kind (or on another stream).
+            let kinds = &trace.is_alloc[..end];
             let mut stop = k + 1;
-            while stop < end && (trace.is_alloc[stop] != 0) == alloc && trace.streams.is_none_or(|s| s[stop] == s[k]) {
-                stop += 1;
+            match trace.streams {
+                None => {
+                    while stop < kinds.len() && (kinds[stop] != 0) == alloc {
+                        stop += 1;
+                    }
+                }
+                Some(s) => {
+                    let s = &s[..end];
+                    while stop < kinds.len() && (kinds[stop] != 0) == alloc && s[stop] == s[k] {
+                        stop += 1;
+                    }
+                }
             }
             let run = if alloc {
                 self.replay_allocs(replay, &trace.ids[k..stop], &trace.sizes[k..stop], stream, policy, stop_on_oom)
