@@ -395,10 +395,12 @@ impl VmmAllocator {
             return Ok(());
         }
         let clock = self.clock;
-        for (kind, ptr, size) in self.recent.take_all() {
-            self.pool_mut(kind).release_block(ptr, size, clock)?;
-        }
-        Ok(())
+        let VmmAllocator { recent, pools, .. } = self;
+        let released = recent.iter().try_for_each(|(kind, ptr, size)| {
+            pools[kind as usize].as_mut().expect("pool exists").release_block(ptr, size, clock)
+        });
+        recent.clear();
+        released
     }
 
     pub fn limit(&self) -> u64 {
