@@ -7,7 +7,7 @@
 //!   each step is drawn one step ahead and its slot of the benchmark's own vector of live
 //!   pointers prefetched: a service that frees a tensor holds its pointer in hand, while at
 //!   10^6 live blocks that 8 MB vector would add a cache miss per pair that is the benchmark's,
-//!   not the allocator's (about 60 ns on the 2-core VM; docs/benchmarks.md, seventh pass). The
+//!   not the allocator's (0.37 last-level misses a pair; docs/benchmarks.md, seventh pass). The
 //!   allocator's own records for the victim stay as cold as in a service.
 //!
 //! `cargo build --release -p npumem-core --example flat_latency`, then
