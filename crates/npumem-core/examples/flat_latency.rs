@@ -3,7 +3,12 @@
 //!
 //! - `batch`: `malloc_many` of N 4 KiB blocks, then `free_many` of them (2N operations);
 //! - `churn`: with N blocks of mixed sizes held live, free a random one and allocate a new one
-//!   (a long-running service whose pool has grown): ns per malloc + free pair.
+//!   (a long-running service whose pool has grown): ns per malloc + free pair. The victim of
+//!   each step is drawn one step ahead and its slot of the benchmark's own vector of live
+//!   pointers prefetched: a service that frees a tensor holds its pointer in hand, while at
+//!   10^6 live blocks that 8 MB vector would add a cache miss per pair that is the benchmark's,
+//!   not the allocator's (0.37 last-level misses a pair; docs/benchmarks.md, seventh pass). The
+//!   allocator's own records for the victim stay as cold as in a service.
 //!
 //! `cargo build --release -p npumem-core --example flat_latency`, then
 //! `target/release/examples/flat_latency [MODE] [N...] [-- FAMILIES]` (defaults: both modes,
@@ -43,6 +48,18 @@ fn cpu_ns() -> f64 {
     t.tv_sec as f64 * 1e9 + t.tv_nsec as f64
 }
 
+/// A hint to load the cache line at `p` (a no-op off x86_64).
+#[inline(always)]
+fn prefetch(p: &u64) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE is part of x86_64; a prefetch is a hint that never faults, and `p` is valid.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const u64 as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// ns (CPU time) per operation of the batch loop with `n` blocks.
 fn batch(allocator: AllocatorKind, n: usize, ops: usize) -> f64 {
     let mut dev = device(allocator);
@@ -65,18 +82,22 @@ fn churn(allocator: AllocatorKind, n: usize, ops: usize) -> f64 {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut live: Vec<u64> =
         (0..n).map(|_| dev.malloc(SIZES[(rng.next() % 16) as usize], Policy::HugeFirst).expect("fill")).collect();
+    // The victim and the new size of the next step (drawn as the steps draw them).
+    let draw = |rng: &mut Rng| ((rng.next() % n as u64) as usize, SIZES[(rng.next() % 16) as usize]);
+    let mut next = draw(&mut rng);
     // Warm-up: the same churn, untimed, so the pool reaches its steady state.
-    let step = |dev: &mut Device, live: &mut Vec<u64>, rng: &mut Rng| {
-        let at = (rng.next() % live.len() as u64) as usize;
+    let step = |dev: &mut Device, live: &mut Vec<u64>, rng: &mut Rng, next: &mut (usize, u64)| {
+        let (at, size) = std::mem::replace(next, draw(rng));
+        prefetch(&live[next.0]);
         dev.free(live[at]).expect("free");
-        live[at] = dev.malloc(SIZES[(rng.next() % 16) as usize], Policy::HugeFirst).expect("malloc");
+        live[at] = dev.malloc(size, Policy::HugeFirst).expect("malloc");
     };
     for _ in 0..ops.min(n) {
-        step(&mut dev, &mut live, &mut rng);
+        step(&mut dev, &mut live, &mut rng, &mut next);
     }
     let start = cpu_ns();
     for _ in 0..ops {
-        step(&mut dev, &mut live, &mut rng);
+        step(&mut dev, &mut live, &mut rng, &mut next);
     }
     (cpu_ns() - start) / ops as f64
 }

@@ -4,7 +4,7 @@
 //! coalescing, no page bookkeeping. A malloc that finds no block of its size and that the pool
 //! cannot place on mapped pages of its small pool (or any miss while the pool is near its
 //! limit) releases
-//! every waiting block (`take_all`) before it searches, so that page mapping, trimming and
+//! every waiting block (`iter`, then `clear`: no list of them is built) before it searches, so that page mapping, trimming and
 //! out-of-memory handling always see all free memory, exactly as without the cache.
 //!
 //! Stacks of other sizes (the large pool's, and small-pool blocks over `SMALL_LIMIT`) are found
@@ -16,7 +16,7 @@
 //! its VA reservation and counts on its pages (they stay mapped, as the pool keeps idle pages
 //! mapped anyway); `len` is the number of waiting blocks; every small stack that is non-empty or
 //! flagged `listed` has its index in `touched` exactly once, and so has every other stack in
-//! `others_touched`, so `take_all` visits only those; `by_key` maps each key of `others` to its
+//! `others_touched`, so `clear` visits only those; `by_key` maps each key of `others` to its
 //! index, and every memo entry with a non-zero key names a stack of `others` with that key.
 
 use rustc_hash::FxHashMap;
@@ -30,7 +30,7 @@ use crate::vm::PageSize;
 const SMALL_LIMIT: u64 = MIB;
 /// Entries of the memo in front of `by_key`.
 const MEMO: usize = 16;
-/// `take_all` forgets the other sizes' stacks (all empty then) once there are more than this
+/// `clear` forgets the other sizes' stacks (all empty then) once there are more than this
 /// many, so that a trace of ever new sizes keeps memory bounded.
 const OTHERS_KEPT: usize = 4096;
 
@@ -208,8 +208,17 @@ impl RecentFrees {
     }
 
     /// Removes and returns every waiting block as (pool, address, size).
+    #[cfg(test)]
     pub fn take_all(&mut self) -> Vec<(PoolKind, u64, u64)> {
         let all: Vec<_> = self.iter().collect();
+        self.clear();
+        all
+    }
+
+    /// Removes every waiting block (after `iter` has visited them: a miss near the limit
+    /// releases thousands at 10^6 live blocks, and a list of them would be a fresh, page-faulting
+    /// allocation each time).
+    pub fn clear(&mut self) {
         for &i in &self.touched {
             let (stack, listed) = &mut self.small[i as usize];
             stack.clear();
@@ -228,7 +237,6 @@ impl RecentFrees {
             self.memo = [(0, 0); MEMO];
         }
         self.len = 0;
-        all
     }
 }
 

@@ -43,7 +43,8 @@
 //! it is unmapped); `reserved_bytes` = (mapped + cached pages) × page size − the bytes tails
 //! leave unmapped + bypass segments; a tail's page is the last of its run of mapped pages, and
 //! no free VA lies over its unmapped part (the fence); every block lies on mapped memory; a
-//! pool's `BlockMap` holds exactly its live blocks (not the waiting ones);
+//! pool's `BlockMap` holds exactly its live blocks (not the waiting ones); the free space keeps
+//! no record of what it handed out (every release passes the length its caller kept);
 //! no page is mapped, no frame allocated and no out-of-memory reported by a malloc while a
 //! block waits (the miss releases them all before any of those).
 
@@ -201,6 +202,8 @@ struct VmmPool {
     page: u64,
     base: u64,
     end: u64,
+    /// The free extents of the range (`untracked`: the length of every reserved range is in
+    /// `blocks`, the waiting stacks, or the fence's tail slot, and is passed back on release).
     space: VaSpace,
     /// The live blocks, by start address.
     blocks: BlockMap,
@@ -332,7 +335,7 @@ impl VmmPool {
     /// Gives the block `[ptr, ptr + size)` back to the free space; pages it leaves without a
     /// block become idle as of `clock`.
     fn release_block(&mut self, ptr: u64, size: u64, clock: u64) -> Result<()> {
-        self.space.release(ptr)?;
+        self.space.release_range(ptr, size)?;
         for i in self.pages_of(ptr, size) {
             let slot = self.slot_mut(i);
             slot.live -= 1;
@@ -392,10 +395,12 @@ impl VmmAllocator {
             return Ok(());
         }
         let clock = self.clock;
-        for (kind, ptr, size) in self.recent.take_all() {
-            self.pool_mut(kind).release_block(ptr, size, clock)?;
-        }
-        Ok(())
+        let VmmAllocator { recent, pools, .. } = self;
+        let released = recent.iter().try_for_each(|(kind, ptr, size)| {
+            pools[kind as usize].as_mut().expect("pool exists").release_block(ptr, size, clock)
+        });
+        recent.clear();
+        released
     }
 
     pub fn limit(&self) -> u64 {
@@ -430,7 +435,7 @@ impl VmmAllocator {
             base,
             end: base + len,
             blocks: BlockMap::new(base, page, self.config.quantum),
-            space: VaSpace::with_granule(base, base + len, self.config.quantum, "pool's address range"),
+            space: VaSpace::with_granule(base, base + len, self.config.quantum, "pool's address range").untracked(),
             slots: Vec::new(),
             idle: BTreeSet::new(),
             mapped: 0,
@@ -688,7 +693,8 @@ impl VmmAllocator {
                         pool.idle.insert((clock, j as u32));
                     }
                     if let Some((t, len)) = tail.filter(|&(t, _)| !done.contains(&t)) {
-                        pool.space.release(pool.page_va(t) + len)?;
+                        let page = pool.page;
+                        pool.space.release_range(pool.page_va(t) + len, page - len)?;
                     }
                     return Err(e);
                 }
@@ -731,18 +737,18 @@ impl VmmAllocator {
                 if pinned.is_empty() {
                     return Ok(ptr);
                 }
-                pool.space.release(ptr)?;
+                pool.space.release_range(ptr, size)?;
                 for i in pinned {
                     let lo = pool.page_va(i);
                     for (start, len) in pool.space.free_extents_in(lo, lo + pool.page) {
-                        fences.push(pool.space.reserve_at(start, len, quantum)?);
+                        fences.push((pool.space.reserve_at(start, len, quantum)?, len));
                     }
                 }
             }
         };
         let placed = search();
-        for fence in fences {
-            pool.space.release(fence)?;
+        for (fence, len) in fences {
+            pool.space.release_range(fence, len)?;
         }
         placed
     }
@@ -764,7 +770,8 @@ impl VmmAllocator {
         if slot.tail != 0 {
             pool.slot_mut(i).tail = 0;
             pool.tail_gap -= pool.page - len;
-            pool.space.release(va + len)?;
+            let page = pool.page;
+            pool.space.release_range(va + len, page - len)?;
             self.count_runs(kind, neighbours, false);
             backend.free_physical(slot.handle)?;
             self.stats.on_page_free(kind, len);
@@ -1018,7 +1025,7 @@ impl VmmAllocator {
         let Some(pool) = self.pools[kind as usize].as_mut() else { return Ok(None) };
         let Ok(ptr) = pool.space.reserve(size, quantum) else { return Ok(None) };
         if pool.pages_of(ptr, size).any(|i| pool.slot(i).handle == NO_HANDLE) {
-            pool.space.release(ptr)?;
+            pool.space.release_range(ptr, size)?;
             return Ok(None);
         }
         // Every page is mapped: this only counts the block on them.
@@ -1090,7 +1097,7 @@ impl VmmAllocator {
                 Ok(page) => return Ok((ptr, page)),
                 Err(e) => e,
             };
-            self.pool_mut(kind).space.release(ptr)?;
+            self.pool_mut(kind).space.release_range(ptr, size)?;
             while self.reserved() > reserved_before && matches!(self.release_one(backend, kind), Ok(true)) {}
             if retried || !err.code.is_out_of_memory() {
                 return Err(err);

@@ -10,7 +10,12 @@
 //! O(log n). Reservations are found by start address in a hash map (O(1): a pool's
 //! sub-allocator holds one per live block, up to millions); the address-ordered index that
 //! "which reservation contains this address" needs is kept only by spaces that ask for it
-//! (`with_containment_index`), and when present holds exactly the hash map's entries.
+//! (`with_containment_index`), and when present holds exactly the hash map's entries. A space
+//! whose owner keeps every reservation's length itself (a pool: its block records and waiting
+//! stacks know each block's size) keeps no reservation map at all (`untracked`): it is released
+//! with `release_range`, which checks that the range lies wholly outside the free extents
+//! (touching them at most), and its `reserved` is empty. At 10^6 live blocks that map is 16 MB
+//! of hash table whose probes miss the cache on every reserve and release.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -35,8 +40,10 @@ pub struct VaSpace {
     free_by_addr: BTreeMap<u64, u64>,
     /// Free extents ordered by (length, start), for best fit.
     free_by_len: BTreeSet<(u64, u64)>,
-    /// Live reservations by start address → length.
+    /// Live reservations by start address → length (empty in an `untracked` space).
     reserved: FxHashMap<u64, u64>,
+    /// Whether `reserved` records the reservations (see `untracked`).
+    tracked: bool,
     /// The same, ordered by address, where `reservation_containing` is asked often.
     by_addr: Option<BTreeMap<u64, u64>>,
     reserved_bytes: u64,
@@ -66,6 +73,7 @@ impl VaSpace {
             free_by_addr: BTreeMap::new(),
             free_by_len: BTreeSet::new(),
             reserved: FxHashMap::default(),
+            tracked: true,
             by_addr: None,
             reserved_bytes: 0,
         };
@@ -77,6 +85,15 @@ impl VaSpace {
     /// `reservation_containing` takes O(log n) instead of a scan of every reservation.
     pub fn with_containment_index(mut self) -> Self {
         self.by_addr = Some(self.reserved.iter().map(|(&s, &l)| (s, l)).collect());
+        self
+    }
+
+    /// The space without a record of its reservations: its owner keeps their lengths and
+    /// releases them with `release_range` (`release`, `reservation_at` and
+    /// `reservation_containing` then know none). Call before the first reservation.
+    pub fn untracked(mut self) -> Self {
+        debug_assert!(self.reserved.is_empty() && self.by_addr.is_none());
+        self.tracked = false;
         self
     }
 
@@ -116,6 +133,7 @@ impl VaSpace {
         self.reserved_bytes
     }
 
+    /// The live reservations (none recorded in an `untracked` space).
     pub fn reservation_count(&self) -> usize {
         self.reserved.len()
     }
@@ -192,24 +210,59 @@ impl VaSpace {
         if let Some(by_addr) = &mut self.by_addr {
             by_addr.remove(&addr);
         }
+        self.free_range(addr, len)?;
+        Ok(len)
+    }
+
+    /// Releases `[addr, addr + len)`, reserved as one range or as several neighbouring ones: in
+    /// an `untracked` space, where the owner knows the lengths. In a tracked space `addr` must
+    /// start a reservation of exactly `len` bytes. Fails, changing nothing, where the range
+    /// leaves the window or overlaps free space.
+    pub fn release_range(&mut self, addr: u64, len: u64) -> Result<()> {
+        if self.tracked {
+            return match self.reservation_at(addr) {
+                Some(l) if l == len => self.release(addr).map(|_| ()),
+                _ => Err(self.not_reserved(addr, len)),
+            };
+        }
+        if len == 0 || len % self.granule != 0 || addr < self.start || addr.saturating_add(len) > self.end {
+            return Err(self.not_reserved(addr, len));
+        }
+        self.free_range(addr, len)
+    }
+
+    fn not_reserved(&self, addr: u64, len: u64) -> AclError {
+        AclError::invalid_param(format!(
+            "{addr:#x}+{} is not a reserved range of the {}; release what reserve returned",
+            format_size(len),
+            self.name
+        ))
+    }
+
+    /// Gives `[addr, addr + len)` back to the free extents, coalesced with the free extents it
+    /// touches; fails, changing nothing, where it overlaps one.
+    fn free_range(&mut self, addr: u64, len: u64) -> Result<()> {
+        let end = addr + len;
+        let left = self.free_by_addr.range(..addr).next_back().map(|(&s, &l)| (s, l));
+        let right = self.free_by_addr.range(addr..).next().map(|(&s, &l)| (s, l));
+        if left.is_some_and(|(s, l)| s + l > addr) || right.is_some_and(|(s, _)| s < end) {
+            return Err(self.not_reserved(addr, len));
+        }
         self.reserved_bytes -= len;
         let mut start = addr;
         let mut len_total = len;
         // Coalesce with the free extent on the left and on the right.
-        if let Some((&ls, &ll)) = self.free_by_addr.range(..addr).next_back() {
-            if ls + ll == addr {
-                self.remove_free(ls, ll);
-                start = ls;
-                len_total += ll;
-            }
+        if let Some((ls, ll)) = left.filter(|&(s, l)| s + l == addr) {
+            self.remove_free(ls, ll);
+            start = ls;
+            len_total += ll;
         }
-        let end = addr + len;
-        if let Some(&rl) = self.free_by_addr.get(&end) {
-            self.remove_free(end, rl);
+        if let Some((rs, rl)) = right.filter(|&(s, _)| s == end) {
+            self.remove_free(rs, rl);
             len_total += rl;
         }
         self.insert_free(start, len_total);
-        Ok(len)
+        Ok(())
     }
 
     /// The length of the reservation that starts at `addr` (an exact lookup).
@@ -256,7 +309,9 @@ impl VaSpace {
         if at + size < end {
             self.insert_free(at + size, end - (at + size));
         }
-        self.reserved.insert(at, size);
+        if self.tracked {
+            self.reserved.insert(at, size);
+        }
         if let Some(by_addr) = &mut self.by_addr {
             by_addr.insert(at, size);
         }
@@ -297,6 +352,28 @@ mod tests {
     }
 
     #[test]
+    fn untracked_spaces_release_ranges_and_refuse_free_ones() {
+        let mut va = VaSpace::new(VA_WINDOW_START, VA_WINDOW_START + GIB).untracked();
+        let a = va.reserve(8192, 4096).unwrap();
+        let b = va.reserve(4096, 4096).unwrap();
+        assert_eq!((va.reservation_count(), va.reservation_at(a), va.release(a).is_err()), (0, None, true));
+        // Two neighbouring reservations go back as one range; a free or partly free range, a
+        // range off the window or off the granule is refused.
+        va.release_range(a, 12288).unwrap();
+        assert_eq!(va.reserved_bytes(), 0);
+        assert_eq!(va.largest_free(), GIB);
+        for (at, len) in [(b, 4096), (a, 0), (a, 100), (VA_WINDOW_START + GIB, 4096), (a - 4096, 4096)] {
+            assert!(va.release_range(at, len).is_err(), "{at:#x}+{len}");
+        }
+        // A tracked space takes a range only as the exact reservation.
+        let mut tracked = VaSpace::new(VA_WINDOW_START, VA_WINDOW_START + GIB);
+        let c = tracked.reserve(8192, 4096).unwrap();
+        assert!(tracked.release_range(c, 4096).is_err());
+        tracked.release_range(c, 8192).unwrap();
+        assert_eq!(tracked.reservation_count(), 0);
+    }
+
+    #[test]
     fn reserve_at_and_errors() {
         let mut va = VaSpace::default();
         let want = VA_WINDOW_START + GIB;
@@ -313,6 +390,8 @@ mod tests {
             let mut va = VaSpace::new(VA_WINDOW_START, VA_WINDOW_START + 4 * GIB);
             // The same operations on a space with the address-ordered index: the same answers.
             let mut indexed = VaSpace::new(VA_WINDOW_START, VA_WINDOW_START + 4 * GIB).with_containment_index();
+            // And on an untracked space, released by range: the same placements and free extents.
+            let mut untracked = VaSpace::new(VA_WINDOW_START, VA_WINDOW_START + 4 * GIB).untracked();
             let mut live: Vec<(u64, u64)> = Vec::new();
             for (op, pages, align_log) in ops {
                 if op < 2 || live.is_empty() {
@@ -320,6 +399,7 @@ mod tests {
                     let align = 4096u64 << (align_log * 3);
                     let got = va.reserve(size, align);
                     prop_assert_eq!(indexed.reserve(size, align).ok(), got.as_ref().ok().copied());
+                    prop_assert_eq!(untracked.reserve(size, align).ok(), got.as_ref().ok().copied());
                     if let Ok(addr) = got {
                         prop_assert_eq!(addr % align, 0);
                         for &(s, l) in &live {
@@ -331,7 +411,14 @@ mod tests {
                     let (s, l) = live.swap_remove(pages as usize % live.len());
                     prop_assert_eq!(va.release(s).unwrap(), l);
                     prop_assert_eq!(indexed.release(s).unwrap(), l);
+                    // Overlapping free space (the range and the granule past its end, now free
+                    // or reserved by a neighbour) is refused, changing nothing.
+                    untracked.release_range(s, l).unwrap();
+                    prop_assert!(untracked.release_range(s, l).is_err());
+                    prop_assert!(untracked.release_range(s, l + 4096).is_err());
                 }
+                prop_assert!(untracked.free_extents().eq(va.free_extents()));
+                prop_assert_eq!(untracked.reserved_bytes(), va.reserved_bytes());
                 // Containment (the scan without the index, the index's range query with it) at
                 // each reservation's ends and just past them, and in a free gap.
                 for &(s, l) in &live {
