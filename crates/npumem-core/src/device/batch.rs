@@ -3,7 +3,10 @@
 //!
 //! Invariants: a batch is all or nothing — a failed `malloc_many` frees what it allocated, and
 //! `free_many` checks every pointer before freeing any; a replay returns the allocations it still
-//! holds (or frees them when it stops on an error).
+//! holds (or frees them when it stops on an error). Every block a replay holds unpublished
+//! (`Replay::held`, inside one `replay_chunk` call only) is live in its pool, counted and
+//! traced, and absent from the device's live table; `publish` moves them there before every
+//! return from `replay_chunk` and before any path but the replay's two fast ones.
 
 use super::id_table::IdTable;
 use super::*;
@@ -310,7 +313,7 @@ impl Device {
                 replay.ids.set(h.id, h.a.ptr);
             }
         }
-        replay.vacant.clear();
+        replay.vacant = usize::MAX;
     }
 
     /// The runs of `replay_chunk` (checked), until the end of the chunk, a stop or an error.
@@ -707,7 +710,7 @@ fn held_index(v: u64) -> Option<usize> {
 }
 
 /// A block a replay allocated on a fast path and holds unpublished: live in its pool, absent
-/// from the device's live table (`a.ptr` 0: freed since).
+/// from the device's live table (`a.ptr` 0: freed since, and `id` names the next vacant entry).
 #[derive(Clone, Copy, Debug)]
 struct Held {
     id: u64,
@@ -756,8 +759,9 @@ pub struct Replay {
     /// The blocks held unpublished (inside a `replay_chunk` call only: each return publishes
     /// them); the id table names each live one by its index here (`held_tag`).
     held: Vec<Held>,
-    /// The entries of `held` whose blocks were freed (`a.ptr` 0), for the next ones held.
-    vacant: Vec<usize>,
+    /// The first entry of `held` whose block was freed (`a.ptr` 0: its `id` names the next
+    /// such entry), for the next block held; `held.len()` or more: none.
+    vacant: usize,
     /// Whether the replay may hold blocks unpublished at all (off: every block goes to the
     /// live table at once, the reference the tests compare with).
     bypass: bool,
@@ -781,7 +785,7 @@ impl Replay {
             grants: Vec::new(),
             stopped: false,
             held: Vec::new(),
-            vacant: Vec::new(),
+            vacant: usize::MAX,
             bypass: true,
         }
     }
@@ -797,25 +801,27 @@ impl Replay {
     /// Holds `a`, just allocated for `id`, unpublished (in the entry of a freed one if any).
     #[inline(always)]
     fn hold(&mut self, id: u64, a: Allocation) {
-        let i = match self.vacant.pop() {
-            Some(i) => {
-                self.held[i] = Held { id, a };
-                i
-            }
-            None => {
-                self.held.push(Held { id, a });
-                self.held.len() - 1
-            }
+        let i = if self.vacant < self.held.len() {
+            let i = self.vacant;
+            self.vacant = self.held[i].id as usize;
+            self.held[i] = Held { id, a };
+            i
+        } else {
+            self.held.push(Held { id, a });
+            self.held.len() - 1
         };
         self.ids.set(id, held_tag(i));
     }
 
-    /// The held block at `i` (its id already cleared), which is being freed.
+    /// The held block at `i` (its id already cleared), which is being freed: its entry joins
+    /// the vacant ones.
     #[inline(always)]
     fn release(&mut self, i: usize) -> Allocation {
-        let a = self.held[i].a;
-        self.held[i].a.ptr = 0;
-        self.vacant.push(i);
+        let h = &mut self.held[i];
+        let a = h.a;
+        h.a.ptr = 0;
+        h.id = self.vacant as u64;
+        self.vacant = i;
         a
     }
 
