@@ -6,26 +6,18 @@
 //! replay's blocks, queued work, accesses) — the device must look exactly as with every block
 //! put in the live table at once (`Replay::publishing_at_once`, the reference).
 
-use npumem_core::backend::{FaultPlan, SimConfig};
+use npumem_core::backend::FaultPlan;
 use npumem_core::device::{Replay, ReplayEvents};
 use npumem_core::sanitizer::SanitizerMode;
 use npumem_core::units::{GIB, MIB};
-use npumem_core::vm::PageSize;
-use npumem_core::{AllocatorKind, Device, DeviceConfig, Policy};
+use npumem_core::{AllocatorKind, Device, Policy};
 use proptest::prelude::*;
 
-fn device(allocator: AllocatorKind, capacity: u64) -> Device {
-    let sim = SimConfig { capacity, normal_page: PageSize::Size4K, giant_frames: 0 };
-    Device::new(DeviceConfig { sim, allocator, faults: true, ..Default::default() }).unwrap()
-}
+mod common;
+use common::family;
 
-fn family() -> impl Strategy<Value = AllocatorKind> {
-    prop_oneof![
-        Just(AllocatorKind::Npumem),
-        Just(AllocatorKind::PyTorch),
-        Just(AllocatorKind::TorchNpu),
-        Just(AllocatorKind::Direct)
-    ]
+fn device(allocator: AllocatorKind, capacity: u64) -> Device {
+    common::device(allocator, capacity, true)
 }
 
 /// Events over 40 ids (runs of allocs and of frees, any id: double allocs and frees of ids
