@@ -11,9 +11,11 @@ use npumem_core::vm::PageSize;
 use npumem_core::{AllocatorKind, Device, DeviceConfig, Policy};
 use proptest::prelude::*;
 
+mod common;
+use common::family;
+
 fn device(allocator: AllocatorKind, capacity: u64) -> Device {
-    let sim = SimConfig { capacity, normal_page: PageSize::Size4K, giant_frames: 0 };
-    Device::new(DeviceConfig { sim, allocator, ..Default::default() }).unwrap()
+    common::device(allocator, capacity, false)
 }
 
 /// The model: each event by itself, as a program would make it.
@@ -51,15 +53,6 @@ fn one_by_one(
     let mut left: Vec<u64> = live.values().map(|&(p, _)| p).collect();
     left.sort_unstable();
     (allocs, ooms, peak, left)
-}
-
-fn family() -> impl Strategy<Value = AllocatorKind> {
-    prop_oneof![
-        Just(AllocatorKind::Npumem),
-        Just(AllocatorKind::PyTorch),
-        Just(AllocatorKind::TorchNpu),
-        Just(AllocatorKind::Direct)
-    ]
 }
 
 /// Events over 24 ids: allocs of a few repeating sizes (runs of them), frees of any id (live

@@ -3,7 +3,10 @@
 //!
 //! Invariants: a batch is all or nothing — a failed `malloc_many` frees what it allocated, and
 //! `free_many` checks every pointer before freeing any; a replay returns the allocations it still
-//! holds (or frees them when it stops on an error).
+//! holds (or frees them when it stops on an error). Every block a replay holds unpublished
+//! (`Replay::held`, inside one `replay_chunk` call only) is live in its pool, counted and
+//! traced, and absent from the device's live table; `publish` moves them there before every
+//! return from `replay_chunk` and before any path but the replay's two fast ones.
 
 use super::id_table::IdTable;
 use super::*;
@@ -42,7 +45,7 @@ impl Device {
         let mut ptrs = Vec::with_capacity(sizes.len());
         let mut grants = Vec::with_capacity(sizes.len().min(CACHED_RUN));
         let failed = self
-            .malloc_run(sizes, policy, stream, &mut grants, &mut ptrs)
+            .malloc_run(sizes, policy, stream, &mut grants, &mut ptrs, None)
             .map(|(i, e)| AclError::new(e.code, format!("malloc_many: size #{i} ({}): {}", sizes[i], e.message)));
         let undone = match failed {
             Some(mut e) => {
@@ -80,6 +83,7 @@ impl Device {
         stream: StreamId,
         grants: &mut Vec<Grant>,
         ptrs: &mut Vec<u64>,
+        mut held: Option<&mut Vec<Allocation>>,
     ) -> Option<(usize, AclError)> {
         let mut i = 0;
         while i < sizes.len() {
@@ -89,14 +93,18 @@ impl Device {
                 let served = self.allocator.malloc_cached(&sizes[i..end], policy, grants);
                 let mut tally = Tally::default();
                 for (k, (&grant, &size)) in grants.iter().zip(&sizes[i..i + served]).enumerate() {
-                    if let Some(ahead) = grants.get(k + LOOK_AHEAD) {
+                    if let (None, Some(ahead)) = (&held, grants.get(k + LOOK_AHEAD)) {
                         self.live.prefetch(ahead.ptr);
                     }
                     // Checked by the caller: the booking cannot fail here (and an error would
                     // strand the blocks already recorded).
                     let booked = booked_size(size, policy, true).unwrap_or(size);
                     let a = self.allocation_of(grant, size, booked, policy, stream);
-                    self.live.insert(a);
+                    // A replay holds its cached blocks itself (`Replay::held`) until it publishes.
+                    match held {
+                        Some(ref mut h) => h.push(a),
+                        None => self.live.insert(a),
+                    }
                     self.trace(Action::Alloc, a.ptr, a.granted, a.stream);
                     tally.add(a.granted, a.size);
                     ptrs.push(a.ptr);
@@ -280,6 +288,43 @@ impl Device {
                 }
             }
         }
+        // Nobody but the replay sees the device until it returns: its fast paths keep the
+        // blocks they make out of the live table, and every return publishes them. (Whatever
+        // the sanitizer's mode, a block made in this call has no access records: only calls
+        // from outside make them, on published blocks, and a free checks them either way.)
+        let result = self.replay_runs(replay, trace, policy, stop_on_oom);
+        self.publish(replay);
+        if let Err(e) = result {
+            replay.stopped = true;
+            for p in replay.ids.drain() {
+                self.free(p)?;
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Puts every block `replay` holds unpublished into the live table (their ids then name
+    /// their pointers): before any path but the replay's fast ones, and before it returns.
+    fn publish(&mut self, replay: &mut Replay) {
+        for h in replay.held.drain(..) {
+            if h.a.ptr != 0 {
+                self.live.insert(h.a);
+                replay.ids.set(h.id, h.a.ptr);
+            }
+        }
+        replay.vacant = usize::MAX;
+    }
+
+    /// The runs of `replay_chunk` (checked), until the end of the chunk, a stop or an error.
+    fn replay_runs(
+        &mut self,
+        replay: &mut Replay,
+        trace: ReplayEvents<'_>,
+        policy: Policy,
+        stop_on_oom: bool,
+    ) -> Result<()> {
+        let n = trace.is_alloc.len();
         let mut result = Ok(());
         let mut k = 0;
         while k < n && !replay.stopped {
@@ -321,14 +366,7 @@ impl Device {
                 self.sample(replay, replay.events - 1);
             }
         }
-        if let Err(e) = result {
-            replay.stopped = true;
-            for p in replay.ids.drain() {
-                self.free(p)?;
-            }
-            return Err(e);
-        }
-        Ok(())
+        result
     }
 
     /// A run of allocs on one stream: runs of at least `RUN` through `malloc_run` (the
@@ -359,19 +397,35 @@ impl Device {
                 {
                     valid += 1;
                 }
-                self.settle();
+                if self.sched.has_due() {
+                    // Settling reads the live table (queued work lands on the blocks it names).
+                    self.publish(replay);
+                    self.settle();
+                }
                 let mut ptrs = std::mem::take(&mut replay.ptrs);
                 ptrs.clear();
                 let mut grants = std::mem::take(&mut replay.grants);
-                failed = self.malloc_run(&sizes[k..valid], policy, stream, &mut grants, &mut ptrs).map(|(_, e)| e);
+                let mut fresh = std::mem::take(&mut replay.allocs);
+                fresh.clear();
+                let sink = replay.bypass.then_some(&mut fresh);
+                failed =
+                    self.malloc_run(&sizes[k..valid], policy, stream, &mut grants, &mut ptrs, sink).map(|(_, e)| e);
                 replay.grants = grants;
                 self.charge_driver();
                 served = ptrs.len();
+                // `fresh` holds the cached blocks, in order; the others are in the live table.
+                let mut h = 0;
                 for (j, &p) in ptrs.iter().enumerate() {
-                    replay.ids.set(ids[k + j], p);
+                    if fresh.get(h).is_some_and(|a| a.ptr == p) {
+                        replay.hold(ids[k + j], fresh[h]);
+                        h += 1;
+                    } else {
+                        replay.ids.set(ids[k + j], p);
+                    }
                     replay.live_bytes += sizes[k + j];
                     replay.outcome.peak_live = replay.outcome.peak_live.max(replay.live_bytes);
                 }
+                replay.allocs = fresh;
                 replay.ptrs = ptrs;
                 for &id in &ids[k + served..valid] {
                     replay.ids.set(id, 0);
@@ -384,9 +438,8 @@ impl Device {
                     replay.events += 1;
                     return Err(AclError::invalid_param(format!("event {index}: id {} allocated twice", ids[k])));
                 }
-                match self.replay_malloc(sizes[k], policy, stream) {
-                    Ok(p) => {
-                        replay.ids.set(ids[k], p);
+                match self.replay_malloc(replay, ids[k], sizes[k], policy, stream) {
+                    Ok(()) => {
                         replay.live_bytes += sizes[k];
                         replay.outcome.peak_live = replay.outcome.peak_live.max(replay.live_bytes);
                         served = 1;
@@ -433,17 +486,28 @@ impl Device {
                 // One pass: each id is cleared as it is read (and put back if its block stays
                 // live: here, or below if its free does not happen); `at` keeps its event.
                 while taken < ids.len() {
-                    let p = replay.ids.take(ids[taken]);
-                    if p != 0 {
-                        let Some(a) = self.live.remove(p) else {
-                            replay.ids.set(ids[taken], p);
+                    let v = replay.ids.take(ids[taken]);
+                    if v != 0 {
+                        let held = held_index(v);
+                        let taken_a = match held {
+                            Some(i) => Some(replay.held[i].a),
+                            None => self.live.remove(v),
+                        };
+                        let Some(a) = taken_a else {
+                            replay.ids.set(ids[taken], v);
                             break;
                         };
+                        let p = a.ptr;
                         let idle = self.idle_memo(&mut last, a.stream);
                         if !idle || self.sanitizer.tracks(p) {
-                            self.live.insert(a);
-                            replay.ids.set(ids[taken], p);
+                            if held.is_none() {
+                                self.live.insert(a);
+                            }
+                            replay.ids.set(ids[taken], v);
                             break;
+                        }
+                        if let Some(i) = held {
+                            replay.release(i);
                         }
                         replay.live_bytes -= a.size;
                         tally.add(a.granted, a.size);
@@ -481,17 +545,10 @@ impl Device {
             // One by one.
             let index = replay.events;
             replay.events += 1;
-            let p = replay.ids.take(ids[k]);
             k += 1;
-            if p == 0 {
-                continue;
-            }
-            match self.replay_free(p, stream) {
+            match self.replay_free(replay, ids[k - 1], stream) {
                 Ok(size) => replay.live_bytes -= size,
-                Err(e) => {
-                    replay.ids.set(ids[k - 1], p);
-                    return Err(AclError::new(e.code, format!("event {index}: {}", e.message)));
-                }
+                Err(e) => return Err(AclError::new(e.code, format!("event {index}: {}", e.message))),
             }
         }
         Ok(())
@@ -540,40 +597,91 @@ impl Device {
         });
     }
 
-    /// One alloc of a replay: when nothing is pending (no deferred free, no completed work to
-    /// settle), straight to the allocator — `malloc_on` less the checks the replay made once
-    /// (the stream exists) and the settling there is nothing for.
+    /// One alloc of a replay, of `id`: when nothing is pending (no deferred free, no completed
+    /// work to settle), straight to the allocator — `malloc_on` less the checks the replay made
+    /// once (the stream exists) and the settling there is nothing for — its block held by the
+    /// replay while it may; otherwise (published first) `malloc_on`.
     #[inline(always)]
-    fn replay_malloc(&mut self, size: u64, policy: Policy, stream: StreamId) -> Result<u64> {
+    fn replay_malloc(
+        &mut self,
+        replay: &mut Replay,
+        id: u64,
+        size: u64,
+        policy: Policy,
+        stream: StreamId,
+    ) -> Result<()> {
         if !self.pending_frees.is_empty() || self.sched.has_due() {
-            return self.malloc_on(size, policy, true, stream);
+            self.publish(replay);
+            let p = self.malloc_on(size, policy, true, stream)?;
+            replay.ids.set(id, p);
+            return Ok(());
         }
         let granted = self.allocate(size, policy, true);
-        let result = self.finish_malloc(granted, size, policy, stream);
+        let result = match granted {
+            Ok((booked, grant)) if replay.bypass => {
+                let a = self.allocation_of(grant, size, booked, policy, stream);
+                self.note_malloc(&a);
+                replay.hold(id, a);
+                Ok(())
+            }
+            granted => self.finish_malloc(granted, size, policy, stream).map(|p| replay.ids.set(id, p)),
+        };
         self.charge_driver();
         result
     }
 
-    /// One free of a replay (of a pointer the replay allocated), on `stream` when given;
-    /// returns the allocation's size. A free that completes at once (nothing pending, no views,
-    /// recorded streams, queued work or sanitizer records on the block, its streams idle) goes
-    /// straight to the allocator; any other takes the full `free_on` path.
+    /// One free of a replay (of `id`, which names a block the replay allocated or none), on
+    /// `stream` when given; returns the allocation's size (0 when `id` holds none). A free
+    /// that completes at once (nothing pending, no views, recorded streams, queued work or
+    /// sanitizer records on the block, its streams idle) goes straight to the allocator; any
+    /// other (published first) takes the full `free_on` path. On an error, `id` still names its
+    /// block, which is live.
     #[inline(always)]
-    fn replay_free(&mut self, ptr: u64, stream: Option<StreamId>) -> Result<u64> {
-        self.settle();
-        let Some(a) = self.live.remove(ptr) else {
-            // Not live (the replay only frees what it allocated): the error free_on gives.
-            return self.free_on(ptr, stream).map(|()| 0);
+    fn replay_free(&mut self, replay: &mut Replay, id: u64, stream: Option<StreamId>) -> Result<u64> {
+        if !self.pending_frees.is_empty() || self.sched.has_due() {
+            // Settling reads the live table (queued work lands on the blocks it names).
+            self.publish(replay);
+            self.settle();
+        }
+        let v = replay.ids.take(id);
+        if v == 0 {
+            return Ok(0);
+        }
+        let a = match held_index(v) {
+            Some(i) => replay.release(i),
+            // Published first: a block freed from outside between chunks has left its id with
+            // an address the replay may have been given again (the block now there is freed,
+            // as the live table names it).
+            None => match self.live.remove(v).or_else(|| {
+                self.publish(replay);
+                self.live.remove(v)
+            }) {
+                Some(a) => a,
+                None => {
+                    // Not live (the replay only frees what it allocated): the error free_on gives.
+                    let result = self.free_on(v, stream).map(|()| 0);
+                    if result.is_err() {
+                        replay.ids.set(id, v);
+                    }
+                    return result;
+                }
+            },
         };
+        let ptr = a.ptr;
         if self.quiet() && !self.sanitizer.tracks(ptr) && self.idle(a.stream) && stream.is_none_or(|s| self.idle(s)) {
             if let Err(e) = self.allocator.free(self.backend.as_mut(), ptr) {
                 self.live.insert(a);
+                replay.ids.set(id, ptr);
                 return Err(e);
             }
             self.forget_freed(&a, true);
         } else {
+            self.publish(replay);
             // free_removed puts the allocation back when it fails.
-            self.free_removed(a, stream)?;
+            if let Err(e) = self.free_removed(a, stream) {
+                replay.ids.set(id, ptr);
+                return Err(e);
+            }
         }
         self.charge_driver();
         Ok(a.size)
@@ -587,6 +695,27 @@ const RUN: usize = 4;
 /// An id's mark in the table while its alloc is part of a run being served (no allocation
 /// starts at address 1).
 const PENDING: u64 = 1;
+
+/// The id table's value for the held block at index `i` of `Replay::held`: odd, above
+/// `PENDING` (pointers are even: every allocation starts on a 512-byte grain).
+#[inline(always)]
+fn held_tag(i: usize) -> u64 {
+    ((i as u64 + 1) << 1) | 1
+}
+
+/// The index in `Replay::held` an id table value names, if it names a held block.
+#[inline(always)]
+fn held_index(v: u64) -> Option<usize> {
+    (v & 1 == 1 && v != PENDING).then(|| ((v >> 1) - 1) as usize)
+}
+
+/// A block a replay allocated on a fast path and holds unpublished: live in its pool, absent
+/// from the device's live table (`a.ptr` 0: freed since, and `id` names the next vacant entry).
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    id: u64,
+    a: Allocation,
+}
 
 /// The event arrays of (a chunk of) a trace: `is_alloc` (non-zero for an alloc), the id each
 /// event names, the size of each alloc (ignored for frees), and optionally each event's stream.
@@ -627,6 +756,15 @@ pub struct Replay {
     at: Vec<usize>,
     grants: Vec<Grant>,
     stopped: bool,
+    /// The blocks held unpublished (inside a `replay_chunk` call only: each return publishes
+    /// them); the id table names each live one by its index here (`held_tag`).
+    held: Vec<Held>,
+    /// The first entry of `held` whose block was freed (`a.ptr` 0: its `id` names the next
+    /// such entry), for the next block held; `held.len()` or more: none.
+    vacant: usize,
+    /// Whether the replay may hold blocks unpublished at all (off: every block goes to the
+    /// live table at once, the reference the tests compare with).
+    bypass: bool,
 }
 
 impl Replay {
@@ -646,7 +784,45 @@ impl Replay {
             at: Vec::new(),
             grants: Vec::new(),
             stopped: false,
+            held: Vec::new(),
+            vacant: usize::MAX,
+            bypass: true,
         }
+    }
+
+    /// This replay with every block put in the device's live table as it is made (the
+    /// reference path; the same observable results, slower).
+    #[doc(hidden)]
+    pub fn publishing_at_once(mut self) -> Self {
+        self.bypass = false;
+        self
+    }
+
+    /// Holds `a`, just allocated for `id`, unpublished (in the entry of a freed one if any).
+    #[inline(always)]
+    fn hold(&mut self, id: u64, a: Allocation) {
+        let i = if self.vacant < self.held.len() {
+            let i = self.vacant;
+            self.vacant = self.held[i].id as usize;
+            self.held[i] = Held { id, a };
+            i
+        } else {
+            self.held.push(Held { id, a });
+            self.held.len() - 1
+        };
+        self.ids.set(id, held_tag(i));
+    }
+
+    /// The held block at `i` (its id already cleared), which is being freed: its entry joins
+    /// the vacant ones.
+    #[inline(always)]
+    fn release(&mut self, i: usize) -> Allocation {
+        let h = &mut self.held[i];
+        let a = h.a;
+        h.a.ptr = 0;
+        h.id = self.vacant as u64;
+        self.vacant = i;
+        a
     }
 
     /// Events replayed so far.

@@ -682,6 +682,13 @@ impl Device {
     #[inline(always)]
     fn record_live(&mut self, allocation: Allocation) {
         self.live.insert(allocation);
+        self.note_malloc(&allocation);
+    }
+
+    /// What a malloc records beside the live table: its trace entry and the counters (a
+    /// replay's unpublished blocks get only this until they are published).
+    #[inline(always)]
+    fn note_malloc(&mut self, allocation: &Allocation) {
         self.trace(Action::Alloc, allocation.ptr, allocation.granted, allocation.stream);
         self.stats.on_mallocs(Tally { blocks: 1, bytes: allocation.granted, requested: allocation.size });
     }
