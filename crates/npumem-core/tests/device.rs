@@ -197,6 +197,37 @@ fn batches_are_all_or_nothing_and_replays_run_in_rust() {
     assert!(out.first_oom.is_some());
 }
 
+/// A refused `free_many` puts back exactly what it took, whether a block would have freed at
+/// once or in stream order (a recorded stream, its stream busy), and a batch that mixes both
+/// frees them all.
+#[test]
+fn refused_free_batches_restore_every_allocation() {
+    for allocator in [AllocatorKind::Npumem, AllocatorKind::Direct] {
+        let sim = SimConfig { capacity: GIB, normal_page: PageSize::Size4K, giant_frames: 0 };
+        let mut d = Device::new(DeviceConfig { sim, allocator, ..Default::default() }).unwrap();
+        let s = d.create_stream().unwrap();
+        let mut ptrs = d.malloc_many(&[4096, 100, 3 * MIB + 7, 512], Policy::HugeFirst, 0).unwrap();
+        ptrs.extend(d.malloc_many(&[8192, 64 * KIB], Policy::NormalOnly, s).unwrap());
+        ptrs.push(d.malloc_align32(33, Policy::HugeOnly).unwrap());
+        d.record_stream(ptrs[1], s).unwrap();
+        d.launch(s, 1_000_000, &[ptrs[4]], &[]).unwrap();
+        let mut before = d.allocations();
+        before.sort_by_key(|a| a.ptr);
+        for bad in [vec![12345], vec![ptrs[2]], vec![ptrs[5] + 1]] {
+            let mut batch = ptrs.clone();
+            batch.splice(3..3, bad);
+            assert!(d.free_many(&batch).is_err(), "{allocator:?}");
+            let mut after = d.allocations();
+            after.sort_by_key(|a| a.ptr);
+            assert_eq!(after, before, "{allocator:?}: a refused batch changes nothing");
+        }
+        d.free_many(&ptrs).unwrap();
+        d.synchronize_device().unwrap();
+        assert_eq!(d.stats().live_count, 0, "{allocator:?}");
+        assert!(d.allocations().is_empty(), "{allocator:?}");
+    }
+}
+
 /// Devices made with `va_slice` share one address space: each hands out addresses only from its
 /// own slice, and sees the others' pointers as none of its own.
 #[test]
