@@ -16,6 +16,7 @@
 //! --tool=callgrind target/release/examples/flat_latency churn 1000000 npumem`.
 
 use npumem_core::backend::SimConfig;
+use npumem_core::prefetch::prefetch;
 use npumem_core::units::GIB;
 use npumem_core::{AllocatorKind, Device, DeviceConfig, Policy};
 
@@ -46,18 +47,6 @@ fn cpu_ns() -> f64 {
     // SAFETY: clock_gettime writes one timespec through a valid pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
     t.tv_sec as f64 * 1e9 + t.tv_nsec as f64
-}
-
-/// A hint to load the cache line at `p` (a no-op off x86_64).
-#[inline(always)]
-fn prefetch(p: &u64) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: SSE is part of x86_64; a prefetch is a hint that never faults, and `p` is valid.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const u64 as *const i8)
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 /// ns (CPU time) per operation of the batch loop with `n` blocks.

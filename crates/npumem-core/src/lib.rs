@@ -4,11 +4,11 @@
 //! → [`backend`] (the driver-level VMM API: reserve, physical allocations, map, byte access) →
 //! [`pool`] (allocators that turn `malloc` into backend calls) → [`device`] (AscendCL semantics:
 //! policies, padding, bounds-checked copies, host memory). [`plan`] (static memory planning)
-//! stands alone. [`error`], [`units`] and [`acl`] (and the private `prefetch` cache hint) are
+//! stands alone. [`error`], [`units`], [`acl`] and [`prefetch`] (a cache hint) are
 //! leaves every layer may use.
 
 pub mod error;
-mod prefetch;
+pub mod prefetch;
 pub mod units;
 pub mod vm;
 

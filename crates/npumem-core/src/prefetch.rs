@@ -7,7 +7,7 @@
 
 /// A hint to load the cache line at `p` (a no-op off x86_64).
 #[inline(always)]
-pub(crate) fn prefetch<T>(p: &T) {
+pub fn prefetch<T>(p: &T) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: SSE is part of x86_64; a prefetch is a hint that never faults, and `p` is valid.
     unsafe {
