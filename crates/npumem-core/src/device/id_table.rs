@@ -1,7 +1,8 @@
 //! `IdTable`: which pointer each live id of a replay holds (0: none; no allocation starts at
 //! 0; the table stores any u64, and the replay also stores odd marks: an entry of its
-//! unpublished blocks, or an alloc being served). Traces number their allocations densely, mostly in order, and free most of them soon:
-//! the ids live at one time sit in a narrow band that moves up through the id space. A dense
+//! unpublished blocks, or an alloc being served). Traces number their allocations densely,
+//! mostly in order, and free most of them soon: the ids live at one time sit in a narrow band
+//! that moves up through the id space. A dense
 //! trace's ids go in a window — a ring of up to `WINDOW` slots (512 KiB, a power of two), slot
 //! `id % len` for the ids `base .. base + len` — so a lookup is an index computation, and
 //! the same memory serves the whole trace: it stays in the cache, and no page of a table sized

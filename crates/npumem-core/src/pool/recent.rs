@@ -3,9 +3,9 @@
 //! next malloc of that size (same pool) takes it back in O(1) — no best-fit search, no
 //! coalescing, no page bookkeeping. A malloc that finds no block of its size and that the pool
 //! cannot place on mapped pages of its small pool (or any miss while the pool is near its
-//! limit) releases
-//! every waiting block (`iter`, then `clear`: no list of them is built) before it searches, so that page mapping, trimming and
-//! out-of-memory handling always see all free memory, exactly as without the cache.
+//! limit) releases every waiting block (`iter`, then `clear`: no list of them is built) before
+//! it searches, so that page mapping, trimming and out-of-memory handling always see all free
+//! memory, exactly as without the cache.
 //!
 //! Stacks of other sizes (the large pool's, and small-pool blocks over `SMALL_LIMIT`) are found
 //! by their key, `size << 1 | pool`, in `by_key` (a hash map to their index in `others`), with a
