@@ -10,7 +10,7 @@
 
 use super::id_table::IdTable;
 use super::*;
-use crate::pool::Grant;
+use crate::pool::{Grant, Granted};
 
 /// What a replayed trace did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -27,6 +27,8 @@ pub struct ReplayOutcome {
 
 /// The most requests `malloc_many` hands the allocator's front cache at once.
 const CACHED_RUN: usize = 1024;
+/// The most blocks `free_blocks` packs for the allocator's batch path at once (8 KiB).
+const FREE_RUN: usize = 256;
 /// How many blocks ahead a batch asks for the live table's records (`LiveTable::prefetch`).
 const LOOK_AHEAD: usize = 16;
 
@@ -207,18 +209,7 @@ impl Device {
     /// caller's to put back). While no trace is recorded, only the pointers are read again
     /// (with 10^6 blocks, `allocs` is 48 MB that no longer has to come back from memory).
     fn free_now(&mut self, ptrs: &[u64], allocs: &[Allocation], mut tally: Tally) -> (usize, Result<()>) {
-        let mut done = 0;
-        let mut result = Ok(());
-        while done < ptrs.len() {
-            done += self.allocator.free_cached(&ptrs[done..]);
-            if done < ptrs.len() {
-                if let Err(e) = self.allocator.free(self.backend.as_mut(), ptrs[done]) {
-                    result = Err(e);
-                    break;
-                }
-                done += 1;
-            }
-        }
+        let (done, result) = if self.owner_tracked { self.free_blocks(allocs) } else { self.free_ptrs(ptrs) };
         if done < allocs.len() {
             tally = Tally::default();
             allocs[..done].iter().for_each(|a| tally.add(a.granted, a.size));
@@ -235,6 +226,44 @@ impl Device {
         }
         self.stats.on_frees(tally);
         (done, result)
+    }
+
+    /// `free_now`'s allocator calls for an allocator that keeps its own records: by pointer.
+    fn free_ptrs(&mut self, ptrs: &[u64]) -> (usize, Result<()>) {
+        let mut done = 0;
+        while done < ptrs.len() {
+            done += self.allocator.free_cached(&ptrs[done..]);
+            if done < ptrs.len() {
+                if let Err(e) = self.allocator.free(self.backend.as_mut(), ptrs[done]) {
+                    return (done, Err(e));
+                }
+                done += 1;
+            }
+        }
+        (done, Ok(()))
+    }
+
+    /// `free_now`'s allocator calls for an owner-tracked allocator: the blocks as granted, in
+    /// runs of `FREE_RUN` packed on the stack (sequential, in cache), each through the batch
+    /// path and, where it stops, `free_block`.
+    fn free_blocks(&mut self, allocs: &[Allocation]) -> (usize, Result<()>) {
+        let mut run = [Granted::NONE; FREE_RUN];
+        let mut done = 0;
+        while done < allocs.len() {
+            let n = (allocs.len() - done).min(FREE_RUN);
+            for (b, a) in run.iter_mut().zip(&allocs[done..done + n]) {
+                *b = self.granted_of(a);
+            }
+            let freed = self.allocator.free_cached_blocks(&run[..n]);
+            done += freed;
+            if freed < n {
+                if let Err(e) = self.allocator.free_block(self.backend.as_mut(), &run[freed]) {
+                    return (done, Err(e));
+                }
+                done += 1;
+            }
+        }
+        (done, Ok(()))
     }
 
     /// Replays a trace of `(is_alloc, id, size)` events (a free names the id of an earlier
@@ -669,7 +698,8 @@ impl Device {
         };
         let ptr = a.ptr;
         if self.quiet() && !self.sanitizer.tracks(ptr) && self.idle(a.stream) && stream.is_none_or(|s| self.idle(s)) {
-            if let Err(e) = self.allocator.free(self.backend.as_mut(), ptr) {
+            let block = self.granted_of(&a);
+            if let Err(e) = self.allocator.free_block(self.backend.as_mut(), &block) {
                 self.live.insert(a);
                 replay.ids.set(id, ptr);
                 return Err(e);

@@ -12,7 +12,13 @@
 //!
 //! Invariants: `live` holds exactly the allocations the allocator has granted and not freed; no
 //! byte outside a live allocation's requested size or a live host block is ever read or written;
-//! every failed call leaves the device as it was.
+//! every failed call leaves the device as it was. With `owner_tracked` (the allocator agreed to
+//! let the device keep its blocks' records: the npumem pool), the blocks live in the allocator
+//! are exactly `live`'s allocations, the pending frees' and (inside a replay call) the replay's
+//! held ones, and every free and snapshot hands the allocator their [`Granted`] facts:
+//! `granted` and `page` as granted, `requested` the size of the malloc that made the block —
+//! the allocation's `size`, or for a block revived at another size its entry in
+//! `pool_requested`, kept until its memory is back with the allocator.
 
 mod access;
 mod batch;
@@ -39,8 +45,8 @@ use crate::error::{AclError, ErrorCode, Result};
 use crate::host::HostHeap;
 use crate::policy::{HUGE_FIRST_NORMAL_LIMIT, START_ALIGN, booked_size};
 use crate::pool::{
-    Action, Allocator, CachingAllocator, CachingConfig, DirectAllocator, Family, Fragmentation, History, PoolStats,
-    Request, SegmentSnapshot, Tally, TraceEntry, VmmAllocator, VmmConfig,
+    Action, Allocator, CachingAllocator, CachingConfig, DirectAllocator, Family, Fragmentation, Granted, History,
+    PoolStats, Request, SegmentSnapshot, Tally, TraceEntry, VmmAllocator, VmmConfig,
 };
 use crate::sanitizer::{Finding, FindingKind, HOST, Sanitizer, SanitizerMode, Touch};
 use crate::stream::{Clock, CostModel, DEFAULT_STREAM, Effect, EventId, Scheduler, StreamId};
@@ -398,6 +404,12 @@ impl FreedRing {
 pub struct Device {
     backend: Box<dyn Backend>,
     allocator: Box<dyn Allocator>,
+    /// Whether the allocator leaves its blocks' records to the device (see the module's
+    /// invariants).
+    owner_tracked: bool,
+    /// Blocks revived (stream-ordered reuse) at a size other than their pool's request: that
+    /// request, by pointer, until the block's memory goes back to the allocator.
+    pool_requested: FxHashMap<u64, u64>,
     live: LiveTable,
     /// `free_many`'s list of the allocations it took out, kept between calls (a batch of a
     /// million blocks would otherwise fault in fresh pages for it every time); its capacity
@@ -458,11 +470,23 @@ impl Device {
         Ok(Self::with_parts(backend, allocator))
     }
 
-    /// A device over any backend and allocator.
+    /// A device over any backend and allocator (which keeps no records of its own of the blocks
+    /// the device's live table holds, where it can: see [`Allocator::track_blocks_for_owner`]).
     pub fn with_parts(backend: Box<dyn Backend>, allocator: Box<dyn Allocator>) -> Self {
+        let mut device = Self::with_pool_map(backend, allocator);
+        device.owner_tracked = device.allocator.track_blocks_for_owner();
+        device
+    }
+
+    /// `with_parts` with an allocator that keeps its own records of its blocks (as every
+    /// family but npumem's does): the reference the tests compare owner tracking with.
+    #[doc(hidden)]
+    pub fn with_pool_map(backend: Box<dyn Backend>, allocator: Box<dyn Allocator>) -> Self {
         Device {
             backend,
             allocator,
+            owner_tracked: false,
+            pool_requested: FxHashMap::default(),
             live: LiveTable::default(),
             free_scratch: Vec::new(),
             recently_freed: FreedRing::default(),
@@ -543,7 +567,34 @@ impl Device {
 
     /// The allocator's segments and blocks, for `memory_snapshot`.
     pub fn segments(&self) -> Vec<SegmentSnapshot> {
-        self.allocator.segments()
+        if !self.owner_tracked {
+            return self.allocator.segments();
+        }
+        self.allocator.segments_with(&self.pool_blocks())
+    }
+
+    /// The blocks live in the allocator, in address order, as it granted them: the live
+    /// allocations and the pending frees (a replay's held blocks are published before any
+    /// caller can ask).
+    fn pool_blocks(&self) -> Vec<Granted> {
+        let live = self.live.sorted();
+        let pending = self.pending_frees.values().map(|p| &p.allocation);
+        let mut blocks: Vec<Granted> = live.iter().chain(pending).map(|a| self.granted_of(a)).collect();
+        if !self.pending_frees.is_empty() {
+            blocks.sort_unstable_by_key(|b| b.ptr);
+        }
+        blocks
+    }
+
+    /// What the allocator granted for `a` (see the module's invariants).
+    #[inline(always)]
+    pub(super) fn granted_of(&self, a: &Allocation) -> Granted {
+        let requested = if self.pool_requested.is_empty() {
+            a.size
+        } else {
+            self.pool_requested.get(&a.ptr).copied().unwrap_or(a.size)
+        };
+        Granted { ptr: a.ptr, granted: a.granted, requested, page: a.page }
     }
 
     /// The address window this device's allocations and reservations come from, `[start, end)`.
@@ -711,8 +762,11 @@ impl Device {
             Policy::Huge1gOnly => " HUGE1G_ONLY needs giant frames set aside (giant_frames) or use HUGE_FIRST.",
             _ => " Free memory you no longer need or use a larger device.",
         };
-        // The allocator's own state explains many failures: every OOM says what it holds.
-        let pool = format!("; {} allocator: {}", self.allocator.name(), self.allocator.fragmentation().summary());
+        // The allocator's own state explains many failures: every OOM says what it holds. (The
+        // summary counts segments and free memory, which do not depend on the live blocks: an
+        // owner-tracked pool is not given them.)
+        let summary = self.allocator.fragmentation_with(&[]).summary();
+        let pool = format!("; {} allocator: {summary}", self.allocator.name());
         AclError::oom(format!(
             "malloc({}, {}) failed: {} (device: {} free of {}{pool}).{hint}",
             format_size(size),
@@ -970,7 +1024,10 @@ impl Device {
 
     /// Where the allocator's memory goes: waste, cached memory, free extents, per segment.
     pub fn fragmentation(&self) -> Fragmentation {
-        self.allocator.fragmentation()
+        if !self.owner_tracked {
+            return self.allocator.fragmentation();
+        }
+        self.allocator.fragmentation_with(&self.pool_blocks())
     }
 }
 

@@ -95,6 +95,10 @@ impl Device {
     /// Turns the pending free at `key` back into a live allocation of `size` bytes.
     pub(super) fn revive(&mut self, key: PendingKey, size: u64, booked: u64, policy: Policy, stream: StreamId) -> u64 {
         let old = self.take_pending(key);
+        // The pool still books the block at the size of the malloc that made it.
+        if size != old.size && !self.pool_requested.contains_key(&old.ptr) {
+            self.pool_requested.insert(old.ptr, old.size);
+        }
         // The block's old work may still be queued: its busy streams and sanitizer records stay
         // with the memory. The new allocation belongs to the stream that asked for it.
         self.record_live(Allocation { size, booked, policy, stream, ..old });
@@ -213,7 +217,8 @@ impl Device {
         };
         let completed = ready <= now && self.rt_done(&marks) && self.busy_done(ptr);
         if completed {
-            if let Err(e) = self.allocator.free(self.backend.as_mut(), ptr) {
+            let block = self.granted_of(&allocation);
+            if let Err(e) = self.allocator.free_block(self.backend.as_mut(), &block) {
                 self.rt_release(&marks);
                 self.live.insert(allocation);
                 return Err(e);
@@ -330,13 +335,21 @@ impl Device {
     /// recorded streams, tags, queued work or sanitizer records on any block.
     #[inline(always)]
     pub(super) fn untracks_nothing(&self) -> bool {
-        self.stream_uses.is_empty() && self.tags.is_empty() && self.busy.is_empty() && self.sanitizer.tracks_none()
+        self.stream_uses.is_empty()
+            && self.tags.is_empty()
+            && self.busy.is_empty()
+            && self.pool_requested.is_empty()
+            && self.sanitizer.tracks_none()
     }
 
     /// Drops what the device knows of the memory at `ptr` once it is back with the allocator:
-    /// the streams that kept it busy and the sanitizer's access records.
+    /// the streams that kept it busy, the sanitizer's access records and the pool's request of
+    /// a revived block.
     #[inline(always)]
     fn forget_memory(&mut self, ptr: u64) {
+        if !self.pool_requested.is_empty() {
+            self.pool_requested.remove(&ptr);
+        }
         if !self.busy.is_empty() {
             if let Some(entries) = self.busy.remove(&ptr) {
                 let marks: Vec<_> = entries.iter().map(|b| b.mark).collect();
@@ -428,8 +441,8 @@ impl Device {
             });
         }
         for key in due {
-            let pending = self.pending_frees[&key].clone();
-            if self.allocator.free(self.backend.as_mut(), pending.allocation.ptr).is_err() {
+            let block = self.granted_of(&self.pending_frees[&key].allocation);
+            if self.allocator.free_block(self.backend.as_mut(), &block).is_err() {
                 // The driver failed: the block stays pending (the next settle tries again).
                 continue;
             }

@@ -9,6 +9,13 @@
 //! Invariant for every allocator: granted ranges `[ptr, ptr + granted)` of live allocations never
 //! overlap, `ptr` is 64-byte aligned, `granted >= requested`, the whole granted range is mapped,
 //! and `stats()` equals a recount of the blocks.
+//!
+//! Owner tracking: an allocator may let its owner keep the one record of each live block
+//! ([`Allocator::track_blocks_for_owner`]; the `Device`'s live table does). It then keeps no
+//! per-block record of its own for the blocks it can find by address (the npumem pool's pooled
+//! blocks), and the owner hands back, on every free and snapshot, the [`Granted`] facts the
+//! malloc returned (`granted` and `page` from the [`Grant`], `requested` the [`Request`]'s
+//! size), exactly and for every block the allocator still holds live.
 
 pub mod block_map;
 pub mod caching;
@@ -53,6 +60,24 @@ pub struct Grant {
     pub granted: u64,
     /// The page size backing it.
     pub page: PageSize,
+}
+
+/// A live block as its owner records it (owner tracking): the grant, and the size the request
+/// asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Granted {
+    pub ptr: u64,
+    /// [`Grant::granted`].
+    pub granted: u64,
+    /// [`Request::size`] of the malloc that made the block.
+    pub requested: u64,
+    /// [`Grant::page`].
+    pub page: PageSize,
+}
+
+impl Granted {
+    /// An empty entry (for fixed-size buffers of them).
+    pub const NONE: Granted = Granted { ptr: 0, granted: 0, requested: 0, page: PageSize::Size4K };
 }
 
 pub trait Allocator: Send {
@@ -100,6 +125,36 @@ pub trait Allocator: Send {
     /// how many it freed. The caller frees the next one with `free`.
     fn free_cached(&mut self, _ptrs: &[u64]) -> usize {
         0
+    }
+
+    /// The owner asks to keep the one record of each live block (before any malloc): from then
+    /// on it frees blocks with `free_block` / `free_cached_blocks` (never `free` /
+    /// `free_cached`) and reads snapshots with `segments_with` / `fragmentation_with`, passing
+    /// the [`Granted`] of every block live in the allocator. Returns whether the allocator
+    /// agreed; the default (and any allocator holding blocks already) keeps its own records.
+    fn track_blocks_for_owner(&mut self) -> bool {
+        false
+    }
+
+    /// Frees the live `block` (`free` for an allocator that keeps its own records).
+    fn free_block(&mut self, backend: &mut dyn Backend, block: &Granted) -> Result<()> {
+        self.free(backend, block.ptr)
+    }
+
+    /// `free_cached` of `blocks` (live, in order): frees them as long as each needs no driver
+    /// call; returns how many it freed.
+    fn free_cached_blocks(&mut self, blocks: &[Granted]) -> usize {
+        blocks.iter().take_while(|b| self.free_cached(&[b.ptr]) == 1).count()
+    }
+
+    /// `segments`, given every block live in the allocator (`live`, in address order).
+    fn segments_with(&self, _live: &[Granted]) -> Vec<SegmentSnapshot> {
+        self.segments()
+    }
+
+    /// `fragmentation`, given every block live in the allocator (`live`, in address order).
+    fn fragmentation_with(&self, _live: &[Granted]) -> Fragmentation {
+        self.fragmentation()
     }
 
     fn reset_peak_stats(&mut self) {

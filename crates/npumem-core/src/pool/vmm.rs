@@ -55,7 +55,7 @@ use super::block_map::{Block, BlockMap};
 use super::config::{bad, boolean, number, tokenize};
 use super::recent::{RecentFrees, Waiting};
 use super::{
-    Action, Allocator, BlockSnapshot, EventLog, Fragmentation, Grant, PoolKind, PoolStats, Request, Segment,
+    Action, Allocator, BlockSnapshot, EventLog, Fragmentation, Grant, Granted, PoolKind, PoolStats, Request, Segment,
     SegmentSnapshot, SegmentUse, Tally,
 };
 use crate::acl::Policy;
@@ -368,6 +368,9 @@ pub struct VmmAllocator {
     stats: PoolStats,
     clock: u64,
     events: EventLog,
+    /// The owner keeps the records of the pooled blocks (see `track_blocks_for_owner`): the
+    /// pools' `BlockMap`s stay empty, and frees and snapshots take the blocks from the owner.
+    owner_tracked: bool,
 }
 
 fn pool_kind(size: u64) -> PoolKind {
@@ -385,6 +388,7 @@ impl VmmAllocator {
             stats: PoolStats { max_split_size: u64::MAX, ..Default::default() },
             clock: 0,
             events: EventLog::default(),
+            owner_tracked: false,
             config,
         }
     }
@@ -901,7 +905,7 @@ impl VmmAllocator {
         // free memory (the tightest packing, for a device near full).
         if !huge_only && !self.recent.is_empty() && !self.tight() {
             if let Some((ptr, page)) = self.place_on_mapped(backend, kind, size)? {
-                self.pool_mut(kind).blocks.insert(ptr, Block { size, requested: request.size, page });
+                self.note_live(kind, ptr, Block { size, requested: request.size, page });
                 self.stats.on_alloc(kind, size, request.size);
                 return Ok(Grant { ptr, granted: size, page });
             }
@@ -936,7 +940,7 @@ impl VmmAllocator {
         if self.stats.num_device_alloc > device_allocs {
             self.stats.num_cache_misses += 1;
         }
-        self.pool_mut(kind).blocks.insert(ptr, Block { size, requested: request.size, page });
+        self.note_live(kind, ptr, Block { size, requested: request.size, page });
         self.stats.on_alloc(kind, size, request.size);
         Ok(Grant { ptr, granted: size, page })
     }
@@ -1121,8 +1125,17 @@ impl VmmAllocator {
     fn take_recent(&mut self, requested: u64, policy: Policy) -> Option<(PoolKind, Grant)> {
         let (kind, size) = self.route_cached(requested, policy)?;
         let w = self.recent.pop(kind, size)?;
-        self.pool_mut(kind).blocks.insert(w.ptr, Block { size, requested, page: w.page });
+        self.note_live(kind, w.ptr, Block { size, requested, page: w.page });
         Some((kind, Grant { ptr: w.ptr, granted: size, page: w.page }))
+    }
+
+    /// Records the block just handed out at `ptr` in `kind`'s pool as live (nothing to do when
+    /// the owner keeps the records).
+    #[inline(always)]
+    fn note_live(&mut self, kind: PoolKind, ptr: u64, block: Block) {
+        if !self.owner_tracked {
+            self.pool_mut(kind).blocks.insert(ptr, block);
+        }
     }
 
     /// The pool and rounded size under which a request may find a waiting block: not for
@@ -1139,6 +1152,26 @@ impl VmmAllocator {
         (size < self.config.bypass_threshold).then_some((kind, size))
     }
 
+    /// The pool `ptr` lies in, if any.
+    #[inline(always)]
+    fn pool_holding(&mut self, ptr: u64) -> Option<(PoolKind, &mut VmmPool)> {
+        let [small, large] = &mut self.pools;
+        match (small, large) {
+            (Some(p), _) if (p.base..p.end).contains(&ptr) => Some((PoolKind::Small, p)),
+            (_, Some(p)) if (p.base..p.end).contains(&ptr) => Some((PoolKind::Large, p)),
+            _ => None,
+        }
+    }
+
+    /// `take_pooled` of a block whose record the owner keeps (`block`, live): it goes to the
+    /// waiting stacks. None for a block outside the pools (a bypass block).
+    #[inline(always)]
+    fn take_owned(&mut self, block: &Granted) -> Option<PoolKind> {
+        let (kind, _) = self.pool_holding(block.ptr)?;
+        self.recent.push(kind, block.granted, Waiting { ptr: block.ptr, page: block.page });
+        Some(kind)
+    }
+
     /// Starts loading the record of the pooled block at `ptr` (a hint for a batch's look-ahead).
     #[inline(always)]
     fn prefetch_block(&self, ptr: u64) {
@@ -1151,12 +1184,7 @@ impl VmmAllocator {
     /// the caller's. None for a pointer outside the pools (or not live).
     #[inline(always)]
     fn take_pooled(&mut self, ptr: u64) -> Option<(PoolKind, Block)> {
-        let [small, large] = &mut self.pools;
-        let (kind, pool) = match (small, large) {
-            (Some(p), _) if (p.base..p.end).contains(&ptr) => (PoolKind::Small, p),
-            (_, Some(p)) if (p.base..p.end).contains(&ptr) => (PoolKind::Large, p),
-            _ => return None,
-        };
+        let (kind, pool) = self.pool_holding(ptr)?;
         let block = pool.blocks.remove(ptr)?;
         self.recent.push(kind, block.size, Waiting { ptr, page: block.page });
         Some((kind, block))
@@ -1202,6 +1230,7 @@ impl Allocator for VmmAllocator {
     fn malloc_cached(&mut self, sizes: &[u64], policy: Policy, out: &mut Vec<Grant>) -> usize {
         let mut tally = [Tally::default(); 2];
         let mut served = 0;
+        let owner = self.owner_tracked;
         // By runs of equal sizes: the route and the stack are found once per run (a run is
         // measured only as far as blocks wait for it, so a miss costs O(1), not a scan).
         while served < sizes.len() {
@@ -1212,7 +1241,9 @@ impl Allocator for VmmAllocator {
             if rest.get(1) != Some(&requested) {
                 // A run of one (sizes that vary): the stack's top, without measuring a run.
                 let Some(w) = self.recent.pop(kind, size) else { break };
-                pool.blocks.insert(w.ptr, Block { size, requested, page: w.page });
+                if !owner {
+                    pool.blocks.insert(w.ptr, Block { size, requested, page: w.page });
+                }
                 out.push(Grant { ptr: w.ptr, granted: size, page: w.page });
                 tally[kind as usize].add(size, requested);
                 served += 1;
@@ -1221,6 +1252,9 @@ impl Allocator for VmmAllocator {
             let count = |waiting: usize| rest.iter().take(waiting).take_while(|&&s| s == requested).count();
             let Some(mut taken) = self.recent.take(kind, size, count) else { break };
             let got = taken.len();
+            if owner {
+                out.extend(taken.by_ref().rev().map(|w| Grant { ptr: w.ptr, granted: size, page: w.page }));
+            }
             while let Some(w) = taken.next_back() {
                 // The record of the block `LOOK_AHEAD` places on is loaded while this one is
                 // written (a large live set's records miss the cache).
@@ -1252,9 +1286,55 @@ impl Allocator for VmmAllocator {
             return Ok(());
         }
         if self.pools.iter().flatten().any(|p| (p.base..p.end).contains(&ptr)) {
-            return Err(AclError::internal(format!("npumem pool has no live block at {ptr:#x}")));
+            let owner = if self.owner_tracked { " (its owner keeps the blocks' records: free_block)" } else { "" };
+            return Err(AclError::internal(format!("npumem pool has no live block at {ptr:#x}{owner}")));
         }
         self.free_bypass(backend, ptr)
+    }
+
+    /// The owner keeps the pooled blocks' records (bypass blocks keep their own map: they are
+    /// found by pointer, and a pointer inside the pools is pooled).
+    fn track_blocks_for_owner(&mut self) -> bool {
+        if self.pools.iter().flatten().all(|p| p.blocks.is_empty()) {
+            self.owner_tracked = true;
+        }
+        self.owner_tracked
+    }
+
+    fn free_block(&mut self, backend: &mut dyn Backend, block: &Granted) -> Result<()> {
+        if !self.owner_tracked {
+            return self.free(backend, block.ptr);
+        }
+        match self.take_owned(block) {
+            Some(kind) => {
+                self.stats.on_free(kind, block.granted, block.requested);
+                Ok(())
+            }
+            None => self.free_bypass(backend, block.ptr),
+        }
+    }
+
+    fn free_cached_blocks(&mut self, blocks: &[Granted]) -> usize {
+        if !self.owner_tracked {
+            return blocks.iter().take_while(|b| Allocator::free_cached(self, &[b.ptr]) == 1).count();
+        }
+        let mut tally = [Tally::default(); 2];
+        let mut freed = 0;
+        for block in blocks {
+            let Some(kind) = self.take_owned(block) else { break };
+            tally[kind as usize].add(block.granted, block.requested);
+            freed += 1;
+        }
+        self.stats.on_frees_each(tally);
+        freed
+    }
+
+    fn segments_with(&self, live: &[Granted]) -> Vec<SegmentSnapshot> {
+        self.segments_of(self.owner_tracked.then_some(live))
+    }
+
+    fn fragmentation_with(&self, live: &[Granted]) -> Fragmentation {
+        self.fragmentation_of(self.owner_tracked.then_some(live))
     }
 
     fn free_cached(&mut self, ptrs: &[u64]) -> usize {
@@ -1303,6 +1383,19 @@ impl Allocator for VmmAllocator {
     }
 
     fn fragmentation(&self) -> Fragmentation {
+        self.fragmentation_of(None)
+    }
+
+    /// One segment per run of mapped pages (as PyTorch reports expandable segments), plus one
+    /// per bypass allocation; free space inside a run shows as inactive blocks.
+    fn segments(&self) -> Vec<SegmentSnapshot> {
+        self.segments_of(None)
+    }
+}
+
+impl VmmAllocator {
+    /// `fragmentation` with the live blocks of `segments_of(owner)`.
+    fn fragmentation_of(&self, owner: Option<&[Granted]>) -> Fragmentation {
         let mut f = Fragmentation::of(&self.stats);
         let mut large_idle = 0;
         for kind in [PoolKind::Small, PoolKind::Large] {
@@ -1331,7 +1424,7 @@ impl Allocator for VmmAllocator {
             }
         }
         // The segments are the snapshot's: one per run of mapped pages, one per bypass mapping.
-        f.segments = self.segments().iter().map(SegmentUse::of).collect();
+        f.segments = self.segments_of(owner).iter().map(SegmentUse::of).collect();
         for kind in [PoolKind::Small, PoolKind::Large] {
             for _ in &self.cache[kind as usize] {
                 f.add_free(self.page_of(kind));
@@ -1344,16 +1437,24 @@ impl Allocator for VmmAllocator {
         f
     }
 
-    /// One segment per run of mapped pages (as PyTorch reports expandable segments), plus one
-    /// per bypass allocation; free space inside a run shows as inactive blocks.
-    fn segments(&self) -> Vec<SegmentSnapshot> {
+    /// The segments, with the pooled live blocks from the pools' maps, or (owner tracking) from
+    /// `owner`, the owner's live blocks in address order.
+    fn segments_of(&self, owner: Option<&[Granted]>) -> Vec<SegmentSnapshot> {
         let mut out = Vec::new();
         for (k, pool) in self.pools.iter().enumerate() {
             let Some(pool) = pool else { continue };
             let kind = if k == 0 { PoolKind::Small } else { PoolKind::Large };
             // Live blocks in address order, walked along with the runs of mapped pages (every
             // live block lies on mapped pages).
-            let mut lives = pool.blocks.iter().peekable();
+            let lives: Box<dyn Iterator<Item = (u64, u64, u64)>> = match owner {
+                None => Box::new(pool.blocks.iter().map(|(p, b)| (p, b.size, b.requested))),
+                Some(live) => Box::new(
+                    live.iter()
+                        .filter(|g| (pool.base..pool.end).contains(&g.ptr))
+                        .map(|g| (g.ptr, g.granted, g.requested)),
+                ),
+            };
+            let mut lives = lives.peekable();
             let mut i = 0;
             while i < pool.slots.len() {
                 if pool.slots[i].handle == NO_HANDLE {
@@ -1370,17 +1471,12 @@ impl Allocator for VmmAllocator {
                 let (lo, hi) = (pool.page_va(start), pool.page_va(i - 1) + pool.mapped_len(i - 1));
                 let mut blocks = Vec::new();
                 let mut at = lo;
-                while let Some((p, l)) = lives.next_if(|&(p, _)| p < hi) {
+                while let Some((p, size, requested)) = lives.next_if(|&(p, _, _)| p < hi) {
                     if p > at {
                         blocks.push(BlockSnapshot { address: at, size: p - at, requested_size: 0, allocated: false });
                     }
-                    blocks.push(BlockSnapshot {
-                        address: p,
-                        size: l.size,
-                        requested_size: l.requested,
-                        allocated: true,
-                    });
-                    at = p + l.size;
+                    blocks.push(BlockSnapshot { address: p, size, requested_size: requested, allocated: true });
+                    at = p + size;
                 }
                 if at < hi {
                     blocks.push(BlockSnapshot { address: at, size: hi - at, requested_size: 0, allocated: false });
