@@ -1,5 +1,7 @@
 //! `LiveTable`: the device's live allocations, kept by address beside the pages that hold
-//! them (as the pool's `BlockMap` keeps its blocks). The address space is cut into 2 MiB
+//! them; for an owner-tracked pool (npumem's) the one record of each live block, as the pool
+//! keeps none (used alone, it keeps a `BlockMap` built the same way). The address space is cut
+//! into 2 MiB
 //! pages; a page that holds live allocations has a leaf: one 16-byte record per 512-byte grain
 //! of the page (the grain every allocator family places blocks on). The allocation at `ptr` is
 //! found by index arithmetic: a lookup of the page (the last page used is remembered, so a run

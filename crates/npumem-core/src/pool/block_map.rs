@@ -1,7 +1,9 @@
-//! `BlockMap`: the live blocks of one npumem pool, by start address. Small blocks are kept
-//! beside the pages that hold them: a block starts on a quantum boundary, so a page where a
-//! small block ever started has one record per quantum, and insert, remove and lookup are an
-//! index computation and one record access — no hashing, and blocks that are neighbours in
+//! `BlockMap`: the live blocks of one npumem pool, by start address, for a pool that keeps its own
+//! records (one used alone: tests, benchmarks). Under a `Device` the pool leaves them to the
+//! device's live table (owner tracking: one record per live block) and its maps stay empty. Small
+//! blocks are kept beside the pages that hold them: a block starts on a quantum boundary, so a page
+//! where a small block ever started has one record per quantum, and insert, remove and lookup are
+//! an index computation and one record access — no hashing, and blocks that are neighbours in
 //! memory are neighbours in the map (a batch of thousands of 4 KiB blocks touches a few lines).
 //! On pages of more than `DENSE_QUANTA` quanta (2 MiB pages), a large block (at least
 //! 1/`DENSE_SHARE` of a page, `large_from` bytes, a power of two) is kept in a coarser array

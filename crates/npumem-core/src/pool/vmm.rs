@@ -43,10 +43,13 @@
 //! it is unmapped); `reserved_bytes` = (mapped + cached pages) × page size − the bytes tails
 //! leave unmapped + bypass segments; a tail's page is the last of its run of mapped pages, and
 //! no free VA lies over its unmapped part (the fence); every block lies on mapped memory; a
-//! pool's `BlockMap` holds exactly its live blocks (not the waiting ones); the free space keeps
-//! no record of what it handed out (every release passes the length its caller kept);
-//! no page is mapped, no frame allocated and no out-of-memory reported by a malloc while a
-//! block waits (the miss releases them all before any of those).
+//! pool's `BlockMap` holds exactly its live blocks (not the waiting ones) — unless the owner
+//! keeps their records (`owner_tracked`: a `Device`'s live table, see
+//! `Allocator::track_blocks_for_owner`), when the maps stay empty and every free and snapshot
+//! takes the blocks, as granted, from the owner; bypass blocks are in `bypass` either way; the
+//! free space keeps no record of what it handed out (every release passes the length its caller
+//! kept); no page is mapped, no frame allocated and no out-of-memory reported by a malloc while
+//! a block waits (the miss releases them all before any of those).
 
 use rustc_hash::FxHashMap;
 use std::collections::BTreeSet;
@@ -160,7 +163,8 @@ const CALM_DIVISOR: u64 = 2;
 /// memory, large enough to keep map calls few.
 const SMALL_PAGE: u64 = 64 * 1024;
 /// How many blocks ahead the batch paths (`malloc_cached`, `free_cached`) ask for a block's
-/// record (`BlockMap::prefetch`): with 10^6 live blocks the records miss the cache.
+/// record (`BlockMap::prefetch`, for a pool that keeps its own map): with 10^6 live blocks the
+/// records miss the cache.
 const LOOK_AHEAD: usize = 16;
 
 /// The page size of `kind`'s pool on a backend whose smallest physical allocation is at most
