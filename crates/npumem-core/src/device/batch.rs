@@ -10,7 +10,7 @@
 
 use super::id_table::IdTable;
 use super::*;
-use crate::pool::{Grant, Granted};
+use crate::pool::Grant;
 
 /// What a replayed trace did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -244,26 +244,28 @@ impl Device {
     }
 
     /// `free_now`'s allocator calls for an owner-tracked allocator: the blocks as granted, in
-    /// runs of `FREE_RUN` packed on the stack (sequential, in cache), each through the batch
-    /// path and, where it stops, `free_block`.
+    /// runs of at most `FREE_RUN` packed in `free_run` (kept between calls: small, sequential,
+    /// in cache), each through the batch path and, where it stops, `free_block`.
     fn free_blocks(&mut self, allocs: &[Allocation]) -> (usize, Result<()>) {
-        let mut run = [Granted::NONE; FREE_RUN];
+        let mut run = std::mem::take(&mut self.free_run);
         let mut done = 0;
+        let mut result = Ok(());
         while done < allocs.len() {
             let n = (allocs.len() - done).min(FREE_RUN);
-            for (b, a) in run.iter_mut().zip(&allocs[done..done + n]) {
-                *b = self.granted_of(a);
-            }
-            let freed = self.allocator.free_cached_blocks(&run[..n]);
+            run.clear();
+            run.extend(allocs[done..done + n].iter().map(|a| self.granted_of(a)));
+            let freed = self.allocator.free_cached_blocks(&run);
             done += freed;
             if freed < n {
                 if let Err(e) = self.allocator.free_block(self.backend.as_mut(), &run[freed]) {
-                    return (done, Err(e));
+                    result = Err(e);
+                    break;
                 }
                 done += 1;
             }
         }
-        (done, Ok(()))
+        self.free_run = run;
+        (done, result)
     }
 
     /// Replays a trace of `(is_alloc, id, size)` events (a free names the id of an earlier

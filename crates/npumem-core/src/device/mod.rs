@@ -415,6 +415,8 @@ pub struct Device {
     /// million blocks would otherwise fault in fresh pages for it every time); its capacity
     /// stays at the largest batch's, 56 bytes a block.
     free_scratch: Vec<Allocation>,
+    /// `free_blocks`' run of blocks for an owner-tracked allocator (at most `FREE_RUN`).
+    free_run: Vec<Granted>,
     recently_freed: FreedRing,
     host: HostHeap,
     stats: DeviceStats,
@@ -489,6 +491,7 @@ impl Device {
             pool_requested: FxHashMap::default(),
             live: LiveTable::default(),
             free_scratch: Vec::new(),
+            free_run: Vec::new(),
             recently_freed: FreedRing::default(),
             host: HostHeap::default(),
             stats: DeviceStats::default(),

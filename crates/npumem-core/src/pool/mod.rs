@@ -75,11 +75,6 @@ pub struct Granted {
     pub page: PageSize,
 }
 
-impl Granted {
-    /// An empty entry (for fixed-size buffers of them).
-    pub const NONE: Granted = Granted { ptr: 0, granted: 0, requested: 0, page: PageSize::Size4K };
-}
-
 pub trait Allocator: Send {
     /// The family name ("direct", "pytorch", "torch_npu", ...).
     fn name(&self) -> &'static str;
