@@ -2,13 +2,14 @@
 //! device's live table (owner tracking, what `Device::new` builds) must behave exactly as the
 //! same device over a pool that keeps its own map (`Device::with_pool_map`, the reference).
 //! Random programs of mallocs and frees, batches, stream-ordered frees (some revived by a malloc
-//! of another size), queued work, recorded streams, synchronisation, `empty_cache`, replays and
-//! driver failures run on both; after every step the results, the pool's and the device's
+//! of another size), queued work, recorded streams, synchronisation, `empty_cache`, replays (in
+//! chunks, on streams) and driver failures run on both; after every step the results, the pool's and the device's
 //! statistics, the segments and the fragmentation report must be identical. A free path that
 //! handed the pool a wrong `granted` (or `requested`), or a snapshot that left the pending
 //! frees out, shows up as a difference.
 
 use npumem_core::backend::{FaultPlan, FaultyBackend, SimBackend, SimConfig};
+use npumem_core::device::{Replay, ReplayEvents};
 use npumem_core::pool::{VmmAllocator, VmmConfig};
 use npumem_core::stream::StreamId;
 use npumem_core::units::MIB;
@@ -28,7 +29,12 @@ fn device(owner_tracked: bool) -> Device {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Malloc { size: u64, policy: usize, padded: bool, stream: usize },
+    Malloc {
+        size: u64,
+        policy: usize,
+        padded: bool,
+        stream: usize,
+    },
     Free(usize),
     FreeOn(usize, usize),
     MallocMany(Vec<u64>),
@@ -39,6 +45,8 @@ enum Op {
     Sync,
     EmptyCache,
     Replay(Vec<(bool, u64, u64)>),
+    /// A replay in two chunks, each event on one of the streams (its frees stream-ordered).
+    ReplayOnStreams(Vec<(bool, u64, u64, usize)>, usize),
     FailNextUnmap,
 }
 
@@ -70,6 +78,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Sync),
         1 => Just(Op::EmptyCache),
         1 => proptest::collection::vec((any::<bool>(), 0u64..12, size()), 1..40).prop_map(Op::Replay),
+        1 => (proptest::collection::vec((any::<bool>(), 0u64..12, size(), 0usize..3), 1..40), any::<usize>())
+            .prop_map(|(events, cut)| Op::ReplayOnStreams(events, cut)),
         1 => Just(Op::FailNextUnmap),
     ]
 }
@@ -175,6 +185,31 @@ proptest! {
                     if let Ok(outcome) = ra {
                         live.extend(outcome.leftover);
                     }
+                }
+                Op::ReplayOnStreams(events, cut) => {
+                    let is_alloc: Vec<u8> = events.iter().map(|e| e.0 as u8).collect();
+                    let ids: Vec<u64> = events.iter().map(|e| e.1).collect();
+                    let sizes: Vec<u64> = events.iter().map(|e| e.2).collect();
+                    let on: Vec<StreamId> = events.iter().map(|e| streams[e.3]).collect();
+                    let cut = cut % (events.len() + 1);
+                    let mut outcomes = Vec::new();
+                    for d in [&mut a, &mut b] {
+                        let mut replay = Replay::new(12, events.len() as u64, 3);
+                        let mut results = Vec::new();
+                        for range in [0..cut, cut..events.len()] {
+                            let chunk = ReplayEvents {
+                                is_alloc: &is_alloc[range.clone()],
+                                ids: &ids[range.clone()],
+                                sizes: &sizes[range.clone()],
+                                streams: Some(&on[range]),
+                            };
+                            results.push(format!("{:?}", d.replay_chunk(&mut replay, chunk, Policy::HugeFirst, false)));
+                        }
+                        let samples = replay.samples().to_vec();
+                        outcomes.push((results, samples, replay.finish()));
+                    }
+                    prop_assert_eq!(&outcomes[0], &outcomes[1]);
+                    live.extend(outcomes.pop().unwrap().2.leftover);
                 }
                 Op::FailNextUnmap => {
                     let plan = FaultPlan { unmap: Some(1), ..Default::default() };
