@@ -10,7 +10,7 @@
 
 use super::id_table::IdTable;
 use super::*;
-use crate::pool::Grant;
+use crate::pool::{Grant, Granted};
 
 /// What a replayed trace did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -253,7 +253,18 @@ impl Device {
         while done < allocs.len() {
             let n = (allocs.len() - done).min(FREE_RUN);
             run.clear();
-            run.extend(allocs[done..done + n].iter().map(|a| self.granted_of(a)));
+            let chunk = &allocs[done..done + n];
+            if self.pool_requested.is_empty() {
+                // No revived block: each was granted for its size (`granted_of` less the lookup).
+                run.extend(chunk.iter().map(|a| Granted {
+                    ptr: a.ptr,
+                    granted: a.granted,
+                    requested: a.size,
+                    page: a.page,
+                }));
+            } else {
+                run.extend(chunk.iter().map(|a| self.granted_of(a)));
+            }
             let freed = self.allocator.free_cached_blocks(&run);
             done += freed;
             if freed < n {
