@@ -2,19 +2,25 @@
 //! hold (a pointer off the 512-byte grain, a field too wide for a page record, a page over the
 //! memory budget). Malloc, free and exact lookups go through one hash map by start address
 //! (O(1)); "which allocation is at or before this address" needs an address-ordered index,
-//! which is brought up to date lazily: a malloc of a new address notes it in a dirty list, a
-//! free leaves a tombstone, and the first ordered query applies the notes. A malloc at an
-//! address freed before revives its tombstone in place.
+//! which is built by the first ordered query and then brought up to date lazily: a malloc of a
+//! new address notes it in a dirty list, a free leaves a tombstone, and the next ordered query
+//! applies the notes. A malloc at an address freed before revives its tombstone in place. When
+//! the notes would outnumber the entries (more than twice as many mallocs and frees since the
+//! last query as there are entries, plus `slack`), the index is dropped rather than brought up
+//! to date, and the next query builds it again from the map (a sort, sequential work): a table
+//! that is never queried — a service's churn — keeps no index at all and pays no tree
+//! operation per malloc or free, and a query costs at most the work of the notes it replaces.
 //!
 //! Invariants: the `LIVE` entries of `by_ptr` are exactly the live allocations (`live` counts
-//! them); the keys of `ordered` are exactly the `INDEXED` entries; every `LIVE` entry that is
-//! not `INDEXED`, and every `INDEXED` tombstone, has its pointer in `dirty` (so a sync leaves
-//! only entries that are both, or neither); tombstones that are neither are counted in
-//! `unindexed_tombstones` and swept once they outnumber the live entries by 4,096; `dirty` is
-//! applied once it could hold 4,096 stale pointers — memory stays bounded when no query comes.
-//! An entry keeps an allocation in 24 bytes (sizes as differences, the stream in 32 bits); the
-//! rare allocation that does not fit is kept whole in `wide` (flag `WIDE`), exactly while its
-//! entry is `LIVE`.
+//! them); while `indexed`, the keys of `ordered` are exactly the `INDEXED` entries and every
+//! `LIVE` entry that is not `INDEXED`, and every `INDEXED` tombstone, has its pointer in `dirty`
+//! (so a sync leaves only entries that are both, or neither); while not `indexed`, `ordered`
+//! and `dirty` are empty and no entry is `INDEXED`; tombstones that are neither are counted in
+//! `unindexed_tombstones` and swept once they outnumber the live entries by `slack`; `dirty`
+//! never holds more than the entries plus `slack` pointers — memory stays bounded when no query
+//! comes. An entry keeps an allocation in 24 bytes (sizes as differences, the stream in 32
+//! bits); the rare allocation that does not fit is kept whole in `wide` (flag `WIDE`), exactly
+//! while its entry is `LIVE`.
 
 use std::collections::BTreeSet;
 use std::collections::hash_map::Entry as Slot;
@@ -94,6 +100,9 @@ pub(in crate::device) struct Hashed {
     wide: FxHashMap<u64, Allocation>,
     ordered: BTreeSet<u64>,
     dirty: Vec<u64>,
+    /// Whether `ordered` is kept (built by the first ordered query, dropped when the notes
+    /// would outnumber the entries).
+    indexed: bool,
     live: usize,
     unindexed_tombstones: usize,
     slack: usize,
@@ -112,6 +121,7 @@ impl Hashed {
             wide: FxHashMap::default(),
             ordered: BTreeSet::new(),
             dirty: Vec::new(),
+            indexed: false,
             live: 0,
             unindexed_tombstones: 0,
             slack,
@@ -176,13 +186,43 @@ impl Hashed {
 
     #[inline]
     fn note(&mut self, ptr: u64) {
+        if !self.indexed {
+            return;
+        }
         self.dirty.push(ptr);
         if self.dirty.len() > self.live + self.ordered.len() + self.slack {
-            self.sync();
+            self.drop_index();
         }
     }
 
+    /// Forgets the ordered index (its notes would cost more to apply than building it again):
+    /// every entry becomes unindexed and the tombstones are swept.
+    #[cold]
+    fn drop_index(&mut self) {
+        self.by_ptr.retain(|_, e| {
+            e.flags &= !INDEXED;
+            e.flags != 0
+        });
+        self.unindexed_tombstones = 0;
+        self.ordered = BTreeSet::new();
+        self.dirty = Vec::new();
+        self.indexed = false;
+    }
+
+    /// Brings the ordered index up to date: applies the notes, or builds it from the map.
     fn sync(&mut self) {
+        if !self.indexed {
+            self.by_ptr.retain(|_, e| {
+                e.flags |= INDEXED;
+                e.flags & LIVE != 0
+            });
+            self.unindexed_tombstones = 0;
+            let mut keys: Vec<u64> = self.by_ptr.keys().copied().collect();
+            keys.sort_unstable();
+            self.ordered = keys.into_iter().collect();
+            self.indexed = true;
+            return;
+        }
         for ptr in self.dirty.drain(..) {
             let Slot::Occupied(mut o) = self.by_ptr.entry(ptr) else { continue };
             let entry = o.get_mut();
@@ -263,7 +303,7 @@ mod tests {
             ops in proptest::collection::vec((0u8..3, 0u64..64, 1u64..200), 1..400),
             slack in prop_oneof![Just(0usize), Just(3), Just(4096)],
         ) {
-            // A small slack makes syncs and sweeps happen inside short runs.
+            // A small slack makes index drops and sweeps happen inside short runs.
             let mut table = Hashed::with_slack(slack);
             let mut model: BTreeMap<u64, Allocation> = BTreeMap::new();
             for (op, slot, x) in ops {
@@ -293,6 +333,13 @@ mod tests {
                             prop_assert_eq!(table.unindexed_tombstones, 0);
                         }
                     }
+                }
+                // Without an index, nothing of one is kept; with one, every note is bounded.
+                if table.indexed {
+                    prop_assert!(table.dirty.len() <= table.live + table.ordered.len() + slack);
+                } else {
+                    prop_assert!(table.ordered.is_empty() && table.dirty.is_empty());
+                    prop_assert!(table.by_ptr.values().all(|e| e.flags & INDEXED == 0));
                 }
             }
             prop_assert_eq!(table.sorted(), model.values().copied().collect::<Vec<_>>());
