@@ -1,7 +1,8 @@
 //! Per-allocation latency as the live set grows (issue 16's flat-latency benchmark): for each
 //! allocator family and each live-set size N, the cost of one operation of
 //!
-//! - `batch`: `malloc_many` of N 4 KiB blocks, then `free_many` of them (2N operations);
+//! - `batch`: `malloc_many` of N 4 KiB blocks (`BATCH_SIZE` bytes if set), then `free_many` of
+//!   them (2N operations);
 //! - `churn`: with N blocks of mixed sizes held live, free a random one and allocate a new one
 //!   (a long-running service whose pool has grown): ns per malloc + free pair. The victim of
 //!   each step is drawn one step ahead and its slot of the benchmark's own vector of live
@@ -52,7 +53,8 @@ fn cpu_ns() -> f64 {
 /// ns (CPU time) per operation of the batch loop with `n` blocks.
 fn batch(allocator: AllocatorKind, n: usize, ops: usize) -> f64 {
     let mut dev = device(allocator);
-    let sizes = vec![4096u64; n];
+    let size = std::env::var("BATCH_SIZE").ok().and_then(|s| s.parse().ok()).unwrap_or(4096u64);
+    let sizes = vec![size; n];
     let rounds = (ops / (2 * n)).max(2);
     // One warm round: the pool's pages and records exist before timing.
     let ptrs = dev.malloc_many(&sizes, Policy::HugeFirst, 0).expect("malloc_many");
