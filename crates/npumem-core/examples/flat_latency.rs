@@ -13,8 +13,10 @@
 //!
 //! `cargo build --release -p npumem-core --example flat_latency`, then
 //! `target/release/examples/flat_latency [MODE] [N...] [-- FAMILIES]` (defaults: both modes,
-//! N = 1000 100000 1000000, every family); times are the thread's CPU time. Instruction counts: `OPS=... valgrind
-//! --tool=callgrind target/release/examples/flat_latency churn 1000000 npumem`.
+//! N = 1000 100000 1000000, every family); times are the thread's CPU time. `REPEAT=k` measures
+//! every size k times, the sizes taking turns, and prints each size's least time (the ratio then
+//! compares the two ends at the same moments of a VM whose speed drifts). Instruction counts:
+//! `OPS=... valgrind --tool=callgrind target/release/examples/flat_latency churn 1000000 npumem`.
 
 use npumem_core::backend::SimConfig;
 use npumem_core::prefetch::prefetch;
@@ -109,16 +111,20 @@ fn main() {
         vec!["npumem", "pytorch", "torch_npu", "direct"]
     };
     let ops: usize = std::env::var("OPS").ok().and_then(|s| s.parse().ok()).unwrap_or(2_000_000);
+    let repeat: usize = std::env::var("REPEAT").ok().and_then(|s| s.parse().ok()).unwrap_or(1).max(1);
     for mode in modes {
         for fam in &families {
             let kind = AllocatorKind::parse(fam).expect("family");
-            let times: Vec<f64> = ns
-                .iter()
-                .map(|&n| {
+            // Each size measured `repeat` times, the sizes taking turns, and the least time kept
+            // per size: on a VM whose speed drifts, both ends of the ratio see the same moments.
+            let mut times = vec![f64::INFINITY; ns.len()];
+            for _ in 0..repeat {
+                for (t, &n) in times.iter_mut().zip(&ns) {
                     let ops = if *fam == "direct" { ops / 20 } else { ops };
-                    if mode == "batch" { batch(kind, n, ops.max(2 * n)) } else { churn(kind, n, ops) }
-                })
-                .collect();
+                    let ns_op = if mode == "batch" { batch(kind, n, ops.max(2 * n)) } else { churn(kind, n, ops) };
+                    *t = t.min(ns_op);
+                }
+            }
             let row: Vec<String> = ns.iter().zip(&times).map(|(n, t)| format!("{n}: {t:.1} ns")).collect();
             let ratio = times.last().unwrap_or(&0.0) / times.first().unwrap_or(&1.0);
             println!("{mode:<6} {fam:<10} {}  (largest / smallest: {ratio:.2}x)", row.join("  "));
