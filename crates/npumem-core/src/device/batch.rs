@@ -584,7 +584,15 @@ impl Device {
                     continue;
                 }
             }
-            // One by one.
+            // One by one: a short run while nothing a free asks about can change, without
+            // asking per block; otherwise (or where that stops) by the full rules.
+            if ids.len() - k < RUN && self.settled_for_frees(stream) {
+                let done = self.replay_plain_frees(replay, &ids[k..])?;
+                k += done;
+                if done > 0 {
+                    continue;
+                }
+            }
             let index = replay.events;
             replay.events += 1;
             k += 1;
@@ -594,6 +602,55 @@ impl Device {
             }
         }
         Ok(())
+    }
+
+    /// Whether a run of frees (on `stream`, None: each block's own) can go through
+    /// `replay_plain_frees`: `quiet`, nothing queued at all (so that the driver's charges, the
+    /// only thing such frees change in the device, make nothing due), `stream` idle (it stays so:
+    /// nothing is queued), no trace recorded and nothing `untrack` would drop.
+    #[inline(always)]
+    fn settled_for_frees(&self, stream: Option<StreamId>) -> bool {
+        self.quiet()
+            && self.sched.pending_effects() == 0
+            && self.history.is_none()
+            && self.untracks_nothing()
+            && stream.is_none_or(|s| self.idle(s))
+    }
+
+    /// Frees of `ids` (a run `settled_for_frees` allowed) one by one while each names a block
+    /// the replay holds unpublished on an idle stream (or none): what `replay_free` does there,
+    /// less the questions whose answers cannot change within the run (a free there makes no
+    /// deferred free, queued work, trace entry or record, and `pool_requested` is empty).
+    /// Returns how many events it replayed; it stops before the first other id.
+    #[inline(always)]
+    fn replay_plain_frees(&mut self, replay: &mut Replay, ids: &[u64]) -> Result<usize> {
+        for (j, &id) in ids.iter().enumerate() {
+            let v = replay.ids.get(id);
+            if v != 0 {
+                let Some(i) = held_index(v) else { return Ok(j) };
+                if !self.idle(replay.held[i].a.stream) {
+                    return Ok(j);
+                }
+                replay.ids.set(id, 0);
+                let a = replay.release(i);
+                let index = replay.events;
+                let block = Granted { ptr: a.ptr, granted: a.granted, requested: a.size, page: a.page };
+                if let Err(e) = self.allocator.free_block(self.backend.as_mut(), &block) {
+                    // As `replay_free`: the block stays live, published, with its id.
+                    self.live.insert(a);
+                    replay.ids.set(id, a.ptr);
+                    replay.events += 1;
+                    return Err(AclError::new(e.code, format!("event {index}: {}", e.message)));
+                }
+                // `forget_freed` where `untracks_nothing` and no trace is recorded.
+                self.recently_freed.push(a.ptr);
+                self.stats.on_frees(Tally { blocks: 1, bytes: a.granted, requested: a.size });
+                self.charge_driver();
+                replay.live_bytes -= a.size;
+            }
+            replay.events += 1;
+        }
+        Ok(ids.len())
     }
 
     /// Whether nothing is pending that a free must wait for or settle first: no deferred frees,
@@ -609,9 +666,15 @@ impl Device {
 
     /// Whether `stream` exists and has no queued work left: on the simulated clock, and on a
     /// runtime with a queue of its own (no work there that may be incomplete).
-    #[inline]
+    #[inline(always)]
     fn idle(&self, stream: StreamId) -> bool {
-        self.sched.is_idle(stream) && (self.rt_dirty.is_empty() || !self.rt_dirty.contains(&stream))
+        self.sched.is_idle(stream) && (self.rt_dirty.is_empty() || self.rt_idle(stream))
+    }
+
+    /// `idle`'s question to the runtime's queue (out of line: rarely asked).
+    #[inline(never)]
+    fn rt_idle(&self, stream: StreamId) -> bool {
+        !self.rt_dirty.contains(&stream)
     }
 
     /// [`Device::idle`] of `stream`, asked once per run of blocks on one stream: `last` holds the
