@@ -473,6 +473,9 @@ impl Device {
                     replay.ids.set(id, 0);
                 }
             }
+            if served == 0 && failed.is_none() && ids.len() - k < RUN && replay.bypass && self.settled_for_mallocs() {
+                (served, failed) = self.replay_plain_mallocs(replay, &ids[k..], &sizes[k..], policy, stream);
+            }
             if served == 0 && failed.is_none() {
                 // One by one: a short run, or the event that ends a run's valid prefix.
                 if replay.ids.get(ids[k]) != 0 {
@@ -615,6 +618,55 @@ impl Device {
             && self.history.is_none()
             && self.untracks_nothing()
             && stream.is_none_or(|s| self.idle(s))
+    }
+
+    /// Whether a run of allocs can go through `replay_plain_mallocs`: no deferred frees (a
+    /// malloc would look at them first), nothing queued at all (so that the driver's charges
+    /// make nothing due) and no trace recorded.
+    #[inline(always)]
+    fn settled_for_mallocs(&self) -> bool {
+        self.pending_frees.is_empty() && self.sched.pending_effects() == 0 && self.history.is_none()
+    }
+
+    /// Allocs of `ids` (a run `settled_for_mallocs` allowed, of a replay that holds its blocks)
+    /// one by one while each id is free: what `replay_malloc` does there, less the questions
+    /// whose answers cannot change within the run. Returns how many it served and the error of
+    /// the one after them, if that one failed (it stops before an id already live).
+    #[inline(always)]
+    fn replay_plain_mallocs(
+        &mut self,
+        replay: &mut Replay,
+        ids: &[u64],
+        sizes: &[u64],
+        policy: Policy,
+        stream: StreamId,
+    ) -> (usize, Option<AclError>) {
+        let mut served = 0;
+        let mut failed = None;
+        for (&id, &size) in ids.iter().zip(sizes) {
+            if replay.ids.get(id) != 0 {
+                break;
+            }
+            match self.allocate(size, policy, true) {
+                Ok((booked, grant)) => {
+                    let a = self.allocation_of(grant, size, booked, policy, stream);
+                    // `note_malloc` with no trace recorded.
+                    self.stats.on_mallocs(Tally { blocks: 1, bytes: a.granted, requested: a.size });
+                    replay.hold(id, a);
+                    self.charge_driver();
+                    replay.live_bytes += size;
+                    served += 1;
+                }
+                Err(e) => {
+                    failed = Some(self.failed_malloc(e, size, policy, stream));
+                    self.charge_driver();
+                    break;
+                }
+            }
+        }
+        // Live bytes only grew: their largest value is the last.
+        replay.outcome.peak_live = replay.outcome.peak_live.max(replay.live_bytes);
+        (served, failed)
     }
 
     /// Frees of `ids` (a run `settled_for_frees` allowed) one by one while each names a block
