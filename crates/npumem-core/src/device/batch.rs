@@ -677,13 +677,13 @@ impl Device {
     #[inline(always)]
     fn replay_plain_frees(&mut self, replay: &mut Replay, ids: &[u64]) -> Result<usize> {
         for (j, &id) in ids.iter().enumerate() {
-            let v = replay.ids.get(id);
+            let v = replay.ids.take(id);
             if v != 0 {
-                let Some(i) = held_index(v) else { return Ok(j) };
-                if !self.idle(replay.held[i].a.stream) {
+                let Some(i) = held_index(v).filter(|&i| self.idle(replay.held[i].a.stream)) else {
+                    // Left to the full rules, its id as it was.
+                    replay.ids.set(id, v);
                     return Ok(j);
-                }
-                replay.ids.set(id, 0);
+                };
                 let a = replay.release(i);
                 let index = replay.events;
                 let block = Granted { ptr: a.ptr, granted: a.granted, requested: a.size, page: a.page };
