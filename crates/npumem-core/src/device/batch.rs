@@ -6,7 +6,9 @@
 //! holds (or frees them when it stops on an error). Every block a replay holds unpublished
 //! (`Replay::held`, inside one `replay_chunk` call only) is live in its pool, counted and
 //! traced, and absent from the device's live table; `publish` moves them there before every
-//! return from `replay_chunk` and before any path but the replay's two fast ones.
+//! return from `replay_chunk` and before any path but the replay's fast ones (the batch runs,
+//! the plain runs of `replay_plain_mallocs` / `replay_plain_frees`, and the direct single
+//! alloc and free).
 
 use super::id_table::IdTable;
 use super::*;
