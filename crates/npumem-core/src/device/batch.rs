@@ -432,48 +432,7 @@ impl Device {
             let mut served = 0;
             let mut failed = None;
             if ids.len() - k >= RUN && self.pending_frees.is_empty() {
-                // The run's valid prefix: sizes that book, ids not live (marked as they are
-                // seen, so that an id repeated within the run ends the prefix there).
-                let mut valid = k;
-                while valid < ids.len()
-                    && booked_size(sizes[valid], policy, true).is_ok()
-                    && replay.ids.claim(ids[valid], PENDING)
-                {
-                    valid += 1;
-                }
-                if self.sched.has_due() {
-                    // Settling reads the live table (queued work lands on the blocks it names).
-                    self.publish(replay);
-                    self.settle();
-                }
-                let mut ptrs = std::mem::take(&mut replay.ptrs);
-                ptrs.clear();
-                let mut grants = std::mem::take(&mut replay.grants);
-                let mut fresh = std::mem::take(&mut replay.allocs);
-                fresh.clear();
-                let sink = replay.bypass.then_some(&mut fresh);
-                failed =
-                    self.malloc_run(&sizes[k..valid], policy, stream, &mut grants, &mut ptrs, sink).map(|(_, e)| e);
-                replay.grants = grants;
-                self.charge_driver();
-                served = ptrs.len();
-                // `fresh` holds the cached blocks, in order; the others are in the live table.
-                let mut h = 0;
-                for (j, &p) in ptrs.iter().enumerate() {
-                    if fresh.get(h).is_some_and(|a| a.ptr == p) {
-                        replay.hold(ids[k + j], fresh[h]);
-                        h += 1;
-                    } else {
-                        replay.ids.set(ids[k + j], p);
-                    }
-                    replay.live_bytes += sizes[k + j];
-                    replay.outcome.peak_live = replay.outcome.peak_live.max(replay.live_bytes);
-                }
-                replay.allocs = fresh;
-                replay.ptrs = ptrs;
-                for &id in &ids[k + served..valid] {
-                    replay.ids.set(id, 0);
-                }
+                (served, failed) = self.replay_alloc_batch(replay, &ids[k..], &sizes[k..], policy, stream);
             }
             if served == 0 && failed.is_none() && ids.len() - k < RUN && replay.bypass && self.settled_for_mallocs() {
                 (served, failed) = self.replay_plain_mallocs(replay, &ids[k..], &sizes[k..], policy, stream);
@@ -622,6 +581,62 @@ impl Device {
             && stream.is_none_or(|s| self.idle(s))
     }
 
+    /// A run of at least `RUN` allocs of `replay_allocs` (`ids` and `sizes` from the run's
+    /// next event) through `malloc_run`: how many it served and the error of the one after them,
+    /// if that one failed (kept out of line: short runs do not come here).
+    #[inline(never)]
+    fn replay_alloc_batch(
+        &mut self,
+        replay: &mut Replay,
+        ids: &[u64],
+        sizes: &[u64],
+        policy: Policy,
+        stream: StreamId,
+    ) -> (usize, Option<AclError>) {
+        // The run's valid prefix: sizes that book, ids not live (marked as they are
+        // seen, so that an id repeated within the run ends the prefix there).
+        let mut valid = 0;
+        while valid < ids.len()
+            && booked_size(sizes[valid], policy, true).is_ok()
+            && replay.ids.claim(ids[valid], PENDING)
+        {
+            valid += 1;
+        }
+        if self.sched.has_due() {
+            // Settling reads the live table (queued work lands on the blocks it names).
+            self.publish(replay);
+            self.settle();
+        }
+        let mut ptrs = std::mem::take(&mut replay.ptrs);
+        ptrs.clear();
+        let mut grants = std::mem::take(&mut replay.grants);
+        let mut fresh = std::mem::take(&mut replay.allocs);
+        fresh.clear();
+        let sink = replay.bypass.then_some(&mut fresh);
+        let failed = self.malloc_run(&sizes[..valid], policy, stream, &mut grants, &mut ptrs, sink).map(|(_, e)| e);
+        replay.grants = grants;
+        self.charge_driver();
+        let served = ptrs.len();
+        // `fresh` holds the cached blocks, in order; the others are in the live table.
+        let mut h = 0;
+        for (j, &p) in ptrs.iter().enumerate() {
+            if fresh.get(h).is_some_and(|a| a.ptr == p) {
+                replay.hold(ids[j], fresh[h]);
+                h += 1;
+            } else {
+                replay.ids.set(ids[j], p);
+            }
+            replay.live_bytes += sizes[j];
+            replay.outcome.peak_live = replay.outcome.peak_live.max(replay.live_bytes);
+        }
+        replay.allocs = fresh;
+        replay.ptrs = ptrs;
+        for &id in &ids[served..valid] {
+            replay.ids.set(id, 0);
+        }
+        (served, failed)
+    }
+
     /// Whether a run of allocs can go through `replay_plain_mallocs`: no deferred frees (a
     /// malloc would look at them first), nothing queued at all (so that the driver's charges
     /// make nothing due) and no trace recorded.
@@ -686,21 +701,25 @@ impl Device {
                     replay.ids.set(id, v);
                     return Ok(j);
                 };
-                let a = replay.release(i);
-                let index = replay.events;
-                let block = Granted { ptr: a.ptr, granted: a.granted, requested: a.size, page: a.page };
+                // Only the fields the free needs are read (the entry is released once it is
+                // freed, or published whole when the free fails).
+                let h = &replay.held[i].a;
+                let block = Granted { ptr: h.ptr, granted: h.granted, requested: h.size, page: h.page };
                 if let Err(e) = self.allocator.free_block(self.backend.as_mut(), &block) {
                     // As `replay_free`: the block stays live, published, with its id.
+                    let a = replay.release(i);
                     self.live.insert(a);
                     replay.ids.set(id, a.ptr);
+                    let index = replay.events;
                     replay.events += 1;
                     return Err(AclError::new(e.code, format!("event {index}: {}", e.message)));
                 }
+                replay.release(i);
                 // `forget_freed` where `untracks_nothing` and no trace is recorded.
-                self.recently_freed.push(a.ptr);
-                self.stats.on_frees(Tally { blocks: 1, bytes: a.granted, requested: a.size });
+                self.recently_freed.push(block.ptr);
+                self.stats.on_frees(Tally { blocks: 1, bytes: block.granted, requested: block.requested });
                 self.charge_driver();
-                replay.live_bytes -= a.size;
+                replay.live_bytes -= block.requested;
             }
             replay.events += 1;
         }
