@@ -480,71 +480,9 @@ impl Device {
         let mut k = 0;
         while k < ids.len() {
             if ids.len() - k >= RUN && self.quiet() && stream.is_none_or(|s| self.idle(s)) {
-                let mut ptrs = std::mem::take(&mut replay.ptrs);
-                let mut allocs = std::mem::take(&mut replay.allocs);
-                let mut at = std::mem::take(&mut replay.at);
-                ptrs.clear();
-                allocs.clear();
-                at.clear();
-                let mut last = None;
-                let mut tally = Tally::default();
-                let mut taken = k;
-                // One pass: each id is cleared as it is read (and put back if its block stays
-                // live: here, or below if its free does not happen); `at` keeps its event.
-                while taken < ids.len() {
-                    let v = replay.ids.take(ids[taken]);
-                    if v != 0 {
-                        let held = held_index(v);
-                        let taken_a = match held {
-                            Some(i) => Some(replay.held[i].a),
-                            None => self.live.remove(v),
-                        };
-                        let Some(a) = taken_a else {
-                            replay.ids.set(ids[taken], v);
-                            break;
-                        };
-                        let p = a.ptr;
-                        let idle = self.idle_memo(&mut last, a.stream);
-                        if !idle || self.sanitizer.tracks(p) {
-                            if held.is_none() {
-                                self.live.insert(a);
-                            }
-                            replay.ids.set(ids[taken], v);
-                            break;
-                        }
-                        if let Some(i) = held {
-                            replay.release(i);
-                        }
-                        replay.live_bytes -= a.size;
-                        tally.add(a.granted, a.size);
-                        ptrs.push(p);
-                        allocs.push(a);
-                        at.push(taken);
-                    }
-                    taken += 1;
-                }
-                let (done, result) = self.free_now(&ptrs, &allocs, tally);
-                // The blocks not freed (after a driver error) are live again, with their ids.
-                for (a, &j) in allocs[done..].iter().zip(&at[done..]) {
-                    self.live.insert(*a);
-                    replay.ids.set(ids[j], a.ptr);
-                    replay.live_bytes += a.size;
-                }
-                self.charge_driver();
-                let failed_at = at.get(done).copied();
-                replay.ptrs = ptrs;
-                replay.allocs = allocs;
-                replay.at = at;
-                if let Err(e) = result {
-                    // The failing free is the first block not freed.
-                    let j = failed_at.unwrap_or(k);
-                    replay.events += (j - k + 1) as u64;
-                    return Err(AclError::new(e.code, format!("event {}: {}", replay.events - 1, e.message)));
-                }
-                replay.events += (taken - k) as u64;
-                let moved = taken > k;
-                k = taken;
-                if moved {
+                let taken = self.replay_free_batch(replay, &ids[k..])?;
+                k += taken;
+                if taken > 0 {
                     continue;
                 }
             }
@@ -566,6 +504,76 @@ impl Device {
             }
         }
         Ok(())
+    }
+
+    /// A run of at least `RUN` frees of `replay_frees` (`ids` from the run's next event, the
+    /// device quiet and the run's stream idle) through `free_now`, as far as its blocks complete
+    /// at once: how many events it replayed (kept out of line: short runs do not come here).
+    #[inline(never)]
+    fn replay_free_batch(&mut self, replay: &mut Replay, ids: &[u64]) -> Result<usize> {
+        let mut ptrs = std::mem::take(&mut replay.ptrs);
+        let mut allocs = std::mem::take(&mut replay.allocs);
+        let mut at = std::mem::take(&mut replay.at);
+        ptrs.clear();
+        allocs.clear();
+        at.clear();
+        let mut last = None;
+        let mut tally = Tally::default();
+        let mut taken = 0;
+        // One pass: each id is cleared as it is read (and put back if its block stays
+        // live: here, or below if its free does not happen); `at` keeps its event.
+        while taken < ids.len() {
+            let v = replay.ids.take(ids[taken]);
+            if v != 0 {
+                let held = held_index(v);
+                let taken_a = match held {
+                    Some(i) => Some(replay.held[i].a),
+                    None => self.live.remove(v),
+                };
+                let Some(a) = taken_a else {
+                    replay.ids.set(ids[taken], v);
+                    break;
+                };
+                let p = a.ptr;
+                let idle = self.idle_memo(&mut last, a.stream);
+                if !idle || self.sanitizer.tracks(p) {
+                    if held.is_none() {
+                        self.live.insert(a);
+                    }
+                    replay.ids.set(ids[taken], v);
+                    break;
+                }
+                if let Some(i) = held {
+                    replay.release(i);
+                }
+                replay.live_bytes -= a.size;
+                tally.add(a.granted, a.size);
+                ptrs.push(p);
+                allocs.push(a);
+                at.push(taken);
+            }
+            taken += 1;
+        }
+        let (done, result) = self.free_now(&ptrs, &allocs, tally);
+        // The blocks not freed (after a driver error) are live again, with their ids.
+        for (a, &j) in allocs[done..].iter().zip(&at[done..]) {
+            self.live.insert(*a);
+            replay.ids.set(ids[j], a.ptr);
+            replay.live_bytes += a.size;
+        }
+        self.charge_driver();
+        let failed_at = at.get(done).copied();
+        replay.ptrs = ptrs;
+        replay.allocs = allocs;
+        replay.at = at;
+        if let Err(e) = result {
+            // The failing free is the first block not freed.
+            let j = failed_at.unwrap_or(0);
+            replay.events += (j + 1) as u64;
+            return Err(AclError::new(e.code, format!("event {}: {}", replay.events - 1, e.message)));
+        }
+        replay.events += taken as u64;
+        Ok(taken)
     }
 
     /// Whether a run of frees (on `stream`, None: each block's own) can go through
