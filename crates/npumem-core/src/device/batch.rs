@@ -787,7 +787,7 @@ impl Device {
     /// work to settle), straight to the allocator — `malloc_on` less the checks the replay made
     /// once (the stream exists) and the settling there is nothing for — its block held by the
     /// replay while it may; otherwise (published first) `malloc_on`.
-    #[inline(always)]
+    #[inline(never)]
     fn replay_malloc(
         &mut self,
         replay: &mut Replay,
@@ -822,7 +822,7 @@ impl Device {
     /// sanitizer records on the block, its streams idle) goes straight to the allocator; any
     /// other (published first) takes the full `free_on` path. On an error, `id` still names its
     /// block, which is live.
-    #[inline(always)]
+    #[inline(never)]
     fn replay_free(&mut self, replay: &mut Replay, id: u64, stream: Option<StreamId>) -> Result<u64> {
         if !self.pending_frees.is_empty() || self.sched.has_due() {
             // Settling reads the live table (queued work lands on the blocks it names).
