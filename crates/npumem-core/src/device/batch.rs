@@ -426,16 +426,17 @@ impl Device {
         stop_on_oom: bool,
     ) -> Result<()> {
         let stream = stream.unwrap_or(DEFAULT_STREAM);
+        let run = AllocRun { ids, sizes, policy, stream };
         let mut k = 0;
         while k < ids.len() {
             let index = replay.events;
             let mut served = 0;
             let mut failed = None;
             if ids.len() - k >= RUN && self.pending_frees.is_empty() {
-                (served, failed) = self.replay_alloc_batch(replay, &ids[k..], &sizes[k..], policy, stream);
+                (served, failed) = self.replay_alloc_batch(replay, run.from(k));
             }
             if served == 0 && failed.is_none() && ids.len() - k < RUN && replay.bypass && self.settled_for_mallocs() {
-                (served, failed) = self.replay_plain_mallocs(replay, &ids[k..], &sizes[k..], policy, stream);
+                (served, failed) = self.replay_plain_mallocs(replay, run.from(k));
             }
             if served == 0 && failed.is_none() {
                 // One by one: a short run, or the event that ends a run's valid prefix.
@@ -593,14 +594,8 @@ impl Device {
     /// next event) through `malloc_run`: how many it served and the error of the one after them,
     /// if that one failed (kept out of line: short runs do not come here).
     #[inline(never)]
-    fn replay_alloc_batch(
-        &mut self,
-        replay: &mut Replay,
-        ids: &[u64],
-        sizes: &[u64],
-        policy: Policy,
-        stream: StreamId,
-    ) -> (usize, Option<AclError>) {
+    fn replay_alloc_batch(&mut self, replay: &mut Replay, run: AllocRun<'_>) -> (usize, Option<AclError>) {
+        let AllocRun { ids, sizes, policy, stream } = run;
         // The run's valid prefix: sizes that book, ids not live (marked as they are
         // seen, so that an id repeated within the run ends the prefix there).
         let mut valid = 0;
@@ -658,14 +653,8 @@ impl Device {
     /// whose answers cannot change within the run. Returns how many it served and the error of
     /// the one after them, if that one failed (it stops before an id already live).
     #[inline(always)]
-    fn replay_plain_mallocs(
-        &mut self,
-        replay: &mut Replay,
-        ids: &[u64],
-        sizes: &[u64],
-        policy: Policy,
-        stream: StreamId,
-    ) -> (usize, Option<AclError>) {
+    fn replay_plain_mallocs(&mut self, replay: &mut Replay, run: AllocRun<'_>) -> (usize, Option<AclError>) {
+        let AllocRun { ids, sizes, policy, stream } = run;
         let mut served = 0;
         let mut failed = None;
         for (&id, &size) in ids.iter().zip(sizes) {
@@ -880,6 +869,23 @@ impl Device {
 /// run's buffers and calls cost more than that saves below about 8 blocks: a training step's
 /// runs of 5 allocs and 6 frees took 368.6 instructions an event batched, 349.2 one by one).
 const RUN: usize = 8;
+
+/// A run of allocs of a replay: its ids and sizes (from some event on), policy and stream.
+#[derive(Clone, Copy)]
+struct AllocRun<'a> {
+    ids: &'a [u64],
+    sizes: &'a [u64],
+    policy: Policy,
+    stream: StreamId,
+}
+
+impl<'a> AllocRun<'a> {
+    /// The run from its event `k` on.
+    #[inline(always)]
+    fn from(self, k: usize) -> AllocRun<'a> {
+        AllocRun { ids: &self.ids[k..], sizes: &self.sizes[k..], ..self }
+    }
+}
 
 /// An id's mark in the table while its alloc is part of a run being served (no allocation
 /// starts at address 1).
