@@ -145,9 +145,9 @@ fn a_replay_error_frees_what_it_allocated() {
     assert!(err.message.contains("event 2: id 1 allocated twice"), "{}", err.message);
     assert_eq!(d.stats().live_count, 0);
     // Runs of allocs catch an id repeated inside the run too.
-    let events: Vec<(bool, u64, u64)> = (0..6).map(|i| (true, i % 5, 4096)).collect();
+    let events: Vec<(bool, u64, u64)> = (0..10).map(|i| (true, i % 9, 4096)).collect();
     let err = d.replay_events(&events, Policy::HugeFirst, false).unwrap_err();
-    assert!(err.message.contains("event 5: id 0 allocated twice"), "{}", err.message);
+    assert!(err.message.contains("event 9: id 0 allocated twice"), "{}", err.message);
     assert_eq!(d.stats().live_count, 0);
     // A size the runtime refuses stops the replay with its event.
     let events = [(true, 1, 1000), (true, 2, 1000), (true, 3, 1000), (true, 4, 1000), (true, 5, 0)];
@@ -169,23 +169,23 @@ fn sparse_and_dense_ids_replay_alike() {
 
 #[test]
 fn a_driver_error_in_a_run_of_frees_names_its_event_and_frees_the_rest_after() {
-    // A run of six frees whose third (a block past the bypass threshold) fails to unmap: the
-    // error names that event, the blocks after it in the run are still the replay's (its
-    // error path frees them), and nothing stays live.
+    // A run of ten frees (long enough for the batch path) whose third (a block past the bypass
+    // threshold) fails to unmap: the error names that event, the blocks after it in the run
+    // are still the replay's (its error path frees them), and nothing stays live.
     let sim = SimConfig { capacity: 4 << 30, normal_page: PageSize::Size4K, giant_frames: 0 };
     let config = DeviceConfig { sim, allocator: AllocatorKind::Npumem, faults: true, ..Default::default() };
     let mut d = Device::new(config).unwrap();
-    let sizes = [4096u64, 8192, 600 * MIB, 4096, 3 * MIB, 4096];
-    let ids: Vec<u64> = (0..6).collect();
-    let mut replay = Replay::new(6, 12, 0);
-    let allocs = ReplayEvents { is_alloc: &[1; 6], ids: &ids, sizes: &sizes, streams: None };
+    let sizes = [4096u64, 8192, 600 * MIB, 4096, 3 * MIB, 4096, 8192, 4096, 3 * MIB, 4096];
+    let ids: Vec<u64> = (0..10).collect();
+    let mut replay = Replay::new(10, 20, 0);
+    let allocs = ReplayEvents { is_alloc: &[1; 10], ids: &ids, sizes: &sizes, streams: None };
     d.replay_chunk(&mut replay, allocs, Policy::HugeFirst, false).unwrap();
-    assert_eq!(d.stats().live_count, 6);
+    assert_eq!(d.stats().live_count, 10);
     d.inject_faults(npumem_core::backend::FaultPlan { unmap: Some(1), ..Default::default() }).unwrap();
-    let frees = ReplayEvents { is_alloc: &[0; 6], ids: &ids, sizes: &[0; 6], streams: None };
+    let frees = ReplayEvents { is_alloc: &[0; 10], ids: &ids, sizes: &[0; 10], streams: None };
     let err = d.replay_chunk(&mut replay, frees, Policy::HugeFirst, false).unwrap_err();
-    assert!(err.message.starts_with("event 8:"), "{}", err.message);
-    assert_eq!(replay.events(), 9);
+    assert!(err.message.starts_with("event 12:"), "{}", err.message);
+    assert_eq!(replay.events(), 13);
     assert!(replay.stopped());
     assert_eq!(d.stats().live_count, 0);
     assert_eq!(d.pool_stats().allocated_bytes.all.current, 0);

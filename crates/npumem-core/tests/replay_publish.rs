@@ -32,7 +32,7 @@ fn events() -> impl Strategy<Value = Vec<(u8, u64, u64, u64)>> {
         3 => 1u64..200_000,
     ];
     let event = (prop_oneof![3 => Just(1u8), 2 => Just(0u8)], 0u64..40, size, 0u64..2);
-    proptest::collection::vec((event, 1usize..9), 0..60).prop_map(|runs| {
+    proptest::collection::vec((event, 1usize..13), 0..60).prop_map(|runs| {
         // Runs of one kind, so that the batch paths run too.
         let mut evs = Vec::new();
         for ((kind, id, size, stream), len) in runs {

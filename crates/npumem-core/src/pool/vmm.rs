@@ -1138,8 +1138,15 @@ impl VmmAllocator {
     #[inline(always)]
     fn note_live(&mut self, kind: PoolKind, ptr: u64, block: Block) {
         if !self.owner_tracked {
-            self.pool_mut(kind).blocks.insert(ptr, block);
+            self.record_live(kind, ptr, block);
         }
+    }
+
+    /// `note_live`'s record (out of line, so that an owner-tracked pool's fast path carries
+    /// none of the block map's code).
+    #[inline(never)]
+    fn record_live(&mut self, kind: PoolKind, ptr: u64, block: Block) {
+        self.pool_mut(kind).blocks.insert(ptr, block);
     }
 
     /// The pool and rounded size under which a request may find a waiting block: not for
@@ -1194,6 +1201,13 @@ impl VmmAllocator {
         Some((kind, block))
     }
 
+    /// `free` (out of line: `free_block`'s path for a pool that keeps its own records).
+    #[inline(never)]
+    fn free_recorded(&mut self, backend: &mut dyn Backend, ptr: u64) -> Result<()> {
+        Allocator::free(self, backend, ptr)
+    }
+
+    #[inline(never)]
     fn free_bypass(&mut self, backend: &mut dyn Backend, ptr: u64) -> Result<()> {
         let segment = self
             .bypass
@@ -1307,7 +1321,7 @@ impl Allocator for VmmAllocator {
 
     fn free_block(&mut self, backend: &mut dyn Backend, block: &Granted) -> Result<()> {
         if !self.owner_tracked {
-            return self.free(backend, block.ptr);
+            return self.free_recorded(backend, block.ptr);
         }
         match self.take_owned(block) {
             Some(kind) => {

@@ -390,11 +390,18 @@ impl Scheduler {
 
     /// Whether `stream` exists and has no work past the host clock: without a lookup for the
     /// default stream (which always exists) while no stream has work past the clock.
-    #[inline]
+    #[inline(always)]
     pub fn is_idle(&self, stream: StreamId) -> bool {
         if stream == DEFAULT_STREAM && self.latest_tail_ns <= self.now_ns {
             return true;
         }
+        self.tail_idle(stream)
+    }
+
+    /// `is_idle` past its fast check (kept out of line: the fast check is inlined on every
+    /// free's path).
+    #[inline(never)]
+    fn tail_idle(&self, stream: StreamId) -> bool {
         self.tail_ns(stream).is_ok_and(|t| t <= self.now_ns)
     }
 
