@@ -1271,17 +1271,19 @@ impl Allocator for VmmAllocator {
             let Some(mut taken) = self.recent.take(kind, size, count) else { break };
             let got = taken.len();
             if owner {
-                out.extend(taken.by_ref().rev().map(|w| Grant { ptr: w.ptr, granted: size, page: w.page }));
-            }
-            while let Some(w) = taken.next_back() {
-                // The record of the block `LOOK_AHEAD` places on is loaded while this one is
-                // written (a large live set's records miss the cache).
-                let ahead = taken.as_slice();
-                if let Some(a) = ahead.len().checked_sub(LOOK_AHEAD + 1).map(|i| ahead[i]) {
-                    pool.blocks.prefetch(a.ptr);
+                // The owner records the blocks: only the grants.
+                out.extend(taken.rev().map(|w| Grant { ptr: w.ptr, granted: size, page: w.page }));
+            } else {
+                while let Some(w) = taken.next_back() {
+                    // The record of the block `LOOK_AHEAD` places on is loaded while this one
+                    // is written (a large live set's records miss the cache).
+                    let ahead = taken.as_slice();
+                    if let Some(a) = ahead.len().checked_sub(LOOK_AHEAD + 1).map(|i| ahead[i]) {
+                        pool.blocks.prefetch(a.ptr);
+                    }
+                    pool.blocks.insert(w.ptr, Block { size, requested, page: w.page });
+                    out.push(Grant { ptr: w.ptr, granted: size, page: w.page });
                 }
-                pool.blocks.insert(w.ptr, Block { size, requested, page: w.page });
-                out.push(Grant { ptr: w.ptr, granted: size, page: w.page });
             }
             if got == 0 {
                 break;
