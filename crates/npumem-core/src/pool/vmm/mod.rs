@@ -36,23 +36,29 @@
 //! out-of-memory decisions, and placement near the limit, see all free memory. Statistics,
 //! snapshots and fragmentation count waiting blocks as the free memory they are.
 //!
-//! Invariants: a page slot holds a handle iff it is mapped; `live` of a slot counts the live
-//! and waiting blocks overlapping it, and a mapped slot with `live == 0` is in the pool's idle
-//! set (keyed by the clock when it became idle, so trimming takes the coldest first); cached
-//! handles are held but unmapped (whole pages only: a tail's handle goes back to the device when
-//! it is unmapped); `reserved_bytes` = (mapped + cached pages) × page size − the bytes tails
-//! leave unmapped + bypass segments; a tail's page is the last of its run of mapped pages, and
-//! no free VA lies over its unmapped part (the fence); every block lies on mapped memory; a
-//! pool's `BlockMap` holds exactly its live blocks (not the waiting ones) — unless the owner
-//! keeps their records (`owner_tracked`: a `Device`'s live table, see
-//! `Allocator::track_blocks_for_owner`), when the maps stay empty and every free and snapshot
-//! takes the blocks, as granted, from the owner; bypass blocks are in `bypass` either way; the
-//! free space keeps no record of what it handed out (every release passes the length its caller
-//! kept); no page is mapped, no frame allocated and no out-of-memory reported by a malloc while
-//! a block waits (the miss releases them all before any of those).
+//! Invariants (asserted by `check_invariants` in test builds):
+//! - a page slot holds a handle iff it is mapped; `live` of a slot counts the live and waiting
+//!   blocks overlapping it;
+//! - a mapped slot with `live == 0` is in the pool's idle set, keyed by the clock when it became
+//!   idle (trimming takes the coldest first);
+//! - cached handles are held but unmapped, whole pages only (a tail's handle goes back to the
+//!   device when it is unmapped);
+//! - `reserved_bytes` = (mapped + cached pages) × page size − the bytes tails leave unmapped +
+//!   bypass segments;
+//! - no free VA lies over a tail's unmapped part (the fence); every block lies on mapped memory;
+//! - a pool's `BlockMap` holds exactly its live blocks (not the waiting ones), unless the owner
+//!   keeps their records (`owner_tracked`, see `Allocator::track_blocks_for_owner`): then the
+//!   maps stay empty and every free and snapshot takes the blocks, as granted, from the owner;
+//!   bypass blocks are in `bypass` either way;
+//! - the free space keeps no record of what it handed out: every release passes the length its
+//!   caller kept;
+//! - no page is mapped, no frame allocated and no out-of-memory reported by a malloc while a
+//!   block waits (the miss releases them all first).
 
 mod bypass;
 mod config;
+#[cfg(test)]
+mod invariants;
 mod mapping;
 mod placement;
 mod reclaim;

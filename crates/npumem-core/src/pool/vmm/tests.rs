@@ -314,6 +314,7 @@ proptest! {
                 sim.write(g.ptr + g.granted - 1, &[tag]).unwrap();
                 live.push((g, policy, tag));
             }
+            a.check_invariants();
             // The books against the device and the live blocks (an independent count).
             let used = capacity - sim.mem_info(crate::acl::MemScope::All).0;
             prop_assert_eq!(a.reserved(), used);
@@ -372,6 +373,7 @@ proptest! {
                 prop_assert_eq!(segs, a.segments());
                 prop_assert_eq!(stats, a.stats.clone());
             }
+            a.check_invariants();
             let held: u64 = [PoolKind::Small, PoolKind::Large]
                 .iter()
                 .map(|&k| {
