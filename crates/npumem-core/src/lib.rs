@@ -18,6 +18,7 @@ pub mod backend;
 pub mod device;
 pub mod host;
 pub mod hostpool;
+pub mod kernels;
 pub mod plan;
 pub mod policy;
 pub mod pool;
