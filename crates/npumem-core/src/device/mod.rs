@@ -26,12 +26,13 @@ mod id_table;
 mod live;
 mod ordered;
 mod pins;
+mod replay;
 mod runtime;
 mod vmm;
 
-pub use batch::{Replay, ReplayEvents, ReplayOutcome, ReplaySample};
 use live::LiveTable;
 use pins::Pins;
+pub use replay::{Replay, ReplayEvents, ReplayOutcome, ReplaySample};
 
 use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;
