@@ -73,7 +73,7 @@ impl Device {
     ) -> Option<(usize, AclError)> {
         let mut i = 0;
         while i < sizes.len() {
-            if self.pending_frees.is_empty() {
+            if self.pending.frees.is_empty() {
                 // By runs of at most `CACHED_RUN`, so that `grants` stays small and in cache.
                 let end = sizes.len().min(i + CACHED_RUN);
                 let served = self.allocator.malloc_cached(&sizes[i..end], policy, grants);
@@ -142,8 +142,8 @@ impl Device {
                 return Err(AclError::bad_free(format!("free_many: pointer #{i} ({p:#x}): {why}; nothing was freed")));
             };
             let idle = self.idle_memo(&mut last, a.stream);
-            let plain = (self.stream_uses.is_empty() || !self.stream_uses.contains_key(&p))
-                && (self.busy.is_empty() || !self.busy.contains_key(&p))
+            let plain = (self.uses.recorded.is_empty() || !self.uses.recorded.contains_key(&p))
+                && (self.uses.busy.is_empty() || !self.uses.busy.contains_key(&p))
                 && !self.sanitizer.tracks(p);
             if idle && plain {
                 tally.add(a.granted, a.size);
@@ -198,7 +198,7 @@ impl Device {
             tally = Tally::default();
             allocs[..done].iter().for_each(|a| tally.add(a.granted, a.size));
         }
-        if self.history.is_none() {
+        if self.recording.history.is_none() {
             if self.untracks_nothing() {
                 // `untrack_ptr` of each block would only note it in the ring.
                 self.recently_freed.extend(&ptrs[..done]);
@@ -267,24 +267,24 @@ impl Device {
     /// no completed work, no views, recorded streams or queued work on any block.
     #[inline]
     pub(super) fn quiet(&self) -> bool {
-        self.pending_frees.is_empty()
+        self.pending.frees.is_empty()
             && !self.sched.has_due()
             && self.pins.is_empty()
-            && self.stream_uses.is_empty()
-            && self.busy.is_empty()
+            && self.uses.recorded.is_empty()
+            && self.uses.busy.is_empty()
     }
 
     /// Whether `stream` exists and has no queued work left: on the simulated clock, and on a
     /// runtime with a queue of its own (no work there that may be incomplete).
     #[inline(always)]
     pub(super) fn idle(&self, stream: StreamId) -> bool {
-        self.sched.is_idle(stream) && (self.rt_dirty.is_empty() || self.rt_idle(stream))
+        self.sched.is_idle(stream) && (self.rt.dirty.is_empty() || self.rt_idle(stream))
     }
 
     /// `idle`'s question to the runtime's queue (out of line: rarely asked).
     #[inline(never)]
     fn rt_idle(&self, stream: StreamId) -> bool {
-        !self.rt_dirty.contains(&stream)
+        !self.rt.dirty.contains(&stream)
     }
 
     /// [`Device::idle`] of `stream`, asked once per run of blocks on one stream: `last` holds the

@@ -181,7 +181,7 @@ impl Device {
             let index = replay.events;
             let mut served = 0;
             let mut failed = None;
-            if ids.len() - k >= RUN && self.pending_frees.is_empty() {
+            if ids.len() - k >= RUN && self.pending.frees.is_empty() {
                 (served, failed) = self.replay_alloc_batch(replay, run.from(k));
             }
             if served == 0 && failed.is_none() && ids.len() - k < RUN && replay.bypass && self.settled_for_mallocs() {
@@ -280,7 +280,7 @@ impl Device {
         policy: Policy,
         stream: StreamId,
     ) -> Result<()> {
-        if !self.pending_frees.is_empty() || self.sched.has_due() {
+        if !self.pending.frees.is_empty() || self.sched.has_due() {
             self.publish(replay);
             let p = self.malloc_on(size, policy, true, stream)?;
             replay.ids.set(id, p);
@@ -308,7 +308,7 @@ impl Device {
     /// block, which is live.
     #[inline(never)]
     fn replay_free(&mut self, replay: &mut Replay, id: u64, stream: Option<StreamId>) -> Result<u64> {
-        if !self.pending_frees.is_empty() || self.sched.has_due() {
+        if !self.pending.frees.is_empty() || self.sched.has_due() {
             // Settling reads the live table (queued work lands on the blocks it names).
             self.publish(replay);
             self.settle();

@@ -87,7 +87,7 @@ impl Device {
     pub(super) fn settled_for_frees(&self, stream: Option<StreamId>) -> bool {
         self.quiet()
             && self.sched.pending_effects() == 0
-            && self.history.is_none()
+            && self.recording.history.is_none()
             && self.untracks_nothing()
             && stream.is_none_or(|s| self.idle(s))
     }
@@ -147,7 +147,7 @@ impl Device {
     /// make nothing due) and no trace recorded.
     #[inline(always)]
     pub(super) fn settled_for_mallocs(&self) -> bool {
-        self.pending_frees.is_empty() && self.sched.pending_effects() == 0 && self.history.is_none()
+        self.pending.frees.is_empty() && self.sched.pending_effects() == 0 && self.recording.history.is_none()
     }
 
     /// Allocs of `ids` (a run `settled_for_mallocs` allowed, of a replay that holds its blocks)
