@@ -13,6 +13,53 @@
 
 use super::*;
 
+/// The stream-ordered frees waiting for their streams, kept three ways.
+#[derive(Debug, Default)]
+pub(super) struct PendingFrees {
+    /// The pending frees by start address (for operations completing on their memory).
+    pub(super) by_addr: BTreeMap<u64, PendingKey>,
+    /// Freed blocks waiting for their streams, by `PendingKey` (ready time, sequence).
+    pub(super) frees: BTreeMap<PendingKey, PendingFree>,
+    /// Pending frees that their own stream may reuse at once (stream order already puts the
+    /// new user after the old one): stream → (granted, ptr) → key in `frees`.
+    pub(super) same_stream: FxHashMap<StreamId, BTreeMap<(u64, u64), PendingKey>>,
+    /// The sequence number of the next pending free.
+    pub(super) seq: u64,
+}
+
+/// Who else uses a block beside its own stream.
+#[derive(Debug, Default)]
+pub(super) struct BlockUses {
+    /// Streams besides its own that used a live allocation (`record_stream`).
+    pub(super) recorded: FxHashMap<u64, Vec<StreamId>>,
+    /// Queued work touching a block (launch arguments, async copies and memsets), by the
+    /// block's start: (stream, end of its last such operation). Kept until the block's memory
+    /// goes back to the allocator, through a free and a revival.
+    pub(super) busy: FxHashMap<u64, Vec<Busy>>,
+}
+
+/// A pending free's key: (the time its streams complete, a sequence number).
+pub(super) type PendingKey = (u64, u64);
+
+/// A freed block waiting for its streams, and the point (vector clock) its free sits at: work
+/// that follows that point may reuse it; `marks` are the runtime events (if any) its streams'
+/// work must reach first.
+#[derive(Clone, Debug)]
+pub(super) struct PendingFree {
+    pub(super) allocation: Allocation,
+    pub(super) point: Clock,
+    pub(super) marks: Vec<crate::stream::runtime::Handle>,
+}
+
+/// Queued work touching a block: its stream, when the operation ends on the simulated clock, and
+/// the runtime's mark after it (0 without runtime work).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Busy {
+    pub(super) stream: StreamId,
+    pub(super) end_ns: u64,
+    pub(super) mark: crate::stream::runtime::Handle,
+}
+
 impl Device {
     /// Serves a malloc on `stream` from a pending free it may safely take without waiting: one
     /// freed on the same stream (stream order runs the new work after the old, as PyTorch's
@@ -26,7 +73,7 @@ impl Device {
         padded: bool,
         stream: StreamId,
     ) -> Result<Option<u64>> {
-        if self.pending_frees.is_empty() {
+        if self.pending.frees.is_empty() {
             return Ok(None);
         }
         let booked = booked_size(size, policy, padded)?;
@@ -34,18 +81,19 @@ impl Device {
             let a = &p.allocation;
             a.granted >= size && a.granted <= size.saturating_mul(2) && a.policy.base() == policy.base()
         };
-        let same = self.same_stream.get(&stream).and_then(|index| {
-            index.range((size, 0)..).take(8).map(|(_, &key)| key).find(|key| fits(&self.pending_frees[key]))
+        let same = self.pending.same_stream.get(&stream).and_then(|index| {
+            index.range((size, 0)..).take(8).map(|(_, &key)| key).find(|key| fits(&self.pending.frees[key]))
         });
         let key = match same {
             Some(key) => {
                 self.stats.same_stream_reuses += 1;
                 key
             }
-            None if self.reuse.follow_event_dependencies && !self.pending_frees.is_empty() => {
+            None if self.reuse.follow_event_dependencies && !self.pending.frees.is_empty() => {
                 let clock = self.sched.next_clock(stream);
                 let mut followed = self
-                    .pending_frees
+                    .pending
+                    .frees
                     .iter()
                     .take(64)
                     .filter(|(_, p)| fits(p) && p.point.iter().all(|(&s, &t)| crate::stream::covers(&clock, s, t)))
@@ -80,12 +128,13 @@ impl Device {
     ) -> Result<Option<u64>> {
         let booked = booked_size(size, policy, padded)?;
         let found = self
-            .pending_frees
+            .pending
+            .frees
             .iter()
             .find(|(_, p)| p.allocation.granted >= size && p.allocation.policy.base() == policy.base())
             .map(|(&key, p)| (key, p.point.clone(), p.marks.clone(), p.allocation.ptr));
         let Some((key, point, mut marks, ptr)) = found else { return Ok(None) };
-        marks.extend(self.busy.get(&ptr).into_iter().flatten().map(|b| b.mark));
+        marks.extend(self.uses.busy.get(&ptr).into_iter().flatten().map(|b| b.mark));
         self.rt_wait_marks(stream, &marks)?;
         self.sched.stream_wait_point(stream, key.0, &point)?;
         self.stats.internal_dependency_reuses += 1;
@@ -166,12 +215,13 @@ impl Device {
             }
         }
         let now = self.sched.now_ns();
-        let uses = if self.stream_uses.is_empty() {
+        let uses = if self.uses.recorded.is_empty() {
             &[][..]
         } else {
-            self.stream_uses.get(&ptr).map_or(&[][..], Vec::as_slice)
+            self.uses.recorded.get(&ptr).map_or(&[][..], Vec::as_slice)
         };
-        let busy = if self.busy.is_empty() { &[][..] } else { self.busy.get(&ptr).map_or(&[][..], Vec::as_slice) };
+        let busy =
+            if self.uses.busy.is_empty() { &[][..] } else { self.uses.busy.get(&ptr).map_or(&[][..], Vec::as_slice) };
         let busy_until = busy.iter().map(|b| b.end_ns).max().unwrap_or(0);
         let own_stream_only = uses.is_empty()
             && stream.is_none_or(|s| s == allocation.stream)
@@ -227,13 +277,13 @@ impl Device {
         }
         self.forget_freed(&allocation, completed);
         if !completed {
-            self.free_seq += 1;
-            let key = (ready, self.free_seq);
+            self.pending.seq += 1;
+            let key = (ready, self.pending.seq);
             let point = point.unwrap_or_else(|| self.sched.clock(allocation.stream).clone());
-            self.pending_frees.insert(key, PendingFree { allocation, point, marks });
-            self.pending_by_addr.insert(ptr, key);
+            self.pending.frees.insert(key, PendingFree { allocation, point, marks });
+            self.pending.by_addr.insert(ptr, key);
             if own_stream_only {
-                self.same_stream.entry(allocation.stream).or_default().insert((allocation.granted, ptr), key);
+                self.pending.same_stream.entry(allocation.stream).or_default().insert((allocation.granted, ptr), key);
             }
             self.stats.deferred_frees += 1;
             self.stats.pending_frees += 1;
@@ -249,7 +299,7 @@ impl Device {
             Some(s) => (s, self.sched.next_clock(s), vec![s]),
             None => {
                 let mut waited = vec![allocation.stream];
-                waited.extend(self.stream_uses.get(&allocation.ptr).into_iter().flatten().copied());
+                waited.extend(self.uses.recorded.get(&allocation.ptr).into_iter().flatten().copied());
                 (HOST, self.sched.host_clock().clone(), waited)
             }
         };
@@ -267,7 +317,7 @@ impl Device {
         let waited: Vec<StreamId> = match stream {
             Some(s) => vec![s],
             None => std::iter::once(allocation.stream)
-                .chain(self.stream_uses.get(&allocation.ptr).into_iter().flatten().copied())
+                .chain(self.uses.recorded.get(&allocation.ptr).into_iter().flatten().copied())
                 .collect(),
         };
         let mut marks = Vec::with_capacity(waited.len());
@@ -287,10 +337,11 @@ impl Device {
     /// Whether the runtime work that touches the block at `ptr` is complete.
     #[inline]
     fn busy_done(&mut self, ptr: u64) -> bool {
-        if self.busy.is_empty() {
+        if self.uses.busy.is_empty() {
             return true;
         }
-        let marks: Vec<_> = self.busy.get(&ptr).into_iter().flatten().map(|b| b.mark).filter(|&m| m != 0).collect();
+        let marks: Vec<_> =
+            self.uses.busy.get(&ptr).into_iter().flatten().map(|b| b.mark).filter(|&m| m != 0).collect();
         self.rt_done(&marks)
     }
 
@@ -319,8 +370,8 @@ impl Device {
     /// while no trace is recorded.
     #[inline(always)]
     pub(super) fn untrack_ptr(&mut self, ptr: u64, completed: bool) {
-        if !self.stream_uses.is_empty() {
-            self.stream_uses.remove(&ptr);
+        if !self.uses.recorded.is_empty() {
+            self.uses.recorded.remove(&ptr);
         }
         if !self.tags.is_empty() {
             self.tags.remove(&ptr);
@@ -335,9 +386,9 @@ impl Device {
     /// recorded streams, tags, queued work or sanitizer records on any block.
     #[inline(always)]
     pub(super) fn untracks_nothing(&self) -> bool {
-        self.stream_uses.is_empty()
+        self.uses.recorded.is_empty()
             && self.tags.is_empty()
-            && self.busy.is_empty()
+            && self.uses.busy.is_empty()
             && self.pool_requested.is_empty()
             && self.sanitizer.tracks_none()
     }
@@ -350,8 +401,8 @@ impl Device {
         if !self.pool_requested.is_empty() {
             self.pool_requested.remove(&ptr);
         }
-        if !self.busy.is_empty() {
-            if let Some(entries) = self.busy.remove(&ptr) {
+        if !self.uses.busy.is_empty() {
+            if let Some(entries) = self.uses.busy.remove(&ptr) {
                 let marks: Vec<_> = entries.iter().map(|b| b.mark).collect();
                 self.rt_release(&marks);
             }
@@ -361,10 +412,10 @@ impl Device {
 
     /// Takes the pending free at `key` out of the pending tables (its marks released).
     fn take_pending(&mut self, key: PendingKey) -> Allocation {
-        let PendingFree { allocation: a, marks, .. } = self.pending_frees.remove(&key).expect("pending free");
+        let PendingFree { allocation: a, marks, .. } = self.pending.frees.remove(&key).expect("pending free");
         self.rt_release(&marks);
-        self.pending_by_addr.remove(&a.ptr);
-        if let Some(index) = self.same_stream.get_mut(&a.stream) {
+        self.pending.by_addr.remove(&a.ptr);
+        if let Some(index) = self.pending.same_stream.get_mut(&a.stream) {
             index.remove(&(a.granted, a.ptr));
         }
         self.stats.pending_frees -= 1;
@@ -379,7 +430,7 @@ impl Device {
             // After runtime work, a mark of its own (the latest op of a stream replaces the mark of
             // the one before, whose work it follows).
             let mark = self.rt_op_mark(stream);
-            let entries = self.busy.entry(base).or_default();
+            let entries = self.uses.busy.entry(base).or_default();
             let old = match entries.iter_mut().find(|b| b.stream == stream) {
                 Some(b) => {
                     b.end_ns = b.end_ns.max(end_ns);
@@ -397,8 +448,8 @@ impl Device {
     /// Whether `[addr, addr + len)` lies in a freed block still waiting for its work: that work
     /// (ordered before the free) may still read and write it.
     fn in_pending_free(&self, addr: u64, len: u64) -> bool {
-        self.pending_by_addr.range(..=addr).next_back().is_some_and(|(_, key)| {
-            let a = &self.pending_frees[key].allocation;
+        self.pending.by_addr.range(..=addr).next_back().is_some_and(|(_, key)| {
+            let a = &self.pending.frees[key].allocation;
             addr.checked_add(len).is_some_and(|end| end <= a.ptr + a.size)
         })
     }
@@ -410,7 +461,7 @@ impl Device {
         let Some(allocation) = self.live.get(ptr) else {
             return Err(AclError::rt_param(format!("{ptr:#x} is not a live allocation; record_stream needs one")));
         };
-        let uses = self.stream_uses.entry(ptr).or_default();
+        let uses = self.uses.recorded.entry(ptr).or_default();
         if stream != allocation.stream && !uses.contains(&stream) {
             uses.push(stream);
         }
@@ -421,27 +472,28 @@ impl Device {
     /// completion (a stream that is still busy holds back only its own frees). Without
     /// opportunistic reuse a completed free also waits until the host has synchronised with it.
     pub(super) fn reap(&mut self) {
-        if self.pending_frees.is_empty() {
+        if self.pending.frees.is_empty() {
             return;
         }
         let now = self.sched.now_ns();
         let opportunistic = self.reuse.allow_opportunistic;
         let host = self.sched.host_clock();
         let mut due: Vec<PendingKey> = self
-            .pending_frees
+            .pending
+            .frees
             .range(..=(now, u64::MAX))
             .filter(|(_, p)| opportunistic || p.point.iter().all(|(&s, &t)| crate::stream::covers(host, s, t)))
             .map(|(&k, _)| k)
             .collect();
         // And, on a runtime with a queue, once the runtime says the work is done.
-        if self.rt_any_dirty() || self.pending_frees.values().any(|p| !p.marks.is_empty()) {
+        if self.rt_any_dirty() || self.pending.frees.values().any(|p| !p.marks.is_empty()) {
             due.retain(|k| {
-                let (marks, ptr) = (self.pending_frees[k].marks.clone(), self.pending_frees[k].allocation.ptr);
+                let (marks, ptr) = (self.pending.frees[k].marks.clone(), self.pending.frees[k].allocation.ptr);
                 self.rt_done(&marks) && self.busy_done(ptr)
             });
         }
         for key in due {
-            let block = self.granted_of(&self.pending_frees[&key].allocation);
+            let block = self.granted_of(&self.pending.frees[&key].allocation);
             if self.allocator.free_block(self.backend.as_mut(), &block).is_err() {
                 // The driver failed: the block stays pending (the next settle tries again).
                 continue;
@@ -572,7 +624,7 @@ impl Device {
             self.reap_effects();
         }
         // Only reaping frees memory here; every other call charges its own driver calls.
-        if !self.pending_frees.is_empty() {
+        if !self.pending.frees.is_empty() {
             self.reap();
             self.charge_driver();
         }
@@ -670,7 +722,7 @@ impl Device {
             let s = self.rt_stream(stream);
             self.backend.streams().stream_wait_event(s, e)?;
             // Its later work now follows the event's: treat it as busy until synchronised.
-            self.rt_dirty.insert(stream);
+            self.rt.dirty.insert(stream);
         }
         self.sched.stream_wait_event(stream, event)
     }
