@@ -38,8 +38,8 @@ use std::collections::BTreeMap;
 
 use crate::acl::{MemAttr, MemcpyKind, Policy};
 use crate::backend::{
-    AclBackend, Backend, BackendCounters, CudaBackend, FaultCounts, FaultPlan, FaultyBackend, HostBackend, HostConfig,
-    SimBackend, SimConfig,
+    AclBackend, Backend, BackendCounters, CudaBackend, FaultCounts, FaultInjector, FaultPlan, FaultyBackend,
+    HostBackend, HostConfig, SimBackend, SimConfig,
 };
 use crate::error::{AclError, ErrorCode, Result};
 use crate::host::HostHeap;
@@ -407,6 +407,8 @@ pub struct Device {
     /// Whether the allocator leaves its blocks' records to the device (see the module's
     /// invariants).
     owner_tracked: bool,
+    /// The countdowns of the [`FaultyBackend`] wrapping `backend`, when one does.
+    fault_injector: Option<FaultInjector>,
     /// Blocks revived (stream-ordered reuse) at a size other than their pool's request: that
     /// request, by pointer, until the block's memory goes back to the allocator.
     pool_requested: FxHashMap<u64, u64>,
@@ -468,8 +470,12 @@ impl Device {
         let backend = config.backend.open(config.sim, config.ordinal, config.va_slice)?;
         let (_, capacity) = backend.mem_info(crate::acl::MemScope::All);
         let allocator = config.allocator.build(&config.alloc_conf, capacity)?;
-        let backend: Box<dyn Backend> = if config.faults { Box::new(FaultyBackend::new(backend)) } else { backend };
-        Ok(Self::with_parts(backend, allocator))
+        if !config.faults {
+            return Ok(Self::with_parts(backend, allocator));
+        }
+        let faulty = FaultyBackend::new(backend);
+        let injector = faulty.injector();
+        Ok(Self::with_parts(Box::new(faulty), allocator).with_fault_injector(injector))
     }
 
     /// A device over any backend and allocator (which keeps no records of its own of the blocks
@@ -488,6 +494,7 @@ impl Device {
             backend,
             allocator,
             owner_tracked: false,
+            fault_injector: None,
             pool_requested: FxHashMap::default(),
             live: LiveTable::default(),
             free_scratch: Vec::new(),
@@ -946,6 +953,13 @@ impl Device {
         AclError::new(ErrorCode::FeatureUnsupported, format!("the {} backend has no {what}", self.backend.name()))
     }
 
+    /// The device whose `inject_faults` and `faults` arm and read `injector`, the handle of the
+    /// [`FaultyBackend`] its backend is wrapped in.
+    pub fn with_fault_injector(mut self, injector: FaultInjector) -> Self {
+        self.fault_injector = Some(injector);
+        self
+    }
+
     /// Arms driver failures (the device must have been made with `faults`).
     pub fn inject_faults(&mut self, plan: FaultPlan) -> Result<()> {
         self.fault_injector()?.arm(plan)
@@ -957,12 +971,11 @@ impl Device {
         Ok((f.injected(), f.plan()))
     }
 
-    fn fault_injector(&mut self) -> Result<&mut FaultyBackend> {
-        let name = self.backend.name();
-        self.backend.faults().ok_or_else(|| {
+    fn fault_injector(&self) -> Result<&FaultInjector> {
+        self.fault_injector.as_ref().ok_or_else(|| {
             AclError::new(
                 ErrorCode::FeatureUnsupported,
-                format!("this {name} device injects no faults; create it with faults=True"),
+                format!("this {} device injects no faults; create it with faults=True", self.backend.name()),
             )
         })
     }
