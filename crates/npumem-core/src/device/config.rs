@@ -218,8 +218,12 @@ impl Device {
         let backend = config.backend.open(config.sim, config.ordinal, config.va_slice)?;
         let (_, capacity) = backend.mem_info(crate::acl::MemScope::All);
         let allocator = config.allocator.build(&config.alloc_conf, capacity)?;
-        let backend: Box<dyn Backend> = if config.faults { Box::new(FaultyBackend::new(backend)) } else { backend };
-        Ok(Self::with_parts(backend, allocator))
+        if !config.faults {
+            return Ok(Self::with_parts(backend, allocator));
+        }
+        let faulty = FaultyBackend::new(backend);
+        let injector = faulty.injector();
+        Ok(Self::with_parts(Box::new(faulty), allocator).with_fault_injector(injector))
     }
 
     /// A device over any backend and allocator (which keeps no records of its own of the blocks
@@ -238,6 +242,7 @@ impl Device {
             backend,
             allocator,
             owner_tracked: false,
+            fault_injector: None,
             pool_requested: FxHashMap::default(),
             live: LiveTable::default(),
             free_scratch: Vec::new(),

@@ -48,8 +48,8 @@ use std::collections::BTreeMap;
 
 use crate::acl::{MemAttr, MemcpyKind, Policy};
 use crate::backend::{
-    AclBackend, Backend, BackendCounters, CudaBackend, FaultCounts, FaultPlan, FaultyBackend, HostBackend, HostConfig,
-    SimBackend, SimConfig,
+    AclBackend, Backend, BackendCounters, CudaBackend, FaultCounts, FaultInjector, FaultPlan, FaultyBackend,
+    HostBackend, HostConfig, SimBackend, SimConfig,
 };
 use crate::error::{AclError, ErrorCode, Result};
 use crate::host::HostHeap;
@@ -156,6 +156,8 @@ pub struct Device {
     /// Whether the allocator leaves its blocks' records to the device (see the module's
     /// invariants).
     owner_tracked: bool,
+    /// The countdowns of the [`FaultyBackend`] wrapping `backend`, when one does.
+    fault_injector: Option<FaultInjector>,
     /// Blocks revived (stream-ordered reuse) at a size other than their pool's request: that
     /// request, by pointer, until the block's memory goes back to the allocator.
     pool_requested: FxHashMap<u64, u64>,
@@ -491,6 +493,13 @@ impl Device {
         AclError::new(ErrorCode::FeatureUnsupported, format!("the {} backend has no {what}", self.backend.name()))
     }
 
+    /// The device whose `inject_faults` and `faults` arm and read `injector`, the handle of the
+    /// [`FaultyBackend`] its backend is wrapped in.
+    pub fn with_fault_injector(mut self, injector: FaultInjector) -> Self {
+        self.fault_injector = Some(injector);
+        self
+    }
+
     /// Arms driver failures (the device must have been made with `faults`).
     pub fn inject_faults(&mut self, plan: FaultPlan) -> Result<()> {
         self.fault_injector()?.arm(plan)
@@ -502,12 +511,11 @@ impl Device {
         Ok((f.injected(), f.plan()))
     }
 
-    fn fault_injector(&mut self) -> Result<&mut FaultyBackend> {
-        let name = self.backend.name();
-        self.backend.faults().ok_or_else(|| {
+    fn fault_injector(&self) -> Result<&FaultInjector> {
+        self.fault_injector.as_ref().ok_or_else(|| {
             AclError::new(
                 ErrorCode::FeatureUnsupported,
-                format!("this {name} device injects no faults; create it with faults=True"),
+                format!("this {} device injects no faults; create it with faults=True", self.backend.name()),
             )
         })
     }
