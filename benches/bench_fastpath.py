@@ -8,7 +8,7 @@
 3. Large temporaries touched once (every page written): ``HostPool.zeros`` / ``HostPool.empty``
    against ``np.zeros`` / ``np.empty`` at 64 KiB, 1 MiB and 64 MiB.
 
-Run: make bench-fastpath   (or: .venv/bin/python benches/bench_fastpath.py [--quick])
+Run: make bench B=fastpath   (or: .venv/bin/python benches/bench_fastpath.py [--quick])
 """
 
 from __future__ import annotations

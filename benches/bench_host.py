@@ -24,7 +24,7 @@ already mapped and do not fault; a fresh mapping faults (and the kernel zeroes) 
 cases). Timing: interleaved rounds, best of each (``npumem._timing.best_of``), each case called
 about 10 ms per round.
 
-Run: make bench-host   (or: .venv/bin/python benches/bench_host.py [--quick] [--huge-first])
+Run: make bench B=host   (or: .venv/bin/python benches/bench_host.py [--quick] [--huge-first])
 """
 
 from __future__ import annotations

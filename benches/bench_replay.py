@@ -11,7 +11,7 @@ too (Python-driven replay: it measures the whole stack, not the pool alone).
 Traces: synthetic transformer training and a random churn (npumem.traces), and the real traces
 recorded from PyTorch on the CPU in benches/traces/ (benches/record_torch_traces.py).
 
-Run: make bench-replay   (or: .venv/bin/python benches/bench_replay.py [--quick])
+Run: make bench B=replay   (or: .venv/bin/python benches/bench_replay.py [--quick])
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ shared machine), the best of ``--rounds`` runs on a warm TLB; the two models tak
 round, so a slow spell hits both and the ratio stays fair. The reference runs a quarter of the
 accesses (it is slow).
 
-Run: make bench-tlb   (or: .venv/bin/python benches/bench_tlb.py [--accesses N] [--rounds N]
+Run: make bench B=tlb   (or: .venv/bin/python benches/bench_tlb.py [--accesses N] [--rounds N]
 [--presets skylake,zen4] [--quick])
 """
 

@@ -14,7 +14,7 @@
 //!   second thread that frees them (per block). Allocators that are not thread-safe run behind a
 //!   mutex, as a user would have to share them.
 //!
-//! Run: `cargo bench -p npumem-core --bench pools` (or `make bench-pools`).
+//! Run: `cargo bench -p npumem-core --bench pools` (or `make bench B=pools`).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
