@@ -1,5 +1,5 @@
 """Device.buffer (one owning allocation, freed when collected) against np.empty + del, in the
-same run (issue 16): ns of CPU time per create+drop, best of many interleaved rounds, and the
+same run: ns of CPU time per create+drop, best of many interleaved rounds, and the
 ratios.
 
 Rows: ``Device.buffer(4096)`` on the simulator and on the host backend; the two-call

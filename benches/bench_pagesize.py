@@ -1,4 +1,4 @@
-"""Issue #13: page size measured on real memory, beside the TLB model's prediction.
+"""Page size measured on real memory, beside the TLB model's prediction.
 
 The host backend maps one block with 4 KiB pages (``NORMAL_ONLY``: a memfd of normal pages,
 ``MADV_NOHUGEPAGE``) and one with 2 MiB pages (``HUGE_ONLY``: a hugetlb memfd). When the kernel's

@@ -1,4 +1,4 @@
-"""Allocator families side by side on allocation traces (issue #3's benchmark).
+"""Allocator families side by side on allocation traces.
 
 For each trace and each allocator (direct, pytorch, torch_npu, npumem) it reports: peak reserved
 and peak allocated on a roomy device, the smallest device capacity on which the trace completes

@@ -1,4 +1,4 @@
-//! npumem's `HostPool` against named peers on the same workloads, in one run (issue #5):
+//! npumem's `HostPool` against named peers on the same workloads, in one run:
 //! `offset-allocator` (Sebastian Aaltonen's O(1) offset allocator; metadata only, no memory),
 //! `rlsf` (TLSF over a real region), `buddy_system_allocator` (over a real region), the system
 //! `malloc` and `mimalloc`.

@@ -135,7 +135,7 @@ impl VmmPool {
     /// the shortest extent, then the lowest address. (Far from the limit the shortest extent
     /// comes first, as it reuses mapped holes rather than growing the pool; shorter blocks skip
     /// the second rule: packed against a neighbour, whatever the scrap, they fared better on
-    /// the repository's traces; docs/benchmarks.md, issue #17.)
+    /// the repository's traces; docs/benchmarks.md.)
     /// Extents are taken
     /// shortest first and the search stops at a placement that needs as few pages as any
     /// position could (all but the two end pages) or after [`PLACE_SCAN`] extents. Returns the
