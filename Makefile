@@ -8,7 +8,7 @@ STAMP := $(VENV)/.deps-stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run test build wheel lint test-rust test-loom test-python fuzz miri bench bench-replay bench-streams bench-plan bench-fastpath bench-pools bench-host bench-pagesize validate-tlb sweep-demo bench-workloads bench-stress bench-pyacl check-gpu check-memory-viz bench-tlb bench-replay-speed bench-flat-latency bench-buffer clean
+.PHONY: run test build wheel lint test-rust test-loom test-python fuzz miri bench clean
 
 run: build
 	npumem demo
@@ -80,104 +80,122 @@ miri:
 	MIRIFLAGS="-Zmiri-permissive-provenance" cargo +nightly miri test -p npumem-core --lib -- \
 		hostpool::tests::link_tables_hand_blocks_over_once host::tests::
 
-bench: build
+# Benchmarks and checks: `make bench B=name` runs one (B defaults to malloc); benches/README.md
+# says what each measures, the peers it runs beside, and where its figures are in
+# docs/benchmarks.md. `make bench B=list` (or an unknown name) prints the names.
+B ?= malloc
+BENCHES := malloc replay replay-speed flat-latency buffer streams fastpath pools plan tlb \
+	validate-tlb host pagesize sweep workloads stress pyacl memory-viz gpu
+.PHONY: $(addprefix bench/,$(BENCHES) list unknown)
+
+bench: $(if $(filter $(B),$(BENCHES) list),bench/$(B),bench/unknown)
+
+bench/list:
+	@echo "make bench B=name, with name one of:"; for b in $(BENCHES); do echo "  $$b"; done
+
+bench/unknown: bench/list
+	@echo "make bench: no benchmark named '$(B)'" >&2; exit 1
+
+# The Python allocation benchmark: Device.malloc/free against the other families.
+bench/malloc: build
 	python benches/bench_malloc.py
 
-bench-replay: build
+bench/replay: build
 	python benches/bench_replay.py
 
 # The native replay's rate on 10^7-event traces with about 2,000 live blocks (training steps with
 # fixed shapes, and a random churn over 8 sizes), per family: M events/s of wall and CPU time, and
 # the same events made one by one (malloc / free) for the ratio.
 REPLAY_EVENTS ?= 10000000
-bench-replay-speed:
+bench/replay-speed:
 	cargo build -p npumem-core --release --example replay_loop -q
 	for fam in npumem pytorch torch_npu; do for shape in training 8; do \
 		echo "$$fam $$shape: `BASELINE=1 target/release/examples/replay_loop $(REPLAY_EVENTS) 2000 $$shape $$fam`"; done; done
 
-# Per-allocation latency at 10^3, 10^5 and 10^6 live blocks, every family (issue 16).
-bench-flat-latency:
+# Per-allocation latency at 10^3, 10^5 and 10^6 live blocks, every family.
+bench/flat-latency:
 	cargo build -p npumem-core --release --example flat_latency -q
 	target/release/examples/flat_latency
 
 # Device.buffer create+drop against np.empty(4096)+del in the same run.
-bench-buffer: build
+bench/buffer: build
 	python benches/bench_buffer.py
 
-bench-streams: build
+bench/streams: build
 	python benches/bench_streams.py
 
-bench-fastpath: build
+bench/fastpath: build
 	cargo bench -p npumem-core --bench device
 	python benches/bench_fastpath.py
 
-bench-pools:
+bench/pools:
 	cargo bench -p npumem-core --bench pools
 
-bench-plan: build
+bench/plan: build
 	python benches/bench_plan.py
 	python benches/bench_graphs.py
 
-validate-tlb: build
+bench/validate-tlb: build
 	python benches/validate_tlb.py
 
-# The TLB model's speed from Python (issue #17): streaming, strided, uniform random and Zipf over
-# 1 GiB of 2 MiB and of 4 KiB pages, beside the reference model; then the criterion benches.
-bench-tlb: build
+# The TLB model's speed from Python: streaming, strided, uniform random and Zipf over 1 GiB of
+# 2 MiB and of 4 KiB pages, beside the reference model; then the criterion benches.
+bench/tlb: build
 	python benches/bench_tlb.py
 	cargo bench -p npumem-core --bench vm -- tlb
 
-# Real memory (issue #13): pooled allocation on the host backend against a mapping per call,
-# glibc malloc and numpy; and 4 KiB against 2 MiB pages under a pointer chase and GEMMs. The
-# page-size run reserves 2 MiB pages through /proc/sys/vm/nr_hugepages when it can (as root)
-# and gives them back; otherwise it uses transparent huge pages, and says which.
-bench-host: build
+# Real memory: pooled allocation on the host backend against a mapping per call, glibc malloc and
+# numpy.
+bench/host: build
 	python benches/bench_host.py
 
-bench-pagesize: build
+# 4 KiB against 2 MiB pages under a pointer chase and GEMMs. It reserves 2 MiB pages through
+# /proc/sys/vm/nr_hugepages when it can (as root) and gives them back; otherwise it uses
+# transparent huge pages, and says which.
+bench/pagesize: build
 	python benches/bench_pagesize.py --json target/bench-pagesize.json
 
-# Issue #17: a sweep of 504 cells (TLB presets x page sizes x patterns x footprints, and allocator
-# families x alloc_conf x workloads x capacities) on a two-worker Dask LocalCluster, then its
-# self-contained HTML report (with the host page-size measurements of `make bench-pagesize` when
+# A sweep of 504 cells (TLB presets x page sizes x patterns x footprints, and allocator families x
+# alloc_conf x workloads x capacities) on a two-worker Dask LocalCluster, then its self-contained
+# HTML report (with the host page-size measurements of `make bench B=pagesize` when
 # target/bench-pagesize.json exists). Several minutes on two cores; a rerun reads the cache.
 SWEEP_DEMO := target/sweeps/demo
-sweep-demo: build
+bench/sweep: build
 	npumem sweep examples/sweeps/demo.toml --out $(SWEEP_DEMO) --workers 2
 	npumem report $(SWEEP_DEMO) --out $(SWEEP_DEMO)/report.html \
 		$(if $(wildcard target/bench-pagesize.json),--host-pagesize target/bench-pagesize.json)
 
-# Issue #16: every generated workload on every family, and per-allocation latency as the pool
-# of a long-running service grows; the fragmentation search against every family.
-bench-workloads: build
+# Every generated workload on every family, and per-allocation latency as the pool of a
+# long-running service grows; the fragmentation search against every family.
+bench/workloads: build
 	python benches/bench_workloads.py
 
 STRESS_EVALUATIONS ?= 1500
-bench-stress: build
+bench/stress: build
 	python benches/bench_stress.py --evaluations $(STRESS_EVALUATIONS)
 
 # The pyACL layer (npumem.acl): its cost per call beside Device's, and a P2P copy's time.
-bench-pyacl: build
+bench/pyacl: build
 	python benches/bench_pyacl.py
 
-# Issue #16: PyTorch's own memory_viz (stats, trace, segments, memory, trace_plot, segment_plot,
-# compare) on snapshots written by every allocator family and by `npumem replay --snapshot`.
-# memory_viz comes from NPUMEM_MEMORY_VIZ, an installed torch, or the torch wheel on PyPI
-# (downloaded once into target/memory-viz, ~0.5 GiB); the flamegraph commands use inferno's
-# inferno-flamegraph (crates.io, built once) in place of the flamegraph.pl memory_viz downloads.
+# PyTorch's own memory_viz (stats, trace, segments, memory, trace_plot, segment_plot, compare) on
+# snapshots written by every allocator family and by `npumem replay --snapshot`. memory_viz comes
+# from NPUMEM_MEMORY_VIZ, an installed torch, or the torch wheel on PyPI (downloaded once into
+# target/memory-viz, ~0.5 GiB); the flamegraph commands use inferno's inferno-flamegraph
+# (crates.io, built once) in place of the flamegraph.pl memory_viz downloads.
 MEMORY_VIZ_DIR := target/memory-viz
-check-memory-viz: build
+bench/memory-viz: build
 	@test -x $(MEMORY_VIZ_DIR)/bin/inferno-flamegraph || cargo install -q --locked inferno --root $(MEMORY_VIZ_DIR)
 	mv=$$(python tests/fetch_memory_viz.py $(MEMORY_VIZ_DIR)) && \
 	NPUMEM_MEMORY_VIZ=$$mv NPUMEM_FLAMEGRAPH=$(abspath $(MEMORY_VIZ_DIR))/bin/inferno-flamegraph \
 		python -m pytest -q -rs tests/test_memory_viz.py
 
-# Real accelerators (issue #14): the CUDA backend's tests and a short benchmark against the real
-# driver (libcuda.so.1 from the loader path; NPUMEM_CUDA_LIB is not used). Without a GPU and
-# driver it prints one line saying why and succeeds. On Ascend hardware: NPUMEM_BACKEND=acl.
-check-gpu: build
+# Real accelerators: the CUDA backend's tests and a short benchmark against the real driver
+# (libcuda.so.1 from the loader path; NPUMEM_CUDA_LIB is not used). Without a GPU and driver it
+# prints one line saying why and succeeds. On Ascend hardware: NPUMEM_BACKEND=acl.
+bench/gpu: build
 	@reason=$$(env -u NPUMEM_CUDA_LIB -u NPUMEM_ACL_LIB python benches/bench_gpu.py --probe); \
-	if [ -n "$$reason" ]; then echo "check-gpu: skipped: $$reason"; exit 0; fi; \
+	if [ -n "$$reason" ]; then echo "bench gpu: skipped: $$reason"; exit 0; fi; \
 	env -u NPUMEM_CUDA_LIB -u NPUMEM_ACL_LIB NPUMEM_CHECK_GPU=1 python -m pytest -q tests/test_gpu.py && \
 	env -u NPUMEM_CUDA_LIB -u NPUMEM_ACL_LIB python benches/bench_gpu.py
 

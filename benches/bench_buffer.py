@@ -1,5 +1,5 @@
 """Device.buffer (one owning allocation, freed when collected) against np.empty + del, in the
-same run (issue 16): ns of CPU time per create+drop, best of many interleaved rounds, and the
+same run: ns of CPU time per create+drop, best of many interleaved rounds, and the
 ratios.
 
 Rows: ``Device.buffer(4096)`` on the simulator and on the host backend; the two-call
@@ -10,7 +10,7 @@ Each round times every case once (``--number`` calls each, thread CPU time, so t
 process waits for a core on a loaded machine is not counted), in turn, so load that comes and
 goes hits every case alike; each case keeps its best round.
 
-Run: make bench-buffer   (or: .venv/bin/python benches/bench_buffer.py [--rounds N] [--number N])
+Run: make bench B=buffer   (or: .venv/bin/python benches/bench_buffer.py [--rounds N] [--number N])
 """
 
 from __future__ import annotations

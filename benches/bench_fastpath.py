@@ -1,4 +1,4 @@
-"""Issue #5's Python-side goals, measured in one run against named peers, printed as ratios.
+"""The Python-side fast paths, measured in one run against named peers, printed as ratios.
 
 1. One alloc+free pair of 4 KiB: a no-op PyO3 method pair (the floor of two binding calls), a
    pure-Python dict free list, ``np.empty(4096)``, the simulated ``Device`` (npumem pool),
@@ -8,7 +8,7 @@
 3. Large temporaries touched once (every page written): ``HostPool.zeros`` / ``HostPool.empty``
    against ``np.zeros`` / ``np.empty`` at 64 KiB, 1 MiB and 64 MiB.
 
-Run: make bench-fastpath   (or: .venv/bin/python benches/bench_fastpath.py [--quick])
+Run: make bench B=fastpath   (or: .venv/bin/python benches/bench_fastpath.py [--quick])
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue #14: the CUDA backend on a real GPU (`make check-gpu` runs it after the GPU tests; with
+"""The CUDA backend on a real GPU (`make bench B=gpu` runs it after the GPU tests; with
 ``NPUMEM_BACKEND=acl`` the AscendCL backend on an Ascend NPU, against aclrtMalloc/aclrtFree).
 
 Cases, each one malloc + free pair called from Python:
@@ -18,7 +18,7 @@ It needs the real driver: ``libcuda.so.1`` from the loader path (``libascendcl.s
 saying why and exits 0 (``--probe``: prints only the reason, nothing when a device is there).
 Timing: interleaved rounds, best of each (``npumem._timing.best_of``).
 
-Run: make check-gpu   (or: .venv/bin/python benches/bench_gpu.py [--quick] [--probe])
+Run: make bench B=gpu   (or: .venv/bin/python benches/bench_gpu.py [--quick] [--probe])
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class Runtime:
 def device_or_reason() -> tuple[Runtime | None, str]:
     """The real runtime with a device, or why not."""
     if BACKEND not in ("cuda", "acl"):
-        return None, f"NPUMEM_BACKEND={BACKEND!r}: check-gpu measures 'cuda' (the default) or 'acl'"
+        return None, f"NPUMEM_BACKEND={BACKEND!r}: bench B=gpu measures 'cuda' (the default) or 'acl'"
     if BACKEND == "cuda":
         names = ["libcuda.so.1"]
     else:

@@ -1,6 +1,6 @@
 """Real model graphs (imported from PyTorch by benches/record_torch_graphs.py, stored in
 benches/graphs/) planned by every strategy, and the training graphs under a memory limit.
-Prints markdown tables (docs/benchmarks.md). Run: make bench-plan.
+Prints markdown tables (docs/benchmarks.md). Run: make bench B=plan.
 
 Table 1: the activation arena of each strategy above the arena's max-live lower bound.
 Table 2: npumem under ``mem_limit`` = a fraction of the unconstrained peak (weights + I/O +

@@ -1,4 +1,4 @@
-"""Issue #13: allocation on real memory. Pooled malloc+free on the host backend against a fresh
+"""Allocation on real memory. Pooled malloc+free on the host backend against a fresh
 mapping per call, glibc malloc and numpy, at 4 KiB, 1 MiB and 64 MiB.
 
 Cases (one malloc + free pair each, called from Python):
@@ -24,7 +24,7 @@ already mapped and do not fault; a fresh mapping faults (and the kernel zeroes) 
 cases). Timing: interleaved rounds, best of each (``npumem._timing.best_of``), each case called
 about 10 ms per round.
 
-Run: make bench-host   (or: .venv/bin/python benches/bench_host.py [--quick] [--huge-first])
+Run: make bench B=host   (or: .venv/bin/python benches/bench_host.py [--quick] [--huge-first])
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ def main() -> None:
             for t in (False, True)
         )
 
-    print("\ngoals (issue #13):")
+    print("\ngoals:")
     for peer in ("mmap module mmap+munmap", "ctypes libc mmap+munmap", "host direct"):
         print(f"  pool vs {peer} at 1 MiB (goal >= 50x): {goal(1 << 20, peer)}")
     print(f"  pool vs glibc malloc at 64 MiB (goal > 1x): {goal(64 << 20, 'glibc malloc+free')}")

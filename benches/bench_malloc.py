@@ -82,7 +82,7 @@ def main() -> None:
     assert np.array_equal(out, data)
     dev.free(ptr)
 
-    # Batch APIs: one crossing of the binding for many blocks (issue #5's first piece).
+    # Batch APIs: one crossing of the binding for many blocks.
     print()
     single = npumem.Device("16GiB")
     t_single = per_op(lambda: single.free(single.malloc(4096)), 100_000 // scale)

@@ -1,4 +1,4 @@
-"""npumem's compact trace format at scale (issue 16): write and read an npz trace of N events
+"""npumem's compact trace format at scale: write and read an npz trace of N events
 (a churn: ids in order of allocation, 8 sizes from 64 KiB to 8 MiB, about 2,000 live), its size on disk
 per event, and the time to replay it on the npumem pool from the file.
 

@@ -1,4 +1,4 @@
-"""Issue #13: page size measured on real memory, beside the TLB model's prediction.
+"""Page size measured on real memory, beside the TLB model's prediction.
 
 The host backend maps one block with 4 KiB pages (``NORMAL_ONLY``: a memfd of normal pages,
 ``MADV_NOHUGEPAGE``) and one with 2 MiB pages (``HUGE_ONLY``: a hugetlb memfd). When the kernel's
@@ -30,11 +30,11 @@ an L2 TLB hit and of a walk step) are fitted to the chase measurements by least 
 predictions are the translation cycles of the kernel's own row-segment trace over the first
 block row of tiles, scaled to the whole product.
 
-With ``--json PATH`` the tables are also written as JSON (``make bench-pagesize`` writes
+With ``--json PATH`` the tables are also written as JSON (``make bench B=pagesize`` writes
 ``target/bench-pagesize.json``), which ``npumem report DIR --host-pagesize PATH`` sets beside the
 model in its page-size study.
 
-Run: make bench-pagesize   (or: .venv/bin/python benches/bench_pagesize.py [--quick] [--thp]
+Run: make bench B=pagesize   (or: .venv/bin/python benches/bench_pagesize.py [--quick] [--thp]
 [--max-footprint MIB] [--rounds N] [--gemm-rounds N] [--json PATH])
 """
 

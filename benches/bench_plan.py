@@ -1,5 +1,5 @@
 """Every planning strategy on every input of benches/dsa/: arena above the max-live lower bound and
-solve time, as a markdown table (docs/benchmarks.md). Run: make bench-plan.
+solve time, as a markdown table (docs/benchmarks.md). Run: make bench B=plan.
 
 Columns: the baselines and npumem's greedy portfolio (no exact search); npumem with the exact
 search minimising the peak for up to LIMIT seconds (gap, how it ended, seconds); and on

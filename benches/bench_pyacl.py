@@ -8,7 +8,7 @@ measured in the same run), and a P2P copy's time on the simulated clock.
 3. A device-to-device copy between two devices after ``device_enable_peer_access``: simulated
    GB/s against the cost model's P2P bandwidth.
 
-Run: make bench-pyacl   (or: .venv/bin/python benches/bench_pyacl.py)
+Run: make bench B=pyacl   (or: .venv/bin/python benches/bench_pyacl.py)
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Allocator families side by side on allocation traces (issue #3's benchmark).
+"""Allocator families side by side on allocation traces.
 
 For each trace and each allocator (direct, pytorch, torch_npu, npumem) it reports: peak reserved
 and peak allocated on a roomy device, the smallest device capacity on which the trace completes
@@ -11,7 +11,7 @@ too (Python-driven replay: it measures the whole stack, not the pool alone).
 Traces: synthetic transformer training and a random churn (npumem.traces), and the real traces
 recorded from PyTorch on the CPU in benches/traces/ (benches/record_torch_traces.py).
 
-Run: make bench-replay   (or: .venv/bin/python benches/bench_replay.py [--quick])
+Run: make bench B=replay   (or: .venv/bin/python benches/bench_replay.py [--quick])
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
    (npumem.pipelines.scratch_loop): total time, device idle time (the bubble), host blocks, and
    peak reserved memory.
 
-Run: make bench-streams   (or: .venv/bin/python benches/bench_streams.py)
+Run: make bench B=streams   (or: .venv/bin/python benches/bench_streams.py)
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ found and how every family does on that workload. Each worst workload is saved u
 target/stress/ as a trace; a case where npumem needs more capacity than another family is flagged
 (copy it to tests/stress_cases/ to make it a regression test).
 
-Run: make bench-stress   (or: .venv/bin/python benches/bench_stress.py [--evaluations N] [--seed S])
+Run: make bench B=stress   (or: .venv/bin/python benches/bench_stress.py [--evaluations N] [--seed S])
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue #17: the TLB model's speed from Python on numpy input, beside the model as first written.
+"""The TLB model's speed from Python on numpy input, beside the reference model.
 
 One device holds a 1 GiB block of 2 MiB pages (``HUGE_ONLY``) and a 1 GiB block of 4 KiB pages
 (``NORMAL_ONLY``). Over each, four address streams of ``--accesses`` accesses (``npumem.patterns``):
@@ -13,7 +13,7 @@ shared machine), the best of ``--rounds`` runs on a warm TLB; the two models tak
 round, so a slow spell hits both and the ratio stays fair. The reference runs a quarter of the
 accesses (it is slow).
 
-Run: make bench-tlb   (or: .venv/bin/python benches/bench_tlb.py [--accesses N] [--rounds N]
+Run: make bench B=tlb   (or: .venv/bin/python benches/bench_tlb.py [--accesses N] [--rounds N]
 [--presets skylake,zen4] [--quick])
 """
 
@@ -79,7 +79,7 @@ def main() -> None:
         for page, base in blocks.items():
             for name, addrs in streams(base, n).items():
                 short = addrs[: n // 4]
-                # The same stream through both models: identical counters (issue 17's promise).
+                # The same stream through both models: identical counters (the fast model's promise).
                 a, b = Tlb.preset(preset, dev), Tlb.preset(preset, dev, model="reference")
                 if a.run(short) != b.run(short):
                     raise SystemExit(f"{preset} {page} {name}: the fast model differs from the reference")

@@ -16,7 +16,7 @@ Single allocations and frees arrive in short runs (a request's three tensors, a 
 inserts), so the figures include the binding's per-call cost (~1 us), the same for every family;
 a family whose search grows with the pool shows it on top of that.
 
-Run: make bench-workloads   (or: .venv/bin/python benches/bench_workloads.py [--quick] [--live N])
+Run: make bench B=workloads   (or: .venv/bin/python benches/bench_workloads.py [--quick] [--live N])
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ knees with the footprints at which the model's L1 and L2 TLBs stop holding the c
 - calibrated from the measurement (entries = knee footprint / 4 KiB), since a virtual machine
   hides the real TLB geometry and adds a nested walk.
 
-Run: make validate-tlb   (or: .venv/bin/python benches/validate_tlb.py [max_footprint_mib])
+Run: make bench B=validate-tlb   (or: .venv/bin/python benches/validate_tlb.py [max_footprint_mib])
 """
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ BOTH_BACKENDS = [pytest.mark.usefixtures("npumem_backend")]
 
 #: The stand-in runtimes `make build` puts here (crates/npumem-fake-acl, crates/npumem-fake-cuda).
 STAND_INS = Path(__file__).resolve().parent.parent / "target" / "stand-ins"
-#: `make check-gpu` (NPUMEM_CHECK_GPU=1): tests/test_gpu.py runs on the real runtime, which the
+#: `make bench B=gpu` (NPUMEM_CHECK_GPU=1): tests/test_gpu.py runs on the real runtime, which the
 #: stand-ins must not replace.
 REAL_DEVICE = os.environ.get("NPUMEM_CHECK_GPU") == "1"
 # Otherwise the accelerator backends load the stand-ins in place of AscendCL and the CUDA driver.

@@ -1,4 +1,4 @@
-"""Finds PyTorch's memory_viz (``torch/cuda/_memory_viz.py``) for ``make check-memory-viz`` and
+"""Finds PyTorch's memory_viz (``torch/cuda/_memory_viz.py``) for ``make bench B=memory-viz`` and
 prints its path: ``NPUMEM_MEMORY_VIZ`` when set, else an installed torch's copy (found without
 importing torch), else the copy in the torch wheel on PyPI, downloaded once (``pip download torch
 --no-deps``, about 0.5 GiB) into DIR and extracted from it (the module imports nothing from torch

@@ -320,12 +320,12 @@ def test_a_library_without_the_runtimes_calls_names_the_missing_symbol(backend, 
 
 
 # --------------------------------------------------------------------------------------------
-# `make check-gpu`'s tests, on the CUDA stand-in with a GPU's 2 MiB granularity
+# `make bench B=gpu`'s tests, on the CUDA stand-in with a GPU's 2 MiB granularity
 # --------------------------------------------------------------------------------------------
 
 
 def test_the_gpu_check_passes_on_the_cuda_stand_in():
-    """tests/test_gpu.py as `make check-gpu` runs it (libcuda.so.1 from the loader path), here
+    """tests/test_gpu.py as `make bench B=gpu` runs it (libcuda.so.1 from the loader path), here
     finding the stand-in, whose default granularity is a GPU's 2 MiB."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NPUMEM_")}
     env.update(NPUMEM_CHECK_GPU="1", LD_LIBRARY_PATH=str(STAND_INS))

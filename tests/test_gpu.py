@@ -1,5 +1,5 @@
 """The CUDA backend on a real GPU (the AscendCL backend on a real NPU with NPUMEM_BACKEND=acl):
-run by `make check-gpu` (NPUMEM_CHECK_GPU=1, the vendor library from the loader path), skipped
+run by `make bench B=gpu` (NPUMEM_CHECK_GPU=1, the vendor library from the loader path), skipped
 in `make test`. Device memory is not the host's here: bytes go through write/read and the
 runtime's copies.
 """
@@ -16,7 +16,7 @@ from npumem import AclError, MemAttr
 
 BACKEND = os.environ.get("NPUMEM_BACKEND") or "cuda"
 
-pytestmark = pytest.mark.skipif(not REAL_DEVICE, reason="needs a GPU or NPU: run `make check-gpu`")
+pytestmark = pytest.mark.skipif(not REAL_DEVICE, reason="needs a GPU or NPU: run `make bench B=gpu`")
 
 FAMILIES = ("npumem", "pytorch", "torch_npu", "direct")
 

@@ -68,7 +68,7 @@ def find_memory_viz() -> tuple[str | None, str]:
             return path, f"torch at {path}"
     return None, (
         "PyTorch's memory_viz not found: install torch, or point NPUMEM_MEMORY_VIZ at its "
-        "torch/cuda/_memory_viz.py (`make check-memory-viz` fetches it from PyPI)"
+        "torch/cuda/_memory_viz.py (`make bench B=memory-viz` fetches it from PyPI)"
     )
 
 

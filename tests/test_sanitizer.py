@@ -8,7 +8,7 @@ import pytest
 
 import npumem
 from npumem import MemcpyKind
-from npumem.sanitizer import KINDS
+from npumem.errors import KINDS
 
 MiB = 1 << 20
 
@@ -177,3 +177,13 @@ def test_findings_are_capped_and_counted_by_kind(dev):
     assert sum(v for k, v in counts.items() if k != "dropped") == 10_005
     dev.clear_sanitizer_reports()
     assert dev.sanitizer_reports() == [] and dev.sanitizer_counts()["out_of_bounds"] == 0
+
+
+@pytest.mark.parametrize("name", ["Finding", "KINDS"])
+def test_sanitizer_module_is_a_deprecated_alias_of_errors(name):
+    import npumem.errors
+    import npumem.sanitizer
+
+    with pytest.warns(DeprecationWarning, match=f"npumem.errors.{name}"):
+        moved = getattr(npumem.sanitizer, name)
+    assert moved is getattr(npumem.errors, name)

@@ -1,5 +1,5 @@
 """Stream-ordered frees and reuse under queued work: correct programs are clean and lose nothing,
-hazards are reported and never turn into early reuse (issue 12's regressions)."""
+hazards are reported and never turn into early reuse."""
 
 from __future__ import annotations
 

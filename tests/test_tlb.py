@@ -186,7 +186,7 @@ def test_coalescing_turns_physical_contiguity_into_reach():
 
 @pytest.mark.parametrize("preset", ["skylake", "ascend_like", "gem5_gpu"])
 def test_fast_model_matches_the_reference_from_python(dev, preset):
-    """The fast model (issue #17) and the model as first written give identical counters and
+    """The fast model and the reference model give identical counters and
     reach on a mixed stream over 4 KiB and 2 MiB pages, in two runs (the second warm), with
     unmapped addresses among them."""
     small = dev.malloc(8 * MiB, Policy.NORMAL_ONLY)

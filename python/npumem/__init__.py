@@ -1,13 +1,23 @@
 """npumem: the memory system of an Ascend-style NPU (VA space, page tables, frames, allocators),
 in Rust, driven from Python.
 
-``import npumem`` loads the device and its errors; the other modules (``npumem.plan``,
-``npumem.graph``, ``npumem.replay``, ``npumem.formats``, ``npumem.tlb``, ``npumem.traces``, ``npumem.importers``,
-``npumem.patterns``, ``npumem.hostpool``, ``npumem.capi``, ``npumem.workloads``, ``npumem.testing``,
-``npumem.stress``, ...) load on first use, as do ``npumem.profiler`` and ``npumem.profile``; so
-``npumem.plan.Problem`` works without an import of its own and the package stays quick to import.
-``npumem.acl`` is a pyACL-compatible layer (``import npumem.acl as acl``; ``python -m npumem.run
-script.py``).
+- ``import npumem`` loads the device and its errors; every other module loads on first attribute
+  access (``npumem.plan.Problem`` works without an import of its own), as do ``npumem.profiler``
+  and ``npumem.profile``, so the package stays quick to import.
+
+Modules by purpose:
+
+- Device and errors: ``device``, ``enums``, ``errors`` (AscendCL errors and sanitizer findings),
+  ``units``, ``hostpool``, ``pipelines`` (stream pipelines), ``capi`` (the C ABI through ctypes).
+- Traces: ``formats`` (the ``Trace`` form and its readers and writers), ``traces``, ``importers``,
+  ``replay``, ``workloads`` and ``stress`` (generators and runs).
+- Planning and graphs: ``plan``, ``graph``, ``torch_graphs``.
+- Measuring: ``profiling``, ``tlb`` and ``patterns`` (its address patterns), ``kernels``,
+  ``sweep``, ``report``.
+- Testing: ``testing`` (hypothesis strategies and the allocator state machine).
+- Front ends: ``cli`` (``npumem ...``), ``demo``, ``acl`` (a pyACL-compatible layer,
+  ``import npumem.acl as acl``; ``python -m npumem.run script.py``).
+- Deprecated: ``sanitizer`` (an alias of ``errors``' ``Finding`` and ``KINDS``).
 """
 
 from __future__ import annotations

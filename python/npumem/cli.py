@@ -30,20 +30,20 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-EXIT_OK = 0
-EXIT_NO = 1
-EXIT_USAGE = 2
-EXIT_MISSING_DEPENDENCY = 3
-EXIT_INTERNAL = 4
-EXIT_INTERRUPTED = 130
-EXIT_BROKEN_PIPE = 141
+from ._cli_base import (
+    EXIT_BROKEN_PIPE,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_MISSING_DEPENDENCY,
+    EXIT_NO,
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+    _output_path,
+)
 
 #: Where ``npumem demo`` writes its TLB plot when --plot is not given.
 DEMO_PLOT = os.path.join("target", "npumem-demo", "tlb_sweep.png")
-
-
-class UsageError(Exception):
-    """A bad command line or input: reported in one line, exit status 2."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -213,16 +213,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # -- helpers ----------------------------------------------------------------------------------
-
-
-def _output_path(path: str, option: str) -> str:
-    """Checks, before any work, that an output file can be created where asked."""
-    folder = os.path.dirname(path) or "."
-    if os.path.isdir(path):
-        raise UsageError(f"{option} {path!r} is a directory; give a file name")
-    if not os.path.isdir(folder):
-        raise UsageError(f"{option} {path!r}: the folder {folder!r} does not exist")
-    return path
 
 
 def _split(text: str) -> list[str]:

@@ -10,6 +10,8 @@ import sys
 import time
 from typing import Any
 
+from ._cli_base import EXIT_OK, UsageError, _output_path
+
 
 def add_parser(sub: Any) -> None:
     """Adds ``stress`` to the ``npumem`` subcommands."""
@@ -44,8 +46,6 @@ def add_parser(sub: Any) -> None:
 
 
 def _int(value: str, option: str, lo: int, hi: int) -> int:
-    from .cli import UsageError
-
     try:
         v = int(value)
     except ValueError:
@@ -64,7 +64,6 @@ def _size(value: str, option: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from . import stress
-    from .cli import EXIT_OK, UsageError, _output_path
     from .units import fmt
 
     if args.allocator not in stress.FAMILIES:

@@ -433,7 +433,7 @@ def host_pool(out: TextIO) -> None:
         f"({'ok' if HostPool.handler_of(a) == HANDLER_NAME else 'NOT the pool'}).\n"
         f"  Pool: {fmt(s['carved'])} carved of {fmt(s['capacity'])} reserved, huge pages: "
         f"{s['huge_pages']}; per-thread\n"
-        f"  caches over lock-free lists, ~15 ns an alloc+free pair in Rust (make bench-pools).\n\n"
+        f"  caches over lock-free lists, ~15 ns an alloc+free pair in Rust (make bench B=pools).\n\n"
     )
 
 
@@ -463,7 +463,7 @@ def fast_path(out: TextIO) -> None:
         f"  ({batch:.0f} ns each). A freed block waits in its size's stack and comes back in O(1),\n"
         f"  yet it is dead at once: a write to it is {caught} as use after free. Statistics,\n"
         "  snapshots and fragmentation count waiting blocks as free; the first malloc of another\n"
-        "  size releases them (make bench-fastpath measures all of this against numpy and peers).\n\n"
+        "  size releases them (make bench B=fastpath measures all of this against numpy and peers).\n\n"
     )
 
 
@@ -499,7 +499,7 @@ def host_memory(out: TextIO) -> None:
     out.write(
         f"\n  Once its pages are mapped the pool makes no system call: the second pass runs "
         f"{ms['direct', 'second'] / ms['npumem', 'second']:.0f}x faster\n"
-        "  than mapping per call (wall time includes the replay loop in Python; make bench-host times\n"
+        "  than mapping per call (wall time includes the replay loop in Python; make bench B=host times\n"
         "  single pairs against mmap, glibc malloc and numpy).\n\n"
     )
 
@@ -531,7 +531,7 @@ def host_memory(out: TextIO) -> None:
         dev.free(dev.malloc(2 << 20, Policy.HUGE_ONLY))
         out.write(
             f"  Huge pages: the kernel's hugetlb pool has {huge_free // (2 << 20)} free 2 MiB pages; HUGE_ONLY and\n"
-            "  HUGE_FIRST above 1 MiB map them (make bench-pagesize times 4 KiB against 2 MiB pages).\n\n"
+            "  HUGE_FIRST above 1 MiB map them (make bench B=pagesize times 4 KiB against 2 MiB pages).\n\n"
         )
     except OutOfMemoryError:
         out.write(

@@ -9,8 +9,7 @@ import numpy as np
 
 from . import _args, _native
 from .enums import Policy
-from .errors import InvalidParamError, invalid_param
-from .sanitizer import Finding
+from .errors import Finding, InvalidParamError, invalid_param
 from .units import fmt
 
 #: What write/read_into take without conversion.
@@ -198,7 +197,7 @@ class Device(_native.Device):
         super().record_memory_history(_args.flag(enabled, "enabled"), _args.integer(max_entries, "max_entries"))
 
     def sanitizer_reports(self) -> list[Finding]:  # type: ignore[override]
-        """The sanitizer's findings so far, oldest first, as :class:`npumem.sanitizer.Finding`."""
+        """The sanitizer's findings so far, oldest first, as :class:`npumem.errors.Finding`."""
         return [Finding(**f) for f in super().sanitizer_reports()]
 
     def memory_summary(self) -> str:

@@ -3,9 +3,15 @@
 Every error carries ``.code`` (the real ``aclError`` value), ``.name`` (its AscendCL constant) and a
 message that says what to do. The classes also derive from the matching built-in exception, so
 ``except MemoryError`` and ``except ValueError`` work as expected.
+
+The memory sanitizer's reports (``Device(sanitizer="raise" | "collect" | "off")``) live here too:
+:class:`Finding` is what ``"collect"`` keeps, :class:`SanitizerError` what ``"raise"`` raises, and
+both name their kind from :data:`KINDS`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 ACL_ERROR_INVALID_PARAM = 100000
 ACL_ERROR_RT_PARAM_INVALID = 107000
@@ -70,6 +76,32 @@ class SanitizerError(AclError, RuntimeError):
 
     def __reduce__(self):
         return (type(self), (self.code, self.name, self.message, self.kind))
+
+
+#: The kinds of finding, as ``Finding.kind`` and ``SanitizerError.kind`` name them.
+KINDS = ("use_after_free", "double_free", "out_of_bounds", "kind_mismatch", "pending_write_read", "race")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One sanitizer report.
+
+    ``kind`` is one of :data:`KINDS`; ``addr`` and ``size`` give the bytes involved;
+    ``allocation`` the start of the allocation concerned (when known) and ``tag`` its site tag
+    (``malloc(..., tag=...)``); ``streams`` the streams involved, ``-1`` standing for the host.
+    """
+
+    kind: str
+    message: str
+    addr: int
+    size: int
+    allocation: int | None = None
+    streams: list[int] = field(default_factory=list)
+    tag: str | None = None
+
+    def __str__(self) -> str:
+        where = f" [{self.tag}]" if self.tag else ""
+        return f"{self.kind}{where}: {self.message}"
 
 
 _BY_CODE: dict[int, type[AclError]] = {

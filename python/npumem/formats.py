@@ -16,6 +16,9 @@ npumem's compact ``.npz``, with :class:`Trace`, the columnar form every replay t
 - **npz** (:func:`write_npz` / :func:`read_npz`): the trace's columns as NumPy arrays in the
   narrowest integer types that hold them: about 10 bytes an event uncompressed, read without a
   Python object per event (10^7 events: 100 MiB, read and checked in about 2 s).
+- **Replay events** (``("alloc", id, size)`` / ``("free", id)`` tuples or mappings):
+  :func:`normalize` holds the free-event rules every reader shares (``free``,
+  ``free_requested``, ``free_completed``; segment and snapshot events ignored).
 - :func:`load` reads any of them (and torch.profiler Chrome traces, compact ``{"events": ...}``
   JSON), telling the format from the file's first bytes.
 
@@ -33,14 +36,81 @@ import os
 import pickle
 import threading
 import zipfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from . import _args, _files
+from . import _args, _files, _native
 from .errors import invalid_param
+
+Event = tuple[str, Any, int] | tuple[str, Any] | Mapping[str, Any]
+
+_FREE_ACTIONS = {"free", "free_requested", "free_completed"}
+# Actions of PyTorch device traces that do not change what the program holds.
+_IGNORED_ACTIONS = {"segment_alloc", "segment_free", "segment_map", "segment_unmap", "snapshot", "oom"}
+
+
+def event_fields(ev: Any, n: int) -> tuple[Any, Any, Any]:
+    """``(action, id, size)`` of event number ``n`` (a tuple or a mapping, as the module doc
+    says); the id must be hashable. The size is checked by the caller, for allocations."""
+    if isinstance(ev, Mapping):
+        action, key, size = ev.get("action"), ev.get("id", ev.get("addr")), ev.get("size", 0)
+    elif isinstance(ev, Sequence) and not isinstance(ev, (str, bytes)) and len(ev) in (2, 3):
+        action, key = ev[0], ev[1]
+        size = ev[2] if len(ev) == 3 else 0
+    else:
+        raise invalid_param(f"event {n} is {_args.show(ev)}; use ('alloc', id, size) or ('free', id)")
+    if not isinstance(action, str):
+        raise invalid_param(f"event {n}: action {_args.show(action)} is not a string; use 'alloc' or 'free'")
+    try:
+        hash(key)
+    except TypeError:
+        raise invalid_param(f"event {n}: id {_args.show(key)} is not hashable; use an int, str or tuple") from None
+    return action, key, size
+
+
+def _events(events: Any) -> list[Any]:
+    if isinstance(events, (str, bytes, Mapping)) or not isinstance(events, Iterable):
+        raise _args.type_error("events", events, "a list of ('alloc', id, size) / ('free', id) events")
+    return list(events)
+
+
+def normalize(events: Iterable[Event]) -> list[tuple[bool, Any, int]]:
+    """Events as (is_alloc, id, size) triples; raises InvalidParamError on malformed input
+    (naming the event), TypeError when ``events`` is not a list of events.
+
+    In a PyTorch device trace, which records both ``free_requested`` and ``free_completed``, the
+    completed free is the one that returns memory; alone, either counts as the free."""
+    events = _events(events)
+    completed_marks = any(isinstance(e, Mapping) and e.get("action") == "free_completed" for e in events)
+    out: list[tuple[bool, Any, int]] = []
+    sizes: dict[Any, int] = {}
+    for n, ev in enumerate(events):
+        action, key, size = event_fields(ev, n)
+        if action == "alloc":
+            if not _args.is_int(size) or not 0 < size <= _args.U64_MAX:
+                raise invalid_param(
+                    f"event {n}: alloc of {_args.show(size)} bytes; sizes must be ints from 1 to 2**64-1"
+                )
+            size = int(size)
+            if key in sizes:
+                raise invalid_param(f"event {n}: id {key!r} allocated twice without a free")
+            sizes[key] = size
+            out.append((True, key, size))
+        elif action in _FREE_ACTIONS:
+            if action == "free_requested" and completed_marks:
+                continue
+            if key not in sizes:
+                raise invalid_param(f"event {n}: free of unknown id {key!r}")
+            out.append((False, key, sizes.pop(key)))
+        elif action in _IGNORED_ACTIONS:
+            continue
+        else:
+            raise invalid_param(f"event {n}: unknown action {_args.show(action)}; use 'alloc' or 'free'")
+    return out
+
 
 #: The header RMM's logging_resource_adaptor writes.
 RMM_HEADER = ["Thread", "Time", "Action", "Pointer", "Size", "Stream"]
@@ -83,8 +153,6 @@ class Trace:
     def from_events(cls, events: Iterable[Any], *, source: str = "the trace") -> Trace:
         """A trace of replay events (``("alloc", id, size)`` / ``("free", id)`` or mappings, as
         :mod:`npumem.replay` reads them; a mapping's ``stream`` is kept)."""
-        from .replay import _events, normalize
-
         events = _events(events)
         evs = normalize(events)
         index: dict[Any, int] = {}
@@ -258,14 +326,12 @@ def write_rmm_csv(source: Any, path: Any) -> int:
     pointer made up from its id, or a :class:`npumem.Device` whose history was recorded
     (``record_memory_history``): its allocations, completed frees and out-of-memory errors on
     any allocator family, with their real pointers and streams. Returns the rows written."""
-    from .device import Device
-
     name = _files.path_arg(path)
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
     w.writerow(RMM_HEADER)
     rows = 0
-    if isinstance(source, Device):
+    if isinstance(source, _native.Device):  # npumem.Device and its subclasses
         thread = threading.get_native_id()
         for e in source.memory_snapshot()["device_traces"][0]:
             action = {"alloc": "allocate", "free_completed": "free", "oom": "allocate failure"}.get(e["action"])
@@ -314,13 +380,11 @@ def write_profiler_trace(source: Any, path: Any, *, device_type: int = 0) -> int
     real pointers. :func:`npumem.importers.profiler_trace` reads it back. Returns the events."""
     import json
 
-    from .device import Device
-
     device_type = _args.integer(device_type, "device_type", 0, 2**31 - 1)
     name = _files.path_arg(path)
     # (time in µs, address, signed bytes, reserved bytes after it)
     records: list[tuple[int, int, int, int]] = []
-    if isinstance(source, Device):
+    if isinstance(source, _native.Device):  # npumem.Device and its subclasses
         reserved = 0
         for e in source.memory_snapshot()["device_traces"][0]:
             if e["action"] in ("segment_alloc", "segment_map"):

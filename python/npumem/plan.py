@@ -166,7 +166,7 @@ class Problem:
         """From an alloc/free trace (``("alloc"|"free", id, size)``, as :mod:`npumem.traces` and the
         importers give): each event is a step; a block lives from its alloc to its free, or to the
         end if never freed. What a graph compiler could plan offline for the same run."""
-        from .replay import event_fields
+        from .formats import event_fields
 
         start: dict[Any, tuple[int, int]] = {}
         rows: list[tuple[int, int, int]] = []

@@ -19,73 +19,8 @@ from . import _args
 from .device import Device
 from .enums import Policy
 from .errors import invalid_param
-from .formats import Trace, as_trace
-
-Event = tuple[str, Any, int] | tuple[str, Any] | Mapping[str, Any]
-
-_FREE_ACTIONS = {"free", "free_requested", "free_completed"}
-# Actions of PyTorch device traces that do not change what the program holds.
-_IGNORED_ACTIONS = {"segment_alloc", "segment_free", "segment_map", "segment_unmap", "snapshot", "oom"}
-
-
-def event_fields(ev: Any, n: int) -> tuple[Any, Any, Any]:
-    """``(action, id, size)`` of event number ``n`` (a tuple or a mapping, as the module doc
-    says); the id must be hashable. The size is checked by the caller, for allocations."""
-    if isinstance(ev, Mapping):
-        action, key, size = ev.get("action"), ev.get("id", ev.get("addr")), ev.get("size", 0)
-    elif isinstance(ev, Sequence) and not isinstance(ev, (str, bytes)) and len(ev) in (2, 3):
-        action, key = ev[0], ev[1]
-        size = ev[2] if len(ev) == 3 else 0
-    else:
-        raise invalid_param(f"event {n} is {_args.show(ev)}; use ('alloc', id, size) or ('free', id)")
-    if not isinstance(action, str):
-        raise invalid_param(f"event {n}: action {_args.show(action)} is not a string; use 'alloc' or 'free'")
-    try:
-        hash(key)
-    except TypeError:
-        raise invalid_param(f"event {n}: id {_args.show(key)} is not hashable; use an int, str or tuple") from None
-    return action, key, size
-
-
-def _events(events: Any) -> list[Any]:
-    if isinstance(events, (str, bytes, Mapping)) or not isinstance(events, Iterable):
-        raise _args.type_error("events", events, "a list of ('alloc', id, size) / ('free', id) events")
-    return list(events)
-
-
-def normalize(events: Iterable[Event]) -> list[tuple[bool, Any, int]]:
-    """Events as (is_alloc, id, size) triples; raises InvalidParamError on malformed input
-    (naming the event), TypeError when ``events`` is not a list of events.
-
-    In a PyTorch device trace, which records both ``free_requested`` and ``free_completed``, the
-    completed free is the one that returns memory; alone, either counts as the free."""
-    events = _events(events)
-    completed_marks = any(isinstance(e, Mapping) and e.get("action") == "free_completed" for e in events)
-    out: list[tuple[bool, Any, int]] = []
-    sizes: dict[Any, int] = {}
-    for n, ev in enumerate(events):
-        action, key, size = event_fields(ev, n)
-        if action == "alloc":
-            if not _args.is_int(size) or not 0 < size <= _args.U64_MAX:
-                raise invalid_param(
-                    f"event {n}: alloc of {_args.show(size)} bytes; sizes must be ints from 1 to 2**64-1"
-                )
-            size = int(size)
-            if key in sizes:
-                raise invalid_param(f"event {n}: id {key!r} allocated twice without a free")
-            sizes[key] = size
-            out.append((True, key, size))
-        elif action in _FREE_ACTIONS:
-            if action == "free_requested" and completed_marks:
-                continue
-            if key not in sizes:
-                raise invalid_param(f"event {n}: free of unknown id {key!r}")
-            out.append((False, key, sizes.pop(key)))
-        elif action in _IGNORED_ACTIONS:
-            continue
-        else:
-            raise invalid_param(f"event {n}: unknown action {_args.show(action)}; use 'alloc' or 'free'")
-    return out
+from .formats import Event, Trace, as_trace, normalize
+from .formats import event_fields as event_fields  # part of npumem.replay's names
 
 
 def peak_live_bytes(events: Iterable[Event]) -> int:

@@ -8,7 +8,7 @@ offline and can be mailed. Sections, each present when the sweep has its data:
   one panel per (pattern, preset); cycles per access against the mapping's internal waste;
 - the page-size study: for the GEMM tile, conv window and Zipf gather patterns, which page size
   has the fewest cycles per access at each footprint, with the host measurements of
-  ``benches/bench_pagesize.py --json`` (``make bench-pagesize``: the same three patterns read from
+  ``benches/bench_pagesize.py --json`` (``make bench B=pagesize``: the same three patterns read from
   4 KiB and 2 MiB pages of real memory, a pointer chase and GEMM kernels) beside the model where
   given;
 - allocators: the smallest capacity per allocator (and ``alloc_conf``) per workload, relative to
@@ -414,7 +414,7 @@ def _host_pattern_html(host: dict[str, Any] | None, pattern: str, sel: list[dict
     if not rows:
         return ""
     return (
-        "<p><b>On this machine</b> (host backend, 4 KiB against 2 MiB pages: <code>make bench-pagesize</code>): "
+        "<p><b>On this machine</b> (host backend, 4 KiB against 2 MiB pages: <code>make bench B=pagesize</code>): "
         "ns per access of the same pattern read from real memory, the page size that wins there (the smallest "
         f"within {100 * TIE:.0f}% of the best time), the sweep's winner between the same two page sizes for each "
         "preset at that footprint, and the host preset's predicted saving (translation cycles, as published and "
@@ -428,7 +428,7 @@ def _host_pattern_html(host: dict[str, Any] | None, pattern: str, sel: list[dict
 def _host_html(host: dict[str, Any] | None, source: str) -> str:
     if host is None:
         return (
-            '<p class="note">No host measurement given: <code>make bench-pagesize</code> measures 4 KiB against '
+            '<p class="note">No host measurement given: <code>make bench B=pagesize</code> measures 4 KiB against '
             "2 MiB pages on this machine's memory (a pointer chase, tiled GEMMs and the study's patterns) and writes "
             "<code>target/bench-pagesize.json</code>; pass it with <code>npumem report DIR --host-pagesize "
             "target/bench-pagesize.json</code> to set it beside the model here.</p>"

@@ -1,30 +1,32 @@
-"""Findings of npumem's memory sanitizer (``Device(sanitizer="raise" | "collect" | "off")``)."""
+"""Deprecated alias of :mod:`npumem.errors` for the sanitizer's names (removed in the next release).
+
+- ``npumem.sanitizer.Finding`` and ``npumem.sanitizer.KINDS`` are ``npumem.errors.Finding`` and
+  ``npumem.errors.KINDS``; each access emits a ``DeprecationWarning``.
+- Nothing inside npumem imports this module.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import warnings
+from typing import Any
 
-#: The kinds of finding, as ``Finding.kind`` and ``SanitizerError.kind`` name them.
-KINDS = ("use_after_free", "double_free", "out_of_bounds", "kind_mismatch", "pending_write_read", "race")
+from . import errors as _errors
+
+_MOVED = ("Finding", "KINDS")
+
+__all__ = list(_MOVED)
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One sanitizer report.
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        warnings.warn(
+            f"npumem.sanitizer.{name} is deprecated; use npumem.errors.{name}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(_errors, name)
+    raise AttributeError(f"module 'npumem.sanitizer' has no attribute {name!r}")
 
-    ``kind`` is one of :data:`KINDS`; ``addr`` and ``size`` give the bytes involved;
-    ``allocation`` the start of the allocation concerned (when known) and ``tag`` its site tag
-    (``malloc(..., tag=...)``); ``streams`` the streams involved, ``-1`` standing for the host.
-    """
 
-    kind: str
-    message: str
-    addr: int
-    size: int
-    allocation: int | None = None
-    streams: list[int] = field(default_factory=list)
-    tag: str | None = None
-
-    def __str__(self) -> str:
-        where = f" [{self.tag}]" if self.tag else ""
-        return f"{self.kind}{where}: {self.message}"
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_MOVED))

@@ -1,4 +1,4 @@
-//! Criterion benches of the `Device` fast path (issue #5): one `malloc`+`free` pair of 4 KiB on
+//! Criterion benches of the `Device` fast path: one `malloc`+`free` pair of 4 KiB on
 //! the simulated device with the npumem pool, and the batch calls `malloc_many` / `free_many`
 //! over 1,000 and 100,000 blocks, against a cached 4 KiB `malloc`+`free` pair of the system
 //! allocator and of mimalloc in the same run.

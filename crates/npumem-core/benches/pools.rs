@@ -1,4 +1,4 @@
-//! npumem's `HostPool` against named peers on the same workloads, in one run (issue #5):
+//! npumem's `HostPool` against named peers on the same workloads, in one run:
 //! `offset-allocator` (Sebastian Aaltonen's O(1) offset allocator; metadata only, no memory),
 //! `rlsf` (TLSF over a real region), `buddy_system_allocator` (over a real region), the system
 //! `malloc` and `mimalloc`.
@@ -14,7 +14,7 @@
 //!   second thread that frees them (per block). Allocators that are not thread-safe run behind a
 //!   mutex, as a user would have to share them.
 //!
-//! Run: `cargo bench -p npumem-core --bench pools` (or `make bench-pools`).
+//! Run: `cargo bench -p npumem-core --bench pools` (or `make bench B=pools`).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;

@@ -111,8 +111,7 @@ fn tlb_streams(base: u64, span: u64, n: u64) -> Vec<(&'static str, Vec<u64>)> {
     ]
 }
 
-/// The TLB model against the model as first written (`ReferenceTlb`, linear scans: the figures
-/// before issue 17), on 4 KiB pages (zen4, 64 MiB) and 2 MiB pages (skylake, 1 GiB).
+/// The TLB model against its reference (`ReferenceTlb`, linear scans), on 4 KiB pages (zen4, 64 MiB) and 2 MiB pages (skylake, 1 GiB).
 fn tlb(c: &mut Criterion) {
     use criterion::Throughput;
     use npumem_core::vm::tlb::reference::ReferenceTlb;

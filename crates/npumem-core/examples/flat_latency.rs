@@ -1,4 +1,4 @@
-//! Per-allocation latency as the live set grows (issue 16's flat-latency benchmark): for each
+//! Per-allocation latency as the live set grows: for each
 //! allocator family and each live-set size N, the cost of one operation of
 //!
 //! - `batch`: `malloc_many` of N 4 KiB blocks (`BATCH_SIZE` bytes if set), then `free_many` of
@@ -8,7 +8,7 @@
 //!   each step is drawn one step ahead and its slot of the benchmark's own vector of live
 //!   pointers prefetched: a service that frees a tensor holds its pointer in hand, while at
 //!   10^6 live blocks that 8 MB vector would add a cache miss per pair that is the benchmark's,
-//!   not the allocator's (0.37 last-level misses a pair; docs/benchmarks.md, seventh pass). The
+//!   not the allocator's (0.37 last-level misses a pair; docs/benchmarks.md). The
 //!   allocator's own records for the victim stay as cold as in a service.
 //!
 //! `cargo build --release -p npumem-core --example flat_latency`, then

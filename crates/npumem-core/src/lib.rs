@@ -1,11 +1,16 @@
 //! npumem-core: the memory system of an Ascend-style NPU, in pure Rust.
 //!
-//! Layers, each using only the ones before it: [`vm`] (VA window, frames, page table, byte store)
-//! → [`backend`] (the driver-level VMM API: reserve, physical allocations, map, byte access) →
-//! [`pool`] (allocators that turn `malloc` into backend calls) → [`device`] (AscendCL semantics:
-//! policies, padding, bounds-checked copies, host memory). [`plan`] (static memory planning)
-//! stands alone. [`error`], [`units`], [`acl`] and [`prefetch`] (a cache hint) are
-//! leaves every layer may use.
+//! Layering rules (each module uses only those listed for it; `device` is the top):
+//! - leaves: [`error`], [`prefetch`] (a cache hint);
+//! - [`units`], [`acl`], [`stream`] (queues and events), [`plan`] (static memory planning) use
+//!   [`error`] only; [`hostpool`] uses [`error`] and [`units`];
+//! - [`vm`] (VA window, frames, page table, byte store, TLB model) uses [`error`], [`units`];
+//! - [`policy`] uses [`acl`], [`units`], [`vm`]; [`sanitizer`] uses [`stream`];
+//! - [`backend`] (the driver-level VMM API) uses [`acl`], [`stream`], [`units`], [`vm`];
+//!   [`host`] (page-locked host memory) uses [`backend`], [`units`];
+//! - [`pool`] (allocators over a backend) uses [`acl`], [`backend`], [`policy`], [`prefetch`],
+//!   [`units`], [`vm`];
+//! - [`device`] (AscendCL semantics) uses all of the above except [`plan`] and [`hostpool`].
 
 pub mod error;
 pub mod prefetch;
@@ -18,6 +23,7 @@ pub mod backend;
 pub mod device;
 pub mod host;
 pub mod hostpool;
+pub mod kernels;
 pub mod plan;
 pub mod policy;
 pub mod pool;

@@ -23,8 +23,10 @@ const CAPACITY: u64 = 48 * MIB;
 fn device(owner_tracked: bool) -> Device {
     let sim = SimConfig { capacity: CAPACITY, normal_page: PageSize::Size4K, giant_frames: 0 };
     let backend = Box::new(FaultyBackend::new(Box::new(SimBackend::new(sim).unwrap())));
+    let injector = backend.injector();
     let pool = Box::new(VmmAllocator::new(VmmConfig::parse("large_threshold_mb:4").unwrap(), CAPACITY));
-    if owner_tracked { Device::with_parts(backend, pool) } else { Device::with_pool_map(backend, pool) }
+    let device = if owner_tracked { Device::with_parts(backend, pool) } else { Device::with_pool_map(backend, pool) };
+    device.with_fault_injector(injector)
 }
 
 #[derive(Clone, Debug)]

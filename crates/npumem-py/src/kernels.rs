@@ -1,24 +1,15 @@
-//! `npumem._native.chase` and `npumem._native.gemm_tiled`: measurement kernels over numpy
-//! arrays, for the page-size benchmarks (`benches/bench_pagesize.py`) run on memory the host
-//! backend mapped with 4 KiB or 2 MiB pages (a zero-copy view of a device allocation).
+//! `npumem._native.chase` and `npumem._native.gemm_tiled`: argument checking around
+//! [`npumem_core::kernels`], for the page-size benchmarks (`benches/bench_pagesize.py`).
 //!
-//! - `chase(next, steps, start=0)`: a dependent-load pointer chase, `i = next[i]` `steps` times;
-//!   returns the final index and the nanoseconds per step.
-//! - `gemm_tiled(a, b, c, tile=64)`: `c += a @ b` over C-contiguous float32 matrices, in square
-//!   tiles in m-n-k order, i-k-j order inside a tile (no packing: every row of a B tile is
-//!   read where it lies, so the traversal's page footprint is the matrices' own); returns the
-//!   elapsed nanoseconds.
-//!
-//! Invariants: every argument is checked (numpy array, dtype, dimensions, C-contiguity, shapes,
-//! index bounds, run length) before the first access, with a `TypeError` for a wrong type and an
-//! `InvalidParamError` naming the argument and the value otherwise; the kernels touch only the
-//! elements of the arrays they were given (every chase index is bounds-checked where it is
-//! followed, so an array rewritten by another thread meanwhile cannot send it astray); the
-//! interpreter is released while they run, and the borrowed arrays keep their memory alive.
-
-use std::time::Instant;
+//! - `chase(next, steps, start=0)` returns the final index and the nanoseconds per step;
+//!   `gemm_tiled(a, b, c, tile=64)` runs `c += a @ b` and returns the elapsed nanoseconds.
+//! - Every argument is checked (numpy array, dtype, dimensions, C-contiguity, shapes, index
+//!   bounds, run length) before the first access: a `TypeError` for a wrong type, an
+//!   `InvalidParamError` naming the argument and the value otherwise.
+//! - The interpreter is released while a kernel runs; the borrowed arrays keep their memory alive.
 
 use npumem_core::AclError;
+use npumem_core::kernels;
 use numpy::{Element, Ix1, Ix2, PyArray, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
@@ -94,22 +85,7 @@ pub fn chase(py: Python<'_>, next: &Bound<'_, PyAny>, steps: u64, start: u64) ->
             format!("next[{i}] = {} is not an index of next (length {len}); every value must be below it", next[i]),
         ));
     }
-    py.detach(|| {
-        catch_panics(|| {
-            let mut at = start as usize;
-            let t0 = Instant::now();
-            for _ in 0..steps {
-                // Checked on use as well: another thread may have rewritten the array since.
-                at = match next.get(at) {
-                    Some(&v) => v as usize,
-                    None => return Err(AclError::invalid_param(format!("next was changed during the chase: {at}"))),
-                };
-            }
-            let ns = t0.elapsed().as_nanos() as f64 / steps as f64;
-            Ok((std::hint::black_box(at) as u64, ns))
-        })
-    })
-    .map_err(|e| to_py(py, e))
+    py.detach(|| catch_panics(|| kernels::chase(next, start, steps))).map_err(|e| to_py(py, e))
 }
 
 /// `c += a @ b` over C-contiguous float32 matrices (a: m x k, b: k x n, c: m x n, c writable and
@@ -156,30 +132,6 @@ pub fn gemm_tiled(
     let slice_error = |e: numpy::AsSliceError| invalid(py, format!("a, b and c must be C-contiguous ({e})"));
     let (av, bv) = (ar.as_slice().map_err(slice_error)?, br.as_slice().map_err(slice_error)?);
     let cv = cw.as_slice_mut().map_err(slice_error)?;
-    let t = tile as usize;
-    py.detach(|| {
-        catch_panics(|| {
-            let t0 = Instant::now();
-            for i0 in (0..m).step_by(t) {
-                for j0 in (0..n).step_by(t) {
-                    let j1 = (j0 + t).min(n);
-                    for k0 in (0..k).step_by(t) {
-                        let k1 = (k0 + t).min(k);
-                        for i in i0..(i0 + t).min(m) {
-                            let c_row = &mut cv[i * n + j0..i * n + j1];
-                            for kk in k0..k1 {
-                                let aik = av[i * k + kk];
-                                let b_row = &bv[kk * n + j0..kk * n + j1];
-                                for (x, &y) in c_row.iter_mut().zip(b_row) {
-                                    *x += aik * y;
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-            Ok(t0.elapsed().as_nanos() as f64)
-        })
-    })
-    .map_err(|e| to_py(py, e))
+    py.detach(|| catch_panics(|| Ok(kernels::gemm_tiled(av, bv, cv, (m, n, k), tile as usize))))
+        .map_err(|e| to_py(py, e))
 }

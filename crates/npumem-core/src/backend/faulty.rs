@@ -9,7 +9,13 @@
 //!
 //! Invariants: each armed countdown fires once (at its Nth call, counting calls of its kind
 //! from when it was armed) and then disarms; the other calls pass through unchanged; `injected`
-//! counts what fired.
+//! counts what fired. The countdowns live in a [`FaultInjector`] the wrapper shares with whoever
+//! made it (the device keeps one to arm and read them): the [`Backend`] trait knows nothing of
+//! faults.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use super::{Backend, BackendCounters, PhysHandle};
 use crate::acl::MemScope;
@@ -34,10 +40,19 @@ pub struct FaultCounts {
     pub unmap: u64,
 }
 
-pub struct FaultyBackend {
-    inner: Box<dyn Backend>,
+#[derive(Default)]
+struct FaultState {
     plan: FaultPlan,
     injected: FaultCounts,
+}
+
+/// A handle on the countdowns of one [`FaultyBackend`]: clones share them.
+#[derive(Clone, Default)]
+pub struct FaultInjector(Arc<Mutex<FaultState>>);
+
+pub struct FaultyBackend {
+    inner: Box<dyn Backend>,
+    injector: FaultInjector,
 }
 
 /// Counts a call down; true when it is the one that fails.
@@ -55,13 +70,9 @@ fn fires(countdown: &mut Option<u64>) -> bool {
     }
 }
 
-impl FaultyBackend {
-    pub fn new(inner: Box<dyn Backend>) -> Self {
-        FaultyBackend { inner, plan: FaultPlan::default(), injected: FaultCounts::default() }
-    }
-
+impl FaultInjector {
     /// Arms the countdowns of `plan` (replacing those armed before).
-    pub fn arm(&mut self, plan: FaultPlan) -> Result<()> {
+    pub fn arm(&self, plan: FaultPlan) -> Result<()> {
         for (what, n) in [("physical_alloc", plan.physical_alloc), ("map", plan.map), ("unmap", plan.unmap)] {
             if n == Some(0) {
                 return Err(AclError::invalid_param(format!(
@@ -69,17 +80,28 @@ impl FaultyBackend {
                 )));
             }
         }
-        self.plan = plan;
+        self.0.lock().plan = plan;
         Ok(())
     }
 
     /// The countdowns still armed.
     pub fn plan(&self) -> FaultPlan {
-        self.plan
+        self.0.lock().plan
     }
 
     pub fn injected(&self) -> FaultCounts {
-        self.injected
+        self.0.lock().injected
+    }
+}
+
+impl FaultyBackend {
+    pub fn new(inner: Box<dyn Backend>) -> Self {
+        FaultyBackend { inner, injector: FaultInjector::default() }
+    }
+
+    /// The handle that arms and reads this backend's countdowns.
+    pub fn injector(&self) -> FaultInjector {
+        self.injector.clone()
     }
 }
 
@@ -101,16 +123,18 @@ impl Backend for FaultyBackend {
     }
 
     fn create_physical(&mut self, size: u64, kind: PageKind) -> Result<PhysHandle> {
-        if fires(&mut self.plan.physical_alloc) {
-            self.injected.physical_alloc += 1;
+        let mut state = self.injector.0.lock();
+        if fires(&mut state.plan.physical_alloc) {
+            state.injected.physical_alloc += 1;
             let what =
                 format!("injected fault: the physical allocation of {size} bytes ({} pages) failed", kind.label());
-            return Err(if self.plan.driver_error {
+            return Err(if state.plan.driver_error {
                 AclError::new(ErrorCode::RtDrvInternal, what)
             } else {
                 AclError::oom(what)
             });
         }
+        drop(state);
         self.inner.create_physical(size, kind)
     }
 
@@ -119,21 +143,25 @@ impl Backend for FaultyBackend {
     }
 
     fn map(&mut self, va: u64, handle: PhysHandle) -> Result<()> {
-        if fires(&mut self.plan.map) {
-            self.injected.map += 1;
+        let mut state = self.injector.0.lock();
+        if fires(&mut state.plan.map) {
+            state.injected.map += 1;
             return Err(AclError::new(
                 ErrorCode::RtDrvInternal,
                 format!("injected fault: mapping handle {handle} at {va:#x} failed"),
             ));
         }
+        drop(state);
         self.inner.map(va, handle)
     }
 
     fn unmap(&mut self, va: u64) -> Result<()> {
-        if fires(&mut self.plan.unmap) {
-            self.injected.unmap += 1;
+        let mut state = self.injector.0.lock();
+        if fires(&mut state.plan.unmap) {
+            state.injected.unmap += 1;
             return Err(AclError::new(ErrorCode::RtDrvInternal, format!("injected fault: unmapping {va:#x} failed")));
         }
+        drop(state);
         self.inner.unmap(va)
     }
 
@@ -216,10 +244,6 @@ impl Backend for FaultyBackend {
     fn page_table_stats(&self) -> Option<PageTableStats> {
         self.inner.page_table_stats()
     }
-
-    fn faults(&mut self) -> Option<&mut FaultyBackend> {
-        Some(self)
-    }
 }
 
 #[cfg(test)]
@@ -232,7 +256,8 @@ mod tests {
     fn the_nth_call_fails_once_and_changes_nothing_below() {
         let sim = SimBackend::new(SimConfig { capacity: 64 * MIB, ..Default::default() }).unwrap();
         let mut b = FaultyBackend::new(Box::new(sim));
-        b.arm(FaultPlan { physical_alloc: Some(2), map: Some(1), ..Default::default() }).unwrap();
+        let faults = b.injector();
+        faults.arm(FaultPlan { physical_alloc: Some(2), map: Some(1), ..Default::default() }).unwrap();
         let h = b.create_physical(2 * MIB, PageKind::Huge).unwrap();
         let err = b.create_physical(2 * MIB, PageKind::Huge).unwrap_err();
         assert!(err.code.is_out_of_memory() && err.message.contains("injected"));
@@ -241,10 +266,10 @@ mod tests {
         assert_eq!(b.map(va, h).unwrap_err().code, ErrorCode::RtDrvInternal);
         assert_eq!(b.counters(), before, "the failed map reached nothing");
         b.map(va, h).unwrap();
-        assert_eq!(b.injected(), FaultCounts { physical_alloc: 1, map: 1, unmap: 0 });
-        assert_eq!(b.plan(), FaultPlan::default(), "fired countdowns disarm");
-        assert!(b.arm(FaultPlan { unmap: Some(0), ..Default::default() }).is_err());
-        b.arm(FaultPlan { unmap: Some(1), ..Default::default() }).unwrap();
+        assert_eq!(faults.injected(), FaultCounts { physical_alloc: 1, map: 1, unmap: 0 });
+        assert_eq!(faults.plan(), FaultPlan::default(), "fired countdowns disarm");
+        assert!(faults.arm(FaultPlan { unmap: Some(0), ..Default::default() }).is_err());
+        faults.arm(FaultPlan { unmap: Some(1), ..Default::default() }).unwrap();
         assert!(b.unmap(va).is_err());
         b.unmap(va).unwrap();
         b.free_physical(h).unwrap();

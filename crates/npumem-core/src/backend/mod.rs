@@ -29,7 +29,7 @@ pub mod sim;
 pub use acl::{AclBackend, AclDriver, AclRuntime};
 pub use cuda::{CudaBackend, CudaDriver, CudaRuntime};
 pub use driver::{Driver, DriverBackend};
-pub use faulty::{FaultCounts, FaultPlan, FaultyBackend};
+pub use faulty::{FaultCounts, FaultInjector, FaultPlan, FaultyBackend};
 pub use host::{HostBackend, HostConfig};
 pub use sim::{SimBackend, SimConfig};
 
@@ -181,10 +181,5 @@ pub trait Backend: Send {
             "host address {addr:#x}: the {} backend hands out no runtime host memory",
             self.name()
         )))
-    }
-
-    /// The fault injector, when this backend is wrapped in one.
-    fn faults(&mut self) -> Option<&mut FaultyBackend> {
-        None
     }
 }

@@ -1,55 +1,49 @@
-//! `LiveTable`: the device's live allocations, kept by address beside the pages that hold
-//! them; for an owner-tracked pool (npumem's) the one record of each live block, as the pool
-//! keeps none (used alone, it keeps a `BlockMap` built the same way). The address space is cut
-//! into 2 MiB pages; a page that holds live allocations has a leaf: one 16-byte record per
-//! 512-byte grain of the page (the grain every allocator family places blocks on). The
-//! allocation at `ptr` is found by index arithmetic: a lookup of the page (the last page used
-//! is remembered, so a run of neighbouring blocks does not even hash) and one record access.
-//! Neighbouring blocks have neighbouring records: a batch of blocks from one pool page walks
-//! one leaf in order, where a hash map by address touches a random bucket, and misses the
-//! cache, for each block. A leaf keeps the record of grain `s` at `cell(s)`, which puts the
-//! records of grains 4 KiB apart side by side (four to a 64-byte line): blocks of 4 KiB or more
-//! share lines as they share pages, where grain order gave each its own line (a batch of 10^6
-//! 4 KiB blocks: 43% fewer last-level read misses, docs/benchmarks.md); batches
-//! also name the blocks ahead of time (`LiveTable::prefetch`), so a record's cache miss
-//! overlaps the work on those before. A random malloc or free touches one record, as a hash
-//! map's bucket. (A packed variant — a 2-byte grain index naming packed records — took 8x less
-//! memory but put two dependent cache misses on each random free: 20-30% slower on a random
-//! churn at 10^6 live blocks.)
+//! `LiveTable`: the device's live allocations by address, in three levels: 512-byte grains on
+//! 2 MiB pages, then 64 KiB grains on 256 MiB pages (`Paged`, generic over the grain), then
+//! `Hashed` for the rest. For an owner-tracked pool (npumem's) it is the one record of each live
+//! block, as the pool keeps none. See Note [Live table layout].
 //!
-//! What a fine leaf cannot hold goes to a coarse level built the same way (`Paged`, generic
-//! over the grain): per 256 MiB page a leaf of 16-byte records, one per 64 KiB grain, each
-//! naming the 512-byte offset of the allocation that starts in its grain. Allocations of 64 KiB
-//! or more go there first (two never start in one 64 KiB grain, so a pool's large blocks all
-//! fit, however they are placed on the 512-byte grain); a small one whose coarse grain is
-//! taken goes on. Lookups check the offset, so every answer is exact whatever is placed where. What
-//! neither level holds goes to `Hashed` (a hash map by address with a lazily synced ordered
-//! index): a pointer off the 512-byte grain, an allocation whose fields do not fit a record
-//! (size or grant slack of 4 GiB or more, a stream id past 32 bits, booking slack past 255
-//! bytes), and allocations on new pages once a level's leaves would take more than
-//! `slots_per_live` records (512 bytes) per allocation it holds, plus `free_leaves` leaves
-//! (1 MiB). That budget bounds memory however sparse the addresses are (the host backend's are
-//! real process addresses; several devices share the 48-bit VA): whatever addresses come in,
-//! each level's leaves take at most 512 bytes per live allocation at the peak plus 1 MiB. Pages
-//! that hold an allocation every 16 KiB (fine) or 2 MiB (coarse) on average all fit the budget.
-//! A leaf that empties is kept (a batch freed and made again refills the same pages) and is
-//! taken over by the next new page before a new leaf is made. (Before the coarse level, the
-//! large blocks of a training run all went to `Hashed`: 2.1% more instructions per replayed
-//! event.)
+//! Invariants of each level (asserted by `check_invariants` in test builds):
+//! - Each live allocation it is given is held exactly once: in the leaf of its page (its
+//!   record's `at` set to 1 + its offset in the grain, in 512-byte units) or in `loose`.
+//! - `pages`, `ordered` and the leaves' `page` fields name the same set of pages, each with its
+//!   bit set in `marked` (a set bit may be stale).
+//! - Each leaf's `live` counts its live records and `in_leaves` sums them; a leaf's `groups` has
+//!   bit `g` set for every 64-record group holding a live record (a set bit may be stale).
+//! - A leaf with no live record is in `emptied`, once (`listed`).
+//! - The leaves take at most `slots_per_live` records per live allocation at the peak plus
+//!   `free_leaves` leaves; `grow_at` is the least `in_leaves` at which that budget allows one more.
+//! - `last`, and each entry of `memo` (the pages last looked up, by their marker modulo `MEMO`),
+//!   names a page in `pages` and its leaf, or no page.
 //!
-//! Invariants (of each level): each live allocation it is given is held exactly once — in the
-//! leaf of its page (its record's `at` set to 1 + its offset in the grain, in 512-byte units)
-//! or in `loose`; `pages`, `ordered` and the leaves' `page` fields name the
-//! same set of pages, each with its bit set in `marked` (a set bit may be stale); each leaf's
-//! `live` counts its live records and `in_leaves` sums them; a leaf's `groups` has bit `g` set
-//! for every 64-record group holding a live record (a set bit may be stale); a leaf with no
-//! live record is in `emptied` (once: `listed`); the leaves take at most `slots_per_live`
-//! records per live allocation at the peak plus `free_leaves` leaves, and `grow_at` is the
-//! least `in_leaves` at which that budget allows one more; `last` names a page in `pages` and
-//! its leaf, or no page; so does each entry of `memo` (the pages last looked up, by their
-//! marker modulo `MEMO`: allocations of two pools, on two pages, alternate without hashing).
+//! Note [Live table layout]: the allocation at `ptr` is found by index arithmetic: a lookup of
+//! its page (the last page used is remembered, so a run of neighbouring blocks does not even
+//! hash; `memo` lets the allocations of two pools, on two pages, alternate without hashing),
+//! then one 16-byte record. A batch of blocks from one pool page walks one leaf in order, where
+//! a hash map by address touches a random bucket, and misses the cache, for each block. A leaf
+//! keeps the record of grain `s` at `cell(s)`, which puts the records of grains 4 KiB apart side
+//! by side (four to a 64-byte line): blocks of 4 KiB or more share lines as they share pages (a
+//! batch of 10^6 4 KiB blocks: 43% fewer last-level read misses than grain order,
+//! docs/benchmarks.md); batches also name the blocks ahead of time (`LiveTable::prefetch`), so a
+//! record's cache miss overlaps the work on those before. Allocations of 64 KiB or more go to
+//! the coarse level first (two never start in one 64 KiB grain, so a pool's large blocks all
+//! fit); a small one whose coarse grain is taken goes on; without the coarse level a training
+//! run's large blocks all go to `Hashed`, 2.1% more instructions per replayed event. `Hashed`
+//! takes a pointer off the 512-byte grain, an allocation whose fields do not fit a record (size
+//! or grant slack of 4 GiB or more, a stream id past 32 bits, booking slack past 255 bytes), and
+//! allocations on new pages once a level's budget is spent. The budget bounds memory however
+//! sparse the addresses are (the host backend's are real process addresses; several devices
+//! share the 48-bit VA): each level's leaves take at most 512 bytes per live allocation at the
+//! peak plus 1 MiB; pages that hold an allocation every 16 KiB (fine) or 2 MiB (coarse) on
+//! average all fit. A leaf that empties is kept (a batch freed and made again refills the same
+//! pages) and is taken over by the next new page before a new leaf is made. Limitation: a packed
+//! variant (a 2-byte grain index naming packed records) would take 8x less memory but puts two
+//! dependent cache misses on each random free: 20-30% slower on a random churn at 10^6 live
+//! blocks.
 
 mod hashed;
+#[cfg(test)]
+mod invariants;
 
 /// Entries of a paged table's memo of pages looked up.
 const MEMO: usize = 4;
@@ -229,6 +223,9 @@ pub(super) trait Loose: Default {
     fn sorted(&self) -> Vec<Allocation>;
     /// The live allocation with the greatest start address at or below `addr`.
     fn at_or_before(&mut self, addr: u64) -> Option<Allocation>;
+    /// Panics, naming the rule, if an invariant does not hold.
+    #[cfg(test)]
+    fn check_invariants(&self);
 }
 
 impl Loose for Hashed {
@@ -254,6 +251,10 @@ impl Loose for Hashed {
     }
     fn at_or_before(&mut self, addr: u64) -> Option<Allocation> {
         Hashed::at_or_before(self, addr)
+    }
+    #[cfg(test)]
+    fn check_invariants(&self) {
+        Hashed::check_invariants(self)
     }
 }
 
@@ -646,148 +647,11 @@ impl<const GRAIN_SHIFT: u32, L: Loose> Loose for Paged<GRAIN_SHIFT, L> {
     fn at_or_before(&mut self, addr: u64) -> Option<Allocation> {
         Paged::at_or_before(self, addr)
     }
+    #[cfg(test)]
+    fn check_invariants(&self) {
+        Paged::check_invariants(self)
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-    use std::collections::BTreeMap;
-
-    #[test]
-    fn cells_are_a_permutation_that_packs_4k_apart_slots() {
-        let mut seen = vec![false; SLOTS];
-        for s in 0..SLOTS {
-            assert!(!std::mem::replace(&mut seen[cell(s)], true), "slot {s} shares its cell");
-        }
-        // Four records a 64-byte line: slots 8 apart (4 KiB apart) share one.
-        for s in (0..SLOTS - 8).step_by(8) {
-            assert_eq!(cell(s + 8), cell(s) + 1);
-        }
-    }
-
-    #[test]
-    fn records_keep_every_policy_and_page_size() {
-        // `unpack` masks the indexes with 7 and 3.
-        assert_eq!((Policy::ALL.len(), PAGE_SIZES.len()), (8, 4));
-        for (i, &policy) in Policy::ALL.iter().enumerate() {
-            assert_eq!((policy as usize, policy_of(i as u8)), (i, policy));
-        }
-        for (i, &page) in PAGE_SIZES.iter().enumerate() {
-            assert_eq!((page as usize, page_of(i as u8)), (i, page));
-        }
-    }
-
-    /// Pointers over a few 2 MiB pages far apart in the 48-bit space (the host backend's are
-    /// real process addresses): on the grain, off it, at a page's first and last grain, and
-    /// spread over 64 KiB grains (several in one, at any 512-byte offset) and 256 MiB pages.
-    fn pointer() -> impl Strategy<Value = u64> {
-        let page = prop_oneof![
-            Just(1u64 << 20),
-            Just(5 << 20),
-            Just(6 << 20),
-            Just(255 << 20),
-            Just(0x7fff_ffe0_0000 >> 21 << 21)
-        ];
-        let offset = prop_oneof![
-            4 => (0u64..24).prop_map(|g| g << BLOCK_SHIFT),
-            1 => Just((SLOTS as u64 - 1) << BLOCK_SHIFT),
-            1 => (0u64..24).prop_map(|g| (g << BLOCK_SHIFT) + 64),
-            3 => (0u64..40, 0u64..3).prop_map(|(g, o)| (g << 16) + o * 0x5e00),
-        ];
-        (page, offset).prop_map(|(p, o)| (p >> 21 << 21) + o)
-    }
-
-    /// A level's invariants: its budget holds (leaves are kept after frees: it bounds them by
-    /// the peak), the cached budget check agrees with the budget's formula, and the page
-    /// indexes and counts agree.
-    fn check_level<const G: u32, L: Loose>(
-        t: &Paged<G, L>,
-        peak: usize,
-        slots_per_live: usize,
-        free_leaves: usize,
-    ) -> Result<(), TestCaseError> {
-        prop_assert!(t.leaves.len() * SLOTS <= peak * slots_per_live + free_leaves * SLOTS);
-        let room = (t.in_leaves + 1) * slots_per_live + free_leaves * SLOTS;
-        prop_assert_eq!(t.within_budget(), (t.leaves.len() + 1) * SLOTS <= room);
-        prop_assert_eq!(t.pages.len(), t.leaves.len());
-        prop_assert_eq!(t.ordered.len(), t.leaves.len());
-        prop_assert_eq!(t.in_leaves, t.leaves.iter().map(|l| l.live as usize).sum::<usize>());
-        for leaf in &t.leaves {
-            prop_assert_eq!(leaf.live as usize, leaf.records.iter().filter(|r| r.live()).count());
-        }
-        Ok(())
-    }
-
-    proptest! {
-        /// Against a BTreeMap: the same answer for every lookup, containment query and listing
-        /// after any mix of inserts and removes — with fine and coarse leaves, with their
-        /// budgets spent (pages going to the next level, emptied leaves taken over by new
-        /// pages), with several allocations starting in one coarse grain, with large
-        /// allocations (given to the coarse level first), and with fields too wide for a record.
-        #[test]
-        fn answers_like_an_ordered_map(
-            ops in proptest::collection::vec((0u8..3, pointer(), 1u64..5000), 1..300),
-            fine in (prop_oneof![Just(0usize), Just(SLOTS_PER_LIVE), Just(SLOTS)], 0usize..3),
-            coarse in (prop_oneof![Just(0usize), Just(SLOTS_PER_LIVE), Just(SLOTS)], 0usize..3),
-        ) {
-            // Budgets that let no or a few leaves exist beyond the live allocations' share.
-            let mut table = LiveTable::with_budget(
-                fine.0,
-                fine.1,
-                Paged::with_budget(coarse.0, coarse.1, Hashed::with_slack(3)),
-            );
-            let mut model: BTreeMap<u64, Allocation> = BTreeMap::new();
-            let mut peak = 0;
-            for (op, ptr, x) in ops {
-                match op {
-                    0 if !model.contains_key(&ptr) => {
-                        let size = match x % 5 {
-                            0 => 64 << 10,
-                            1 => (64 << 10) + x * 1000,
-                            _ => 1 + x % 64,
-                        };
-                        let mut a = Allocation {
-                            ptr,
-                            size,
-                            booked: size + x % 40,
-                            granted: size + 64,
-                            policy: Policy::ALL[(x % 8) as usize],
-                            page: PAGE_SIZES[(x % 4) as usize],
-                            stream: x % 3,
-                        };
-                        match x % 11 {
-                            0 => a.stream = 1 << 40,
-                            1 => a.booked = a.size + 300,
-                            2 => a.size = 5 << 30,
-                            _ => {}
-                        }
-                        a.granted = a.granted.max(a.size);
-                        table.insert(a);
-                        model.insert(ptr, a);
-                    }
-                    1 => prop_assert_eq!(table.remove(ptr), model.remove(&ptr)),
-                    _ => {
-                        for addr in [ptr + x % 700, ptr + x * 37, ptr.saturating_sub(x * 13)] {
-                            for extent in [|a: &Allocation| a.size, |a: &Allocation| a.granted] {
-                                let want = model
-                                    .range(..=addr)
-                                    .next_back()
-                                    .map(|(_, a)| a)
-                                    .filter(|a| addr - a.ptr < extent(a));
-                                prop_assert_eq!(table.containing(addr, extent), want.copied());
-                            }
-                            prop_assert_eq!(table.contains(addr), model.contains_key(&addr));
-                        }
-                        prop_assert_eq!(table.get(ptr), model.get(&ptr).copied());
-                    }
-                }
-                prop_assert_eq!(table.len(), model.len());
-                peak = peak.max(model.len());
-                check_level(&table, peak, fine.0, fine.1)?;
-                check_level(&table.loose, peak, coarse.0, coarse.1)?;
-            }
-            prop_assert_eq!(table.sorted(), model.values().copied().collect::<Vec<_>>());
-        }
-    }
-}
+mod tests;

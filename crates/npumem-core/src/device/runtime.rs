@@ -17,13 +17,27 @@ use crate::stream::runtime::Handle;
 /// Streams with runtime work that may be incomplete.
 pub(super) type Dirty = rustc_hash::FxHashSet<StreamId>;
 
+/// The runtime handles of the device's streams and events (absent: 0), and the streams whose
+/// runtime work may be incomplete.
+#[derive(Debug, Default)]
+pub(super) struct RuntimeHandles {
+    pub(super) streams: FxHashMap<StreamId, Handle>,
+    pub(super) events: FxHashMap<EventId, Handle>,
+    pub(super) dirty: Dirty,
+    /// Streams adopted from the program (`adopt_stream`): never destroyed on the runtime.
+    pub(super) adopted: Dirty,
+    /// Adopted streams (the default stream too) on a runtime with a queue: the program queues
+    /// work on them that npumem does not see, so they count as dirty always.
+    pub(super) opaque: Dirty,
+}
+
 impl Device {
     /// A new stream (on the runtime too).
     pub fn create_stream(&mut self) -> Result<StreamId> {
         let handle = self.backend.streams().create_stream()?;
         let id = self.sched.create_stream();
         if handle != 0 {
-            self.rt_streams.insert(id, handle);
+            self.rt.streams.insert(id, handle);
         }
         Ok(id)
     }
@@ -40,12 +54,12 @@ impl Device {
             DEFAULT_STREAM
         } else {
             let id = self.sched.create_stream();
-            self.rt_streams.insert(id, handle);
-            self.rt_adopted.insert(id);
+            self.rt.streams.insert(id, handle);
+            self.rt.adopted.insert(id);
             id
         };
         if real {
-            self.rt_opaque.insert(id);
+            self.rt.opaque.insert(id);
         }
         id
     }
@@ -60,12 +74,12 @@ impl Device {
         self.rt_synchronize_stream(stream)?;
         let handle = self.rt_stream(stream);
         if handle != 0 {
-            if !self.rt_adopted.contains(&stream) {
+            if !self.rt.adopted.contains(&stream) {
                 self.backend.streams().destroy_stream(handle)?;
             }
-            self.rt_adopted.remove(&stream);
-            self.rt_opaque.remove(&stream);
-            self.rt_streams.remove(&stream);
+            self.rt.adopted.remove(&stream);
+            self.rt.opaque.remove(&stream);
+            self.rt.streams.remove(&stream);
         }
         self.sched.destroy_stream(stream)
     }
@@ -75,7 +89,7 @@ impl Device {
         let handle = self.backend.streams().create_event()?;
         let id = self.sched.create_event();
         if handle != 0 {
-            self.rt_events.insert(id, handle);
+            self.rt.events.insert(id, handle);
         }
         Ok(id)
     }
@@ -84,20 +98,20 @@ impl Device {
         if !self.sched.has_event(event) {
             return self.sched.destroy_event(event); // the error naming the event
         }
-        if let Some(&handle) = self.rt_events.get(&event) {
+        if let Some(&handle) = self.rt.events.get(&event) {
             self.backend.streams().destroy_event(handle)?;
-            self.rt_events.remove(&event);
+            self.rt.events.remove(&event);
         }
         self.sched.destroy_event(event)
     }
 
     /// The runtime handle of `stream` (0: the default stream, or no runtime queue).
     pub(super) fn rt_stream(&self, stream: StreamId) -> Handle {
-        if self.rt_streams.is_empty() { 0 } else { self.rt_streams.get(&stream).copied().unwrap_or(0) }
+        if self.rt.streams.is_empty() { 0 } else { self.rt.streams.get(&stream).copied().unwrap_or(0) }
     }
 
     pub(super) fn rt_event(&self, event: EventId) -> Handle {
-        if self.rt_events.is_empty() { 0 } else { self.rt_events.get(&event).copied().unwrap_or(0) }
+        if self.rt.events.is_empty() { 0 } else { self.rt.events.get(&event).copied().unwrap_or(0) }
     }
 
     /// A mark after `stream`'s latest operation, for the blocks it touches; where no event can be
@@ -116,7 +130,7 @@ impl Device {
     /// A mark of `stream`'s runtime work so far: an event recorded on it when it has runtime work
     /// that may be incomplete, else 0 (nothing to wait for).
     pub(super) fn rt_mark(&mut self, stream: StreamId) -> Result<Handle> {
-        if !self.rt_dirty.contains(&stream) && !self.rt_opaque.contains(&stream) {
+        if !self.rt.dirty.contains(&stream) && !self.rt.opaque.contains(&stream) {
             return Ok(0);
         }
         let handle = self.rt_stream(stream);
@@ -132,7 +146,7 @@ impl Device {
     /// Whether a free may need runtime marks: some stream has runtime work that may be
     /// incomplete, or runs work npumem does not see.
     pub(super) fn rt_any_dirty(&self) -> bool {
-        !self.rt_dirty.is_empty() || !self.rt_opaque.is_empty()
+        !self.rt.dirty.is_empty() || !self.rt.opaque.is_empty()
     }
 
     /// Whether every mark in `marks` is complete. A runtime that cannot answer (an error) is
@@ -159,7 +173,7 @@ impl Device {
         let handle = self.rt_stream(stream);
         let queued = call(self.backend.streams(), handle)?;
         if queued {
-            self.rt_dirty.insert(stream);
+            self.rt.dirty.insert(stream);
         }
         Ok(queued)
     }
@@ -167,10 +181,10 @@ impl Device {
     /// Blocks the host until `stream`'s runtime work is done (its marks on busy blocks are then
     /// complete, and released).
     pub(super) fn rt_synchronize_stream(&mut self, stream: StreamId) -> Result<()> {
-        if self.rt_dirty.remove(&stream) || self.rt_opaque.contains(&stream) {
+        if self.rt.dirty.remove(&stream) || self.rt.opaque.contains(&stream) {
             let handle = self.rt_stream(stream);
             if let Err(e) = self.backend.streams().synchronize_stream(handle) {
-                self.rt_dirty.insert(stream);
+                self.rt.dirty.insert(stream);
                 return Err(e);
             }
             self.rt_drop_busy_marks(Some(stream));
@@ -183,7 +197,7 @@ impl Device {
     pub(super) fn rt_synchronize_device(&mut self) -> Result<()> {
         if self.rt_any_dirty() {
             self.backend.streams().synchronize_device()?;
-            self.rt_dirty.clear();
+            self.rt.dirty.clear();
             self.rt_drop_busy_marks(None);
         }
         Ok(())
@@ -193,7 +207,7 @@ impl Device {
     /// every stream's.
     pub(super) fn rt_drop_busy_marks(&mut self, stream: Option<StreamId>) {
         let mut done = Vec::new();
-        for b in self.busy.values_mut().flatten() {
+        for b in self.uses.busy.values_mut().flatten() {
             if b.mark != 0 && stream.is_none_or(|s| s == b.stream) {
                 done.push(std::mem::take(&mut b.mark));
             }
@@ -206,7 +220,7 @@ impl Device {
         let handle = self.rt_stream(stream);
         for &m in marks.iter().filter(|&&m| m != 0) {
             self.backend.streams().stream_wait_event(handle, m)?;
-            self.rt_dirty.insert(stream);
+            self.rt.dirty.insert(stream);
         }
         Ok(())
     }

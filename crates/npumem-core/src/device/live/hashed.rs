@@ -1,26 +1,31 @@
 //! `Hashed`: the live table's fallback for the allocations its address-ordered pages do not
 //! hold (a pointer off the 512-byte grain, a field too wide for a page record, a page over the
-//! memory budget). Malloc, free and exact lookups go through one hash map by start address
-//! (O(1)); "which allocation is at or before this address" needs an address-ordered index,
-//! which is built by the first ordered query and then brought up to date lazily: a malloc of a
-//! new address notes it in a dirty list, a free leaves a tombstone, and the next ordered query
-//! applies the notes. A malloc at an address freed before revives its tombstone in place. When
-//! the notes would outnumber the entries (more than twice as many mallocs and frees since the
-//! last query as there are entries, plus `slack`), the index is dropped rather than brought up
-//! to date, and the next query builds it again from the map (a sort, sequential work): a table
-//! that is never queried — a service's churn — keeps no index at all and pays no tree
-//! operation per malloc or free, and a query costs at most the work of the notes it replaces.
+//! memory budget). See Note [Lazy ordered index].
 //!
-//! Invariants: the `LIVE` entries of `by_ptr` are exactly the live allocations (`live` counts
-//! them); while `indexed`, the keys of `ordered` are exactly the `INDEXED` entries and every
-//! `LIVE` entry that is not `INDEXED`, and every `INDEXED` tombstone, has its pointer in `dirty`
-//! (so a sync leaves only entries that are both, or neither); while not `indexed`, `ordered`
-//! and `dirty` are empty and no entry is `INDEXED`; tombstones that are neither are counted in
-//! `unindexed_tombstones` and swept once they outnumber the live entries by `slack`; `dirty`
-//! never holds more than the entries plus `slack` pointers — memory stays bounded when no query
-//! comes. An entry keeps an allocation in 24 bytes (sizes as differences, the stream in 32
-//! bits); the rare allocation that does not fit is kept whole in `wide` (flag `WIDE`), exactly
-//! while its entry is `LIVE`.
+//! Invariants (asserted by `check_invariants` in test builds):
+//! - The `LIVE` entries of `by_ptr` are exactly the live allocations; `live` counts them.
+//! - While `indexed`: the keys of `ordered` are exactly the `INDEXED` entries, and every `LIVE`
+//!   entry that is not `INDEXED`, and every `INDEXED` tombstone, has its pointer in `dirty` (so
+//!   a sync leaves only entries that are both, or neither); `dirty` holds at most the live and
+//!   indexed entries plus `slack` pointers.
+//! - While not `indexed`: `ordered` and `dirty` are empty and no entry is `INDEXED`.
+//! - Tombstones that are neither are counted in `unindexed_tombstones`, and swept once they
+//!   outnumber the live entries by `slack`.
+//! - An entry keeps an allocation in 24 bytes (sizes as differences, the stream in 32 bits); the
+//!   rare allocation that does not fit is kept whole in `wide` (flag `WIDE`), exactly while its
+//!   entry is `LIVE`.
+//!
+//! Note [Lazy ordered index]: malloc, free and exact lookups go through one hash map by start
+//! address (O(1)); "which allocation is at or before this address" needs an address-ordered
+//! index, which is built by the first ordered query and then brought up to date lazily: a malloc
+//! of a new address notes it in a dirty list, a free leaves a tombstone, and the next ordered
+//! query applies the notes. A malloc at an address freed before revives its tombstone in place.
+//! When the notes would outnumber the entries (more than twice as many mallocs and frees since
+//! the last query as there are entries, plus `slack`), the index is dropped rather than brought
+//! up to date, and the next query builds it again from the map (a sort, sequential work): a
+//! table that is never queried (a service's churn) keeps no index at all and pays no tree
+//! operation per malloc or free, and a query costs at most the work of the notes it replaces.
+//! Memory stays bounded when no query comes.
 
 use std::collections::BTreeSet;
 use std::collections::hash_map::Entry as Slot;
@@ -273,6 +278,40 @@ impl Hashed {
         let &ptr = self.ordered.range(..=addr).next_back()?;
         Some(self.unpack(ptr, &self.by_ptr[&ptr]))
     }
+
+    /// Asserts every invariant of the module docs against an independent recount (test builds
+    /// only; the property tests call it after every step).
+    #[cfg(test)]
+    pub(super) fn check_invariants(&self) {
+        let live = self.by_ptr.values().filter(|e| e.flags & LIVE != 0).count();
+        assert_eq!(self.live, live, "`live` counts the LIVE entries");
+        let unindexed = self.by_ptr.values().filter(|e| e.flags == 0).count();
+        assert_eq!(self.unindexed_tombstones, unindexed, "`unindexed_tombstones` counts the bare tombstones");
+        // A WIDE entry is LIVE and has its allocation in `wide`; `wide` holds nothing else.
+        for (ptr, e) in &self.by_ptr {
+            assert!(e.flags & WIDE == 0 || e.flags & LIVE != 0, "WIDE entry {ptr:#x} is LIVE");
+            assert_eq!(e.flags & WIDE != 0, self.wide.contains_key(ptr), "{ptr:#x} is in `wide` exactly while WIDE");
+        }
+        assert_eq!(
+            self.wide.len(),
+            self.by_ptr.values().filter(|e| e.flags & WIDE != 0).count(),
+            "`wide` holds WIDE entries only"
+        );
+        if self.indexed {
+            let indexed: BTreeSet<u64> =
+                self.by_ptr.iter().filter(|(_, e)| e.flags & INDEXED != 0).map(|(&p, _)| p).collect();
+            assert!(self.ordered == indexed, "`ordered` is the INDEXED entries");
+            let dirty: BTreeSet<u64> = self.dirty.iter().copied().collect();
+            for (ptr, e) in &self.by_ptr {
+                let stale = e.flags & (LIVE | INDEXED) == LIVE || e.flags & (LIVE | INDEXED) == INDEXED;
+                assert!(!stale || dirty.contains(ptr), "stale entry {ptr:#x} is noted in `dirty`");
+            }
+            assert!(self.dirty.len() <= self.live + self.ordered.len() + self.slack, "`dirty` stays bounded");
+        } else {
+            assert!(self.ordered.is_empty() && self.dirty.is_empty(), "no index kept while not `indexed`");
+            assert!(self.by_ptr.values().all(|e| e.flags & INDEXED == 0), "no INDEXED entry while not `indexed`");
+        }
+    }
 }
 
 #[cfg(test)]
@@ -335,12 +374,7 @@ mod tests {
                     }
                 }
                 // Without an index, nothing of one is kept; with one, every note is bounded.
-                if table.indexed {
-                    prop_assert!(table.dirty.len() <= table.live + table.ordered.len() + slack);
-                } else {
-                    prop_assert!(table.ordered.is_empty() && table.dirty.is_empty());
-                    prop_assert!(table.by_ptr.values().all(|e| e.flags & INDEXED == 0));
-                }
+                table.check_invariants();
             }
             prop_assert_eq!(table.sorted(), model.values().copied().collect::<Vec<_>>());
             prop_assert_eq!(table.len(), model.len());

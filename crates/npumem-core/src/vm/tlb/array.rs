@@ -1,38 +1,32 @@
-//! `Array`: one set-associative TLB array with exact LRU, tree-pseudo-LRU, round-robin or random
-//! replacement, found in O(1) however wide its sets are. Page-walk caches are arrays of one set
+//! `Array`: one set-associative TLB array (exact LRU, tree-PLRU, round-robin or random
+//! replacement), found in O(1) however wide its sets are. Page-walk caches are arrays of one set
 //! (fully associative, LRU).
 //!
-//! A narrow set (at most [`SCAN_WAYS`] ways) is searched by comparing 16-bit fingerprints of all
-//! its tags at once (SSE2 on x86_64) into a bit mask and checking the full tag where one matches
-//! (no branch per way, so a random hit position costs no misprediction); a wider one (fully associative L1s of 72–256 entries, walk caches of up to
-//! 4096) through a hash index from tag to slot, which is exact because a tag always falls in the
-//! same set. LRU keeps a recency order per narrow set — its ways as 4-bit numbers in one `u64`,
-//! most recent first — and a doubly linked recency list per set in wide ones (the victim is the
-//! tail). Entries are never invalidated, so a set fills its ways in order and the first empty way
-//! is the number of ways filled; a narrow LRU set's order starts as `ways-1, ..., 1, 0`, so its
-//! least recent way is always the next empty one until the set is full (touched ways move to the
-//! front, the untouched empty ones keep their order behind them), and a fill simply takes the
-//! least recent way.
+//! Rules and invariants (checked against `super::reference` slot for slot by the tests):
+//! - a tag is held in at most one slot, always in the same set;
+//! - entries are never invalidated: the first `filled[s]` ways of a set hold tags, the rest are
+//!   empty (counted for every array but narrow LRU ones);
+//! - in a narrow array (at most [`SCAN_WAYS`] ways) the fingerprint of each filled way is that of
+//!   its tag, and a narrow LRU set's [`Order`] holds each of its ways once: filled ways by
+//!   recency, then the empty ones with the lowest at the back, so a fill takes the least recent;
+//! - in a wide array the index maps exactly the held tags to their slots and, under LRU, the
+//!   recency list of a set links exactly its filled slots, most recent first;
+//! - PLRU bits and round-robin pointers evolve exactly as in the reference.
 //!
-//! Layout: each set is one row of words — its tags, then (narrow arrays) its recency order and
-//! its fingerprints, `ways.div_ceil(4)` words of four — so one base pointer and the set's index
-//! reach everything a lookup and a fill touch (the fixed loops keep two values an array live, not
-//! four); [`FP_WORDS`] words of padding follow the last row, so the 32-byte fingerprint compare
-//! of any row stays inside the buffer.
-//!
-//! Invariants: a tag is held in at most one slot; the first ways of a set hold tags, the rest are
-//! empty (`filled[s]` of them, counted for every array but narrow LRU ones); in a narrow array
-//! the fingerprint of each filled way is that of its tag; a narrow LRU set's order holds each of
-//! its ways once (in its low `4 * ways` bits), filled ways by recency, then the empty ones with
-//! the lowest at the back; in a wide array the index maps exactly the held tags to their slots
-//! and, under LRU, the recency list of a set links exactly its filled slots, most recent first; PLRU bits and round-robin
-//! pointers evolve exactly as in `super::reference`, slot for slot.
+//! Note [TLB array layout]: a narrow set is searched by comparing 16-bit fingerprints of all its
+//! tags at once (SSE2 on x86_64) and checking the full tag where one matches, so a random hit
+//! position costs no branch misprediction; a wide set (fully associative L1s, walk caches of up
+//! to 4096 entries) goes through a hash index from tag to slot. Each set is one row of words
+//! (tags, then the recency order and fingerprints of narrow arrays), so one base pointer and the
+//! set's index reach everything a lookup and a fill touch; [`FP_WORDS`] words of padding follow
+//! the last row so that the 32-byte fingerprint compare of any row stays inside the buffer.
 
 use rustc_hash::FxHashMap;
 
 use super::batch::Access;
 use super::{ArrayConfig, ArrayStats, Replacement};
 use crate::vm::PageSize;
+use order::Order;
 
 /// The tag of an empty slot (no real tag reaches it: a tag is a page number shifted left by 6).
 pub(super) const EMPTY: u64 = u64::MAX;
@@ -664,84 +658,7 @@ impl<const W: usize> Ways<'_, W> {
     }
 }
 
-/// The recency order of a narrow LRU set: its ways (4 bits each, so at most 16) from the most
-/// recent in the low bits to the least recent at bits `4 * (ways - 1)`; bits above are unused.
-struct Order;
-
-/// A nibble of ones in every 4-bit lane.
-const NIBBLES_1: u64 = 0x1111_1111_1111_1111;
-
-impl Order {
-    /// The order of an empty set: `ways - 1` most recent, way 0 least recent (filled first).
-    fn initial(ways: usize) -> u64 {
-        (0..ways as u64).fold(0, |order, w| order | w << (4 * (ways as u64 - 1 - w)))
-    }
-
-    /// The least recent way.
-    #[inline(always)]
-    fn least_recent(order: u64, ways: usize) -> usize {
-        ((order >> (4 * (ways - 1))) & 15) as usize
-    }
-
-    /// `order` after a fill of its least recent way `way`: every way moves back one place and
-    /// `way` goes to the front.
-    #[inline(always)]
-    fn refill(order: u64, way: u64, ways: usize) -> u64 {
-        // Shifting by 4 * ways would overflow at 16 ways: shift twice.
-        let live = !((u64::MAX << (4 * (ways - 1))) << 4);
-        ((order << 4) & live) | way
-    }
-
-    /// `order` after a use of `way` (present in it): `way` moves to the front, the ways before
-    /// it back one place.
-    #[inline(always)]
-    fn touch(order: u64, way: u64) -> u64 {
-        // The lowest zero nibble of order ^ (way in every lane) is `way`'s place (the classic
-        // has-zero-byte test, exact for the lowest lane).
-        let x = order ^ way.wrapping_mul(NIBBLES_1);
-        let zeros = x.wrapping_sub(NIBBLES_1) & !x & (NIBBLES_1 << 3);
-        // Every bit up to the lowest flag (`way`'s lane and those before it; one BLSMSK where
-        // BMI1 is enabled): the lanes before `way` move up one, `way` lands in lane 0, those
-        // after it stay. `way` is in the order, so a flag is set.
-        let through = zeros ^ zeros.wrapping_sub(1);
-        (order & !through) | ((order << 4) & through) | way
-    }
-}
+mod order;
 
 #[cfg(test)]
-mod tests {
-    use super::Order;
-
-    /// The order as a list of ways, most recent first.
-    fn ways(order: u64, n: usize) -> Vec<u64> {
-        (0..n).map(|i| (order >> (4 * i)) & 15).collect()
-    }
-
-    #[test]
-    fn recency_order_moves_ways_to_the_front() {
-        for n in [1usize, 2, 3, 4, 8, 12, 15, 16] {
-            let mut order = Order::initial(n);
-            let mut model: Vec<u64> = (0..n as u64).rev().collect();
-            assert_eq!(ways(order, n), model);
-            let mut x = 12345u64;
-            for _ in 0..500 {
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                let way = if x >> 63 == 0 {
-                    let way = (x >> 40) % n as u64;
-                    order = Order::touch(order, way);
-                    model.retain(|&w| w != way);
-                    way
-                } else {
-                    let way = Order::least_recent(order, n) as u64;
-                    assert_eq!(way, model[n - 1]);
-                    order = Order::refill(order, way, n);
-                    model.pop();
-                    way
-                };
-                model.insert(0, way);
-                assert_eq!(ways(order, n), model, "{n} ways");
-                assert_eq!(order >> (4 * n - 1) >> 1, 0, "no bits above the ways");
-            }
-        }
-    }
-}
+mod tests;

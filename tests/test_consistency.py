@@ -1,4 +1,4 @@
-"""A newcomer's path: what the README promises works as written, every surface tells the same
+"""Consistency: what the README promises works as written, every surface tells the same
 story (segments, fragmentation figures, plan verdicts), and the docs point only inside the
 repository."""
 
@@ -76,7 +76,7 @@ def test_every_surface_counts_the_same_segments(allocator):
         assert stats["segment.all.allocated"] - stats["segment.all.freed"] == n
 
 
-def test_the_issue_example_one_expandable_segment_not_four():
+def test_one_expandable_segment_not_four():
     # Four 3 MiB blocks on the npumem pool map six 2 MiB pages side by side: one segment.
     dev = npumem.Device("1GiB")
     for _ in range(4):

@@ -1,7 +1,6 @@
-"""Inputs that used to abort the process or wrap a 64-bit clock (issue 12): TLB sizes and cycle
-costs are bounded before anything is allocated, device copies move through bounded pieces and
-never materialise unwritten memory, durations and costs are bounded and the simulated clocks
-never wrap.
+"""Resource limits: TLB sizes and cycle costs are bounded before anything is allocated, device
+copies move through bounded pieces and never materialise unwritten memory, durations and costs
+are bounded and the simulated clocks never wrap.
 
 Reproductions that could abort run in a fresh interpreter under an address-space limit, so an
 abort shows up as a signal (a failed test), not as the end of the test run."""

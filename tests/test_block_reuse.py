@@ -1,7 +1,7 @@
-"""The Device fast path (issue #5): freed blocks of the npumem pool wait in exact-size stacks and
-come back in O(1); the live table is a hash map with a lazily synced address index. These tests
-check that nothing observable changed: use-after-free and out-of-bounds detection, interior
-pointers, statistics, snapshots, fragmentation, coalescing and batch all-or-nothing."""
+"""Block reuse in the npumem pool: freed blocks wait in exact-size stacks and come back in O(1);
+the live table is a hash map with a lazily synced address index. Reuse is invisible: use-after-free
+and out-of-bounds detection, interior pointers, statistics, snapshots, fragmentation, coalescing
+and batch all-or-nothing."""
 
 from __future__ import annotations
 

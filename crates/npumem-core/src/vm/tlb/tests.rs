@@ -1,0 +1,205 @@
+use super::*;
+
+fn array(name: &str, entries: usize, ways: usize, sizes: &[PageSize], r: Replacement, hit: u64) -> ArrayConfig {
+    ArrayConfig::new(name, entries, ways, sizes, r, hit)
+}
+
+fn t(page: PageSize) -> Translation {
+    Translation { pa: 0, page_size: page, depth: if page == PageSize::Size2M { 3 } else { 4 } }
+}
+
+fn one_level(entries: usize, ways: usize, replacement: Replacement) -> Tlb {
+    Tlb::new(TlbConfig {
+        name: "test".into(),
+        levels: vec![vec![array("L1", entries, ways, &[], replacement, 0)]],
+        walk_cache_entries: [0, 0, 0],
+        walk_step_cycles: 10,
+        source: "test".into(),
+        coalesce: 1,
+    })
+    .unwrap()
+}
+
+#[test]
+fn sequential_misses_once_per_page() {
+    let mut tlb = one_level(64, 4, Replacement::Lru);
+    let addrs: Vec<u64> = (0..(1u64 << 20)).step_by(64).map(|o| 0x1000_0000_0000 + o).collect();
+    tlb.run(&addrs, |_| Some(t(PageSize::Size4K)));
+    assert_eq!(tlb.stats().arrays[0][0].misses, 256);
+    assert_eq!(tlb.stats().walks, 256);
+    assert_eq!(tlb.stats().cycles, 256 * 4 * 10);
+    let mut huge = one_level(64, 4, Replacement::Lru);
+    huge.run(&addrs, |_| Some(t(PageSize::Size2M)));
+    assert_eq!(huge.stats().arrays[0][0].misses, 1);
+}
+
+#[test]
+fn within_reach_never_misses_after_warm_up() {
+    let mut tlb = one_level(64, 64, Replacement::Lru);
+    let pages: Vec<u64> = (0..64u64).map(|p| p * 4096).collect();
+    tlb.run(&pages, |_| Some(t(PageSize::Size4K)));
+    tlb.reset_stats();
+    let mut chase: Vec<u64> = (0..10_000u64).map(|i| (i * 37 % 64) * 4096 + 8).collect();
+    chase.reverse();
+    tlb.run(&chase, |_| Some(t(PageSize::Size4K)));
+    assert_eq!(tlb.stats().arrays[0][0].misses, 0);
+    // One page more than the reach, cycled: LRU misses every time.
+    let mut over = one_level(64, 64, Replacement::Lru);
+    let cyc: Vec<u64> = (0..650u64).map(|i| (i % 65) * 4096).collect();
+    over.run(&cyc, |_| Some(t(PageSize::Size4K)));
+    assert_eq!(over.stats().arrays[0][0].misses, 650);
+}
+
+#[test]
+fn lru_set_behaves_exactly() {
+    // One set of 2 ways: A B A C → C evicts B (least recent); then B misses, A hits? A was
+    // touched at step 3, C at 4, B refills evicting A.
+    let mut tlb = one_level(2, 2, Replacement::Lru);
+    let (a, b, c) = (0u64, 4096u64, 8192u64);
+    tlb.run(&[a, b, a, c], |_| Some(t(PageSize::Size4K)));
+    assert_eq!(tlb.stats().arrays[0][0].misses, 3);
+    tlb.run(&[a], |_| Some(t(PageSize::Size4K)));
+    assert_eq!(tlb.stats().arrays[0][0].misses, 3, "A survived");
+    tlb.run(&[b], |_| Some(t(PageSize::Size4K)));
+    assert_eq!(tlb.stats().arrays[0][0].misses, 4, "B had been evicted");
+    assert_eq!(tlb.stats().arrays[0][0].evictions, 2);
+}
+
+#[test]
+fn plru_round_robin_random_and_split_arrays() {
+    for r in [Replacement::Plru, Replacement::RoundRobin, Replacement::Random] {
+        let mut tlb = one_level(8, 4, r);
+        let addrs: Vec<u64> = (0..1000u64).map(|i| (i % 8) * 4096).collect();
+        tlb.run(&addrs, |_| Some(t(PageSize::Size4K)));
+        assert_eq!(tlb.stats().arrays[0][0].misses, 8, "{r:?}: 8 pages fit 8 entries");
+    }
+    let mut sky = Tlb::new(TlbConfig::preset("skylake").unwrap()).unwrap();
+    sky.run(&[0, 2 << 20], |va| Some(t(if va == 0 { PageSize::Size4K } else { PageSize::Size2M })));
+    let s = sky.stats();
+    assert_eq!((s.arrays[0][0].lookups, s.arrays[0][1].lookups, s.arrays[0][2].lookups), (1, 1, 0));
+    assert_eq!(sky.nominal_reach(PageSize::Size2M)[0], 32 * (2 << 20));
+    assert!(TlbConfig::preset("nope").is_err());
+    let mut bad = TlbConfig::preset("zen4").unwrap();
+    bad.levels[0][0].ways = 7;
+    assert!(Tlb::new(bad).is_err());
+}
+
+#[test]
+fn coalescing_multiplies_reach_only_for_contiguous_pages() {
+    let mut cfg = TlbConfig::preset("zen4").unwrap();
+    cfg.coalesce = 8;
+    let base = 0x1000_0000_0000u64;
+    let addrs: Vec<u64> = (0..64u64).map(|p| base + p * 4096).collect();
+    // Contiguous frames: 64 pages in 8 entries.
+    let mut tlb = Tlb::new(cfg.clone()).unwrap();
+    tlb.run(&addrs, |va| Some(Translation { pa: va - base, page_size: PageSize::Size4K, depth: 4 }));
+    assert_eq!(tlb.stats().walks, 8);
+    assert_eq!(tlb.effective_reach()[0], 64 * 4096);
+    // Scattered frames: every page its own entry.
+    let mut scattered = Tlb::new(cfg).unwrap();
+    scattered.run(&addrs, |va| {
+        Some(Translation { pa: ((va - base) / 4096 * 7919 % 64) * 4096, page_size: PageSize::Size4K, depth: 4 })
+    });
+    assert_eq!(scattered.stats().walks, 64);
+    let mut bad = TlbConfig::preset("zen4").unwrap();
+    bad.coalesce = 3;
+    assert!(Tlb::new(bad).is_err());
+}
+
+/// The message of the error `Tlb::new` gives for `cfg`, which must be refused as an
+/// invalid parameter.
+fn refusal(cfg: TlbConfig) -> String {
+    let err = Tlb::new(cfg).unwrap_err();
+    assert_eq!(err.code, crate::ErrorCode::InvalidParam);
+    err.message
+}
+
+#[test]
+fn sizes_and_cycles_are_bounded_before_anything_is_allocated() {
+    let zen4 = || TlbConfig::preset("zen4").unwrap();
+    // Sizes that would ask for terabytes of host memory, or overflow the capacity.
+    for n in [1usize << 40, 1 << 62, usize::MAX] {
+        let mut cfg = zen4();
+        cfg.walk_cache_entries = [n, 1, 1];
+        let msg = refusal(cfg);
+        assert!(msg.contains("walk_cache_entries[0]") && msg.contains(&n.to_string()), "{msg}");
+        assert!(msg.contains("0 to 4096"), "{msg}");
+        let mut cfg = zen4();
+        cfg.levels[0][0].entries = n;
+        cfg.levels[0][0].ways = 1;
+        let msg = refusal(cfg);
+        assert!(msg.contains("0.0.entries") && msg.contains(&n.to_string()) && msg.contains("1 to 1048576"), "{msg}");
+    }
+    let mut cfg = zen4();
+    cfg.walk_step_cycles = u64::MAX;
+    assert!(refusal(cfg).contains("walk_step_cycles = 18446744073709551615"));
+    let mut cfg = zen4();
+    cfg.levels[1][0].hit_cycles = 1_000_001;
+    assert!(refusal(cfg).contains("1.0.hit_cycles"));
+    let mut cfg = zen4();
+    cfg.levels[0][0] = array("huge FA", 16384, 16384, &[], Replacement::Lru, 0);
+    assert!(refusal(cfg).contains("0.0.ways"));
+    let mut cfg = zen4();
+    cfg.levels[0][0] = array("wide PLRU", 128, 128, &[], Replacement::Plru, 0);
+    assert!(refusal(cfg).contains("power of two for pseudo-LRU"));
+    let mut cfg = zen4();
+    cfg.levels[0] = (0..9).map(|_| array("x", 4, 4, &[], Replacement::Lru, 0)).collect();
+    assert!(refusal(cfg).contains("level 0 (number of arrays) = 9"));
+    let mut cfg = zen4();
+    cfg.levels = (0..5).map(|_| vec![array("x", 4, 4, &[], Replacement::Lru, 0)]).collect();
+    assert!(refusal(cfg).contains("levels (number of levels) = 5"));
+    let mut cfg = zen4();
+    cfg.levels = vec![vec![array("big", 1 << 20, 8, &[], Replacement::Lru, 0)]; 4];
+    cfg.walk_cache_entries = [1, 1, 1];
+    assert!(refusal(cfg).contains("total entries (all arrays and walk caches) = 4194307"));
+    let mut cfg = zen4();
+    cfg.coalesce = 1024;
+    assert!(refusal(cfg).contains("coalesce = 1024"));
+    // The largest accepted hierarchy builds.
+    let mut cfg = zen4();
+    cfg.levels = vec![vec![array("big", 1 << 20, 8192, &[], Replacement::Lru, 1_000_000)]; 4];
+    cfg.levels[3][0].entries = (1 << 20) - 3 * 4096;
+    cfg.levels[3][0].ways = 4096;
+    cfg.walk_cache_entries = [4096; 3];
+    cfg.walk_step_cycles = 1_000_000;
+    Tlb::new(cfg).unwrap();
+    for field in ["entries", "ways", "hit_cycles", "walk_step_cycles", "walk_cache_entries", "coalesce"] {
+        assert!(field_range(field).is_some(), "{field}");
+    }
+    assert!(field_range("name").is_none());
+}
+
+#[test]
+fn the_cycle_counter_saturates_instead_of_wrapping() {
+    let mut cfg = TlbConfig::preset("gem5_gpu").unwrap();
+    cfg.walk_step_cycles = 1_000_000;
+    let mut tlb = Tlb::new(cfg).unwrap();
+    tlb.stats.cycles = u64::MAX - 5;
+    tlb.run(&[0, 1 << 30, 2 << 30], |_| Some(t(PageSize::Size4K)));
+    assert_eq!(tlb.stats().cycles, u64::MAX);
+    assert_eq!(tlb.stats().walks, 3);
+}
+
+#[test]
+fn presets_take_the_paths_their_shapes_allow() {
+    for name in TlbConfig::PRESETS {
+        let tlb = Tlb::new(TlbConfig::preset(name).unwrap()).unwrap();
+        assert!(tlb.chained, "{name}: every preset has one array a level per page size");
+        assert_eq!(tlb.kernel, ["skylake", "champsim_default"].contains(name), "{name}");
+        // The kernel's presets have a fixed loop for every page size (4- and 12-way links).
+        assert_eq!(tlb.fixed.iter().all(Option::is_some), tlb.kernel, "{name}");
+    }
+}
+
+#[test]
+fn walk_caches_skip_upper_steps() {
+    let mut cfg = TlbConfig::preset("champsim_default").unwrap();
+    cfg.levels = vec![vec![array("L1", 1, 1, &[], Replacement::Lru, 0)]];
+    let mut tlb = Tlb::new(cfg).unwrap();
+    tlb.run(&[0, 4096, 8192], |_| Some(t(PageSize::Size4K)));
+    let s = tlb.stats();
+    assert_eq!(s.walks, 3);
+    // The first walk reads 4 descriptors; the next two hit the level-2 walk cache.
+    assert_eq!(s.walk_steps, 4 + 1 + 1);
+    assert_eq!(s.walk_steps_skipped, 3 + 3);
+}
