@@ -8,7 +8,7 @@ driver-level calls (physical allocations and maps) and the cache hit rate. The l
 npumem's minimum capacity relative to the pytorch preset's. Wall time of each replay is printed
 too (Python-driven replay: it measures the whole stack, not the pool alone).
 
-Traces: synthetic transformer training and a random churn (npumem.traces), and the real traces
+Traces: synthetic transformer training and a random churn (npumem.workloads), and the real traces
 recorded from PyTorch on the CPU in benches/traces/ (benches/record_torch_traces.py).
 
 Run: make bench B=replay   (or: .venv/bin/python benches/bench_replay.py [--quick])
@@ -19,15 +19,17 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Any
 
+from npumem.formats import load
 from npumem.replay import min_capacity, peak_live_bytes, replay
-from npumem.traces import load, random_churn, transformer_training
 from npumem.units import fmt
+from npumem.workloads import random_churn, transformer_training
 
 FAMILIES = ["direct", "pytorch", "torch_npu", "npumem"]
 
 
-def traces(quick: bool) -> dict[str, list]:
+def traces(quick: bool) -> dict[str, Any]:
     t = {
         "transformer 8L h1024 b4-8 s256-768": transformer_training(),
         "transformer 12L h2048 b2-8 s128-1024": transformer_training(

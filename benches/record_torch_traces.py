@@ -2,7 +2,7 @@
 
 Each model trains for a few steps under ``torch.profiler`` with ``profile_memory=True``; the
 ``[memory]`` events of the exported Chrome trace become npumem replay events
-(``npumem.importers.profiler_trace``), renumbered and stored compactly in
+(``npumem.formats.load``), renumbered and stored compactly in
 ``benches/traces/<name>.json.gz`` so that the benchmark and the tests replay them without torch.
 
 Run (once, in an environment with torch and npumem):
@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
-from npumem.importers import profiler_trace
+from npumem import formats
 
 
 def transformer(steps: int = 3, seqs=(64, 96, 128)) -> tuple[nn.Module, list]:
@@ -60,9 +60,8 @@ def record(name: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
-        events = profiler_trace(path, device_type=0)
-    ids: dict = {}
-    compact = [[a, ids.setdefault(k, len(ids)), s] for a, k, s in events]
+        # Ids renumbered densely in order of first use, as formats.Trace holds them.
+        compact = [list(e) for e in formats.load(path, device_type=0).events()]
     return {
         "source": f"torch.profiler(profile_memory=True) on the CPU, torch {torch.__version__}",
         "model": name,

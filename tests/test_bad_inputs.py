@@ -37,12 +37,14 @@ from npumem import (
     MemoryFreeError,
     MemPoolAttr,
     cli,
+    formats,
     importers,
     patterns,
     plan,
     replay,
     traces,
     units,
+    workloads,
 )
 from npumem import demo as demo_mod
 from npumem import graph as graph_mod
@@ -168,9 +170,15 @@ def malicious_snapshot(c: Ctx) -> list:
     marker = str(c.tmp / "pwned")
     path = c.file("evil.pickle", pickle.dumps({"device_traces": [[_Exploit(marker)]]}))
     try:
-        return importers.snapshot_trace(path)
+        return formats.load(path)
     finally:
         assert not os.path.exists(marker), "the crafted pickle ran code"
+
+
+def deprecated(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, a deprecated alias: it must warn before it runs."""
+    with pytest.warns(DeprecationWarning, match="is deprecated"):
+        return fn(*args, **kwargs)
 
 
 def deep_json(levels: int = 100_000) -> str:
@@ -668,54 +676,59 @@ CASES = [
         "1,125,899,906,842,624",
     ),
     case("peak_live_bytes-unknown-free", lambda c: replay.peak_live_bytes([("free", 1)]), InvalidParamError, "event 0"),
-    # -- Importers and traces ---------------------------------------------------------------
+    # -- Trace readers and generators -------------------------------------------------------
     case(
         "snapshot_trace-device-negative",
-        lambda c: importers.snapshot_trace({"device_traces": [[]]}, device=-1),
+        lambda c: formats.load({"device_traces": [[]]}, device=-1),
         InvalidParamError,
         "device",
         "-1",
     ),
     case(
         "snapshot_trace-entry-without-addr",
-        lambda c: importers.snapshot_trace({"device_traces": [[{"action": "alloc", "size": 8}]]}),
+        lambda c: formats.load({"device_traces": [[{"action": "alloc", "size": 8}]]}),
         InvalidParamError,
         "device_traces[0][0]",
         "addr",
     ),
     case(
         "snapshot_trace-size-text",
-        lambda c: importers.snapshot_trace({"device_traces": [[{"action": "alloc", "addr": 1, "size": "x"}]]}),
+        lambda c: formats.load({"device_traces": [[{"action": "alloc", "addr": 1, "size": "x"}]]}),
         InvalidParamError,
         "size",
         "'x'",
     ),
     case(
         "snapshot_trace-traces-array",
-        lambda c: importers.snapshot_trace({"device_traces": np.ones((2, 2))}),
+        lambda c: formats.load({"device_traces": np.ones((2, 2))}),
         InvalidParamError,
         "device_traces",
     ),
-    case("snapshot_trace-source-list", lambda c: importers.snapshot_trace([1, 2]), TypeError, "source", "[1, 2]"),
+    case("load-path-list", lambda c: formats.load([1, 2]), TypeError, "path", "[1, 2]"),
+    case(
+        "snapshot_trace-source-list",
+        lambda c: deprecated(importers.snapshot_trace, [1, 2]),
+        TypeError,
+        "source",
+        "[1, 2]",
+    ),
     case("snapshot_trace-malicious-pickle", malicious_snapshot, InvalidParamError, "evil.pickle", "system"),
     case(
         "snapshot_trace-garbage",
-        lambda c: importers.snapshot_trace(c.file("junk.pickle", b"\x80\x05junk")),
+        lambda c: formats.load(c.file("junk.pickle", b"\x80\x05junk")),
         InvalidParamError,
         "junk.pickle",
     ),
     case(
         "profiler_trace-events-int",
-        lambda c: importers.profiler_trace({"traceEvents": 5}),
+        lambda c: formats.load({"traceEvents": 5}),
         InvalidParamError,
         "traceEvents",
         "5",
     ),
     case(
         "profiler_trace-addr-text",
-        lambda c: importers.profiler_trace(
-            {"traceEvents": [{"name": "[memory]", "ts": 1, "args": {"Addr": "x", "Bytes": 8}}]}
-        ),
+        lambda c: formats.load({"traceEvents": [{"name": "[memory]", "ts": 1, "args": {"Addr": "x", "Bytes": 8}}]}),
         InvalidParamError,
         "traceEvents[0]",
         "Addr",
@@ -723,48 +736,50 @@ CASES = [
     ),
     case(
         "profiler_trace-compact-trace",
-        lambda c: importers.profiler_trace(os.path.join(REPO, "benches", "traces", "torch_cpu_convnet.json.gz")),
+        lambda c: deprecated(
+            importers.profiler_trace, os.path.join(REPO, "benches", "traces", "torch_cpu_convnet.json.gz")
+        ),
         InvalidParamError,
         "torch_cpu_convnet.json.gz",
         "npumem.traces.load",
     ),
     case(
         "profiler_trace-deep",
-        lambda c: importers.profiler_trace(c.file("deep.json", deep_json())),
+        lambda c: formats.load(c.file("deep.json", deep_json())),
         InvalidParamError,
         "nested too deeply",
     ),
     case(
         "profiler_trace-device_type",
-        lambda c: importers.profiler_trace({"traceEvents": []}, device_type=-1),
+        lambda c: formats.load({"traceEvents": []}, device_type=-1),
         InvalidParamError,
         "device_type",
         "-1",
     ),
     case(
         "traces-load-profiler-file",
-        lambda c: traces.load(c.file("p.json", json.dumps({"traceEvents": []}))),
+        lambda c: deprecated(traces.load, c.file("p.json", json.dumps({"traceEvents": []}))),
         InvalidParamError,
         "p.json",
         "profiler_trace",
     ),
     case(
         "traces-load-bad-event",
-        lambda c: traces.load(c.file("t.json", json.dumps({"events": [["alloc", 1]]}))),
+        lambda c: formats.load(c.file("t.json", json.dumps({"events": [["alloc", 1]]}))),
         InvalidParamError,
         "events[0]",
     ),
     case(
         "traces-load-deep",
-        lambda c: traces.load(c.file("deep.json.gz", deep_json())),
+        lambda c: formats.load(c.file("deep.json.gz", deep_json())),
         InvalidParamError,
         "nested too deeply",
     ),
-    case("transformer-layers-0", lambda c: traces.transformer_training(layers=0), InvalidParamError, "layers", "0"),
-    case("transformer-batch", lambda c: traces.transformer_training(batch=(1,)), TypeError, "batch", "(1,)"),
+    case("transformer-layers-0", lambda c: workloads.transformer_training(layers=0), InvalidParamError, "layers", "0"),
+    case("transformer-batch", lambda c: workloads.transformer_training(batch=(1,)), TypeError, "batch", "(1,)"),
     case(
         "transformer-hidden-huge",
-        lambda c: traces.transformer_training(hidden=2**40),
+        lambda c: workloads.transformer_training(hidden=2**40),
         InvalidParamError,
         "hidden",
         "1099511627776",
@@ -914,7 +929,7 @@ def test_a_real_snapshot_pickle_still_loads(ctx, tmp_path):
     ctx.dev.free(p)
     path = tmp_path / "snap.pickle"
     ctx.dev.dump_snapshot(path)
-    events = importers.snapshot_trace(path)
+    events = formats.load(path).events()
     assert [e[0] for e in events] == ["alloc", "free"] and events[0][2] == MiB
 
 
@@ -926,7 +941,7 @@ def test_snapshot_unpickler_refuses_every_global_but_plain_types(tmp_path, targe
     path = tmp_path / "crafted.pickle"
     path.write_bytes(crafted)
     with pytest.raises(InvalidParamError, match=f"refers to {module}.{name}"):
-        importers.snapshot_trace(path)
+        formats.load(path)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1078,9 +1093,9 @@ def test_cli_internal_error_is_status_4_without_traceback(monkeypatch, capsys):
 
 
 def test_submodules_come_with_import_npumem():
-    code = "import npumem; print(npumem.plan.Problem, npumem.tlb.Tlb, npumem.replay.replay, npumem.traces.load)"
+    code = "import npumem; print(npumem.plan.Problem, npumem.tlb.Tlb, npumem.replay.replay, npumem.formats.load)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    assert isinstance(npumem.importers, types.ModuleType) and "hostpool" in dir(npumem)
+    assert isinstance(npumem.formats, types.ModuleType) and "hostpool" in dir(npumem)
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         npumem.nope  # noqa: B018

@@ -13,7 +13,7 @@ import pytest
 from conftest import MiB
 
 import npumem
-from npumem import demo, traces
+from npumem import demo, formats
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -46,11 +46,9 @@ def test_docs_link_only_inside_the_repository(doc):
 
 
 def test_the_bundled_traces_load_as_the_readme_says():
-    events = traces.load(ROOT / "benches" / "traces" / "torch_cpu_convnet.json.gz")
-    assert events and events[0][0] == "alloc"
-    assert npumem.replay.peak_live_bytes(events) > 0
-    with pytest.raises(npumem.InvalidParamError, match=r"npumem\.traces\.load"):
-        npumem.importers.profiler_trace(ROOT / "benches" / "traces" / "torch_cpu_convnet.json.gz")
+    trace = formats.load(ROOT / "benches" / "traces" / "torch_cpu_convnet.json.gz")
+    assert len(trace) and trace.events()[0][0] == "alloc"
+    assert npumem.replay.peak_live_bytes(trace) > 0
 
 
 def _summary_segments(dev: npumem.Device) -> int:

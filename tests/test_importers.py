@@ -1,4 +1,5 @@
-"""Importers of PyTorch traces, and the recorded real traces under benches/traces."""
+"""PyTorch traces read by npumem.formats.load (torch.profiler Chrome traces, memory snapshots),
+and the recorded real traces under benches/traces."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import pickle
 import pytest
 
 import npumem
-from npumem.importers import profiler_trace, snapshot_trace
+from npumem.formats import load
 from npumem.replay import min_capacity, peak_live_bytes, replay
-from npumem.traces import load, transformer_training
+from npumem.workloads import transformer_training
 
 TRACES = sorted((pathlib.Path(__file__).resolve().parents[1] / "benches" / "traces").glob("*.json.gz"))
 MiB = 1 << 20
@@ -35,26 +36,26 @@ def test_profiler_trace_pairs_allocs_and_frees_by_address(tmp_path):
             memory_event(6.0, 0x9000, 100, device_type=1),  # another device type
         ]
     }
-    events = profiler_trace(trace)
-    assert events == [
-        ("alloc", (0x1000, 0), 4096),
-        ("alloc", (0x2000, 0), 512),
-        ("free", (0x1000, 0), 4096),
-        ("alloc", (0x1000, 1), 8192),
+    events = load(trace).events()
+    assert events == [  # the address reused after its free is a new id
+        ("alloc", 0, 4096),
+        ("alloc", 1, 512),
+        ("free", 0, 4096),
+        ("alloc", 2, 8192),
     ]
     path = tmp_path / "t.json.gz"
     with gzip.open(path, "wt") as f:
         json.dump(trace, f)
-    assert profiler_trace(path) == events
-    assert profiler_trace(trace, device_type=1) == [("alloc", (0x9000, 0), 100)]
-    assert peak_live_bytes(events) == 4096 + 512 + 8192 - 4096
+    assert load(path).events() == events
+    assert load(trace, device_type=1).events() == [("alloc", 0, 100)]
+    assert peak_live_bytes(load(trace)) == peak_live_bytes(events) == 4096 + 512 + 8192 - 4096
 
 
 def test_profiler_trace_without_memory_events_is_refused():
     with pytest.raises(npumem.InvalidParamError, match="profile_memory=True"):
-        profiler_trace({"traceEvents": [{"name": "aten::add", "ph": "X"}]})
+        load({"traceEvents": [{"name": "aten::add", "ph": "X"}]})
     with pytest.raises(npumem.InvalidParamError, match="device type 7"):
-        profiler_trace({"traceEvents": [memory_event(0, 1, 1)]}, device_type=7)
+        load({"traceEvents": [memory_event(0, 1, 1)]}, device_type=7)
 
 
 def test_snapshot_trace_round_trips_a_replay(tmp_path):
@@ -66,21 +67,21 @@ def test_snapshot_trace_round_trips_a_replay(tmp_path):
     dev.dump_snapshot(str(path))
     with open(path, "rb") as f:
         snap = pickle.load(f)
-    events = snapshot_trace(path)
-    assert events == snapshot_trace(snap)
+    events = load(path).events()
+    assert events == load(snap).events()
     allocs = [e for e in events if e[0] == "alloc"]
     assert len(allocs) == sum(1 for e in trace if e[0] == "alloc")
     # Sizes are the allocator's blocks: 512-byte multiples at least as large as the requests.
     assert sorted(s for _, _, s in allocs) >= sorted(s for a, _, s in trace if a == "alloc")
     assert all(s % 512 == 0 for _, _, s in allocs)
     with pytest.raises(npumem.InvalidParamError, match="device 3"):
-        snapshot_trace(snap, device=3)
+        load(snap, device=3)
 
 
 @pytest.mark.parametrize("path", TRACES, ids=[p.name for p in TRACES])
 def test_recorded_torch_traces_meet_the_capacity_goal(path):
     events = load(str(path))
-    assert len(events) > 1000
+    assert len(events) > 1000 and events.source == str(path)
     peak = peak_live_bytes(events)
     ours = min_capacity(events, {"allocator": "npumem"}, granularity=MiB)
     theirs = min_capacity(events, {"allocator": "pytorch"}, granularity=MiB)

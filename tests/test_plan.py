@@ -243,7 +243,7 @@ def test_from_trace_lifetimes_and_errors():
 
 def test_planning_the_demo_trace_reaches_the_bound():
     from npumem.replay import min_capacity
-    from npumem.traces import transformer_training
+    from npumem.workloads import transformer_training
 
     trace = transformer_training(layers=4, hidden=1024, steps=2, batch=(2, 6), seq=(256, 768))
     p = Problem.from_trace(trace)

@@ -9,7 +9,7 @@ from conftest import KiB, MiB, raises_acl
 from hypothesis import given
 from hypothesis import strategies as st
 
-from npumem import Device, InvalidParamError, replay, traces
+from npumem import Device, InvalidParamError, replay, workloads
 from npumem.replay import ReplayResult, min_capacity, normalize, peak_live_bytes
 
 ALLOCATORS = ("npumem", "direct", "pytorch", "torch_npu")
@@ -256,7 +256,7 @@ def test_replay_leaves_a_passed_device_without_live_allocations(allocator):
 
 @pytest.mark.parametrize("allocator", ALLOCATORS)
 def test_replay_peaks_are_consistent(allocator):
-    events = traces.transformer_training(layers=2, hidden=256, heads=4, vocab=2000, steps=2, seq=(32, 64))
+    events = workloads.transformer_training(layers=2, hidden=256, heads=4, vocab=2000, steps=2, seq=(32, 64))
     r = replay.replay(events, {"capacity": "1GiB", "allocator": allocator})
     assert r.completed and r.ooms == 0
     assert r.events == len(events) and r.allocs == len(events) // 2
@@ -325,7 +325,7 @@ SMALL_TRACE = {"layers": 2, "hidden": 256, "heads": 4, "vocab": 4000, "steps": 3
 @pytest.mark.parametrize("allocator", ALLOCATORS)
 @pytest.mark.parametrize("granularity", [2 * MiB, 512 * KiB])
 def test_min_capacity_is_tight(allocator, granularity):
-    events = traces.transformer_training(**SMALL_TRACE)
+    events = workloads.transformer_training(**SMALL_TRACE)
     check_min_capacity(events, {"allocator": allocator}, granularity)
 
 
@@ -336,7 +336,7 @@ def test_min_capacity_is_tight(allocator, granularity):
 
 @pytest.mark.parametrize("params", [{}, SMALL_TRACE, {"layers": 1, "steps": 1, "seed": 9}])
 def test_transformer_training_is_a_valid_trace(params):
-    events = traces.transformer_training(**params)
+    events = workloads.transformer_training(**params)
     live: dict[int, int] = {}
     seen: set[int] = set()
     for action, key, size in events:
@@ -355,7 +355,7 @@ def test_transformer_training_is_a_valid_trace(params):
 
 def test_transformer_training_shape():
     layers, hidden, vocab = 3, 128, 1000
-    events = traces.transformer_training(layers=layers, hidden=hidden, heads=4, vocab=vocab, steps=2)
+    events = workloads.transformer_training(layers=layers, hidden=hidden, heads=4, vocab=vocab, steps=2)
     params = [size for _, _, size in events[: 1 + 5 * layers]]
     assert params[0] == vocab * hidden * 2  # the embedding, in 2-byte dtype
     assert params[1:6] == [2 * n for n in (3 * hidden**2, hidden**2, 4 * hidden**2, 4 * hidden**2, 2 * hidden)]
@@ -364,17 +364,17 @@ def test_transformer_training_shape():
 
 
 def test_transformer_training_is_deterministic():
-    a = traces.transformer_training(**SMALL_TRACE)
-    assert traces.transformer_training(**SMALL_TRACE) == a
-    assert traces.transformer_training(**{**SMALL_TRACE, "seed": 1}) != a
+    a = workloads.transformer_training(**SMALL_TRACE)
+    assert workloads.transformer_training(**SMALL_TRACE) == a
+    assert workloads.transformer_training(**{**SMALL_TRACE, "seed": 1}) != a
 
 
 def test_transformer_training_grows():
-    short = traces.transformer_training(**{**SMALL_TRACE, "steps": 2})
-    long = traces.transformer_training(**{**SMALL_TRACE, "steps": 4})
+    short = workloads.transformer_training(**{**SMALL_TRACE, "steps": 2})
+    long = workloads.transformer_training(**{**SMALL_TRACE, "steps": 4})
     assert len(long) > len(short)
-    small = peak_live_bytes(traces.transformer_training(**{**SMALL_TRACE, "batch": (2, 2)}))
-    large = peak_live_bytes(traces.transformer_training(**{**SMALL_TRACE, "batch": (8, 8)}))
+    small = peak_live_bytes(workloads.transformer_training(**{**SMALL_TRACE, "batch": (2, 2)}))
+    large = peak_live_bytes(workloads.transformer_training(**{**SMALL_TRACE, "batch": (8, 8)}))
     assert large > small
 
 
@@ -398,7 +398,7 @@ BENCHMARK_TRACES = [
 
 @pytest.mark.parametrize("params", BENCHMARK_TRACES)
 def test_npumem_min_capacity_is_within_2_percent_of_peak(params):
-    events = traces.transformer_training(**params)
+    events = workloads.transformer_training(**params)
     peak = peak_live_bytes(events)
     npumem_cap = check_min_capacity(events, {"allocator": "npumem"})
     pytorch_cap = check_min_capacity(events, {"allocator": "pytorch"})
@@ -409,5 +409,5 @@ def test_npumem_min_capacity_is_within_2_percent_of_peak(params):
 
 
 def test_npumem_is_never_worse_than_pytorch_on_a_small_trace():
-    events = traces.transformer_training(**SMALL_TRACE)
+    events = workloads.transformer_training(**SMALL_TRACE)
     assert min_capacity(events, {"allocator": "npumem"}) <= min_capacity(events, {"allocator": "pytorch"})

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from npumem import cli, stress, traces
+from npumem import cli, formats, stress
 from npumem.replay import min_capacity, normalize, peak_live_bytes, replay
 
 CASES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "stress_cases", "*.json")))
@@ -88,8 +88,7 @@ def test_saved_trace_replays(tmp_path):
     r = stress.search("npumem", evaluations=20, seed=2, compare=("npumem",))
     path = tmp_path / "w.json"
     r.save(str(path))
-    events = traces.load(str(path))
-    assert [tuple(e) for e in events] == r.events
+    assert formats.load(str(path)).events() == r.events
     assert json.loads(path.read_text())["npumem_stress"]["allocator"] == "npumem"
 
 
@@ -113,7 +112,7 @@ def test_cli_runs_prints_and_saves(tmp_path, capsys):
     assert cli.main(argv) == 0
     text = capsys.readouterr().out
     assert "worst workload:" in text and "torch_npu" in text and f"trace -> {out}" in text
-    assert traces.load(str(out))
+    assert len(formats.load(str(out)))
     assert cli.main([*argv, "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["allocator"] == "torch_npu" and rep["trace"] == str(out) and rep["evaluations"] == 25
@@ -162,7 +161,7 @@ def test_stress_case_npumem_does_not_regress(path):
     which npumem lost); npumem must not need more than it did then, nor more than the best
     other family did."""
     data = json.loads(open(path).read())
-    events = traces.load(path)
+    events = formats.load(path)
     recorded = data["npumem_stress"]["families"]
     now = min_capacity(events, {"allocator": "npumem"})
     assert now <= recorded["npumem"]["min_capacity"]

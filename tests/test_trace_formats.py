@@ -156,10 +156,9 @@ def test_npz_holds_a_long_trace_compactly(tmp_path):
 @pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.name)
 @pytest.mark.parametrize("family", ["npumem", "pytorch", "torch_npu", "direct"])
 def test_replay_snapshot_passes_memory_viz_checks(tmp_path, path, family):
-    events = npumem.traces.load(str(path))
+    t = formats.load(str(path))
     dev = npumem.Device("2GiB", allocator=family)
     dev.record_memory_history()
-    t = Trace.from_events(events)
     replay._replay(t, dev, 0, False)
     # A live block and an OOM in the history: memory_viz's trace reads device_free on it.
     keep = dev.malloc(3 * MiB)
@@ -174,7 +173,7 @@ def test_replay_snapshot_passes_memory_viz_checks(tmp_path, path, family):
     assert any(b["state"] == "active_allocated" for s in snap["segments"] for b in s["blocks"])
     # Read back, the snapshot's trace is the replayed events, with the blocks' granted sizes
     # (PyTorch's trace records the block's size) — and then the block still live.
-    back = _events(Trace.from_events(npumem.importers.snapshot_trace(str(out))))
+    back = _events(formats.load(str(out)))
     want = _events(t)
     assert [e[:2] for e in back[: len(want)]] == [e[:2] for e in want]
     assert all(b[2] >= w[2] for b, w in zip(back, want, strict=False))
@@ -390,11 +389,11 @@ def test_profiler_writer_matches_what_torch_exports(tmp_path):
     import gzip
 
     real = json.loads(gzip.open(TORCH_EXPORT).read())["traceEvents"]
-    events = npumem.importers.profiler_trace(str(TORCH_EXPORT))
-    assert len(events) == len(real) and sum(e[0] == "alloc" for e in events) > 5
+    trace = formats.load(str(TORCH_EXPORT))
+    assert len(trace) == len(real) and int(trace.is_alloc.sum()) > 5
     dev = npumem.Device("1GiB", allocator="pytorch")
     dev.record_memory_history()
-    replay._replay(Trace.from_events(events), dev, 0, False)
+    replay._replay(trace, dev, 0, False)
     formats.write_profiler_trace(dev, tmp_path / "p.json")
     ours = json.loads((tmp_path / "p.json").read_text())["traceEvents"]
     # The same event fields and args as torch's, less its event index and the `finished` flag.

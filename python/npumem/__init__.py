@@ -9,15 +9,18 @@ Modules by purpose:
 
 - Device and errors: ``device``, ``enums``, ``errors`` (AscendCL errors and sanitizer findings),
   ``units``, ``hostpool``, ``pipelines`` (stream pipelines), ``capi`` (the C ABI through ctypes).
-- Traces: ``formats`` (the ``Trace`` form and its readers and writers), ``traces``, ``importers``,
-  ``replay``, ``workloads`` and ``stress`` (generators and runs).
+- Traces: ``formats`` (``Trace``, the one form a trace takes; ``load``, the one reader; the
+  writers), ``workloads`` (every trace generator), ``replay`` (replays and minimum capacity),
+  ``stress`` (adversarial workload search).
 - Planning and graphs: ``plan``, ``graph``, ``torch_graphs``.
 - Measuring: ``profiling``, ``tlb`` and ``patterns`` (its address patterns), ``kernels``,
   ``sweep``, ``report``.
 - Testing: ``testing`` (hypothesis strategies and the allocator state machine).
 - Front ends: ``cli`` (``npumem ...``), ``demo``, ``acl`` (a pyACL-compatible layer,
   ``import npumem.acl as acl``; ``python -m npumem.run script.py``).
-- Deprecated: ``sanitizer`` (an alias of ``errors``' ``Finding`` and ``KINDS``).
+- Deprecated (removed in the next release): ``sanitizer`` (an alias of ``errors``' ``Finding``
+  and ``KINDS``), ``traces`` (of ``workloads``' generators and a compact-trace reader),
+  ``importers`` (of ``formats.load`` for PyTorch traces).
 """
 
 from __future__ import annotations

@@ -27,9 +27,8 @@ from .errors import AclError, OutOfMemoryError
 from .graph import Graph
 from .pipelines import double_buffered, render_timeline, scratch_loop
 from .replay import min_capacity, peak_live_bytes, replay
-from .traces import transformer_training
 from .units import fmt
-from .workloads import dynamic_shape_inference
+from .workloads import dynamic_shape_inference, transformer_training
 
 _RULE = "-" * 96
 #: Device sizes the fragmentation story runs on (it fills the device with small allocations).

@@ -1,26 +1,30 @@
-"""Trace files in and out: RMM's ``logging_resource_adaptor`` CSV, PyTorch memory snapshots, and
-npumem's compact ``.npz``, with :class:`Trace`, the columnar form every replay takes.
+"""Trace files in and out, and :class:`Trace`, the one form a trace takes: every reader returns
+one, every replay, writer and measure takes one (or replay events, made one by :func:`as_trace`).
 
+- :func:`load` is the one reader: any format below, told from the file's first bytes
+  (:func:`detect`), or a loaded PyTorch trace (a dict).
 - **RMM CSV** (``Thread,Time,Action,Pointer,Size,Stream``; actions ``allocate``,
   ``allocate failure``, ``free``; hex pointers and streams): :func:`read_rmm_csv` keeps each
   row's thread and stream and the rows' order (the original interleaving of the threads);
   ``allocate failure`` rows are counted (``Trace.failed_allocs``), not replayed, as RMM's own
   replay does. :func:`write_rmm_csv` writes a :class:`Trace`, or the history a :class:`Device`
   recorded (``record_memory_history``) on any allocator family.
-- **PyTorch memory snapshots** (``_dump_snapshot`` pickles): read by
-  :func:`npumem.importers.snapshot_trace`; :func:`write_snapshot` writes a device's (a replay
-  run with ``snapshot=`` records one) and :func:`check_snapshot` checks every field that
-  PyTorch's memory_viz (``stats``, ``trace``, ``segments``, ``trace_plot``) reads.
-- **torch.profiler Chrome traces** (``profile_memory=True``): read by
-  :func:`npumem.importers.profiler_trace`, written by :func:`write_profiler_trace`.
+- **PyTorch memory snapshots** (``_dump_snapshot`` pickles, loaded with a restricted unpickler
+  that admits only plain data, so a crafted file cannot run code): their ``device_traces`` are
+  read; :func:`write_snapshot` writes a device's (a replay run with ``snapshot=`` records one)
+  and :func:`check_snapshot` checks every field that PyTorch's memory_viz (``stats``,
+  ``trace``, ``segments``, ``trace_plot``) reads.
+- **torch.profiler Chrome traces** (``profile_memory=True``, ``prof.export_chrome_trace``):
+  their ``[memory]`` events (``Addr``, signed ``Bytes``) are read; :func:`write_profiler_trace`
+  writes one.
+- **Compact JSON** (``{"events": [[action, id, size], ...]}``, plain or ``.gz``): the traces
+  ``benches/record_torch_traces.py`` saves in ``benches/traces/``.
 - **npz** (:func:`write_npz` / :func:`read_npz`): the trace's columns as NumPy arrays in the
   narrowest integer types that hold them: about 10 bytes an event uncompressed, read without a
   Python object per event (10^7 events: 100 MiB, read and checked in about 2 s).
 - **Replay events** (``("alloc", id, size)`` / ``("free", id)`` tuples or mappings):
   :func:`normalize` holds the free-event rules every reader shares (``free``,
   ``free_requested``, ``free_completed``; segment and snapshot events ignored).
-- :func:`load` reads any of them (and torch.profiler Chrome traces, compact ``{"events": ...}``
-  JSON), telling the format from the file's first bytes.
 
 Malformed input raises InvalidParamError naming the file and the row; a file that cannot be
 opened raises OSError.
@@ -83,9 +87,15 @@ def normalize(events: Iterable[Event]) -> list[tuple[bool, Any, int]]:
 
     In a PyTorch device trace, which records both ``free_requested`` and ``free_completed``, the
     completed free is the one that returns memory; alone, either counts as the free."""
-    events = _events(events)
+    return _normalize(_events(events))[0]
+
+
+def _normalize(events: list[Any]) -> tuple[list[tuple[bool, Any, int]], list[int]]:
+    """:func:`normalize`'s triples, and the index in ``events`` of the event each one comes from
+    (the free-event rules, for every reader that keeps more of an event than its triple)."""
     completed_marks = any(isinstance(e, Mapping) and e.get("action") == "free_completed" for e in events)
     out: list[tuple[bool, Any, int]] = []
+    where: list[int] = []
     sizes: dict[Any, int] = {}
     for n, ev in enumerate(events):
         action, key, size = event_fields(ev, n)
@@ -109,7 +119,8 @@ def normalize(events: Iterable[Event]) -> list[tuple[bool, Any, int]]:
             continue
         else:
             raise invalid_param(f"event {n}: unknown action {_args.show(action)}; use 'alloc' or 'free'")
-    return out
+        where.append(n)
+    return out, where
 
 
 #: The header RMM's logging_resource_adaptor writes.
@@ -154,12 +165,18 @@ class Trace:
         """A trace of replay events (``("alloc", id, size)`` / ``("free", id)`` or mappings, as
         :mod:`npumem.replay` reads them; a mapping's ``stream`` is kept)."""
         events = _events(events)
-        evs = normalize(events)
+        evs, where = _normalize(events)
+        return cls._of(evs, _mapping_streams(events, where), source=source)
+
+    @classmethod
+    def _of(
+        cls, evs: list[tuple[bool, Any, int]], streams: np.ndarray | None = None, *, source: str = "the trace"
+    ) -> Trace:
+        """A trace of :func:`normalize`'s triples, ids renumbered densely in order of first use."""
         index: dict[Any, int] = {}
         is_alloc = np.fromiter((a for a, _, _ in evs), dtype=np.uint8, count=len(evs))
         ids = np.fromiter((index.setdefault(k, len(index)) for _, k, _ in evs), dtype=np.uint64, count=len(evs))
         sizes = np.fromiter((s for _, _, s in evs), dtype=np.uint64, count=len(evs))
-        streams = _mapping_streams(events, len(evs))
         return cls(is_alloc, ids, sizes, streams, source=source)
 
     def events(self) -> list[tuple[str, int, int]]:
@@ -203,20 +220,16 @@ def _column(values: Any, name: str, source: str) -> np.ndarray:
     return np.ascontiguousarray(col)
 
 
-def _mapping_streams(events: list[Any], n: int) -> np.ndarray | None:
-    """The ``stream`` of each alloc/free mapping event, when any event names one."""
+def _mapping_streams(events: list[Any], where: list[int]) -> np.ndarray | None:
+    """The ``stream`` of each event :func:`_normalize` keeps (``where``: their indices; 0 for a
+    tuple), when any mapping event names one."""
     if not any(isinstance(e, Mapping) and "stream" in e for e in events):
         return None
-    # The events normalize keeps: a trace with free_completed marks drops its free_requested.
-    completed = any(isinstance(e, Mapping) and e.get("action") == "free_completed" for e in events)
-    kept = {"alloc", "free", "free_completed"} | (set() if completed else {"free_requested"})
-    out = []
-    for k, e in enumerate(events):
-        if not isinstance(e, Mapping):
-            out.append(0)
-        elif e.get("action") in kept:
-            out.append(_args.integer(e.get("stream", 0), f"event {k}: stream"))
-    return np.array(out, dtype=np.uint64) if len(out) == n else None
+    out = [
+        _args.integer(events[k].get("stream", 0), f"event {k}: stream") if isinstance(events[k], Mapping) else 0
+        for k in where
+    ]
+    return np.array(out, dtype=np.uint64)
 
 
 def as_trace(events: Any) -> Trace:
@@ -691,6 +704,173 @@ def _fields(d: Any, at: str, names: set[str]) -> None:
             raise invalid_param(f"{at}: {n} is {v!r}, not a non-negative int")
 
 
+# -- PyTorch traces and compact JSON ------------------------------------------------------------
+#
+# torch.profiler Chrome traces and snapshots' device_traces become ``("alloc", id, size)`` /
+# ``("free", id, size)`` events whose ids are ``(address, n)``: the n-th allocation at that
+# address, so reuse of an address is kept apart. Frees of memory allocated before the trace
+# began are dropped; allocations still live at the end stay live (replay frees them).
+
+_Pair = tuple[str, tuple[int, int], int]
+
+
+def _load_json(source: Any) -> tuple[Mapping[str, Any], str]:
+    """The trace and how to name it in messages."""
+    if isinstance(source, Mapping):
+        return source, "the trace"
+    name = _files.path_arg(source, "source")
+    trace = _files.read_json(name, "a torch.profiler Chrome trace")
+    if not isinstance(trace, Mapping):
+        raise invalid_param(f"{name}: a Chrome trace is a JSON object, got {type(trace).__name__}")
+    return trace, name
+
+
+def _compact_hint(trace: Mapping[str, Any], where: str) -> None:
+    """Refuses a compact trace (``{"events": ...}``) where a Chrome trace is expected: the message
+    :func:`npumem.importers.profiler_trace` gives, which reads only Chrome traces."""
+    if "events" in trace and "traceEvents" not in trace:
+        raise invalid_param(
+            f"{where} is a compact npumem trace ({{'events': [...]}}, as benches/record_torch_traces.py saves); "
+            "read it with npumem.traces.load(path)"
+        )
+
+
+def _int_field(value: Any, where: str, lo: int = 0, hi: int = _args.U64_MAX) -> int:
+    """An integer field of an event (an int, or a string or float that holds one)."""
+    if isinstance(value, bool):
+        raise invalid_param(f"{where} is {value!r}, not an integer")
+    try:
+        v = int(value) if not isinstance(value, float) or value.is_integer() else None
+    except (TypeError, ValueError, OverflowError):
+        v = None
+    if v is None:
+        raise invalid_param(f"{where} is {_args.show(value)}, not an integer")
+    if not lo <= v <= hi:
+        raise invalid_param(f"{where} is {v}, outside {lo} to {_args.bound(hi)}")
+    return v
+
+
+def _pair(raw: Iterable[tuple[int, int, int]]) -> list[_Pair]:
+    """(timestamp, address, signed bytes) records → alloc/free events with unique ids."""
+    events: list[_Pair] = []
+    live: dict[int, tuple[tuple[int, int], int]] = {}
+    generation: dict[int, int] = {}
+    for _, addr, delta in sorted(raw, key=lambda r: r[0]):
+        if delta > 0:
+            if addr in live:  # a free we never saw: close the old one first
+                key, size = live.pop(addr)
+                events.append(("free", key, size))
+            n = generation.get(addr, 0)
+            generation[addr] = n + 1
+            key = (addr, n)
+            live[addr] = (key, delta)
+            events.append(("alloc", key, delta))
+        elif delta < 0 and addr in live:
+            key, size = live.pop(addr)
+            events.append(("free", key, size))
+    return events
+
+
+def _profiler_events(source: Any, device_type: int | None = None) -> list[_Pair]:
+    """Alloc/free events from a ``torch.profiler`` Chrome trace (path, ``.json.gz``, or the loaded
+    dict). ``device_type`` keeps one device type (0 = CPU, 1 = CUDA, PrivateUse1 for NPUs);
+    by default the type with the most memory events is kept."""
+    device_type = _args.optional_integer(device_type, "device_type", 0, 2**31 - 1)
+    trace, where = _load_json(source)
+    _compact_hint(trace, where)
+    events = trace.get("traceEvents", [])
+    if not isinstance(events, list):
+        raise invalid_param(f"{where}: traceEvents is {_args.show(events)}, not a list of events")
+    records: dict[int, list[tuple[int, int, int]]] = {}
+    for n, ev in enumerate(events):
+        if not isinstance(ev, Mapping):
+            raise invalid_param(f"{where}: traceEvents[{n}] is {_args.show(ev)}, not an event object")
+        if ev.get("name") != "[memory]":
+            continue
+        args = ev.get("args")
+        if not isinstance(args, Mapping) or "Addr" not in args or "Bytes" not in args:
+            raise invalid_param(f"{where}: traceEvents[{n}] is a [memory] event without args.Addr and args.Bytes")
+        at = f"{where}: traceEvents[{n}]"
+        addr = _int_field(args["Addr"], f"{at}: args.Addr")
+        delta = _int_field(args["Bytes"], f"{at}: args.Bytes", -_args.U64_MAX, _args.U64_MAX)
+        ts_raw = ev.get("ts", 0)
+        try:
+            ts = int(float(ts_raw) * 1000)
+        except (TypeError, ValueError, OverflowError):
+            raise invalid_param(f"{at}: ts is {_args.show(ts_raw)}, not a time in microseconds") from None
+        kind = _int_field(args.get("Device Type", 0), f"{at}: args['Device Type']", 0, 2**31 - 1)
+        records.setdefault(kind, []).append((ts, addr, delta))
+    if not records:
+        raise invalid_param(
+            f"{where} has no [memory] events; record it with torch.profiler.profile(profile_memory=True)"
+        )
+    kind = device_type if device_type is not None else max(records, key=lambda k: len(records[k]))
+    if kind not in records:
+        raise invalid_param(f"the trace has no memory events for device type {kind}; it has {sorted(records)}")
+    return _pair(records[kind])
+
+
+def _snapshot_events(source: Any, device: int = 0) -> list[_Pair]:
+    """Alloc/free events from the ``device_traces`` of a PyTorch (or npumem) memory snapshot:
+    the dict, or the path of a pickle written by ``_dump_snapshot`` (loaded with a restricted
+    unpickler that admits only plain data, so a crafted file cannot run code)."""
+    device = _args.integer(device, "device", 0, 2**31 - 1)
+    if isinstance(source, Mapping):
+        snap, where = source, "the snapshot"
+    else:
+        where = _files.path_arg(source, "source")
+        snap = _files.read_snapshot(where)
+        if not isinstance(snap, Mapping):
+            raise invalid_param(f"{where}: a memory snapshot is a dict, got {type(snap).__name__}")
+    traces = snap.get("device_traces")
+    traces = [] if traces is None else traces
+    if not isinstance(traces, list) or not all(isinstance(t, list) for t in traces):
+        raise invalid_param(f"{where}: device_traces is not a list of per-device lists of trace entries")
+    if device >= len(traces):
+        raise invalid_param(f"the snapshot has traces for {len(traces)} devices; device {device} is not one")
+    raw = []
+    for n, ev in enumerate(traces[device]):
+        at = f"{where}: device_traces[{device}][{n}]"
+        if not isinstance(ev, Mapping):
+            raise invalid_param(f"{at} is {_args.show(ev)}, not a trace entry (a dict)")
+        action = ev.get("action")
+        if action not in ("alloc", "free_completed"):
+            continue
+        if "addr" not in ev or "size" not in ev:
+            raise invalid_param(f"{at}: an {action!r} entry needs addr and size")
+        addr = _int_field(ev["addr"], f"{at}: addr")
+        size = _int_field(ev["size"], f"{at}: size", 1 if action == "alloc" else 0)
+        raw.append((n, addr, size if action == "alloc" else -size))
+    return _pair(raw)
+
+
+def _compact_events(path: Any) -> list[tuple[str, Any, Any]]:
+    """Events from a compact trace file (``.json`` or ``.json.gz``) holding
+    ``{"events": [[action, id, size], ...]}``, as ``benches/record_torch_traces.py`` writes (the
+    bundled ``benches/traces/*.json.gz``), in the file's order with the file's ids and sizes
+    (lists as tuples). Anything else raises InvalidParamError naming the file and the event."""
+    name = _files.path_arg(path)
+    return _compact_of(_files.read_json(name, 'a compact trace ({"events": [[action, id, size], ...]})'), name)
+
+
+def _compact_of(data: Any, name: str) -> list[tuple[str, Any, Any]]:
+    """The events of a loaded compact trace (see :func:`_compact_events`)."""
+    if not isinstance(data, dict) or not isinstance(data.get("events"), list):
+        hint = (
+            " (a torch.profiler trace: read it with npumem.importers.profiler_trace)"
+            if (isinstance(data, dict) and "traceEvents" in data)
+            else ""
+        )
+        raise invalid_param(f'{name}: expected {{"events": [[action, id, size], ...]}}{hint}')
+    out = []
+    for n, ev in enumerate(data["events"]):
+        if not isinstance(ev, list) or len(ev) != 3 or not isinstance(ev[0], str):
+            raise invalid_param(f"{name}: events[{n}] is {_args.show(ev)}, not [action, id, size]")
+        action, key, size = ev
+        out.append((action, tuple(key) if isinstance(key, list) else key, size))
+    return out
+
+
 # -- any format -------------------------------------------------------------------------------
 
 #: The formats :func:`load` tells apart.
@@ -722,18 +902,41 @@ def detect(path: Any) -> str:
     )
 
 
-def load(path: Any) -> Trace:
-    """The trace in ``path``, whatever its format (see :func:`detect`)."""
-    from . import importers, traces
+#: What tells a loaded trace's kind: its key, in this order.
+_MAPPING_KINDS = (("traceEvents", "profiler"), ("device_traces", "snapshot"), ("events", "compact-json"))
 
-    name = _files.path_arg(path)
-    kind = detect(name)
+
+def load(path: Any, *, device_type: int | None = None, device: int = 0) -> Trace:
+    """The trace in ``path``, whatever its format (see :func:`detect`), or a loaded PyTorch
+    trace: a dict with ``traceEvents`` (a torch.profiler Chrome trace), ``device_traces`` (a
+    memory snapshot) or ``events`` (a compact trace). ``device_type`` keeps one device type of a
+    torch.profiler trace (0 = CPU, 1 = CUDA, PrivateUse1 for NPUs; by default the type with the
+    most memory events); ``device`` picks a snapshot's device (default 0)."""
+    device_type = _args.optional_integer(device_type, "device_type", 0, 2**31 - 1)
+    device = _args.integer(device, "device", 0, 2**31 - 1)
+    if isinstance(path, Mapping):
+        name = "the trace"
+        kind = next((k for key, k in _MAPPING_KINDS if key in path), None)
+        if kind is None:
+            raise invalid_param(
+                "the trace is a dict without traceEvents (a torch.profiler trace), device_traces (a memory "
+                "snapshot) or events (a compact trace)"
+            )
+    else:
+        name = _files.path_arg(path)
+        kind = detect(name)
+    if device_type is not None and kind != "profiler":
+        raise invalid_param(f"device_type applies to torch.profiler traces; {name} is {kind}")
+    if device and kind != "snapshot":
+        raise invalid_param(f"device applies to memory snapshots; {name} is {kind}")
     if kind == "rmm-csv":
         return read_rmm_csv(name)
     if kind == "npz":
         return read_npz(name)
+    source = path if isinstance(path, Mapping) else name
     if kind == "snapshot":
-        return Trace.from_events(importers.snapshot_trace(name), source=name)
+        return Trace.from_events(_snapshot_events(source, device), source=name)
     if kind == "profiler":
-        return Trace.from_events(importers.profiler_trace(name), source=name)
-    return Trace.from_events(traces.load(name), source=name)
+        return Trace.from_events(_profiler_events(source, device_type), source=name)
+    events = _compact_of(path, name) if isinstance(path, Mapping) else _compact_events(name)
+    return Trace.from_events(events, source=name)

@@ -162,12 +162,15 @@ class Problem:
         return cls.of(ids, cols[0], cols[1], cols[2], alignment=alignment, offsets=cols[3] if has_offset else None)
 
     @classmethod
-    def from_trace(cls, events: Iterable[tuple[str, int, int]], *, alignment: int = 512) -> Problem:
-        """From an alloc/free trace (``("alloc"|"free", id, size)``, as :mod:`npumem.traces` and the
-        importers give): each event is a step; a block lives from its alloc to its free, or to the
-        end if never freed. What a graph compiler could plan offline for the same run."""
-        from .formats import event_fields
+    def from_trace(cls, events: Iterable[tuple[str, int, int]] | Any, *, alignment: int = 512) -> Problem:
+        """From an alloc/free trace (``("alloc"|"free", id, size)`` events, as :mod:`npumem.workloads`
+        gives, or a :class:`npumem.formats.Trace`, as :func:`npumem.formats.load` reads): each
+        event is a step; a block lives from its alloc to its free, or to the end if never freed.
+        What a graph compiler could plan offline for the same run."""
+        from .formats import Trace, event_fields
 
+        if isinstance(events, Trace):
+            events = events.events()
         start: dict[Any, tuple[int, int]] = {}
         rows: list[tuple[int, int, int]] = []
         ids: list[str] = []

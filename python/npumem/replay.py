@@ -3,7 +3,9 @@
 A trace is a sequence of events. Each event is ``("alloc", id, size)`` or ``("free", id)`` (a
 3-tuple ``("free", id, size)`` is accepted too), or a mapping with ``action`` (``"alloc"`` /
 ``"free"``, PyTorch's ``"free_requested"`` / ``"free_completed"`` are read as free), ``id`` or
-``addr``, and ``size``. Ids are any hashable values naming a live allocation.
+``addr``, and ``size``. Ids are any hashable values naming a live allocation. The rules are
+:func:`npumem.formats.normalize`'s; every function here takes a :class:`npumem.formats.Trace`
+as well.
 """
 
 from __future__ import annotations
@@ -23,17 +25,10 @@ from .formats import Event, Trace, as_trace, normalize
 from .formats import event_fields as event_fields  # part of npumem.replay's names
 
 
-def peak_live_bytes(events: Iterable[Event]) -> int:
-    """The largest sum of live requested bytes over the trace: no allocator can do with less."""
-    return _peak(normalize(events))
-
-
-def _peak(evs: list[tuple[bool, Any, int]]) -> int:
-    live = peak = 0
-    for is_alloc, _, size in evs:
-        live += size if is_alloc else -size
-        peak = max(peak, live)
-    return peak
+def peak_live_bytes(events: Iterable[Event] | Trace) -> int:
+    """The largest sum of live requested bytes over the trace (events or a
+    :class:`npumem.formats.Trace`): no allocator can do with less."""
+    return events.peak_live() if isinstance(events, Trace) else Trace._of(normalize(events)).peak_live()
 
 
 @dataclass

@@ -41,6 +41,7 @@ from . import _args, _files
 from .errors import invalid_param
 from .formats import as_trace
 from .replay import _replay, min_capacity, peak_live_bytes
+from .workloads import churn
 
 FAMILIES = ("npumem", "pytorch", "torch_npu", "direct")
 OBJECTIVES = ("capacity", "reserved", "oom")
@@ -83,7 +84,7 @@ class StressResult:
 
     def save(self, path: str) -> None:
         """Writes the workload as a compact trace (``{"events": [...]}``, which
-        :func:`npumem.traces.load` reads) with this report beside the events."""
+        :func:`npumem.formats.load` reads) with this report beside the events."""
         data = {"events": [list(e) for e in self.events], "npumem_stress": self.report()}
         with open(_files.path_arg(path), "w", encoding="utf-8") as f:
             json.dump(data, f)
@@ -108,17 +109,10 @@ def _random_size(rng: random.Random) -> int:
 
 
 def random_workload(rng: random.Random, max_allocs: int) -> Workload:
-    """A random workload of 2 to ``max_allocs`` blocks with random lifetimes."""
-    n = rng.randint(2, max_allocs)
-    order: list[tuple[str, int]] = []
-    live: list[int] = []
-    for i in range(n):
-        order.append(("alloc", i))
-        live.append(i)
-        while live and rng.random() < 0.45:
-            order.append(("free", live.pop(rng.randrange(len(live)))))
-    order += [("free", i) for i in live]
-    sizes = {i: _random_size(rng) for i in range(n)}
+    """A random workload of 2 to ``max_allocs`` blocks with random lifetimes (a
+    :func:`npumem.workloads.churn`), sizes drawn after the order."""
+    order = churn(rng, allocs=rng.randint(2, max_allocs))
+    sizes = {k: _random_size(rng) for action, k in order if action == "alloc"}
     return _events(order, sizes)
 
 

@@ -56,7 +56,7 @@ TIMELINE_POINTS = 200
 #: Alloc-cell capacities: "min" searches the smallest device; "1.05x" is a multiple of the
 #: workload's peak live bytes; a size ("4GiB") is taken as it is.
 _MIN = "min"
-#: Generators a workload may name (npumem.traces functions).
+#: Generators a workload may name (npumem.workloads functions).
 GENERATORS = ("transformer_training", "random_churn")
 #: Families that take alloc_conf settings (direct has none).
 _CONFIGURABLE = ("pytorch", "torch_npu", "npumem")
@@ -68,7 +68,7 @@ _ALLOC_KEYS = {"allocators", "alloc_conf", "workloads", "capacities", "granulari
 @dataclass(frozen=True)
 class Cell:
     """One run of the grid: ``kind`` ("tlb" or "alloc"), its parameters (what the key hashes)
-    and its inputs (a workload's events: what the parameters name, shipped to the worker)."""
+    and its inputs (a workload's Trace: what the parameters name, shipped to the worker)."""
 
     kind: str
     params: Mapping[str, Any]
@@ -235,9 +235,9 @@ def _capacity(value: Any, name: str) -> str | int:
     return _args.size(value, name, 1 << 20, 1 << 40)
 
 
-def _workload(name: str, spec: Any, base: str) -> tuple[dict[str, Any], list]:
-    """(the parameters that identify a workload, its events)."""
-    from . import replay, traces
+def _workload(name: str, spec: Any, base: str) -> tuple[dict[str, Any], Any]:
+    """(the parameters that identify a workload, its :class:`npumem.formats.Trace`)."""
+    from . import formats, workloads
 
     where = f"alloc.workloads.{name}"
     spec = dict(_args.mapping(spec, where))
@@ -249,17 +249,16 @@ def _workload(name: str, spec: Any, base: str) -> tuple[dict[str, Any], list]:
         path = os.path.join(base, _args.text(spec["trace"], f"{where}.trace"))
         with open(path, "rb") as f:
             digest = hashlib.sha256(f.read()).hexdigest()
-        events = traces.load(path)
+        trace = formats.load(path)
         ident = {"trace": os.path.basename(path), "sha256": digest}
     else:
         gen = _args.choice(spec.pop("generator"), f"{where}.generator", GENERATORS)
         try:
-            events = getattr(traces, gen)(**spec)
+            trace = formats.as_trace(getattr(workloads, gen)(**spec))
         except TypeError as e:  # an argument the generator does not take
             raise invalid_param(f"{where}: {e}") from None
         ident = {"generator": gen, **spec}
-    replay.normalize(events)  # malformed events are named now, not on a worker
-    return ident, events
+    return ident, trace
 
 
 def _alloc_cells(a: Mapping[str, Any], base: str) -> list[Cell]:
@@ -326,22 +325,22 @@ def _tlb_row(p: Mapping[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _alloc_result(p: Mapping[str, Any], events: list) -> dict[str, Any]:
+def _alloc_result(p: Mapping[str, Any], trace: Any) -> dict[str, Any]:
     from . import replay
 
     config: dict[str, Any] = {"allocator": p["allocator"]}
     if p["alloc_conf"]:
         config["alloc_conf"] = p["alloc_conf"]
-    peak = replay.peak_live_bytes(events)
+    peak = trace.peak_live()
     granularity = p["granularity"]
     t0 = time.perf_counter()
     if p["capacity"] == _MIN:
-        capacity = replay.min_capacity(events, config, granularity=granularity)
+        capacity = replay.min_capacity(trace, config, granularity=granularity)
     elif isinstance(p["capacity"], str):  # a multiple of peak live
         capacity = -(-math.ceil(peak * float(p["capacity"][:-1])) // granularity) * granularity
     else:
         capacity = p["capacity"]
-    r = replay.replay(events, {**config, "capacity": capacity})
+    r = replay.replay(trace, {**config, "capacity": capacity})
     row = {
         "workload": p["workload"],
         "allocator": p["allocator"],
@@ -361,7 +360,8 @@ def _alloc_result(p: Mapping[str, Any], events: list) -> dict[str, Any]:
         "cache_hit_rate": r.cache_hit_rate,
         "seconds": time.perf_counter() - t0,
     }
-    points = _timeline(replay.normalize(events), {**config, "capacity": capacity}) if p["timeline"] else []
+    evs = zip(trace.is_alloc.astype(bool).tolist(), trace.ids.tolist(), trace.sizes.tolist(), strict=True)
+    points = _timeline(list(evs), {**config, "capacity": capacity}) if p["timeline"] else []
     return {"row": row, "timeline": points}
 
 

@@ -1,4 +1,5 @@
-"""Workload generators: seeded allocation traces shaped like the jobs that fragment device pools.
+"""Workload generators: seeded allocation traces shaped like the jobs that fragment device pools
+(every trace generator of npumem is here).
 
 Every generator returns a list of events in the format :func:`npumem.replay.replay` takes:
 ``("alloc", id, size)`` and ``("free", id, size)`` tuples, and, for :func:`pipeline_parallel`
@@ -14,9 +15,13 @@ checked first, and a trace whose largest tensor or event count would be absurd i
 Sizes come from :class:`Model` dimensions (``hidden``, ``layers``, ``heads``, ``kv_heads``,
 ``ffn``, ``vocab``, ``experts``) times the element size ``dtype_bytes`` (2 for fp16/bf16):
 
-- :func:`llm_training`: :func:`npumem.traces.transformer_training` (weights, Adam state,
-  activations saved per layer, growing batch x sequence length: the case that fragments
-  PyTorch's caching allocator).
+- :func:`transformer_training`: a decoder-only transformer's training loop under PyTorch:
+  persistent weights, Adam state created at the first step, per-layer activations saved in the
+  forward pass and released in reverse during the backward pass, short-lived temporaries, large
+  logits, and gradients dropped after each optimizer step (``zero_grad(set_to_none=True)``).
+  Batch size and sequence length grow from step to step, the case that fragments a caching
+  allocator: every step's blocks are a little larger than the holes the last step left.
+- :func:`llm_training`: :func:`transformer_training` with a :class:`Model`'s dimensions.
 - :func:`kv_cache_serving`: KV bytes per token ``2 x layers x kv_heads x head_dim x dtype``
   (512 KiB for Llama-2-7B in fp16); paged mode allocates a block of ``block_tokens`` tokens as a
   sequence grows (vLLM's scheme); contiguous mode one buffer per request sized for prompt plus
@@ -34,6 +39,10 @@ Sizes come from :class:`Model` dimensions (``hidden``, ``layers``, ``heads``, ``
   cache of long-lived entries (sessions, embeddings) that keeps growing, the live-block count
   reaching tens of thousands — the setting for :func:`measure`'s latency-as-the-pool-grows.
 
+:func:`random_churn` takes no model: allocations of 4 KiB - 64 MiB (log-uniform) and frees
+``("free", id)`` of random live blocks, on :func:`churn`, the random alloc/free order that
+:mod:`npumem.stress` starts its searches from too.
+
 :func:`measure` replays a trace on one allocator family through the batch path
 (``malloc_many``/``free_many``, one call per run of same-kind events) and samples, per window of
 events, the peak allocated and reserved bytes, the live blocks and the time per allocation: the
@@ -43,15 +52,16 @@ timeline picture (:func:`plot_timelines`) and the latency-as-the-pool-grows benc
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import statistics
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _args
+from . import _args, formats
 from .errors import OutOfMemoryError, invalid_param
 
 #: The most events a generator builds (about a minute of replay in Python, seconds in Rust).
@@ -166,6 +176,166 @@ def _pair(value: Any, name: str, lo: int = 1, hi: int = 1 << 24) -> tuple[int, i
     return a, b
 
 
+# -- transformer training and random churn ---------------------------------------------------
+
+#: Most ``steps x layers`` of :func:`transformer_training` (about 25 events each), and most
+#: events of :func:`random_churn`.
+_MAX_WORK = 1 << 20
+
+
+def transformer_training(
+    *,
+    layers: int = 8,
+    hidden: int = 1024,
+    heads: int = 16,
+    vocab: int = 32000,
+    steps: int = 6,
+    batch: tuple[int, int] = (4, 8),
+    seq: tuple[int, int] = (256, 768),
+    dtype_bytes: int = 2,
+    seed: int = 0,
+) -> list[tuple[str, int, int]]:
+    """Events ``("alloc", id, size)`` / ``("free", id, size)`` of ``steps`` training steps.
+
+    Batch and sequence length grow linearly from the first to the second value of each pair,
+    with a little jitter (``seed``) in the sequence length, as with bucketed variable-length data.
+    Every argument is a positive int (sizes stay below 2**64 bytes).
+    """
+    layers = _args.integer(layers, "layers", 1, 1 << 16)
+    hidden = _args.integer(hidden, "hidden", 1, 1 << 20)
+    heads = _args.integer(heads, "heads", 1, 1 << 16)
+    vocab = _args.integer(vocab, "vocab", 1, 1 << 24)
+    steps = _args.integer(steps, "steps", 1, 1 << 16)
+    batch = _first_last(batch, "batch")
+    seq = _first_last(seq, "seq")
+    dtype_bytes = _args.integer(dtype_bytes, "dtype_bytes", 1, 16)
+    seed = _args.integer(seed, "seed", -(2**63), 2**64 - 1)
+    if steps * layers > _MAX_WORK:
+        raise invalid_param(f"steps x layers = {steps * layers:,} would make too many events; at most {_MAX_WORK:,}")
+    biggest = max(batch) * (max(seq) + 64) * max(vocab * 4, heads * (max(seq) + 64), 4 * hidden) * dtype_bytes
+    if biggest > _args.U64_MAX or vocab * hidden * dtype_bytes * 4 > _args.U64_MAX:
+        raise invalid_param("batch, seq, hidden, heads and vocab make a tensor of 2**64 bytes or more")
+    rng = random.Random(seed)
+    ids = itertools.count()
+    events: list[tuple[str, int, int]] = []
+    live: dict[int, int] = {}
+
+    def alloc(size: int) -> int:
+        i = next(ids)
+        events.append(("alloc", i, size))
+        live[i] = size
+        return i
+
+    def free(i: int) -> None:
+        events.append(("free", i, live.pop(i)))
+
+    h = hidden
+    param_shapes = [vocab * h] + [s for _ in range(layers) for s in (3 * h * h, h * h, 4 * h * h, 4 * h * h, 2 * h)]
+    params = [alloc(n * dtype_bytes) for n in param_shapes]
+    adam: list[int] = []
+    for step in range(steps):
+        t = step / max(1, steps - 1)
+        b = round(batch[0] + t * (batch[1] - batch[0]))
+        s = round(seq[0] + t * (seq[1] - seq[0])) + rng.randrange(0, 64)
+        bsh = b * s * h * dtype_bytes
+        saved: list[list[int]] = []
+        x = alloc(bsh)  # embeddings
+        for _ in range(layers):
+            keep = [x, alloc(3 * bsh)]  # input, qkv
+            scores = alloc(b * heads * s * s * dtype_bytes)
+            probs = alloc(b * heads * s * s * dtype_bytes)
+            free(scores)
+            keep.append(probs)
+            keep.append(alloc(bsh))  # attention output
+            ff = alloc(4 * bsh)
+            act = alloc(4 * bsh)  # gelu output
+            keep += [ff, act]
+            x = alloc(bsh)  # layer output (next layer's input)
+            saved.append(keep)
+        logits = alloc(b * s * vocab * dtype_bytes)
+        loss_tmp = alloc(b * s * vocab * 4)  # fp32 log-softmax
+        free(loss_tmp)
+        grad_logits = alloc(b * s * vocab * dtype_bytes)
+        free(logits)
+        grad_x = alloc(bsh)
+        free(grad_logits)
+        free(x)
+        grads = [alloc(live[params[0]])]  # embedding grad
+        for li in reversed(range(layers)):
+            g_ff = alloc(4 * bsh)
+            grads += [alloc(live[p]) for p in params[1 + 5 * li : 6 + 5 * li]]
+            g_attn = alloc(3 * bsh)
+            free(g_ff)
+            new_grad_x = alloc(bsh)
+            free(g_attn)
+            free(grad_x)
+            grad_x = new_grad_x
+            for i in saved[li]:
+                free(i)
+        free(grad_x)
+        if not adam:
+            adam = [alloc(2 * live[p]) for p in params] + [alloc(2 * live[p]) for p in params]  # fp32 m and v
+        for p in params:
+            tmp = alloc(2 * live[p])  # fp32 update temporary
+            free(tmp)
+        for g in grads:
+            free(g)
+    for i in adam + params:
+        free(i)
+    return events
+
+
+def random_churn(events: int = 20000, *, seed: int = 1, max_live: int = 300) -> list[tuple]:
+    """Random mixed-size churn: allocations of 4 KiB - 64 MiB (log-uniform) and frees of random
+    live blocks, at most ``max_live`` live at once, then every live block freed: the trace that
+    fragments a pool most. ``("alloc", id, size)`` / ``("free", id)`` events (about ``events``
+    of them before the final frees)."""
+    events = _args.integer(events, "events", 1, _MAX_WORK)
+    seed = _args.integer(seed, "seed", -(2**63), 2**64 - 1)
+    max_live = _args.integer(max_live, "max_live", 1, _MAX_WORK)
+    rng = random.Random(seed)
+    return churn(rng, steps=events, max_live=max_live, size=lambda: int(2 ** rng.uniform(12, 26)))
+
+
+def churn(
+    rng: random.Random,
+    *,
+    steps: int | None = None,
+    allocs: int | None = None,
+    max_live: int | None = None,
+    size: Callable[[], int] | None = None,
+) -> list[tuple]:
+    """Random churn: at each step, when a block is live and more than ``max_live`` are (or with
+    probability 0.45), a random live block is freed, else a block is allocated; after ``steps``
+    steps (or when an allocation past the ``allocs``-th is due) every live block is freed, in
+    order of allocation. A block's id is the step that allocates it. Events are
+    ``("alloc", id, size())`` and ``("free", id)``, or ``("alloc", id)`` without ``size``."""
+    out: list[tuple] = []
+    live: list[int] = []
+    allocated = 0
+    for i in range(steps) if steps is not None else itertools.count():
+        if live and ((max_live is not None and len(live) > max_live) or rng.random() < 0.45):
+            out.append(("free", live.pop(rng.randrange(len(live)))))
+            continue
+        if allocs is not None and allocated == allocs:
+            break
+        out.append(("alloc", i) if size is None else ("alloc", i, size()))
+        live.append(i)
+        allocated += 1
+    out.extend(("free", i) for i in live)
+    return out
+
+
+def _first_last(value: Any, name: str) -> tuple[int, int]:
+    """A (first, last) pair of positive ints."""
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise _args.type_error(name, value, "a (first, last) pair of ints")
+    return (
+        _args.integer(value[0], f"{name}[0]", 1, 1 << 24),
+        _args.integer(value[1], f"{name}[1]", 1, 1 << 24),
+    )
+
+
 # -- LLM training --------------------------------------------------------------------------------
 
 
@@ -181,9 +351,7 @@ def llm_training(
     """Training steps of ``model_name`` (a :data:`MODELS` name or a :class:`Model`) whose batch
     and sequence length grow linearly over ``steps`` (with jitter): each step's activations are a
     little larger than the holes the last one left. The events of
-    :func:`npumem.traces.transformer_training` with the model's dimensions."""
-    from .traces import transformer_training
-
+    :func:`transformer_training` with the model's dimensions."""
     m = model(model_name)
     return transformer_training(
         layers=m.layers,
@@ -661,23 +829,15 @@ class Timeline:
 
 
 def _parsed(events: Sequence[Any]) -> list[tuple[bool, Any, int, int]]:
-    """(is_alloc, id, size, stream) of each event, checked by :func:`npumem.replay.normalize`
-    (which drops the events it ignores: the same ones are dropped here to pair them up)."""
-    from .replay import normalize
-
-    triples = normalize(events)
-    completed = any(isinstance(e, Mapping) and e.get("action") == "free_completed" for e in events)
-
-    def kept(ev: Any) -> bool:
-        if not isinstance(ev, Mapping):
-            return True
-        action = ev.get("action")
-        return action in ("alloc", "free", "free_completed") or (action == "free_requested" and not completed)
-
+    """(is_alloc, id, size, stream) of each event :func:`npumem.formats.normalize` keeps, checked
+    by it; a free is on its allocation's stream."""
+    events = list(events)
+    triples, where = formats._normalize(events)
     streams: dict[Any, int] = {}
     out = []
-    for (is_alloc, key, size), ev in zip(triples, (ev for ev in events if kept(ev)), strict=True):
+    for (is_alloc, key, size), k in zip(triples, where, strict=True):
         if is_alloc:
+            ev = events[k]
             s = ev.get("stream", 0) if isinstance(ev, Mapping) else 0
             streams[key] = _args.integer(s, "stream", 0, 1 << 16)
         out.append((is_alloc, key, size, streams[key] if is_alloc else streams.pop(key)))
@@ -706,10 +866,7 @@ def measure(
         raise _args.type_error("events", events, "a list of events")
     evs = _parsed(events)
     windows = _args.integer(windows, "windows", 1, 1 << 20)
-    live = peak = 0
-    for is_alloc, _, size, _ in evs:
-        live += size if is_alloc else -size
-        peak = max(peak, live)
+    peak = formats.Trace._of([e[:3] for e in evs]).peak_live()
     if capacity is None:
         capacity = min(1 << 40, -(-(2 * peak + (1 << 30)) // (2 << 20)) * (2 << 20))
     dev = Device(capacity, allocator=allocator, alloc_conf=alloc_conf)
