@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from npumem import InvalidParamError, workloads
+from npumem.formats import Trace
 from npumem.replay import normalize, peak_live_bytes, replay
 
 FAMILIES = ("npumem", "pytorch", "torch_npu", "direct")
@@ -103,6 +104,14 @@ def test_pipeline_parallel_uses_two_streams_and_measure_runs_them():
     tl = workloads.measure(events, "pytorch", windows=8)
     assert tl.ooms == 0 and tl.live_blocks[-1] == 0
     assert tl.peak_allocated >= tl.peak_live
+    same = workloads.measure(Trace.from_events(events), "pytorch", windows=8)  # the streams kept
+    assert (same.end, same.allocated, same.reserved, same.live_blocks) == (
+        tl.end,
+        tl.allocated,
+        tl.reserved,
+        tl.live_blocks,
+    )
+    assert same.peak_live == tl.peak_live
 
 
 def test_dynamic_shapes_fragment_the_caching_pool_not_npumem():

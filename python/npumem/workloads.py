@@ -844,15 +844,23 @@ def _parsed(events: Sequence[Any]) -> list[tuple[bool, Any, int, int]]:
     return out
 
 
+def _columns(trace: formats.Trace) -> list[tuple[bool, Any, int, int]]:
+    """(is_alloc, id, size, stream) of each event of ``trace``."""
+    streams = trace.streams.tolist() if trace.streams is not None else [0] * len(trace)
+    cols = (trace.is_alloc.astype(bool).tolist(), trace.ids.tolist(), trace.sizes.tolist(), streams)
+    return list(zip(*cols, strict=True))
+
+
 def measure(
-    events: Sequence[Any],
+    events: Sequence[Any] | formats.Trace,
     allocator: str = "npumem",
     *,
     capacity: int | str | None = None,
     alloc_conf: str | None = None,
     windows: int = 100,
 ) -> Timeline:
-    """Replays ``events`` on a new device with ``allocator`` and samples ``windows`` windows.
+    """Replays ``events`` (a list of events or a :class:`npumem.formats.Trace`) on a new device
+    with ``allocator`` and samples ``windows`` windows.
 
     Runs of consecutive allocations (or frees) on one stream go to the device in one
     ``malloc_many`` (``free_many``) call, timed; an out-of-memory batch is retried one block at a
@@ -862,9 +870,12 @@ def measure(
 
     from .device import Device
 
-    if isinstance(events, (str, bytes)) or not isinstance(events, Sequence):
+    if isinstance(events, formats.Trace):
+        evs = _columns(events)
+    elif isinstance(events, (str, bytes)) or not isinstance(events, Sequence):
         raise _args.type_error("events", events, "a list of events")
-    evs = _parsed(events)
+    else:
+        evs = _parsed(events)
     windows = _args.integer(windows, "windows", 1, 1 << 20)
     peak = formats.Trace._of([e[:3] for e in evs]).peak_live()
     if capacity is None:
