@@ -38,28 +38,12 @@
 // dereference says so in its SAFETY line), as C callers of the real library do.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_char, c_void};
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use npumem_fake::{Fail, FaultKind, Flavor, Placement, Runtime, guard, put};
-
-/// `aclError`.
-type AclError = c_int;
-
-const ACL_SUCCESS: AclError = 0;
-const ACL_ERROR_INVALID_PARAM: AclError = 100_000;
-const ACL_ERROR_UNINITIALIZE: AclError = 100_001;
-const ACL_ERROR_REPEAT_INITIALIZE: AclError = 100_002;
-const ACL_ERROR_RT_PARAM_INVALID: AclError = 107_000;
-const ACL_ERROR_RT_INVALID_DEVICEID: AclError = 107_001;
-const ACL_ERROR_RT_CONTEXT_NULL: AclError = 107_002;
-const ACL_ERROR_RT_ADDR_UNALIGNED: AclError = 107_008;
-const ACL_ERROR_RT_INVALID_HANDLE: AclError = 107_017;
-const ACL_ERROR_RT_MEMORY_ALLOCATION: AclError = 207_001;
-const ACL_ERROR_RT_NO_EVENT_RESOURCE: AclError = 207_007;
-const ACL_ERROR_RT_NO_STREAM_RESOURCE: AclError = 207_008;
-const ACL_ERROR_RT_DRV_INTERNAL_ERROR: AclError = 507_899;
+use npumem_ffi::acl::*;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -67,7 +51,7 @@ const GIB: u64 = 1 << 30;
 static RT: LazyLock<Runtime> = LazyLock::new(|| Runtime::new(Flavor::Acl));
 static INITIALIZED: AtomicBool = AtomicBool::new(false);
 
-fn code(fail: Fail) -> AclError {
+fn code(fail: Fail) -> aclError {
     match fail {
         Fail::InvalidValue => ACL_ERROR_INVALID_PARAM,
         Fail::RtParam | Fail::NotReserved | Fail::AlreadyMapped | Fail::NotMapped | Fail::NoAccess | Fail::InUse => {
@@ -86,7 +70,7 @@ fn code(fail: Fail) -> AclError {
 }
 
 /// Runs an exported call that needs a current device.
-fn call(body: impl FnOnce(&'static Runtime) -> Result<(), Fail>) -> AclError {
+fn call(body: impl FnOnce(&'static Runtime) -> Result<(), Fail>) -> aclError {
     guard(ACL_ERROR_RT_DRV_INTERNAL_ERROR, || {
         let rt: &'static Runtime = &RT;
         match rt.current().and_then(|_| body(rt)) {
@@ -100,47 +84,34 @@ fn require(ok: bool) -> Result<(), Fail> {
     if ok { Ok(()) } else { Err(Fail::InvalidValue) }
 }
 
-/// `aclrtPhysicalMemProp`.
-#[repr(C)]
-pub struct AclrtPhysicalMemProp {
-    pub handle_type: u32,
-    pub allocation_type: u32,
-    pub mem_attr: u32,
-    pub location_id: u32,
-    pub location_type: u32,
-    pub reserve: u64,
-}
-
-const LOCATION_HOST: u32 = 0;
-const LOCATION_DEVICE: u32 = 1;
-
 /// The granularity of physical memory with `prop`'s attribute and location.
-fn granularity(prop: &AclrtPhysicalMemProp) -> Result<u64, Fail> {
+fn granularity(prop: &aclrtPhysicalMemProp) -> Result<u64, Fail> {
     let normal = RT.config.granularity;
     // (granule, host-only DDR kind)
-    let (granule, ddr) = match prop.mem_attr {
-        12 | 15 => (normal, false),          // ACL_MEM_NORMAL, ACL_MEM_P2P_NORMAL
-        13 | 16 | 4 | 5 => (2 * MIB, false), // ACL_MEM_HUGE, _P2P_HUGE, ACL_HBM_MEM_HUGE, _NORMAL (as huge)
-        14 | 17 | 10 => (GIB, false),        // ACL_MEM_HUGE1G, _P2P_HUGE1G, ACL_HBM_MEM_HUGE1G
-        3 | 7 => (normal, true),             // ACL_DDR_MEM_NORMAL, _P2P_NORMAL
-        2 | 6 => (2 * MIB, true),            // ACL_DDR_MEM_HUGE, _P2P_HUGE
+    let (granule, ddr) = match prop.memAttr {
+        ACL_MEM_NORMAL | ACL_MEM_P2P_NORMAL => (normal, false),
+        // ACL_HBM_MEM_NORMAL is allocated as huge pages.
+        ACL_MEM_HUGE | ACL_MEM_P2P_HUGE | ACL_HBM_MEM_HUGE | ACL_HBM_MEM_NORMAL => (2 * MIB, false),
+        ACL_MEM_HUGE1G | ACL_MEM_P2P_HUGE1G | ACL_HBM_MEM_HUGE1G => (GIB, false),
+        ACL_DDR_MEM_NORMAL | ACL_DDR_MEM_P2P_NORMAL => (normal, true),
+        ACL_DDR_MEM_HUGE | ACL_DDR_MEM_P2P_HUGE => (2 * MIB, true),
         _ => return Err(Fail::InvalidValue), // whole-memory and HBM P2P kinds are not physical types
     };
-    match prop.location_type {
-        LOCATION_DEVICE if ddr => Err(Fail::InvalidValue),
-        LOCATION_DEVICE if prop.location_id >= RT.config.devices => Err(Fail::InvalidDevice),
-        LOCATION_DEVICE | LOCATION_HOST => Ok(granule),
+    match prop.location.type_ {
+        ACL_MEM_LOCATION_TYPE_DEVICE if ddr => Err(Fail::InvalidValue),
+        ACL_MEM_LOCATION_TYPE_DEVICE if prop.location.id >= RT.config.devices => Err(Fail::InvalidDevice),
+        ACL_MEM_LOCATION_TYPE_DEVICE | ACL_MEM_LOCATION_TYPE_HOST => Ok(granule),
         _ => Err(Fail::InvalidValue), // UNREGISTERED, MANAGED, HOST_NUMA
     }
 }
 
-fn prop_ref<'a>(prop: *const AclrtPhysicalMemProp) -> Result<&'a AclrtPhysicalMemProp, Fail> {
+fn prop_ref<'a>(prop: *const aclrtPhysicalMemProp) -> Result<&'a aclrtPhysicalMemProp, Fail> {
     // SAFETY: the caller passes NULL or a valid `aclrtPhysicalMemProp`.
     unsafe { prop.as_ref() }.ok_or(Fail::InvalidValue)
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn aclInit(_config_path: *const c_char) -> AclError {
+pub extern "C" fn aclInit(_config_path: *const c_char) -> aclError {
     guard(ACL_ERROR_RT_DRV_INTERNAL_ERROR, || {
         LazyLock::force(&RT);
         if INITIALIZED.swap(true, Ordering::SeqCst) { ACL_ERROR_REPEAT_INITIALIZE } else { ACL_SUCCESS }
@@ -148,13 +119,13 @@ pub extern "C" fn aclInit(_config_path: *const c_char) -> AclError {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn aclFinalize() -> AclError {
+pub extern "C" fn aclFinalize() -> aclError {
     INITIALIZED.store(false, Ordering::SeqCst);
     ACL_SUCCESS
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn aclrtSetDevice(device_id: i32) -> AclError {
+pub extern "C" fn aclrtSetDevice(device_id: i32) -> aclError {
     guard(ACL_ERROR_RT_DRV_INTERNAL_ERROR, || {
         if !INITIALIZED.load(Ordering::SeqCst) {
             return ACL_ERROR_UNINITIALIZE;
@@ -164,7 +135,7 @@ pub extern "C" fn aclrtSetDevice(device_id: i32) -> AclError {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn aclrtResetDevice(device_id: i32) -> AclError {
+pub extern "C" fn aclrtResetDevice(device_id: i32) -> aclError {
     guard(ACL_ERROR_RT_DRV_INTERNAL_ERROR, || {
         if device_id < 0 || device_id as u32 >= RT.config.devices {
             return ACL_ERROR_RT_INVALID_DEVICEID;
@@ -177,19 +148,19 @@ pub extern "C" fn aclrtResetDevice(device_id: i32) -> AclError {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn aclrtGetDevice(device_id: *mut i32) -> AclError {
+pub extern "C" fn aclrtGetDevice(device_id: *mut i32) -> aclError {
     // SAFETY: the caller passes NULL or a valid out-pointer.
     call(|rt| unsafe { put(device_id, rt.current()?) })
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn aclrtGetDeviceCount(count: *mut u32) -> AclError {
+pub extern "C" fn aclrtGetDeviceCount(count: *mut u32) -> aclError {
     // SAFETY: as above.
     guard(ACL_ERROR_RT_DRV_INTERNAL_ERROR, || unsafe { put(count, RT.config.devices) }.map_or_else(code, |()| 0))
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn aclrtSynchronizeDevice() -> AclError {
+pub extern "C" fn aclrtSynchronizeDevice() -> aclError {
     call(|rt| rt.streams.synchronize_all())
 }
 
@@ -205,7 +176,7 @@ pub extern "C" fn aclrtReserveMemAddress(
     alignment: usize,
     expect_ptr: *mut c_void,
     flags: u64,
-) -> AclError {
+) -> aclError {
     call(|rt| {
         let size = size as u64;
         require(!vir_ptr.is_null() && size > 0 && size % rt.config.granularity == 0)?;
@@ -222,7 +193,7 @@ pub extern "C" fn aclrtReserveMemAddress(
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn aclrtReleaseMemAddress(vir_ptr: *mut c_void) -> AclError {
+pub extern "C" fn aclrtReleaseMemAddress(vir_ptr: *mut c_void) -> aclError {
     call(|rt| {
         require(!vir_ptr.is_null())?;
         rt.fault(FaultKind::Release)?;
@@ -234,12 +205,13 @@ pub extern "C" fn aclrtReleaseMemAddress(vir_ptr: *mut c_void) -> AclError {
 pub extern "C" fn aclrtMallocPhysical(
     handle: *mut *mut c_void,
     size: usize,
-    prop: *const AclrtPhysicalMemProp,
+    prop: *const aclrtPhysicalMemProp,
     flags: u64,
-) -> AclError {
+) -> aclError {
     call(|rt| {
         let prop = prop_ref(prop)?;
-        require(!handle.is_null() && flags == 0 && prop.handle_type == 0 && prop.allocation_type == 0)?;
+        require(!handle.is_null() && flags == 0 && prop.handleType == ACL_MEM_HANDLE_TYPE_NONE)?;
+        require(prop.allocationType == ACL_MEM_ALLOCATION_TYPE_PINNED)?;
         let granule = granularity(prop)?;
         require(size > 0 && size as u64 % granule == 0)?;
         rt.fault(FaultKind::Physical)?;
@@ -250,7 +222,7 @@ pub extern "C" fn aclrtMallocPhysical(
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn aclrtFreePhysical(handle: *mut c_void) -> AclError {
+pub extern "C" fn aclrtFreePhysical(handle: *mut c_void) -> aclError {
     call(|rt| {
         require(!handle.is_null())?;
         rt.fault(FaultKind::FreePhysical)?;
@@ -265,7 +237,7 @@ pub extern "C" fn aclrtMapMem(
     offset: usize,
     handle: *mut c_void,
     flags: u64,
-) -> AclError {
+) -> aclError {
     call(|rt| {
         require(!vir_ptr.is_null() && !handle.is_null() && offset == 0 && flags == 0)?;
         let mut m = rt.memory.lock();
@@ -277,7 +249,7 @@ pub extern "C" fn aclrtMapMem(
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn aclrtUnmapMem(vir_ptr: *mut c_void) -> AclError {
+pub extern "C" fn aclrtUnmapMem(vir_ptr: *mut c_void) -> aclError {
     call(|rt| {
         require(!vir_ptr.is_null())?;
         rt.fault(FaultKind::Unmap)?;
@@ -287,20 +259,26 @@ pub extern "C" fn aclrtUnmapMem(vir_ptr: *mut c_void) -> AclError {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn aclrtMemGetAllocationGranularity(
-    prop: *mut AclrtPhysicalMemProp,
-    option: u32,
+    prop: *mut aclrtPhysicalMemProp,
+    option: aclrtMemGranularityOptions,
     granularity_out: *mut usize,
-) -> AclError {
+) -> aclError {
     call(|_| {
         let prop = prop_ref(prop)?;
-        require(option <= 1)?; // MINIMUM, RECOMMENDED
+        require(option <= ACL_RT_MEM_ALLOC_GRANULARITY_RECOMMENDED)?;
         // SAFETY: the caller's out-pointer (NULL is refused).
         unsafe { put(granularity_out, granularity(prop)? as usize) }
     })
 }
 
-fn check_copy(dst: *mut c_void, src: *const c_void, kind: u32, count: usize, dest_max: usize) -> Result<(), Fail> {
-    require(!dst.is_null() && !src.is_null() && kind <= 5)?;
+fn check_copy(
+    dst: *mut c_void,
+    src: *const c_void,
+    kind: aclrtMemcpyKind,
+    count: usize,
+    dest_max: usize,
+) -> Result<(), Fail> {
+    require(!dst.is_null() && !src.is_null() && kind <= ACL_MEMCPY_HOST_TO_BUF_TO_DEVICE)?;
     if count > dest_max { Err(Fail::RtParam) } else { Ok(()) }
 }
 
@@ -310,8 +288,8 @@ pub extern "C" fn aclrtMemcpy(
     dest_max: usize,
     src: *const c_void,
     count: usize,
-    kind: u32,
-) -> AclError {
+    kind: aclrtMemcpyKind,
+) -> aclError {
     call(|rt| {
         if count == 0 {
             return Ok(());
@@ -328,9 +306,9 @@ pub extern "C" fn aclrtMemcpyAsync(
     dest_max: usize,
     src: *const c_void,
     count: usize,
-    kind: u32,
+    kind: aclrtMemcpyKind,
     stream: *mut c_void,
-) -> AclError {
+) -> aclError {
     call(|rt| {
         if count == 0 {
             return Ok(());
@@ -341,7 +319,7 @@ pub extern "C" fn aclrtMemcpyAsync(
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn aclrtMemset(dev_ptr: *mut c_void, max_count: usize, value: i32, count: usize) -> AclError {
+pub extern "C" fn aclrtMemset(dev_ptr: *mut c_void, max_count: usize, value: i32, count: usize) -> aclError {
     call(|rt| {
         if count == 0 {
             return Ok(());
@@ -361,7 +339,7 @@ pub extern "C" fn aclrtMemsetAsync(
     value: i32,
     count: usize,
     stream: *mut c_void,
-) -> AclError {
+) -> aclError {
     call(|rt| {
         if count == 0 {
             return Ok(());
@@ -375,19 +353,23 @@ pub extern "C" fn aclrtMemsetAsync(
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn aclrtGetMemInfo(attr: u32, free: *mut usize, total: *mut usize) -> AclError {
+pub extern "C" fn aclrtGetMemInfo(attr: aclrtMemAttr, free: *mut usize, total: *mut usize) -> aclError {
     call(|rt| {
-        require(attr <= 17 && !free.is_null() && !total.is_null())?;
+        require(npumem_ffi::name_of(MEM_ATTRS, attr).is_some() && !free.is_null() && !total.is_null())?;
         rt.fault(FaultKind::MemInfo)?;
         // An HBM device has no DDR: those attributes report nothing.
-        let (f, t) = if matches!(attr, 0 | 2 | 3 | 6 | 7) { (0, 0) } else { rt.memory.lock().mem_info() };
+        let ddr = matches!(
+            attr,
+            ACL_DDR_MEM | ACL_DDR_MEM_HUGE | ACL_DDR_MEM_NORMAL | ACL_DDR_MEM_P2P_HUGE | ACL_DDR_MEM_P2P_NORMAL
+        );
+        let (f, t) = if ddr { (0, 0) } else { rt.memory.lock().mem_info() };
         // SAFETY: both checked non-null.
         unsafe { put(free, f as usize).and_then(|()| put(total, t as usize)) }
     })
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn aclrtMallocHost(host_ptr: *mut *mut c_void, size: usize) -> AclError {
+pub extern "C" fn aclrtMallocHost(host_ptr: *mut *mut c_void, size: usize) -> aclError {
     call(|rt| {
         require(!host_ptr.is_null() && size > 0)?;
         rt.fault(FaultKind::Host)?;
@@ -398,7 +380,7 @@ pub extern "C" fn aclrtMallocHost(host_ptr: *mut *mut c_void, size: usize) -> Ac
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn aclrtFreeHost(host_ptr: *mut c_void) -> AclError {
+pub extern "C" fn aclrtFreeHost(host_ptr: *mut c_void) -> aclError {
     call(|rt| {
         require(!host_ptr.is_null())?;
         rt.memory.lock().free_host(host_ptr.addr() as u64).map_err(|_| Fail::RtParam)
@@ -406,7 +388,7 @@ pub extern "C" fn aclrtFreeHost(host_ptr: *mut c_void) -> AclError {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn aclrtCreateStream(stream: *mut *mut c_void) -> AclError {
+pub extern "C" fn aclrtCreateStream(stream: *mut *mut c_void) -> aclError {
     call(|rt| {
         require(!stream.is_null())?;
         rt.fault(FaultKind::Stream)?;
@@ -417,7 +399,7 @@ pub extern "C" fn aclrtCreateStream(stream: *mut *mut c_void) -> AclError {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn aclrtDestroyStream(stream: *mut c_void) -> AclError {
+pub extern "C" fn aclrtDestroyStream(stream: *mut c_void) -> aclError {
     call(|rt| {
         require(!stream.is_null())?;
         rt.streams.destroy_stream(stream.addr() as u64)
@@ -425,12 +407,12 @@ pub extern "C" fn aclrtDestroyStream(stream: *mut c_void) -> AclError {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn aclrtSynchronizeStream(stream: *mut c_void) -> AclError {
+pub extern "C" fn aclrtSynchronizeStream(stream: *mut c_void) -> aclError {
     call(|rt| rt.streams.synchronize(stream.addr() as u64))
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn aclrtCreateEvent(event: *mut *mut c_void) -> AclError {
+pub extern "C" fn aclrtCreateEvent(event: *mut *mut c_void) -> aclError {
     call(|rt| {
         require(!event.is_null())?;
         rt.fault(FaultKind::Event)?;
@@ -441,7 +423,7 @@ pub extern "C" fn aclrtCreateEvent(event: *mut *mut c_void) -> AclError {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn aclrtDestroyEvent(event: *mut c_void) -> AclError {
+pub extern "C" fn aclrtDestroyEvent(event: *mut c_void) -> aclError {
     call(|rt| {
         require(!event.is_null())?;
         rt.streams.destroy_event(event.addr() as u64)
@@ -449,26 +431,26 @@ pub extern "C" fn aclrtDestroyEvent(event: *mut c_void) -> AclError {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn aclrtRecordEvent(event: *mut c_void, stream: *mut c_void) -> AclError {
+pub extern "C" fn aclrtRecordEvent(event: *mut c_void, stream: *mut c_void) -> aclError {
     call(|rt| {
         require(!event.is_null())?;
         rt.streams.record(event.addr() as u64, stream.addr() as u64)
     })
 }
 
-/// `aclrtEventRecordedStatus`: ACL_EVENT_RECORDED_STATUS_NOT_READY = 0, _COMPLETE = 1.
 #[unsafe(no_mangle)]
-pub extern "C" fn aclrtQueryEventStatus(event: *mut c_void, status: *mut u32) -> AclError {
+pub extern "C" fn aclrtQueryEventStatus(event: *mut c_void, status: *mut aclrtEventRecordedStatus) -> aclError {
     call(|rt| {
         require(!event.is_null())?;
         let done = rt.streams.query(event.addr() as u64)?;
+        let value = if done { ACL_EVENT_RECORDED_STATUS_COMPLETE } else { ACL_EVENT_RECORDED_STATUS_NOT_READY };
         // SAFETY: the caller's out-pointer (NULL is refused).
-        unsafe { put(status, u32::from(done)) }
+        unsafe { put(status, value) }
     })
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn aclrtSynchronizeEvent(event: *mut c_void) -> AclError {
+pub extern "C" fn aclrtSynchronizeEvent(event: *mut c_void) -> aclError {
     call(|rt| {
         require(!event.is_null())?;
         rt.streams.synchronize_event(event.addr() as u64)
@@ -476,7 +458,7 @@ pub extern "C" fn aclrtSynchronizeEvent(event: *mut c_void) -> AclError {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn aclrtStreamWaitEvent(stream: *mut c_void, event: *mut c_void) -> AclError {
+pub extern "C" fn aclrtStreamWaitEvent(stream: *mut c_void, event: *mut c_void) -> aclError {
     call(|rt| {
         require(!event.is_null())?;
         rt.streams.wait_event(stream.addr() as u64, event.addr() as u64)
@@ -484,3 +466,35 @@ pub extern "C" fn aclrtStreamWaitEvent(stream: *mut c_void, event: *mut c_void) 
 }
 
 npumem_fake::export_test_hooks!(RT);
+
+// Every export has the C signature `npumem-ffi` declares for it (the one the backend loads).
+const _: PFN_aclInit = aclInit;
+const _: PFN_aclFinalize = aclFinalize;
+const _: PFN_aclrtSetDevice = aclrtSetDevice;
+const _: PFN_aclrtResetDevice = aclrtResetDevice;
+const _: PFN_aclrtGetDevice = aclrtGetDevice;
+const _: PFN_aclrtGetDeviceCount = aclrtGetDeviceCount;
+const _: PFN_aclrtSynchronizeDevice = aclrtSynchronizeDevice;
+const _: PFN_aclrtReserveMemAddress = aclrtReserveMemAddress;
+const _: PFN_aclrtReleaseMemAddress = aclrtReleaseMemAddress;
+const _: PFN_aclrtMallocPhysical = aclrtMallocPhysical;
+const _: PFN_aclrtFreePhysical = aclrtFreePhysical;
+const _: PFN_aclrtMapMem = aclrtMapMem;
+const _: PFN_aclrtUnmapMem = aclrtUnmapMem;
+const _: PFN_aclrtMemGetAllocationGranularity = aclrtMemGetAllocationGranularity;
+const _: PFN_aclrtMemcpy = aclrtMemcpy;
+const _: PFN_aclrtMemcpyAsync = aclrtMemcpyAsync;
+const _: PFN_aclrtMemset = aclrtMemset;
+const _: PFN_aclrtMemsetAsync = aclrtMemsetAsync;
+const _: PFN_aclrtGetMemInfo = aclrtGetMemInfo;
+const _: PFN_aclrtMallocHost = aclrtMallocHost;
+const _: PFN_aclrtFreeHost = aclrtFreeHost;
+const _: PFN_aclrtCreateStream = aclrtCreateStream;
+const _: PFN_aclrtDestroyStream = aclrtDestroyStream;
+const _: PFN_aclrtSynchronizeStream = aclrtSynchronizeStream;
+const _: PFN_aclrtCreateEvent = aclrtCreateEvent;
+const _: PFN_aclrtDestroyEvent = aclrtDestroyEvent;
+const _: PFN_aclrtRecordEvent = aclrtRecordEvent;
+const _: PFN_aclrtQueryEventStatus = aclrtQueryEventStatus;
+const _: PFN_aclrtSynchronizeEvent = aclrtSynchronizeEvent;
+const _: PFN_aclrtStreamWaitEvent = aclrtStreamWaitEvent;

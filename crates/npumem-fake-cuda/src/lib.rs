@@ -36,39 +36,25 @@
 // dereference says so in its SAFETY line), as C callers of the real library do.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
-use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use npumem_fake::{Fail, FaultKind, Flavor, Placement, Runtime, guard, put};
+use npumem_ffi::cuda::*;
 
-/// `CUresult`.
-type CuResult = c_int;
-type CuDevicePtr = u64;
-
-const CUDA_SUCCESS: CuResult = 0;
-const CUDA_ERROR_INVALID_VALUE: CuResult = 1;
-const CUDA_ERROR_OUT_OF_MEMORY: CuResult = 2;
-const CUDA_ERROR_NOT_INITIALIZED: CuResult = 3;
-const CUDA_ERROR_INVALID_DEVICE: CuResult = 101;
-const CUDA_ERROR_INVALID_CONTEXT: CuResult = 201;
-const CUDA_ERROR_INVALID_HANDLE: CuResult = 400;
-const CUDA_ERROR_NOT_READY: CuResult = 600;
-const CUDA_ERROR_ILLEGAL_ADDRESS: CuResult = 700;
-const CUDA_ERROR_UNKNOWN: CuResult = 999;
-
-/// The names and descriptions `cuGetErrorName` / `cuGetErrorString` give.
-const ERRORS: &[(CuResult, &std::ffi::CStr, &std::ffi::CStr)] = &[
-    (CUDA_SUCCESS, c"CUDA_SUCCESS", c"no error"),
-    (CUDA_ERROR_INVALID_VALUE, c"CUDA_ERROR_INVALID_VALUE", c"invalid argument"),
-    (CUDA_ERROR_OUT_OF_MEMORY, c"CUDA_ERROR_OUT_OF_MEMORY", c"out of memory"),
-    (CUDA_ERROR_NOT_INITIALIZED, c"CUDA_ERROR_NOT_INITIALIZED", c"initialization error"),
-    (CUDA_ERROR_INVALID_DEVICE, c"CUDA_ERROR_INVALID_DEVICE", c"invalid device ordinal"),
-    (CUDA_ERROR_INVALID_CONTEXT, c"CUDA_ERROR_INVALID_CONTEXT", c"invalid device context"),
-    (CUDA_ERROR_INVALID_HANDLE, c"CUDA_ERROR_INVALID_HANDLE", c"invalid resource handle"),
-    (CUDA_ERROR_NOT_READY, c"CUDA_ERROR_NOT_READY", c"device not ready"),
-    (CUDA_ERROR_ILLEGAL_ADDRESS, c"CUDA_ERROR_ILLEGAL_ADDRESS", c"an illegal memory access was encountered"),
-    (CUDA_ERROR_UNKNOWN, c"CUDA_ERROR_UNKNOWN", c"unknown error"),
+/// The descriptions `cuGetErrorString` gives (and the codes `cuGetErrorName` names).
+const DESCRIPTIONS: &[(CUresult, &CStr)] = &[
+    (CUDA_SUCCESS, c"no error"),
+    (CUDA_ERROR_INVALID_VALUE, c"invalid argument"),
+    (CUDA_ERROR_OUT_OF_MEMORY, c"out of memory"),
+    (CUDA_ERROR_NOT_INITIALIZED, c"initialization error"),
+    (CUDA_ERROR_INVALID_DEVICE, c"invalid device ordinal"),
+    (CUDA_ERROR_INVALID_CONTEXT, c"invalid device context"),
+    (CUDA_ERROR_INVALID_HANDLE, c"invalid resource handle"),
+    (CUDA_ERROR_NOT_READY, c"device not ready"),
+    (CUDA_ERROR_ILLEGAL_ADDRESS, c"an illegal memory access was encountered"),
+    (CUDA_ERROR_UNKNOWN, c"unknown error"),
 ];
 
 static RT: LazyLock<Runtime> = LazyLock::new(|| Runtime::new(Flavor::Cuda));
@@ -77,7 +63,7 @@ static INITIALIZED: AtomicBool = AtomicBool::new(false);
 /// Primary contexts are these values plus the device ordinal.
 const CONTEXT_BASE: usize = 0xC000_0000;
 
-fn code(fail: Fail) -> CuResult {
+fn code(fail: Fail) -> CUresult {
     match fail {
         Fail::InvalidValue
         | Fail::RtParam
@@ -102,7 +88,7 @@ fn initialized() -> Result<(), Fail> {
 
 /// Runs an exported call that needs the driver initialised (and, with `context`, a current
 /// context).
-fn run(context: bool, body: impl FnOnce(&'static Runtime) -> Result<(), Fail>) -> CuResult {
+fn run(context: bool, body: impl FnOnce(&'static Runtime) -> Result<(), Fail>) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         let rt: &'static Runtime = &RT;
         let ready = initialized().and_then(|()| if context { rt.current().map(|_| ()) } else { Ok(()) });
@@ -113,7 +99,7 @@ fn run(context: bool, body: impl FnOnce(&'static Runtime) -> Result<(), Fail>) -
     })
 }
 
-fn call(body: impl FnOnce(&'static Runtime) -> Result<(), Fail>) -> CuResult {
+fn call(body: impl FnOnce(&'static Runtime) -> Result<(), Fail>) -> CUresult {
     run(true, body)
 }
 
@@ -130,43 +116,13 @@ fn handle_value(fail: Fail) -> Fail {
 /// default stream).
 fn stream_key(stream: *mut c_void) -> u64 {
     match stream.addr() {
-        0..=2 => 0,
+        0 | CU_STREAM_LEGACY | CU_STREAM_PER_THREAD => 0,
         key => key as u64,
     }
 }
 
-/// `CUmemLocation`.
-#[repr(C)]
-pub struct CuMemLocation {
-    pub kind: c_uint,
-    pub id: c_int,
-}
-
-/// `CUmemAllocationProp`.
-#[repr(C)]
-pub struct CuMemAllocationProp {
-    pub kind: c_uint,
-    pub requested_handle_types: c_uint,
-    pub location: CuMemLocation,
-    pub win32_handle_meta_data: *mut c_void,
-    pub compression_type: u8,
-    pub gpu_direct_rdma_capable: u8,
-    pub usage: u16,
-    pub reserved: [u8; 4],
-}
-
-/// `CUmemAccessDesc`.
-#[repr(C)]
-pub struct CuMemAccessDesc {
-    pub location: CuMemLocation,
-    pub flags: c_uint,
-}
-
-const CU_MEM_ALLOCATION_TYPE_PINNED: c_uint = 1;
-const CU_MEM_LOCATION_TYPE_DEVICE: c_uint = 1;
-
-fn check_location(location: &CuMemLocation) -> Result<(), Fail> {
-    require(location.kind == CU_MEM_LOCATION_TYPE_DEVICE)?;
+fn check_location(location: &CUmemLocation) -> Result<(), Fail> {
+    require(location.type_ == CU_MEM_LOCATION_TYPE_DEVICE)?;
     if location.id < 0 || location.id as u32 >= RT.config.devices { Err(Fail::InvalidDevice) } else { Ok(()) }
 }
 
@@ -175,7 +131,7 @@ fn granule() -> u64 {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuInit(flags: c_uint) -> CuResult {
+pub extern "C" fn cuInit(flags: c_uint) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         if flags != 0 {
             return CUDA_ERROR_INVALID_VALUE;
@@ -187,19 +143,19 @@ pub extern "C" fn cuInit(flags: c_uint) -> CuResult {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CuResult {
+pub extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CUresult {
     // SAFETY: the caller passes NULL or a valid out-pointer.
     guard(CUDA_ERROR_UNKNOWN, || unsafe { put(version, 12040) }.map_or_else(code, |()| CUDA_SUCCESS))
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CuResult {
+pub extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
     // SAFETY: as above.
     run(false, |rt| unsafe { put(count, rt.config.devices as c_int) })
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuDeviceGet(device: *mut c_int, ordinal: c_int) -> CuResult {
+pub extern "C" fn cuDeviceGet(device: *mut c_int, ordinal: c_int) -> CUresult {
     run(false, |rt| {
         if ordinal < 0 || ordinal as u32 >= rt.config.devices {
             return Err(Fail::InvalidDevice);
@@ -210,7 +166,7 @@ pub extern "C" fn cuDeviceGet(device: *mut c_int, ordinal: c_int) -> CuResult {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuDevicePrimaryCtxRetain(context: *mut *mut c_void, device: c_int) -> CuResult {
+pub extern "C" fn cuDevicePrimaryCtxRetain(context: *mut *mut c_void, device: c_int) -> CUresult {
     run(false, |rt| {
         if device < 0 || device as u32 >= rt.config.devices {
             return Err(Fail::InvalidDevice);
@@ -221,12 +177,12 @@ pub extern "C" fn cuDevicePrimaryCtxRetain(context: *mut *mut c_void, device: c_
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuDevicePrimaryCtxRelease_v2(device: c_int) -> CuResult {
+pub extern "C" fn cuDevicePrimaryCtxRelease_v2(device: c_int) -> CUresult {
     run(false, |rt| if device < 0 || device as u32 >= rt.config.devices { Err(Fail::InvalidDevice) } else { Ok(()) })
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuCtxSetCurrent(context: *mut c_void) -> CuResult {
+pub extern "C" fn cuCtxSetCurrent(context: *mut c_void) -> CUresult {
     run(false, |rt| match context.addr() {
         0 => {
             rt.clear_current();
@@ -238,7 +194,7 @@ pub extern "C" fn cuCtxSetCurrent(context: *mut c_void) -> CuResult {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuCtxGetCurrent(context: *mut *mut c_void) -> CuResult {
+pub extern "C" fn cuCtxGetCurrent(context: *mut *mut c_void) -> CUresult {
     run(false, |rt| {
         let current = rt.current().map_or(0, |d| CONTEXT_BASE + d as usize);
         // SAFETY: as above.
@@ -247,20 +203,20 @@ pub extern "C" fn cuCtxGetCurrent(context: *mut *mut c_void) -> CuResult {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuCtxSynchronize() -> CuResult {
+pub extern "C" fn cuCtxSynchronize() -> CUresult {
     call(|rt| rt.streams.synchronize_all())
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemGetAllocationGranularity(
     granularity: *mut usize,
-    prop: *const CuMemAllocationProp,
+    prop: *const CUmemAllocationProp,
     option: c_uint,
-) -> CuResult {
+) -> CUresult {
     run(false, |_| {
         // SAFETY: the caller passes NULL or a valid property structure.
         let prop = unsafe { prop.as_ref() }.ok_or(Fail::InvalidValue)?;
-        require(prop.kind == CU_MEM_ALLOCATION_TYPE_PINNED && option <= 1)?;
+        require(prop.type_ == CU_MEM_ALLOCATION_TYPE_PINNED && option <= CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)?;
         check_location(&prop.location)?;
         // SAFETY: as above.
         unsafe { put(granularity, granule() as usize) }
@@ -269,12 +225,12 @@ pub extern "C" fn cuMemGetAllocationGranularity(
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemAddressReserve(
-    ptr: *mut CuDevicePtr,
+    ptr: *mut CUdeviceptr,
     size: usize,
     alignment: usize,
-    addr: CuDevicePtr,
+    addr: CUdeviceptr,
     flags: u64,
-) -> CuResult {
+) -> CUresult {
     call(|rt| {
         let (size, g) = (size as u64, granule());
         let align = if alignment == 0 { g } else { alignment as u64 };
@@ -289,7 +245,7 @@ pub extern "C" fn cuMemAddressReserve(
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemAddressFree(ptr: CuDevicePtr, size: usize) -> CuResult {
+pub extern "C" fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult {
     call(|rt| {
         rt.fault(FaultKind::Release)?;
         rt.memory.lock().release(ptr, Some(size as u64))
@@ -297,12 +253,15 @@ pub extern "C" fn cuMemAddressFree(ptr: CuDevicePtr, size: usize) -> CuResult {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemCreate(handle: *mut u64, size: usize, prop: *const CuMemAllocationProp, flags: u64) -> CuResult {
+pub extern "C" fn cuMemCreate(handle: *mut u64, size: usize, prop: *const CUmemAllocationProp, flags: u64) -> CUresult {
     call(|rt| {
         // SAFETY: the caller passes NULL or a valid property structure.
         let prop = unsafe { prop.as_ref() }.ok_or(Fail::InvalidValue)?;
-        require(!handle.is_null() && flags == 0 && prop.kind == CU_MEM_ALLOCATION_TYPE_PINNED)?;
-        require(prop.requested_handle_types <= 1)?; // NONE or POSIX_FILE_DESCRIPTOR
+        require(!handle.is_null() && flags == 0 && prop.type_ == CU_MEM_ALLOCATION_TYPE_PINNED)?;
+        require(matches!(
+            prop.requestedHandleTypes,
+            CU_MEM_HANDLE_TYPE_NONE | CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        ))?;
         check_location(&prop.location)?;
         require(size > 0 && size as u64 % granule() == 0)?;
         rt.fault(FaultKind::Physical)?;
@@ -313,7 +272,7 @@ pub extern "C" fn cuMemCreate(handle: *mut u64, size: usize, prop: *const CuMemA
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemRelease(handle: u64) -> CuResult {
+pub extern "C" fn cuMemRelease(handle: u64) -> CUresult {
     call(|rt| {
         rt.fault(FaultKind::FreePhysical)?;
         rt.memory.lock().free(handle).map_err(handle_value)
@@ -321,7 +280,7 @@ pub extern "C" fn cuMemRelease(handle: u64) -> CuResult {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemMap(ptr: CuDevicePtr, size: usize, offset: usize, handle: u64, flags: u64) -> CuResult {
+pub extern "C" fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: u64, flags: u64) -> CUresult {
     call(|rt| {
         require(ptr != 0 && offset == 0 && flags == 0)?;
         let mut m = rt.memory.lock();
@@ -332,7 +291,7 @@ pub extern "C" fn cuMemMap(ptr: CuDevicePtr, size: usize, offset: usize, handle:
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemUnmap(ptr: CuDevicePtr, size: usize) -> CuResult {
+pub extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
     call(|rt| {
         rt.fault(FaultKind::Unmap)?;
         rt.memory.lock().unmap(ptr, Some(size as u64))
@@ -341,45 +300,45 @@ pub extern "C" fn cuMemUnmap(ptr: CuDevicePtr, size: usize) -> CuResult {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemSetAccess(
-    ptr: CuDevicePtr,
+    ptr: CUdeviceptr,
     size: usize,
-    desc: *const CuMemAccessDesc,
+    desc: *const CUmemAccessDesc,
     count: usize,
-) -> CuResult {
+) -> CUresult {
     call(|rt| {
         require(!desc.is_null() && count > 0)?;
         // SAFETY: the caller passes `count` descriptors at `desc`.
         let descs = unsafe { std::slice::from_raw_parts(desc, count) };
         for d in descs {
             check_location(&d.location)?;
-            require(matches!(d.flags, 1 | 3))?; // READ, READWRITE
+            require(matches!(d.flags, CU_MEM_ACCESS_FLAGS_PROT_READ | CU_MEM_ACCESS_FLAGS_PROT_READWRITE))?;
         }
         rt.memory.lock().set_access(ptr, size as u64)
     })
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemcpyHtoD_v2(dst: CuDevicePtr, src: *const c_void, count: usize) -> CuResult {
+pub extern "C" fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, count: usize) -> CUresult {
     call(|rt| if count == 0 { Ok(()) } else { rt.copy(dst, src.addr() as u64, count as u64, Some((true, false))) })
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CuDevicePtr, count: usize) -> CuResult {
+pub extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, count: usize) -> CUresult {
     call(|rt| if count == 0 { Ok(()) } else { rt.copy(dst.addr() as u64, src, count as u64, Some((false, true))) })
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemcpyDtoD_v2(dst: CuDevicePtr, src: CuDevicePtr, count: usize) -> CuResult {
+pub extern "C" fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, count: usize) -> CUresult {
     call(|rt| if count == 0 { Ok(()) } else { rt.copy(dst, src, count as u64, Some((true, true))) })
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemcpyHtoDAsync_v2(
-    dst: CuDevicePtr,
+    dst: CUdeviceptr,
     src: *const c_void,
     count: usize,
     stream: *mut c_void,
-) -> CuResult {
+) -> CUresult {
     call(|rt| {
         if count == 0 {
             return Ok(());
@@ -391,10 +350,10 @@ pub extern "C" fn cuMemcpyHtoDAsync_v2(
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemcpyDtoHAsync_v2(
     dst: *mut c_void,
-    src: CuDevicePtr,
+    src: CUdeviceptr,
     count: usize,
     stream: *mut c_void,
-) -> CuResult {
+) -> CUresult {
     call(|rt| {
         if count == 0 {
             return Ok(());
@@ -405,11 +364,11 @@ pub extern "C" fn cuMemcpyDtoHAsync_v2(
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemcpyDtoDAsync_v2(
-    dst: CuDevicePtr,
-    src: CuDevicePtr,
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
     count: usize,
     stream: *mut c_void,
-) -> CuResult {
+) -> CUresult {
     call(|rt| {
         if count == 0 {
             return Ok(());
@@ -420,22 +379,22 @@ pub extern "C" fn cuMemcpyDtoDAsync_v2(
 
 /// `cuMemcpyAsync`: unified addressing, the direction from the addresses.
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemcpyAsync(dst: CuDevicePtr, src: CuDevicePtr, count: usize, stream: *mut c_void) -> CuResult {
+pub extern "C" fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, count: usize, stream: *mut c_void) -> CUresult {
     call(|rt| if count == 0 { Ok(()) } else { rt.copy_async(dst, src, count as u64, None, stream_key(stream)) })
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemsetD8_v2(dst: CuDevicePtr, value: u8, count: usize) -> CuResult {
+pub extern "C" fn cuMemsetD8_v2(dst: CUdeviceptr, value: u8, count: usize) -> CUresult {
     call(|rt| if count == 0 { Ok(()) } else { rt.fill(dst, value, count as u64, true) })
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemsetD8Async(dst: CuDevicePtr, value: u8, count: usize, stream: *mut c_void) -> CuResult {
+pub extern "C" fn cuMemsetD8Async(dst: CUdeviceptr, value: u8, count: usize, stream: *mut c_void) -> CUresult {
     call(|rt| if count == 0 { Ok(()) } else { rt.fill_async(dst, value, count as u64, true, stream_key(stream)) })
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult {
+pub extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
     call(|rt| {
         require(!free.is_null() && !total.is_null())?;
         rt.fault(FaultKind::MemInfo)?;
@@ -446,7 +405,7 @@ pub extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResu
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemAlloc_v2(dptr: *mut CuDevicePtr, size: usize) -> CuResult {
+pub extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> CUresult {
     call(|rt| {
         require(!dptr.is_null() && size > 0)?;
         rt.fault(FaultKind::Physical)?;
@@ -457,12 +416,12 @@ pub extern "C" fn cuMemAlloc_v2(dptr: *mut CuDevicePtr, size: usize) -> CuResult
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemFree_v2(dptr: CuDevicePtr) -> CuResult {
+pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     call(|rt| rt.memory.lock().free_linear(dptr))
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) -> CuResult {
+pub extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) -> CUresult {
     call(|rt| {
         require(!pp.is_null() && size > 0)?;
         rt.fault(FaultKind::Host)?;
@@ -473,14 +432,14 @@ pub extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) -> CuResu
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemFreeHost(p: *mut c_void) -> CuResult {
+pub extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
     call(|rt| rt.memory.lock().free_host(p.addr() as u64))
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuStreamCreate(stream: *mut *mut c_void, flags: c_uint) -> CuResult {
+pub extern "C" fn cuStreamCreate(stream: *mut *mut c_void, flags: c_uint) -> CUresult {
     call(|rt| {
-        require(!stream.is_null() && flags <= 1)?; // CU_STREAM_DEFAULT, CU_STREAM_NON_BLOCKING
+        require(!stream.is_null() && matches!(flags, CU_STREAM_DEFAULT | CU_STREAM_NON_BLOCKING))?;
         rt.fault(FaultKind::Stream)?;
         let key = rt.streams.create_stream()?;
         // SAFETY: checked non-null.
@@ -489,17 +448,17 @@ pub extern "C" fn cuStreamCreate(stream: *mut *mut c_void, flags: c_uint) -> CuR
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuStreamDestroy_v2(stream: *mut c_void) -> CuResult {
+pub extern "C" fn cuStreamDestroy_v2(stream: *mut c_void) -> CUresult {
     call(|rt| rt.streams.destroy_stream(stream.addr() as u64))
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuStreamSynchronize(stream: *mut c_void) -> CuResult {
+pub extern "C" fn cuStreamSynchronize(stream: *mut c_void) -> CUresult {
     call(|rt| rt.streams.synchronize(stream_key(stream)))
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuStreamQuery(stream: *mut c_void) -> CuResult {
+pub extern "C" fn cuStreamQuery(stream: *mut c_void) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         let status = call(|rt| if rt.streams.idle(stream_key(stream))? { Ok(()) } else { Err(Fail::Internal) });
         if status == CUDA_ERROR_UNKNOWN { CUDA_ERROR_NOT_READY } else { status }
@@ -507,7 +466,7 @@ pub extern "C" fn cuStreamQuery(stream: *mut c_void) -> CuResult {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuEventCreate(event: *mut *mut c_void, flags: c_uint) -> CuResult {
+pub extern "C" fn cuEventCreate(event: *mut *mut c_void, flags: c_uint) -> CUresult {
     call(|rt| {
         require(!event.is_null() && flags <= 0xF)?; // DEFAULT, BLOCKING_SYNC, DISABLE_TIMING, INTERPROCESS
         rt.fault(FaultKind::Event)?;
@@ -518,17 +477,17 @@ pub extern "C" fn cuEventCreate(event: *mut *mut c_void, flags: c_uint) -> CuRes
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuEventDestroy_v2(event: *mut c_void) -> CuResult {
+pub extern "C" fn cuEventDestroy_v2(event: *mut c_void) -> CUresult {
     call(|rt| rt.streams.destroy_event(event.addr() as u64))
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuEventRecord(event: *mut c_void, stream: *mut c_void) -> CuResult {
+pub extern "C" fn cuEventRecord(event: *mut c_void, stream: *mut c_void) -> CUresult {
     call(|rt| rt.streams.record(event.addr() as u64, stream_key(stream)))
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuEventQuery(event: *mut c_void) -> CuResult {
+pub extern "C" fn cuEventQuery(event: *mut c_void) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         let mut done = false;
         let status = call(|rt| {
@@ -540,38 +499,85 @@ pub extern "C" fn cuEventQuery(event: *mut c_void) -> CuResult {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuEventSynchronize(event: *mut c_void) -> CuResult {
+pub extern "C" fn cuEventSynchronize(event: *mut c_void) -> CUresult {
     call(|rt| rt.streams.synchronize_event(event.addr() as u64))
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuStreamWaitEvent(stream: *mut c_void, event: *mut c_void, flags: c_uint) -> CuResult {
+pub extern "C" fn cuStreamWaitEvent(stream: *mut c_void, event: *mut c_void, flags: c_uint) -> CUresult {
     call(|rt| {
         require(flags == 0)?;
         rt.streams.wait_event(stream_key(stream), event.addr() as u64)
     })
 }
 
-fn describe(
-    error: CuResult,
-    text: *mut *const c_char,
-    pick: impl Fn(&(CuResult, &std::ffi::CStr, &std::ffi::CStr)) -> *const c_char,
-) -> CuResult {
-    guard(CUDA_ERROR_UNKNOWN, || match ERRORS.iter().find(|e| e.0 == error) {
+/// Puts `text` (a static string) at the caller's out-pointer; `None` is a code the stand-in
+/// does not describe.
+fn describe(out: *mut *const c_char, text: Option<&'static CStr>) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || match text {
         // SAFETY: the caller passes NULL or a valid out-pointer; the strings are static.
-        Some(e) => unsafe { put(text, pick(e)) }.map_or_else(code, |()| CUDA_SUCCESS),
+        Some(text) => unsafe { put(out, text.as_ptr()) }.map_or_else(code, |()| CUDA_SUCCESS),
         None => CUDA_ERROR_INVALID_VALUE,
     })
 }
 
-#[unsafe(no_mangle)]
-pub extern "C" fn cuGetErrorName(error: CuResult, name: *mut *const c_char) -> CuResult {
-    describe(error, name, |e| e.1.as_ptr())
+fn description(error: CUresult) -> Option<&'static CStr> {
+    DESCRIPTIONS.iter().find(|d| d.0 == error).map(|d| d.1)
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuGetErrorString(error: CuResult, text: *mut *const c_char) -> CuResult {
-    describe(error, text, |e| e.2.as_ptr())
+pub extern "C" fn cuGetErrorName(error: CUresult, name: *mut *const c_char) -> CUresult {
+    describe(name, description(error).and(npumem_ffi::name_of(ERRORS, error)))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuGetErrorString(error: CUresult, text: *mut *const c_char) -> CUresult {
+    describe(text, description(error))
 }
 
 npumem_fake::export_test_hooks!(RT);
+
+// Every export has the C signature `npumem-ffi` declares for it (the one the backend loads).
+const _: PFN_cuInit = cuInit;
+const _: PFN_cuDriverGetVersion = cuDriverGetVersion;
+const _: PFN_cuDeviceGetCount = cuDeviceGetCount;
+const _: PFN_cuDeviceGet = cuDeviceGet;
+const _: PFN_cuDevicePrimaryCtxRetain = cuDevicePrimaryCtxRetain;
+const _: PFN_cuDevicePrimaryCtxRelease_v2 = cuDevicePrimaryCtxRelease_v2;
+const _: PFN_cuCtxSetCurrent = cuCtxSetCurrent;
+const _: PFN_cuCtxGetCurrent = cuCtxGetCurrent;
+const _: PFN_cuCtxSynchronize = cuCtxSynchronize;
+const _: PFN_cuMemGetAllocationGranularity = cuMemGetAllocationGranularity;
+const _: PFN_cuMemAddressReserve = cuMemAddressReserve;
+const _: PFN_cuMemAddressFree = cuMemAddressFree;
+const _: PFN_cuMemCreate = cuMemCreate;
+const _: PFN_cuMemRelease = cuMemRelease;
+const _: PFN_cuMemMap = cuMemMap;
+const _: PFN_cuMemUnmap = cuMemUnmap;
+const _: PFN_cuMemSetAccess = cuMemSetAccess;
+const _: PFN_cuMemcpyHtoD_v2 = cuMemcpyHtoD_v2;
+const _: PFN_cuMemcpyDtoH_v2 = cuMemcpyDtoH_v2;
+const _: PFN_cuMemcpyDtoD_v2 = cuMemcpyDtoD_v2;
+const _: PFN_cuMemcpyHtoDAsync_v2 = cuMemcpyHtoDAsync_v2;
+const _: PFN_cuMemcpyDtoHAsync_v2 = cuMemcpyDtoHAsync_v2;
+const _: PFN_cuMemcpyDtoDAsync_v2 = cuMemcpyDtoDAsync_v2;
+const _: PFN_cuMemcpyAsync = cuMemcpyAsync;
+const _: PFN_cuMemsetD8_v2 = cuMemsetD8_v2;
+const _: PFN_cuMemsetD8Async = cuMemsetD8Async;
+const _: PFN_cuMemGetInfo_v2 = cuMemGetInfo_v2;
+const _: PFN_cuMemAlloc_v2 = cuMemAlloc_v2;
+const _: PFN_cuMemFree_v2 = cuMemFree_v2;
+const _: PFN_cuMemAllocHost_v2 = cuMemAllocHost_v2;
+const _: PFN_cuMemFreeHost = cuMemFreeHost;
+const _: PFN_cuStreamCreate = cuStreamCreate;
+const _: PFN_cuStreamDestroy_v2 = cuStreamDestroy_v2;
+const _: PFN_cuStreamSynchronize = cuStreamSynchronize;
+const _: PFN_cuStreamQuery = cuStreamQuery;
+const _: PFN_cuEventCreate = cuEventCreate;
+const _: PFN_cuEventDestroy_v2 = cuEventDestroy_v2;
+const _: PFN_cuEventRecord = cuEventRecord;
+const _: PFN_cuEventQuery = cuEventQuery;
+const _: PFN_cuEventSynchronize = cuEventSynchronize;
+const _: PFN_cuStreamWaitEvent = cuStreamWaitEvent;
+const _: PFN_cuGetErrorName = cuGetErrorName;
+const _: PFN_cuGetErrorString = cuGetErrorString;

@@ -25,7 +25,9 @@
 //! Invariants: every call is made with the backend's device current on the calling thread; a
 //! runtime error changes nothing in npumem's books (see `DriverBackend`).
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::c_void;
+
+use npumem_ffi::acl::*;
 
 use super::driver::{Driver, DriverBackend, RawHandle};
 use super::ffi::{self, Candidate, api};
@@ -36,118 +38,74 @@ use crate::stream::runtime::Handle;
 use crate::units::format_size;
 use crate::vm::{PageKind, VA_WINDOW_END, VA_WINDOW_START};
 
-/// `aclrtPhysicalMemProp`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct PhysicalMemProp {
-    pub handle_type: u32,
-    pub allocation_type: u32,
-    pub mem_attr: u32,
-    pub location_id: u32,
-    pub location_type: u32,
-    pub reserve: u64,
-}
-
-const ACL_MEM_LOCATION_TYPE_DEVICE: u32 = 1;
-const ACL_RT_MEM_ALLOC_GRANULARITY_MINIMUM: u32 = 0;
-const ACL_ERROR_REPEAT_INITIALIZE: c_int = 100_002;
-/// `aclrtEventRecordedStatus`: `ACL_EVENT_RECORDED_STATUS_COMPLETE`.
-const ACL_EVENT_RECORDED_STATUS_COMPLETE: u32 = 1;
-
 api! {
     /// The AscendCL calls npumem uses, resolved up front.
     pub struct AclApi {
-        aclInit: fn(*const c_char) -> c_int = "aclInit",
-        aclrtSetDevice: fn(i32) -> c_int = "aclrtSetDevice",
-        aclrtGetDevice: fn(*mut i32) -> c_int = "aclrtGetDevice",
-        aclrtSynchronizeDevice: fn() -> c_int = "aclrtSynchronizeDevice",
-        aclrtReserveMemAddress: fn(*mut *mut c_void, usize, usize, *mut c_void, u64) -> c_int = "aclrtReserveMemAddress",
-        aclrtReleaseMemAddress: fn(*mut c_void) -> c_int = "aclrtReleaseMemAddress",
-        aclrtMallocPhysical: fn(*mut *mut c_void, usize, *const PhysicalMemProp, u64) -> c_int = "aclrtMallocPhysical",
-        aclrtFreePhysical: fn(*mut c_void) -> c_int = "aclrtFreePhysical",
-        aclrtMapMem: fn(*mut c_void, usize, usize, *mut c_void, u64) -> c_int = "aclrtMapMem",
-        aclrtUnmapMem: fn(*mut c_void) -> c_int = "aclrtUnmapMem",
-        aclrtMemGetAllocationGranularity: fn(*mut PhysicalMemProp, u32, *mut usize) -> c_int = "aclrtMemGetAllocationGranularity",
-        aclrtMemcpy: fn(*mut c_void, usize, *const c_void, usize, u32) -> c_int = "aclrtMemcpy",
-        aclrtMemset: fn(*mut c_void, usize, i32, usize) -> c_int = "aclrtMemset",
-        aclrtGetMemInfo: fn(u32, *mut usize, *mut usize) -> c_int = "aclrtGetMemInfo",
-        aclrtMallocHost: fn(*mut *mut c_void, usize) -> c_int = "aclrtMallocHost",
-        aclrtFreeHost: fn(*mut c_void) -> c_int = "aclrtFreeHost",
-        aclrtCreateStream: fn(*mut *mut c_void) -> c_int = "aclrtCreateStream",
-        aclrtDestroyStream: fn(*mut c_void) -> c_int = "aclrtDestroyStream",
-        aclrtSynchronizeStream: fn(*mut c_void) -> c_int = "aclrtSynchronizeStream",
-        aclrtCreateEvent: fn(*mut *mut c_void) -> c_int = "aclrtCreateEvent",
-        aclrtDestroyEvent: fn(*mut c_void) -> c_int = "aclrtDestroyEvent",
-        aclrtRecordEvent: fn(*mut c_void, *mut c_void) -> c_int = "aclrtRecordEvent",
-        aclrtQueryEventStatus: fn(*mut c_void, *mut u32) -> c_int = "aclrtQueryEventStatus",
-        aclrtSynchronizeEvent: fn(*mut c_void) -> c_int = "aclrtSynchronizeEvent",
-        aclrtStreamWaitEvent: fn(*mut c_void, *mut c_void) -> c_int = "aclrtStreamWaitEvent",
-        aclrtMemcpyAsync: fn(*mut c_void, usize, *const c_void, usize, u32, *mut c_void) -> c_int = "aclrtMemcpyAsync",
-        aclrtMemsetAsync: fn(*mut c_void, usize, i32, usize, *mut c_void) -> c_int = "aclrtMemsetAsync",
+        aclInit: PFN_aclInit = "aclInit",
+        aclrtSetDevice: PFN_aclrtSetDevice = "aclrtSetDevice",
+        aclrtGetDevice: PFN_aclrtGetDevice = "aclrtGetDevice",
+        aclrtSynchronizeDevice: PFN_aclrtSynchronizeDevice = "aclrtSynchronizeDevice",
+        aclrtReserveMemAddress: PFN_aclrtReserveMemAddress = "aclrtReserveMemAddress",
+        aclrtReleaseMemAddress: PFN_aclrtReleaseMemAddress = "aclrtReleaseMemAddress",
+        aclrtMallocPhysical: PFN_aclrtMallocPhysical = "aclrtMallocPhysical",
+        aclrtFreePhysical: PFN_aclrtFreePhysical = "aclrtFreePhysical",
+        aclrtMapMem: PFN_aclrtMapMem = "aclrtMapMem",
+        aclrtUnmapMem: PFN_aclrtUnmapMem = "aclrtUnmapMem",
+        aclrtMemGetAllocationGranularity: PFN_aclrtMemGetAllocationGranularity = "aclrtMemGetAllocationGranularity",
+        aclrtMemcpy: PFN_aclrtMemcpy = "aclrtMemcpy",
+        aclrtMemset: PFN_aclrtMemset = "aclrtMemset",
+        aclrtGetMemInfo: PFN_aclrtGetMemInfo = "aclrtGetMemInfo",
+        aclrtMallocHost: PFN_aclrtMallocHost = "aclrtMallocHost",
+        aclrtFreeHost: PFN_aclrtFreeHost = "aclrtFreeHost",
+        aclrtCreateStream: PFN_aclrtCreateStream = "aclrtCreateStream",
+        aclrtDestroyStream: PFN_aclrtDestroyStream = "aclrtDestroyStream",
+        aclrtSynchronizeStream: PFN_aclrtSynchronizeStream = "aclrtSynchronizeStream",
+        aclrtCreateEvent: PFN_aclrtCreateEvent = "aclrtCreateEvent",
+        aclrtDestroyEvent: PFN_aclrtDestroyEvent = "aclrtDestroyEvent",
+        aclrtRecordEvent: PFN_aclrtRecordEvent = "aclrtRecordEvent",
+        aclrtQueryEventStatus: PFN_aclrtQueryEventStatus = "aclrtQueryEventStatus",
+        aclrtSynchronizeEvent: PFN_aclrtSynchronizeEvent = "aclrtSynchronizeEvent",
+        aclrtStreamWaitEvent: PFN_aclrtStreamWaitEvent = "aclrtStreamWaitEvent",
+        aclrtMemcpyAsync: PFN_aclrtMemcpyAsync = "aclrtMemcpyAsync",
+        aclrtMemsetAsync: PFN_aclrtMemsetAsync = "aclrtMemsetAsync",
     }
 }
 
-/// The AscendCL error names npumem knows, for messages (`acl_base_rt.h`, `rt_error_codes.h`).
-const ACL_NAMES: &[(c_int, &str)] = &[
-    (100_000, "ACL_ERROR_INVALID_PARAM"),
-    (100_001, "ACL_ERROR_UNINITIALIZE"),
-    (100_002, "ACL_ERROR_REPEAT_INITIALIZE"),
-    (107_000, "ACL_ERROR_RT_PARAM_INVALID"),
-    (107_001, "ACL_ERROR_RT_INVALID_DEVICEID"),
-    (107_002, "ACL_ERROR_RT_CONTEXT_NULL"),
-    (107_003, "ACL_ERROR_RT_STREAM_CONTEXT"),
-    (107_008, "ACL_ERROR_RT_ADDR_UNALIGNED"),
-    (107_016, "ACL_ERROR_RT_INVALID_MEMORY_TYPE"),
-    (107_017, "ACL_ERROR_RT_INVALID_HANDLE"),
-    (107_018, "ACL_ERROR_RT_INVALID_MALLOC_TYPE"),
-    (200_000, "ACL_ERROR_BAD_ALLOC"),
-    (200_001, "ACL_ERROR_API_NOT_SUPPORT"),
-    (200_002, "ACL_ERROR_INVALID_DEVICE"),
-    (200_003, "ACL_ERROR_MEMORY_ADDRESS_UNALIGNED"),
-    (200_005, "ACL_ERROR_INVALID_RESOURCE_HANDLE"),
-    (200_006, "ACL_ERROR_FEATURE_UNSUPPORTED"),
-    (207_000, "ACL_ERROR_RT_FEATURE_NOT_SUPPORT"),
-    (207_001, "ACL_ERROR_RT_MEMORY_ALLOCATION"),
-    (207_002, "ACL_ERROR_RT_MEMORY_FREE"),
-    (207_004, "ACL_ERROR_RT_NO_DEVICE"),
-    (207_005, "ACL_ERROR_RT_RESOURCE_ALLOC_FAIL"),
-    (207_007, "ACL_ERROR_RT_NO_EVENT_RESOURCE"),
-    (207_008, "ACL_ERROR_RT_NO_STREAM_RESOURCE"),
-    (207_012, "ACL_ERROR_RT_OVER_LIMIT"),
-    (207_018, "ACL_ERROR_RT_DEVICE_OOM"),
-    (500_000, "ACL_ERROR_INTERNAL_ERROR"),
-    (500_001, "ACL_ERROR_FAILURE"),
-    (500_003, "ACL_ERROR_RT_FAILURE"),
-    (500_004, "ACL_ERROR_DRV_FAILURE"),
-    (507_000, "ACL_ERROR_RT_INTERNAL_ERROR"),
-    (507_013, "ACL_ERROR_RT_SYS_DMA"),
-    (507_899, "ACL_ERROR_RT_DRV_INTERNAL_ERROR"),
-];
-
 /// npumem's code for an `aclError`: the same where npumem has it, else the nearest.
-pub fn nearest(code: c_int) -> ErrorCode {
+pub fn nearest(code: aclError) -> ErrorCode {
     match code {
-        100_000 | 107_001 | 200_002 => ErrorCode::InvalidParam,
-        107_000 | 107_003 | 107_016 | 107_018 => ErrorCode::RtParamInvalid,
-        107_008 | 200_003 => ErrorCode::RtAddrUnaligned,
-        107_017 | 200_005 => ErrorCode::RtInvalidHandle,
-        200_001 | 200_006 | 207_000 | 207_004 => ErrorCode::FeatureUnsupported,
-        200_000 | 207_001 | 207_005 | 207_007 | 207_008 | 207_012 | 207_018 => ErrorCode::RtMemoryAllocation,
-        207_002 => ErrorCode::RtMemoryFree,
+        ACL_ERROR_INVALID_PARAM | ACL_ERROR_RT_INVALID_DEVICEID | ACL_ERROR_INVALID_DEVICE => ErrorCode::InvalidParam,
+        ACL_ERROR_RT_PARAM_INVALID
+        | ACL_ERROR_RT_STREAM_CONTEXT
+        | ACL_ERROR_RT_INVALID_MEMORY_TYPE
+        | ACL_ERROR_RT_INVALID_MALLOC_TYPE => ErrorCode::RtParamInvalid,
+        ACL_ERROR_RT_ADDR_UNALIGNED | ACL_ERROR_MEMORY_ADDRESS_UNALIGNED => ErrorCode::RtAddrUnaligned,
+        ACL_ERROR_RT_INVALID_HANDLE | ACL_ERROR_INVALID_RESOURCE_HANDLE => ErrorCode::RtInvalidHandle,
+        ACL_ERROR_API_NOT_SUPPORT
+        | ACL_ERROR_FEATURE_UNSUPPORTED
+        | ACL_ERROR_RT_FEATURE_NOT_SUPPORT
+        | ACL_ERROR_RT_NO_DEVICE => ErrorCode::FeatureUnsupported,
+        ACL_ERROR_BAD_ALLOC
+        | ACL_ERROR_RT_MEMORY_ALLOCATION
+        | ACL_ERROR_RT_RESOURCE_ALLOC_FAIL
+        | ACL_ERROR_RT_NO_EVENT_RESOURCE
+        | ACL_ERROR_RT_NO_STREAM_RESOURCE
+        | ACL_ERROR_RT_OVER_LIMIT
+        | ACL_ERROR_RT_DEVICE_OOM => ErrorCode::RtMemoryAllocation,
+        ACL_ERROR_RT_MEMORY_FREE => ErrorCode::RtMemoryFree,
         _ => ErrorCode::RtDrvInternal,
     }
 }
 
 /// The error for `call` returning `ret` (non-zero).
-fn acl_error(ret: c_int, call: &str) -> AclError {
-    let code = nearest(ret);
-    let name = ACL_NAMES.iter().find(|(c, _)| *c == ret).map_or("an AscendCL error", |(_, n)| n);
-    AclError::new(code, format!("{call} returned {ret} ({name})"))
+fn acl_error(ret: aclError, call: &str) -> AclError {
+    let name = npumem_ffi::name_of(ERRORS, ret).and_then(|n| n.to_str().ok()).unwrap_or("an AscendCL error");
+    AclError::new(nearest(ret), format!("{call} returned {ret} ({name})"))
 }
 
 /// `Ok` for `ACL_SUCCESS`, else the error naming `call`.
-fn check(ret: c_int, call: impl FnOnce() -> String) -> Result<()> {
-    if ret == 0 { Ok(()) } else { Err(acl_error(ret, &call())) }
+fn check(ret: aclError, call: impl FnOnce() -> String) -> Result<()> {
+    if ret == ACL_SUCCESS { Ok(()) } else { Err(acl_error(ret, &call())) }
 }
 
 fn ptr(addr: u64) -> *mut c_void {
@@ -223,13 +181,12 @@ impl AclRuntime {
         check(unsafe { (self.api.aclrtSetDevice)(device) }, || format!("aclrtSetDevice({device})"))
     }
 
-    fn prop(attr: MemAttr, device: i32) -> PhysicalMemProp {
-        PhysicalMemProp {
-            handle_type: 0,     // ACL_MEM_HANDLE_TYPE_NONE
-            allocation_type: 0, // ACL_MEM_ALLOCATION_TYPE_PINNED
-            mem_attr: attr as u32,
-            location_id: device as u32,
-            location_type: ACL_MEM_LOCATION_TYPE_DEVICE,
+    fn prop(attr: MemAttr, device: i32) -> aclrtPhysicalMemProp {
+        aclrtPhysicalMemProp {
+            handleType: ACL_MEM_HANDLE_TYPE_NONE,
+            allocationType: ACL_MEM_ALLOCATION_TYPE_PINNED,
+            memAttr: attr as aclrtMemAttr,
+            location: aclrtMemLocation { id: device as u32, type_: ACL_MEM_LOCATION_TYPE_DEVICE },
             reserve: 0,
         }
     }
@@ -293,7 +250,9 @@ impl AclRuntime {
     /// device addresses only).
     pub unsafe fn memcpy(&self, dst: u64, dst_max: u64, src: u64, count: u64, kind: MemcpyKind) -> Result<()> {
         // SAFETY: the caller's contract for host memory; the runtime checks device memory.
-        let ret = unsafe { (self.api.aclrtMemcpy)(ptr(dst), dst_max as usize, ptr(src), count as usize, kind as u32) };
+        let ret = unsafe {
+            (self.api.aclrtMemcpy)(ptr(dst), dst_max as usize, ptr(src), count as usize, kind as aclrtMemcpyKind)
+        };
         check(ret, || format!("aclrtMemcpy({dst:#x}, {src:#x}, {count} bytes, {})", kind.name()))
     }
 
@@ -308,7 +267,7 @@ impl AclRuntime {
     pub fn mem_info(&self, attr: MemAttr) -> Result<(u64, u64)> {
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: valid out-pointers.
-        let ret = unsafe { (self.api.aclrtGetMemInfo)(attr as u32, &mut free, &mut total) };
+        let ret = unsafe { (self.api.aclrtGetMemInfo)(attr as aclrtMemAttr, &mut free, &mut total) };
         check(ret, || format!("aclrtGetMemInfo({})", attr.name()))?;
         Ok((free as u64, total as u64))
     }
@@ -376,7 +335,7 @@ impl AclRuntime {
     }
 
     pub fn query_event(&self, event: Handle) -> Result<bool> {
-        let mut status = 0u32;
+        let mut status = ACL_EVENT_RECORDED_STATUS_NOT_READY;
         // SAFETY: the runtime checks the handle; a valid out-pointer.
         check(unsafe { (self.api.aclrtQueryEventStatus)(ptr(event), &mut status) }, || {
             format!("aclrtQueryEventStatus({event:#x})")
@@ -409,7 +368,7 @@ impl AclRuntime {
                 count as usize,
                 ptr(src),
                 count as usize,
-                MemcpyKind::Default as u32,
+                MemcpyKind::Default as aclrtMemcpyKind,
                 ptr(stream),
             )
         };
@@ -570,5 +529,43 @@ impl AclBackend {
             None => driver.mem_info(MemScope::All)?.1,
         };
         DriverBackend::new(driver, capacity)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CStr;
+
+    /// Every value of npumem's AscendCL enumerations is the header's value of that name, and
+    /// the enumerations are complete.
+    fn same_as_the_header(ours: &[(u32, &str)], header: &[(u32, &CStr)]) {
+        let header: Vec<_> = header.iter().map(|&(v, n)| (v, n.to_str().unwrap())).collect();
+        assert_eq!(ours, header.as_slice());
+    }
+
+    #[test]
+    fn enumerations_are_the_headers() {
+        same_as_the_header(&MemAttr::ALL.iter().map(|&a| (a as u32, a.name())).collect::<Vec<_>>(), MEM_ATTRS);
+        same_as_the_header(&MemcpyKind::ALL.iter().map(|&k| (k as u32, k.name())).collect::<Vec<_>>(), MEMCPY_KINDS);
+    }
+
+    #[test]
+    fn errors_name_the_runtime_code() {
+        let e = acl_error(ACL_ERROR_RT_NO_STREAM_RESOURCE, "aclrtCreateStream()");
+        assert_eq!(e.code, ErrorCode::RtMemoryAllocation);
+        assert_eq!(e.message, "aclrtCreateStream() returned 207008 (ACL_ERROR_RT_NO_STREAM_RESOURCE)");
+        let e = acl_error(123_456, "aclrtMemcpy()");
+        assert_eq!(
+            (e.code, e.message.as_str()),
+            (ErrorCode::RtDrvInternal, "aclrtMemcpy() returned 123456 (an AscendCL error)")
+        );
+        use ErrorCode::*;
+        let ours = [InvalidParam, RtParamInvalid, RtAddrUnaligned, RtInvalidHandle, FeatureUnsupported];
+        for code in ours.into_iter().chain([RtMemoryAllocation, RtMemoryFree, RtDrvInternal]) {
+            let value = code.value() as aclError;
+            assert_eq!(npumem_ffi::name_of(ERRORS, value).unwrap().to_str(), Ok(code.name()));
+            assert_eq!(nearest(value), code, "a code npumem has maps to itself");
+        }
     }
 }

@@ -27,7 +27,9 @@
 //! Invariants: every call is made with the backend's context current on the calling thread; a
 //! driver error changes nothing in npumem's books (see `DriverBackend`).
 
-use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::ffi::{CStr, c_char, c_void};
+
+use npumem_ffi::cuda::*;
 
 use super::driver::{Driver, DriverBackend, RawHandle};
 use super::ffi::{self, Candidate, api};
@@ -38,90 +40,54 @@ use crate::stream::runtime::Handle;
 use crate::units::{GIB, MIB, format_size};
 use crate::vm::{PageKind, VA_WINDOW_START};
 
-/// `CUmemLocation`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct CuMemLocation {
-    pub kind: c_uint,
-    pub id: c_int,
-}
-
-/// `CUmemAllocationProp`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct CuMemAllocationProp {
-    pub kind: c_uint,
-    pub requested_handle_types: c_uint,
-    pub location: CuMemLocation,
-    pub win32_handle_meta_data: *mut c_void,
-    pub compression_type: u8,
-    pub gpu_direct_rdma_capable: u8,
-    pub usage: u16,
-    pub reserved: [u8; 4],
-}
-
-/// `CUmemAccessDesc`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct CuMemAccessDesc {
-    pub location: CuMemLocation,
-    pub flags: c_uint,
-}
-
-const CU_MEM_ALLOCATION_TYPE_PINNED: c_uint = 1;
-const CU_MEM_LOCATION_TYPE_DEVICE: c_uint = 1;
-const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: c_uint = 3;
-const CU_MEM_ALLOC_GRANULARITY_MINIMUM: c_uint = 0;
-const CUDA_ERROR_NOT_READY: c_int = 600;
-
 api! {
     /// The CUDA driver calls npumem uses, resolved up front.
     pub struct CudaApi {
-        cuInit: fn(c_uint) -> c_int = "cuInit",
-        cuDeviceGet: fn(*mut c_int, c_int) -> c_int = "cuDeviceGet",
-        cuDevicePrimaryCtxRetain: fn(*mut *mut c_void, c_int) -> c_int = "cuDevicePrimaryCtxRetain",
-        cuCtxGetCurrent: fn(*mut *mut c_void) -> c_int = "cuCtxGetCurrent",
-        cuCtxSetCurrent: fn(*mut c_void) -> c_int = "cuCtxSetCurrent",
-        cuCtxSynchronize: fn() -> c_int = "cuCtxSynchronize",
-        cuMemAddressReserve: fn(*mut u64, usize, usize, u64, u64) -> c_int = "cuMemAddressReserve",
-        cuMemAddressFree: fn(u64, usize) -> c_int = "cuMemAddressFree",
-        cuMemCreate: fn(*mut u64, usize, *const CuMemAllocationProp, u64) -> c_int = "cuMemCreate",
-        cuMemRelease: fn(u64) -> c_int = "cuMemRelease",
-        cuMemMap: fn(u64, usize, usize, u64, u64) -> c_int = "cuMemMap",
-        cuMemUnmap: fn(u64, usize) -> c_int = "cuMemUnmap",
-        cuMemSetAccess: fn(u64, usize, *const CuMemAccessDesc, usize) -> c_int = "cuMemSetAccess",
-        cuMemGetAllocationGranularity: fn(*mut usize, *const CuMemAllocationProp, c_uint) -> c_int = "cuMemGetAllocationGranularity",
-        cuMemcpyHtoD: fn(u64, *const c_void, usize) -> c_int = "cuMemcpyHtoD_v2",
-        cuMemcpyDtoH: fn(*mut c_void, u64, usize) -> c_int = "cuMemcpyDtoH_v2",
-        cuMemcpyDtoD: fn(u64, u64, usize) -> c_int = "cuMemcpyDtoD_v2",
-        cuMemsetD8: fn(u64, u8, usize) -> c_int = "cuMemsetD8_v2",
-        cuMemGetInfo: fn(*mut usize, *mut usize) -> c_int = "cuMemGetInfo_v2",
-        cuMemAllocHost: fn(*mut *mut c_void, usize) -> c_int = "cuMemAllocHost_v2",
-        cuMemFreeHost: fn(*mut c_void) -> c_int = "cuMemFreeHost",
-        cuGetErrorName: fn(c_int, *mut *const c_char) -> c_int = "cuGetErrorName",
-        cuStreamCreate: fn(*mut *mut c_void, c_uint) -> c_int = "cuStreamCreate",
-        cuStreamDestroy: fn(*mut c_void) -> c_int = "cuStreamDestroy_v2",
-        cuStreamSynchronize: fn(*mut c_void) -> c_int = "cuStreamSynchronize",
-        cuEventCreate: fn(*mut *mut c_void, c_uint) -> c_int = "cuEventCreate",
-        cuEventDestroy: fn(*mut c_void) -> c_int = "cuEventDestroy_v2",
-        cuEventRecord: fn(*mut c_void, *mut c_void) -> c_int = "cuEventRecord",
-        cuEventQuery: fn(*mut c_void) -> c_int = "cuEventQuery",
-        cuEventSynchronize: fn(*mut c_void) -> c_int = "cuEventSynchronize",
-        cuStreamWaitEvent: fn(*mut c_void, *mut c_void, c_uint) -> c_int = "cuStreamWaitEvent",
-        cuMemcpyAsync: fn(u64, u64, usize, *mut c_void) -> c_int = "cuMemcpyAsync",
-        cuMemsetD8Async: fn(u64, u8, usize, *mut c_void) -> c_int = "cuMemsetD8Async",
+        cuInit: PFN_cuInit = "cuInit",
+        cuDeviceGet: PFN_cuDeviceGet = "cuDeviceGet",
+        cuDevicePrimaryCtxRetain: PFN_cuDevicePrimaryCtxRetain = "cuDevicePrimaryCtxRetain",
+        cuCtxGetCurrent: PFN_cuCtxGetCurrent = "cuCtxGetCurrent",
+        cuCtxSetCurrent: PFN_cuCtxSetCurrent = "cuCtxSetCurrent",
+        cuCtxSynchronize: PFN_cuCtxSynchronize = "cuCtxSynchronize",
+        cuMemAddressReserve: PFN_cuMemAddressReserve = "cuMemAddressReserve",
+        cuMemAddressFree: PFN_cuMemAddressFree = "cuMemAddressFree",
+        cuMemCreate: PFN_cuMemCreate = "cuMemCreate",
+        cuMemRelease: PFN_cuMemRelease = "cuMemRelease",
+        cuMemMap: PFN_cuMemMap = "cuMemMap",
+        cuMemUnmap: PFN_cuMemUnmap = "cuMemUnmap",
+        cuMemSetAccess: PFN_cuMemSetAccess = "cuMemSetAccess",
+        cuMemGetAllocationGranularity: PFN_cuMemGetAllocationGranularity = "cuMemGetAllocationGranularity",
+        cuMemcpyHtoD: PFN_cuMemcpyHtoD_v2 = "cuMemcpyHtoD_v2",
+        cuMemcpyDtoH: PFN_cuMemcpyDtoH_v2 = "cuMemcpyDtoH_v2",
+        cuMemcpyDtoD: PFN_cuMemcpyDtoD_v2 = "cuMemcpyDtoD_v2",
+        cuMemsetD8: PFN_cuMemsetD8_v2 = "cuMemsetD8_v2",
+        cuMemGetInfo: PFN_cuMemGetInfo_v2 = "cuMemGetInfo_v2",
+        cuMemAllocHost: PFN_cuMemAllocHost_v2 = "cuMemAllocHost_v2",
+        cuMemFreeHost: PFN_cuMemFreeHost = "cuMemFreeHost",
+        cuGetErrorName: PFN_cuGetErrorName = "cuGetErrorName",
+        cuStreamCreate: PFN_cuStreamCreate = "cuStreamCreate",
+        cuStreamDestroy: PFN_cuStreamDestroy_v2 = "cuStreamDestroy_v2",
+        cuStreamSynchronize: PFN_cuStreamSynchronize = "cuStreamSynchronize",
+        cuEventCreate: PFN_cuEventCreate = "cuEventCreate",
+        cuEventDestroy: PFN_cuEventDestroy_v2 = "cuEventDestroy_v2",
+        cuEventRecord: PFN_cuEventRecord = "cuEventRecord",
+        cuEventQuery: PFN_cuEventQuery = "cuEventQuery",
+        cuEventSynchronize: PFN_cuEventSynchronize = "cuEventSynchronize",
+        cuStreamWaitEvent: PFN_cuStreamWaitEvent = "cuStreamWaitEvent",
+        cuMemcpyAsync: PFN_cuMemcpyAsync = "cuMemcpyAsync",
+        cuMemsetD8Async: PFN_cuMemsetD8Async = "cuMemsetD8Async",
     }
 }
 
 /// The AscendCL code nearest a `CUresult`.
-pub fn nearest(result: c_int) -> ErrorCode {
+pub fn nearest(result: CUresult) -> ErrorCode {
     match result {
-        2 => ErrorCode::RtMemoryAllocation,               // CUDA_ERROR_OUT_OF_MEMORY
-        1 | 208 | 211 => ErrorCode::RtParamInvalid,       // INVALID_VALUE, ALREADY_MAPPED, NOT_MAPPED
-        101 => ErrorCode::InvalidParam,                   // INVALID_DEVICE
-        400 => ErrorCode::RtInvalidHandle,                // INVALID_HANDLE
-        100 | 800 | 801 => ErrorCode::FeatureUnsupported, // NO_DEVICE, NOT_PERMITTED, NOT_SUPPORTED
-        716 => ErrorCode::RtAddrUnaligned,                // MISALIGNED_ADDRESS
+        CUDA_ERROR_OUT_OF_MEMORY => ErrorCode::RtMemoryAllocation,
+        CUDA_ERROR_INVALID_VALUE | CUDA_ERROR_ALREADY_MAPPED | CUDA_ERROR_NOT_MAPPED => ErrorCode::RtParamInvalid,
+        CUDA_ERROR_INVALID_DEVICE => ErrorCode::InvalidParam,
+        CUDA_ERROR_INVALID_HANDLE => ErrorCode::RtInvalidHandle,
+        CUDA_ERROR_NO_DEVICE | CUDA_ERROR_NOT_PERMITTED | CUDA_ERROR_NOT_SUPPORTED => ErrorCode::FeatureUnsupported,
+        CUDA_ERROR_MISALIGNED_ADDRESS => ErrorCode::RtAddrUnaligned,
         _ => ErrorCode::RtDrvInternal,
     }
 }
@@ -179,10 +145,10 @@ impl CudaRuntime {
     }
 
     /// The driver's name of `result` (`cuGetErrorName`).
-    pub fn error_name(&self, result: c_int) -> String {
+    pub fn error_name(&self, result: CUresult) -> String {
         let mut name: *const c_char = std::ptr::null();
         // SAFETY: a valid out-pointer; on success the driver points it at a static string.
-        if unsafe { (self.api.cuGetErrorName)(result, &mut name) } == 0 && !name.is_null() {
+        if unsafe { (self.api.cuGetErrorName)(result, &mut name) } == CUDA_SUCCESS && !name.is_null() {
             // SAFETY: a NUL-terminated static string of the driver's.
             return unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned();
         }
@@ -190,8 +156,8 @@ impl CudaRuntime {
     }
 
     /// `Ok` for `CUDA_SUCCESS`, else the nearest AscendCL error, naming `call` and the result.
-    fn check(&self, result: c_int, call: impl FnOnce() -> String) -> Result<()> {
-        if result == 0 {
+    fn check(&self, result: CUresult, call: impl FnOnce() -> String) -> Result<()> {
+        if result == CUDA_SUCCESS {
             return Ok(());
         }
         Err(AclError::new(nearest(result), format!("{} returned {} ({result})", call(), self.error_name(result))))
@@ -214,23 +180,20 @@ impl CudaRuntime {
     pub fn use_context(&self, context: u64) -> Result<()> {
         let mut current = std::ptr::null_mut();
         // SAFETY: a valid out-pointer.
-        if unsafe { (self.api.cuCtxGetCurrent)(&mut current) } == 0 && current.addr() as u64 == context {
+        if unsafe { (self.api.cuCtxGetCurrent)(&mut current) } == CUDA_SUCCESS && current.addr() as u64 == context {
             return Ok(());
         }
         // SAFETY: a context the driver gave.
         self.check(unsafe { (self.api.cuCtxSetCurrent)(ptr(context)) }, || format!("cuCtxSetCurrent({context:#x})"))
     }
 
-    fn prop(device: i32) -> CuMemAllocationProp {
-        CuMemAllocationProp {
-            kind: CU_MEM_ALLOCATION_TYPE_PINNED,
-            requested_handle_types: 0,
-            location: CuMemLocation { kind: CU_MEM_LOCATION_TYPE_DEVICE, id: device },
-            win32_handle_meta_data: std::ptr::null_mut(),
-            compression_type: 0,
-            gpu_direct_rdma_capable: 0,
-            usage: 0,
-            reserved: [0; 4],
+    fn prop(device: i32) -> CUmemAllocationProp {
+        CUmemAllocationProp {
+            type_: CU_MEM_ALLOCATION_TYPE_PINNED,
+            requestedHandleTypes: CU_MEM_HANDLE_TYPE_NONE,
+            location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: device },
+            win32HandleMetaData: std::ptr::null_mut(),
+            allocFlags: CUmemAllocationPropAllocFlags::default(),
         }
     }
 
@@ -279,8 +242,8 @@ impl CudaRuntime {
         // SAFETY: the driver checks the range and the handle.
         let r = unsafe { (self.api.cuMemMap)(va, size as usize, 0, handle, 0) };
         self.check(r, || format!("cuMemMap({va:#x}, {}, handle {handle:#x})", format_size(size)))?;
-        let desc = CuMemAccessDesc {
-            location: CuMemLocation { kind: CU_MEM_LOCATION_TYPE_DEVICE, id: device },
+        let desc = CUmemAccessDesc {
+            location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: device },
             flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
         // SAFETY: one valid descriptor.
@@ -355,8 +318,8 @@ impl CudaRuntime {
 impl CudaRuntime {
     pub fn create_stream(&self) -> Result<Handle> {
         let mut s = std::ptr::null_mut();
-        // SAFETY: a valid out-pointer; CU_STREAM_NON_BLOCKING (no implicit sync with stream 0).
-        self.check(unsafe { (self.api.cuStreamCreate)(&mut s, 1) }, || "cuStreamCreate()".into())?;
+        // SAFETY: a valid out-pointer; non-blocking: no implicit sync with stream 0.
+        self.check(unsafe { (self.api.cuStreamCreate)(&mut s, CU_STREAM_NON_BLOCKING) }, || "cuStreamCreate()".into())?;
         Ok(s.addr() as u64)
     }
 
@@ -374,8 +337,8 @@ impl CudaRuntime {
 
     pub fn create_event(&self) -> Result<Handle> {
         let mut e = std::ptr::null_mut();
-        // SAFETY: a valid out-pointer; CU_EVENT_DISABLE_TIMING (events for ordering only).
-        self.check(unsafe { (self.api.cuEventCreate)(&mut e, 2) }, || "cuEventCreate()".into())?;
+        // SAFETY: a valid out-pointer; events for ordering only, untimed.
+        self.check(unsafe { (self.api.cuEventCreate)(&mut e, CU_EVENT_DISABLE_TIMING) }, || "cuEventCreate()".into())?;
         Ok(e.addr() as u64)
     }
 

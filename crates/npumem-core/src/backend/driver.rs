@@ -37,8 +37,8 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::address_map::{AddressMap, Mapping};
-use super::physical::{self, PhysicalBooks, handle_translation};
+use super::ledger::Ledger;
+use super::physical;
 use super::{Backend, BackendCounters, PhysHandle};
 use crate::acl::MemScope;
 use crate::error::{AclError, ErrorCode, Result};
@@ -162,15 +162,13 @@ pub struct DriverBackend<D: Driver> {
     driver: D,
     capacity: u64,
     pages: [PageSize; 3],
-    space: AddressMap,
+    /// Reservations, mappings and physical allocations (each with the runtime's handle).
+    ledger: Ledger<RawHandle>,
     /// Reservations by their start: (the runtime's start, the runtime's size).
     reservations: FxHashMap<u64, (u64, u64)>,
-    /// Physical allocations, each with the runtime's handle.
-    allocs: PhysicalBooks<RawHandle>,
     /// Bytes of stranded physical allocations (still the runtime's, so counted against the
     /// capacity with the books' bytes).
     stranded_bytes: u64,
-    counters: BackendCounters,
     /// The runtime streams and events this backend created (and destroys when it goes).
     streams: FxHashSet<Handle>,
     events: FxHashSet<Handle>,
@@ -245,16 +243,14 @@ impl<D: Driver> DriverBackend<D> {
             )));
         }
         let (lo, hi) = driver.window();
-        let space = AddressMap::new(VaSpace::with_granule(lo, hi, normal.bytes(), "runtime's address space"));
+        let space = VaSpace::with_granule(lo, hi, normal.bytes(), "runtime's address space");
         Ok(DriverBackend {
             driver,
             capacity,
             pages,
-            space,
+            ledger: Ledger::new(space),
             reservations: FxHashMap::default(),
-            allocs: PhysicalBooks::default(),
             stranded_bytes: 0,
-            counters: BackendCounters::default(),
             streams: FxHashSet::default(),
             events: FxHashSet::default(),
             stranded: Vec::new(),
@@ -293,16 +289,10 @@ impl<D: Driver> DriverBackend<D> {
         Ok((start, base, wide))
     }
 
-    /// Bytes of physical memory this backend holds at the runtime: the books' and the
-    /// stranded ones'.
-    fn in_use(&self) -> u64 {
-        self.allocs.held_bytes() + self.stranded_bytes
-    }
-
     /// Keeps `what` the runtime refused to take back (`error`), and reports it: counted in
     /// `refused_frees` and recorded as a warning.
     fn strand(&mut self, what: Stranded, error: &AclError) {
-        self.counters.refused_frees += 1;
+        self.ledger.counters.refused_frees += 1;
         if let Stranded::Physical(_, size) = what {
             self.stranded_bytes += size;
         }
@@ -324,7 +314,7 @@ impl<D: Driver> DriverBackend<D> {
             return None;
         }
         let driver = &self.driver;
-        let (stranded_bytes, counters) = (&mut self.stranded_bytes, &mut self.counters);
+        let (stranded_bytes, counters) = (&mut self.stranded_bytes, &mut self.ledger.counters);
         let mut refused = None;
         self.stranded.retain(|&s| {
             let result = match s {
@@ -369,13 +359,12 @@ impl<D: Driver> Backend for DriverBackend<D> {
             .ok_or_else(|| AclError::invalid_param(format!("reservation size {size} is too large")))?;
         self.retry_stranded();
         if self.driver.holds_window() {
-            let va = self.space.reserve(size, align, hint)?;
+            let va = self.ledger.reserve(size, align, hint)?;
             self.reservations.insert(va, (va, 0));
-            self.counters.reserves += 1;
             return Ok(va);
         }
         let (va, start, len) = self.reserve_aligned(size, align, hint)?;
-        if let Err(e) = self.space.reserve(size, normal, Some(va)) {
+        if let Err(e) = self.ledger.reserve(size, normal, Some(va)) {
             let _ = self.driver.release(start, len);
             return Err(AclError::internal(format!(
                 "the runtime reserved {va:#x}+{} over a range npumem holds: {}",
@@ -384,20 +373,19 @@ impl<D: Driver> Backend for DriverBackend<D> {
             )));
         }
         self.reservations.insert(va, (start, len));
-        self.counters.reserves += 1;
         Ok(va)
     }
 
     fn release(&mut self, va: u64) -> Result<()> {
         // The books refuse a release with mappings (or of no reservation) before the runtime.
-        self.space.check_release(va)?;
+        self.ledger.space.check_release(va)?;
         let &(start, len) = self.reservations.get(&va).expect("the books and the runtime agree");
         let refused = if len > 0 { self.driver.release(start, len).err() } else { None };
-        self.space.release(va)?;
+        self.ledger.space.release(va)?;
         self.reservations.remove(&va);
         match refused {
             Some(e) => self.strand(Stranded::Reservation(start, len), &e),
-            None => self.counters.releases += 1,
+            None => self.ledger.counters.releases += 1,
         }
         Ok(())
     }
@@ -406,23 +394,13 @@ impl<D: Driver> Backend for DriverBackend<D> {
         let page = self.page_size(kind);
         physical::check_size(size, page, kind)?;
         self.retry_stranded();
-        if self.in_use().saturating_add(size) > self.capacity {
-            return Err(AclError::oom(format!(
-                "the {} backend holds {} of its capacity of {}; {} more would pass it",
-                self.name(),
-                format_size(self.in_use()),
-                format_size(self.capacity),
-                format_size(size)
-            )));
-        }
+        self.ledger.check_capacity(self.driver.name(), self.capacity, self.stranded_bytes, size)?;
         let raw = self.driver.create(size, kind)?;
-        let handle = self.allocs.insert(size, page, raw);
-        self.counters.physical_allocs += 1;
-        Ok(handle)
+        Ok(self.ledger.insert(size, page, raw))
     }
 
     fn free_physical(&mut self, handle: PhysHandle) -> Result<()> {
-        let p = self.allocs.live(handle)?;
+        let p = self.ledger.allocs.live(handle)?;
         let (raw, mapped) = (p.memory, p.mapped() > 0);
         let refused = match self.driver.free(raw) {
             // Still mapped: the allocation stays whole in the books, so the caller may retry.
@@ -431,68 +409,48 @@ impl<D: Driver> Backend for DriverBackend<D> {
         };
         // The runtime has freed it (it releases the memory at the last unmap), or refused to
         // free an unmapped one: the books release it now or at the last unmap.
-        if let Some(p) = self.allocs.free(handle)? {
+        if let Some(p) = self.ledger.allocs.free(handle)? {
             match refused {
                 Some(e) => self.strand(Stranded::Physical(p.memory, p.size), &e),
-                None => self.counters.physical_frees += 1,
+                None => self.ledger.counters.physical_frees += 1,
             }
         }
         Ok(())
     }
 
     fn map(&mut self, va: u64, handle: PhysHandle) -> Result<()> {
-        let p = self.allocs.live(handle)?;
-        let (raw, size, page) = (p.memory, p.size, p.page);
-        self.space.check_map(va, size, page)?;
-        self.driver.map(va, size, raw)?;
-        self.allocs.map(handle, &mut self.counters)?;
-        self.space.insert(va, Mapping { handle, size });
-        Ok(())
+        let driver = &self.driver;
+        self.ledger.map(va, handle, |p| driver.map(va, p.size, p.memory))
     }
 
     fn unmap(&mut self, va: u64) -> Result<()> {
-        let mapping = self.space.mapping_at(va)?;
-        self.driver.unmap(va, mapping.size)?;
-        self.space.remove(va);
-        if self.allocs.unmap(mapping.handle, &mut self.counters)?.is_some() {
-            self.counters.physical_frees += 1;
-        }
-        Ok(())
+        // The runtime freed a released allocation already (at its free, deferred to this unmap).
+        let driver = &self.driver;
+        self.ledger.unmap(va, |mapping, _| driver.unmap(va, mapping.size)).map(drop)
     }
 
     fn read(&mut self, va: u64, out: &mut [u8]) -> Result<()> {
-        self.space.check_mapped(va, out.len() as u64)?;
-        if !out.is_empty() {
-            self.driver.read(va, out)?;
-        }
-        self.counters.bytes_read += out.len() as u64;
-        Ok(())
+        let driver = &self.driver;
+        self.ledger.read(va, out.len() as u64, || if out.is_empty() { Ok(()) } else { driver.read(va, out) })
     }
 
     fn write(&mut self, va: u64, data: &[u8]) -> Result<()> {
-        self.space.check_mapped(va, data.len() as u64)?;
-        if !data.is_empty() {
-            self.driver.write(va, data)?;
-        }
-        self.counters.bytes_written += data.len() as u64;
-        Ok(())
+        let driver = &self.driver;
+        self.ledger.write(va, data.len() as u64, || if data.is_empty() { Ok(()) } else { driver.write(va, data) })
     }
 
     fn fill(&mut self, va: u64, value: u8, count: u64) -> Result<()> {
-        self.space.check_mapped(va, count)?;
-        if count > 0 {
-            self.driver.fill(va, value, count)?;
-        }
-        self.counters.bytes_written += count;
-        Ok(())
+        let driver = &self.driver;
+        self.ledger.write(va, count, || if count == 0 { Ok(()) } else { driver.fill(va, value, count) })
     }
 
     fn copy(&mut self, dst: u64, src: u64, count: u64) -> Result<()> {
-        self.space.check_mapped(src, count)?;
-        self.space.check_mapped(dst, count)?;
-        if count > 0 && dst != src {
-            if dst.abs_diff(src) >= count {
-                self.driver.copy(dst, src, count)?;
+        let driver = &self.driver;
+        self.ledger.copy(dst, src, count, || {
+            if count == 0 || dst == src {
+                Ok(())
+            } else if dst.abs_diff(src) >= count {
+                driver.copy(dst, src, count)
             } else {
                 // Overlap: through host memory, back to front when the destination is above
                 // the source (so no byte is overwritten before it is read).
@@ -502,21 +460,19 @@ impl<D: Driver> Backend for DriverBackend<D> {
                     let i = if dst > src { pieces - 1 - i } else { i };
                     let off = i * BOUNCE;
                     let piece = &mut buf[..(count - off).min(BOUNCE) as usize];
-                    self.driver.read(src + off, piece)?;
-                    self.driver.write(dst + off, piece)?;
+                    driver.read(src + off, piece)?;
+                    driver.write(dst + off, piece)?;
                 }
+                Ok(())
             }
-        }
-        self.counters.bytes_read += count;
-        self.counters.bytes_written += count;
-        Ok(())
+        })
     }
 
     fn mem_info(&self, scope: MemScope) -> (u64, u64) {
         if scope == MemScope::Ddr {
             return (0, 0);
         }
-        let budget = self.capacity - self.in_use().min(self.capacity);
+        let budget = self.ledger.unused(self.capacity, self.stranded_bytes);
         match self.driver.mem_info(scope) {
             Ok((free, total)) => (free.min(budget), total.min(self.capacity)),
             Err(_) => (budget, self.capacity),
@@ -524,24 +480,20 @@ impl<D: Driver> Backend for DriverBackend<D> {
     }
 
     fn translate(&self, va: u64) -> Result<Translation> {
-        let (m, mp) = self
-            .space
-            .containing(va)
-            .ok_or_else(|| AclError::rt_param(format!("device address {va:#x} is not mapped")))?;
-        Ok(handle_translation(m, mp.handle, va, self.allocs.page(mp.handle)?))
+        self.ledger.translate_by_handle(va)
     }
 
     fn mapping_containing(&self, va: u64) -> Option<(u64, PhysHandle, u64)> {
-        self.space.containing(va).map(|(start, m)| (start, m.handle, m.size))
+        self.ledger.mapping_containing(va)
     }
 
     fn owns(&self, va: u64) -> bool {
         let (lo, hi) = self.driver.window();
-        (self.driver.owns_window() && (lo..hi).contains(&va)) || self.space.reserved(va)
+        (self.driver.owns_window() && (lo..hi).contains(&va)) || self.ledger.space.reserved(va)
     }
 
     fn counters(&self) -> BackendCounters {
-        self.counters
+        self.ledger.counters
     }
 
     fn streams(&mut self) -> &mut dyn RuntimeStreams {
@@ -612,10 +564,10 @@ impl<D: Driver> Drop for DriverBackend<D> {
         for &block in &self.host_blocks {
             let _ = self.driver.free_host(block);
         }
-        for (va, mapping) in self.space.mappings() {
+        for (va, mapping) in self.ledger.space.mappings() {
             let _ = self.driver.unmap(va, mapping.size);
         }
-        for (_, p) in self.allocs.iter().filter(|(_, p)| !p.free_requested()) {
+        for (_, p) in self.ledger.allocs.iter().filter(|(_, p)| !p.free_requested()) {
             let _ = self.driver.free(p.memory);
         }
         self.retry_stranded();

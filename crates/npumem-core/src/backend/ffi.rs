@@ -94,15 +94,15 @@ pub fn missing_symbols(what: &str, path: &str, missing: &[String]) -> AclError {
 }
 
 /// Declares a table of C functions resolved from a library all at once:
-/// `api! { pub struct Name { field: fn(args) -> ret = "symbol", ... } }` makes `Name` with one
-/// function pointer per entry and `Name::resolve(opened, what)`, which fails naming every
-/// missing symbol.
+/// `api! { pub struct Name { field: PFN_type = "symbol", ... } }` makes `Name` with one
+/// function pointer per entry (of its `PFN_` type, the C signature `npumem-ffi` declares) and
+/// `Name::resolve(opened, what)`, which fails naming every missing symbol.
 macro_rules! api {
-    ($(#[$meta:meta])* $vis:vis struct $name:ident { $($field:ident : fn($($arg:ty),* $(,)?) -> $ret:ty = $sym:literal,)+ }) => {
+    ($(#[$meta:meta])* $vis:vis struct $name:ident { $($field:ident : $ty:ty = $sym:literal,)+ }) => {
         $(#[$meta])*
         #[allow(non_snake_case)]
         $vis struct $name {
-            $(pub $field: unsafe extern "C" fn($($arg),*) -> $ret,)+
+            $(pub $field: $ty,)+
         }
 
         impl $name {
@@ -110,10 +110,8 @@ macro_rules! api {
             #[allow(non_snake_case)]
             pub fn resolve(opened: &$crate::backend::ffi::Opened, what: &str) -> $crate::error::Result<Self> {
                 let mut missing = Vec::new();
-                // SAFETY: each signature is the one the runtime's header declares.
-                $(let $field = unsafe {
-                    $crate::backend::ffi::symbol::<unsafe extern "C" fn($($arg),*) -> $ret>(opened.library, $sym, &mut missing)
-                };)+
+                // SAFETY: each type is the signature the runtime's header declares.
+                $(let $field = unsafe { $crate::backend::ffi::symbol::<$ty>(opened.library, $sym, &mut missing) };)+
                 match ($($field,)+) {
                     ($(Some($field),)+) => Ok($name { $($field,)+ }),
                     _ => Err($crate::backend::ffi::missing_symbols(what, &opened.path, &missing)),
@@ -137,16 +135,16 @@ mod tests {
     api! {
         #[allow(dead_code)] // resolving it must fail
         struct LibcPart {
-            malloc: fn(usize) -> *mut c_void = "malloc",
-            strlen: fn(*const c_char) -> usize = "strlen",
-            npumem_nowhere: fn() -> i32 = "npumem_nowhere",
-            npumem_nowhere_either: fn() -> i32 = "npumem_nowhere_either",
+            malloc: unsafe extern "C" fn(usize) -> *mut c_void = "malloc",
+            strlen: unsafe extern "C" fn(*const c_char) -> usize = "strlen",
+            npumem_nowhere: unsafe extern "C" fn() -> i32 = "npumem_nowhere",
+            npumem_nowhere_either: unsafe extern "C" fn() -> i32 = "npumem_nowhere_either",
         }
     }
 
     api! {
         struct LibcFine {
-            strlen: fn(*const c_char) -> usize = "strlen",
+            strlen: unsafe extern "C" fn(*const c_char) -> usize = "strlen",
         }
     }
 

@@ -24,8 +24,8 @@
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-use super::address_map::{AddressMap, Mapping};
-use super::physical::{self, PhysicalBooks, handle_translation};
+use super::ledger::Ledger;
+use super::physical;
 use super::{Backend, BackendCounters, PhysHandle};
 use crate::acl::MemScope;
 use crate::error::{AclError, ErrorCode, Result};
@@ -66,11 +66,9 @@ pub struct HostBackend {
     /// The window's start and length (all of it is this backend's mapping).
     window: u64,
     window_len: u64,
-    /// Reservations inside the window and the mappings in them.
-    space: AddressMap,
-    /// Physical allocations; their bytes count against the capacity until released.
-    allocs: PhysicalBooks<Memfd>,
-    counters: BackendCounters,
+    /// Reservations inside the window, the mappings in them and the physical allocations
+    /// (their bytes count against the capacity until released).
+    ledger: Ledger<Memfd>,
 }
 
 /// A field of /proc/meminfo, in bytes.
@@ -133,14 +131,12 @@ impl HostBackend {
             normal,
             window,
             window_len,
-            space: AddressMap::new(VaSpace::with_granule(
+            ledger: Ledger::new(VaSpace::with_granule(
                 window,
                 window + window_len,
                 normal.bytes(),
                 "host backend's address window",
             )),
-            allocs: PhysicalBooks::default(),
-            counters: BackendCounters::default(),
         })
     }
 
@@ -198,11 +194,6 @@ impl HostBackend {
     pub fn config(&self) -> HostConfig {
         self.config
     }
-
-    /// Bytes of physical allocations held (until their memory is released).
-    fn in_use(&self) -> u64 {
-        self.allocs.held_bytes()
-    }
 }
 
 impl Backend for HostBackend {
@@ -220,28 +211,17 @@ impl Backend for HostBackend {
 
     fn reserve(&mut self, size: u64, align: u64, hint: Option<u64>) -> Result<u64> {
         // The window is PROT_NONE already: a reservation is bookkeeping only.
-        let va = self.space.reserve(size, align.max(self.normal.bytes()), hint)?;
-        self.counters.reserves += 1;
-        Ok(va)
+        self.ledger.reserve(size, align.max(self.normal.bytes()), hint)
     }
 
     fn release(&mut self, va: u64) -> Result<()> {
-        self.space.release(va)?;
-        self.counters.releases += 1;
-        Ok(())
+        self.ledger.release(va)
     }
 
     fn create_physical(&mut self, size: u64, kind: PageKind) -> Result<PhysHandle> {
         let page = self.page_size(kind);
         physical::check_size(size, page, kind)?;
-        if self.in_use().saturating_add(size) > self.config.capacity {
-            return Err(AclError::oom(format!(
-                "the host backend holds {} of its capacity of {}; {} more would pass it",
-                format_size(self.in_use()),
-                format_size(self.config.capacity),
-                format_size(size)
-            )));
-        }
+        self.ledger.check_capacity("host", self.config.capacity, 0, size)?;
         let flags = libc::MFD_CLOEXEC
             | match kind {
                 PageKind::Normal => 0,
@@ -286,104 +266,97 @@ impl Backend for HostBackend {
                 _ => shortage(&format!("the kernel could not commit them ({e})")),
             });
         }
-        let handle = self.allocs.insert(size, page, Memfd { fd, kind });
-        self.counters.physical_allocs += 1;
-        Ok(handle)
+        Ok(self.ledger.insert(size, page, Memfd { fd, kind }))
     }
 
     fn free_physical(&mut self, handle: PhysHandle) -> Result<()> {
         // Released now (closing the memfd gives its memory back) or at the last unmap.
-        if self.allocs.free(handle)?.is_some() {
-            self.counters.physical_frees += 1;
-        }
-        Ok(())
+        self.ledger.free(handle).map(drop)
     }
 
     fn map(&mut self, va: u64, handle: PhysHandle) -> Result<()> {
-        let alloc = self.allocs.live(handle)?;
-        let (size, page, kind) = (alloc.size, alloc.page, alloc.memory.kind);
-        self.space.check_map(va, size, page)?;
-        let fd = alloc.memory.fd.as_raw_fd();
-        // SAFETY: [va, va + size) lies inside one of our PROT_NONE reservations with no mapping
-        // in it (checked above), so MAP_FIXED replaces only our own reserved pages.
-        let p = unsafe {
-            libc::mmap(
-                va as *mut _,
-                size as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_FIXED,
-                fd,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(AclError::new(ErrorCode::RtDrvInternal, format!("mapping at {va:#x} failed: {}", errno())));
-        }
-        if kind == PageKind::Normal {
-            // Normal pages stay normal: no transparent huge pages behind the reported size.
-            // SAFETY: advice on the mapping just made; failure only leaves the kernel's default.
-            unsafe { libc::madvise(va as *mut _, size as usize, libc::MADV_NOHUGEPAGE) };
-        }
-        self.allocs.map(handle, &mut self.counters)?;
-        self.space.insert(va, Mapping { handle, size });
-        Ok(())
+        self.ledger.map(va, handle, |alloc| {
+            let size = alloc.size;
+            // SAFETY: [va, va + size) lies inside one of our PROT_NONE reservations with no
+            // mapping in it (the ledger checked), so MAP_FIXED replaces only our own reserved pages.
+            let p = unsafe {
+                libc::mmap(
+                    va as *mut _,
+                    size as usize,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_FIXED,
+                    alloc.memory.fd.as_raw_fd(),
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                return Err(AclError::new(ErrorCode::RtDrvInternal, format!("mapping at {va:#x} failed: {}", errno())));
+            }
+            if alloc.memory.kind == PageKind::Normal {
+                // Normal pages stay normal: no transparent huge pages behind the reported size.
+                // SAFETY: advice on the mapping just made; failure only leaves the kernel's default.
+                unsafe { libc::madvise(va as *mut _, size as usize, libc::MADV_NOHUGEPAGE) };
+            }
+            Ok(())
+        })
     }
 
     fn unmap(&mut self, va: u64) -> Result<()> {
-        let mapping = self.space.mapping_at(va)?;
-        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED;
-        // SAFETY: the range is our own mapping; a fresh PROT_NONE mapping replaces it, so the
-        // reservation stays whole and the memfd's pages are no longer reachable through it.
-        let p = unsafe { libc::mmap(va as *mut _, mapping.size as usize, libc::PROT_NONE, flags, -1, 0) };
-        if p == libc::MAP_FAILED {
-            return Err(AclError::new(ErrorCode::RtDrvInternal, format!("unmapping {va:#x} failed: {}", errno())));
-        }
-        self.space.remove(va);
-        if self.allocs.unmap(mapping.handle, &mut self.counters)?.is_some() {
-            self.counters.physical_frees += 1;
-        }
-        Ok(())
+        // A memfd released by the last unmap closes (its memory goes back) as it drops.
+        self.ledger
+            .unmap(va, |mapping, _| {
+                let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED;
+                // SAFETY: the range is our own mapping; a fresh PROT_NONE mapping replaces it, so the
+                // reservation stays whole and the memfd's pages are no longer reachable through it.
+                let p = unsafe { libc::mmap(va as *mut _, mapping.size as usize, libc::PROT_NONE, flags, -1, 0) };
+                if p == libc::MAP_FAILED {
+                    return Err(AclError::new(
+                        ErrorCode::RtDrvInternal,
+                        format!("unmapping {va:#x} failed: {}", errno()),
+                    ));
+                }
+                Ok(())
+            })
+            .map(drop)
     }
 
     fn read(&mut self, va: u64, out: &mut [u8]) -> Result<()> {
-        self.space.check_mapped(va, out.len() as u64)?;
-        // SAFETY: every byte of the source is in a live read-write mapping of ours (checked), and
-        // `out` is a distinct Rust buffer.
-        unsafe { std::ptr::copy_nonoverlapping(va as *const u8, out.as_mut_ptr(), out.len()) };
-        self.counters.bytes_read += out.len() as u64;
-        Ok(())
+        self.ledger.read(va, out.len() as u64, || {
+            // SAFETY: every byte of the source is in a live read-write mapping of ours (checked),
+            // and `out` is a distinct Rust buffer.
+            unsafe { std::ptr::copy_nonoverlapping(va as *const u8, out.as_mut_ptr(), out.len()) };
+            Ok(())
+        })
     }
 
     fn write(&mut self, va: u64, data: &[u8]) -> Result<()> {
-        self.space.check_mapped(va, data.len() as u64)?;
-        // SAFETY: every byte of the destination is in a live read-write mapping of ours.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), va as *mut u8, data.len()) };
-        self.counters.bytes_written += data.len() as u64;
-        Ok(())
+        self.ledger.write(va, data.len() as u64, || {
+            // SAFETY: every byte of the destination is in a live read-write mapping of ours.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), va as *mut u8, data.len()) };
+            Ok(())
+        })
     }
 
     fn fill(&mut self, va: u64, value: u8, count: u64) -> Result<()> {
-        self.space.check_mapped(va, count)?;
-        // SAFETY: every byte of the range is in a live read-write mapping of ours.
-        unsafe { std::ptr::write_bytes(va as *mut u8, value, count as usize) };
-        self.counters.bytes_written += count;
-        Ok(())
+        self.ledger.write(va, count, || {
+            // SAFETY: every byte of the range is in a live read-write mapping of ours.
+            unsafe { std::ptr::write_bytes(va as *mut u8, value, count as usize) };
+            Ok(())
+        })
     }
 
     fn copy(&mut self, dst: u64, src: u64, count: u64) -> Result<()> {
-        self.space.check_mapped(src, count)?;
-        self.space.check_mapped(dst, count)?;
-        // SAFETY: both ranges are in live read-write mappings of ours; `copy` allows overlap
-        // (memmove), and ranges that alias through two mappings of one memfd behave the same.
-        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, count as usize) };
-        self.counters.bytes_read += count;
-        self.counters.bytes_written += count;
-        Ok(())
+        self.ledger.copy(dst, src, count, || {
+            // SAFETY: both ranges are in live read-write mappings of ours; `copy` allows overlap
+            // (memmove), and ranges that alias through two mappings of one memfd behave the same.
+            unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, count as usize) };
+            Ok(())
+        })
     }
 
     fn mem_info(&self, scope: MemScope) -> (u64, u64) {
         let cap = self.config.capacity;
-        let free = cap - self.in_use().min(cap);
+        let free = self.ledger.unused(cap, 0);
         let available = Self::available_memory();
         match scope {
             MemScope::Ddr => (0, 0),
@@ -397,19 +370,15 @@ impl Backend for HostBackend {
     }
 
     fn translate(&self, va: u64) -> Result<Translation> {
-        let (m, mp) = self
-            .space
-            .containing(va)
-            .ok_or_else(|| AclError::rt_param(format!("device address {va:#x} is not mapped")))?;
-        Ok(handle_translation(m, mp.handle, va, self.allocs.page(mp.handle)?))
+        self.ledger.translate_by_handle(va)
     }
 
     fn counters(&self) -> BackendCounters {
-        self.counters
+        self.ledger.counters
     }
 
     fn mapping_containing(&self, va: u64) -> Option<(u64, PhysHandle, u64)> {
-        self.space.containing(va).map(|(start, m)| (start, m.handle, m.size))
+        self.ledger.mapping_containing(va)
     }
 
     fn window(&self) -> (u64, u64) {
@@ -424,7 +393,7 @@ impl Backend for HostBackend {
 impl Drop for HostBackend {
     fn drop(&mut self) {
         // SAFETY: the window is ours (with whatever is mapped in it); nothing refers to it once
-        // the backend is gone. The memfds close with `allocs`.
+        // the backend is gone. The memfds close with the ledger.
         unsafe { libc::munmap(self.window as *mut _, self.window_len as usize) };
     }
 }
@@ -466,14 +435,14 @@ mod tests {
         assert!(b.release(va).is_err(), "a reservation with mappings stays");
         b.free_physical(h).unwrap();
         assert_eq!(b.mem_info(MemScope::All).1, 64 * MIB);
-        assert_eq!(b.in_use(), 64 * 1024, "freed while mapped: kept until the last unmap");
+        assert_eq!(b.ledger.held_bytes(), 64 * 1024, "freed while mapped: kept until the last unmap");
         b.unmap(va).unwrap();
         b.read(va + MIB + 10, &mut out).unwrap();
         b.unmap(va + MIB).unwrap();
-        assert_eq!(b.in_use(), 0);
+        assert_eq!(b.ledger.held_bytes(), 0);
         assert!(b.read(va + MIB + 10, &mut out).is_err());
         b.release(va).unwrap();
-        assert_eq!(b.space.reservation_count(), 0);
+        assert_eq!(b.ledger.space.reservation_count(), 0);
         assert!(b.owns(va), "a released range stays in the window");
     }
 

@@ -23,6 +23,7 @@ pub mod driver;
 pub mod faulty;
 pub mod ffi;
 pub mod host;
+pub mod ledger;
 pub mod physical;
 pub mod sim;
 

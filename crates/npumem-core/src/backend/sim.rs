@@ -13,12 +13,12 @@
 //!
 //! Invariants: each physical allocation owns `size / page` frames of its page size; a frame is
 //! owned by at most one allocation; its frames return to the allocator exactly when the
-//! [`PhysicalBooks`] release it (freed, and no mapping left); every mapping lies in a
+//! [`PhysicalBooks`](super::physical::PhysicalBooks) release it (freed, and no mapping left); every mapping lies in a
 //! reservation and no reservation with a live mapping is released; a byte operation that fails
 //! (unmapped address, host out of memory) changes no byte.
 
-use super::address_map::{AddressMap, Mapping};
-use super::physical::{self, Physical, PhysicalBooks};
+use super::ledger::Ledger;
+use super::physical::{self, Physical};
 use super::{Backend, BackendCounters, PhysHandle};
 use crate::acl::MemScope;
 use crate::error::{AclError, Result};
@@ -57,13 +57,11 @@ struct Frames {
 #[derive(Debug)]
 pub struct SimBackend {
     config: SimConfig,
-    /// Reservations in the device window and the mappings in them.
-    space: AddressMap,
+    /// Reservations in the device window, the mappings in them and the physical allocations.
+    ledger: Ledger<Frames>,
     frames: FrameAllocator,
     page_table: PageTable,
     memory: PhysMemory,
-    allocs: PhysicalBooks<Frames>,
-    counters: BackendCounters,
 }
 
 impl SimBackend {
@@ -90,12 +88,10 @@ impl SimBackend {
         let frames = FrameAllocator::new(config.capacity, config.normal_page.bytes(), config.giant_frames)?;
         Ok(SimBackend {
             config,
-            space: AddressMap::new(space),
+            ledger: Ledger::new(space),
             memory: PhysMemory::new(config.capacity),
             frames,
             page_table: PageTable::new(),
-            allocs: PhysicalBooks::default(),
-            counters: BackendCounters::default(),
         })
     }
 
@@ -118,7 +114,6 @@ impl SimBackend {
             }
             self.memory.discard(pa, bytes);
         }
-        self.counters.physical_frees += 1;
         Ok(())
     }
 
@@ -238,15 +233,11 @@ impl Backend for SimBackend {
     }
 
     fn reserve(&mut self, size: u64, align: u64, hint: Option<u64>) -> Result<u64> {
-        let va = self.space.reserve(size, align, hint)?;
-        self.counters.reserves += 1;
-        Ok(va)
+        self.ledger.reserve(size, align, hint)
     }
 
     fn release(&mut self, va: u64) -> Result<()> {
-        self.space.release(va)?;
-        self.counters.releases += 1;
-        Ok(())
+        self.ledger.release(va)
     }
 
     fn create_physical(&mut self, size: u64, kind: PageKind) -> Result<PhysHandle> {
@@ -288,46 +279,41 @@ impl Backend for SimBackend {
                 }
             }
         }
-        let handle = self.allocs.insert(size, page, Frames { kind, frames });
-        self.counters.physical_allocs += 1;
-        Ok(handle)
+        Ok(self.ledger.insert(size, page, Frames { kind, frames }))
     }
 
     fn free_physical(&mut self, handle: PhysHandle) -> Result<()> {
-        match self.allocs.free(handle)? {
+        match self.ledger.free(handle)? {
             Some(alloc) => self.release_frames(alloc),
             None => Ok(()),
         }
     }
 
     fn map(&mut self, va: u64, handle: PhysHandle) -> Result<()> {
-        let alloc = self.allocs.live(handle)?;
-        let (page, size) = (alloc.page, alloc.size);
-        self.space.check_map(va, size, page)?;
-        let frames = &alloc.memory.frames;
-        for (i, &pa) in frames.iter().enumerate() {
-            let at = va + i as u64 * page.bytes();
-            if let Err(e) = self.page_table.map(at, pa, page) {
-                for k in 0..i as u64 {
-                    self.page_table.unmap(va + k * page.bytes(), page)?;
+        let page_table = &mut self.page_table;
+        self.ledger.map(va, handle, |alloc| {
+            let page = alloc.page;
+            for (i, &pa) in alloc.memory.frames.iter().enumerate() {
+                if let Err(e) = page_table.map(va + i as u64 * page.bytes(), pa, page) {
+                    for k in 0..i as u64 {
+                        page_table.unmap(va + k * page.bytes(), page)?;
+                    }
+                    return Err(e);
                 }
-                return Err(e);
             }
-        }
-        self.allocs.map(handle, &mut self.counters)?;
-        self.space.insert(va, Mapping { handle, size });
-        Ok(())
+            Ok(())
+        })
     }
 
     fn unmap(&mut self, va: u64) -> Result<()> {
-        let mapping = self.space.mapping_at(va)?;
-        let page = self.allocs.page(mapping.handle)?;
-        let pages = mapping.size / page.bytes();
-        for i in 0..pages {
-            self.page_table.unmap(va + i * page.bytes(), page)?;
-        }
-        self.space.remove(va);
-        match self.allocs.unmap(mapping.handle, &mut self.counters)? {
+        let page_table = &mut self.page_table;
+        let released = self.ledger.unmap(va, |mapping, page| {
+            for i in 0..mapping.size / page.bytes() {
+                page_table.unmap(va + i * page.bytes(), page)?;
+            }
+            Ok(())
+        })?;
+        match released {
             Some(alloc) => self.release_frames(alloc),
             None => Ok(()),
         }
@@ -339,7 +325,7 @@ impl Backend for SimBackend {
             memory.read(pa, &mut out[off..off + n]);
             Ok(())
         })?;
-        self.counters.bytes_read += out.len() as u64;
+        self.ledger.counters.bytes_read += out.len() as u64;
         Ok(())
     }
 
@@ -350,7 +336,7 @@ impl Backend for SimBackend {
             memory.store(pa, &data[off..off + n]);
             Ok(())
         })?;
-        self.counters.bytes_written += data.len() as u64;
+        self.ledger.counters.bytes_written += data.len() as u64;
         Ok(())
     }
 
@@ -366,7 +352,7 @@ impl Backend for SimBackend {
             memory.set(pa, value, n as u64);
             Ok(())
         })?;
-        self.counters.bytes_written += count;
+        self.ledger.counters.bytes_written += count;
         Ok(())
     }
 
@@ -383,17 +369,17 @@ impl Backend for SimBackend {
         let backward = dst > src && dst - src < count;
         let memory = &mut self.memory;
         for_each_pair(table, dst, src, count, backward, |d, s, n| memory.copy(d, s, n))?;
-        self.counters.bytes_read += count;
-        self.counters.bytes_written += count;
+        self.ledger.counters.bytes_read += count;
+        self.ledger.counters.bytes_written += count;
         Ok(())
     }
 
     fn mapping_containing(&self, va: u64) -> Option<(u64, PhysHandle, u64)> {
-        self.space.containing(va).map(|(start, m)| (start, m.handle, m.size))
+        self.ledger.mapping_containing(va)
     }
 
     fn window(&self) -> (u64, u64) {
-        self.space.window()
+        self.ledger.space.window()
     }
 
     fn mem_info(&self, scope: MemScope) -> (u64, u64) {
@@ -413,12 +399,12 @@ impl Backend for SimBackend {
     }
 
     fn counters(&self) -> BackendCounters {
-        self.counters
+        self.ledger.counters
     }
 
     #[inline]
     fn driver_calls(&self) -> u64 {
-        let c = &self.counters;
+        let c = &self.ledger.counters;
         c.physical_allocs + c.physical_frees + c.maps + c.unmaps
     }
 

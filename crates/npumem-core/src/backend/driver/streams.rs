@@ -99,24 +99,25 @@ impl<D: Driver> RuntimeStreams for DriverBackend<D> {
     fn memcpy_async(&mut self, dst: u64, src: u64, count: u64, stream: Handle) -> Result<bool> {
         for (addr, role) in [(dst, "destination"), (src, "source")] {
             if self.owns(addr) {
-                self.space
+                self.ledger
+                    .space
                     .check_mapped(addr, count)
                     .map_err(|e| AclError::new(e.code, format!("{role}: {}", e.message)))?;
             }
         }
         let queued = self.driver.memcpy_async(dst, src, count, stream)?;
         if queued {
-            self.counters.bytes_read += count;
-            self.counters.bytes_written += count;
+            self.ledger.counters.bytes_read += count;
+            self.ledger.counters.bytes_written += count;
         }
         Ok(queued)
     }
 
     fn memset_async(&mut self, dst: u64, value: u8, count: u64, stream: Handle) -> Result<bool> {
-        self.space.check_mapped(dst, count)?;
+        self.ledger.space.check_mapped(dst, count)?;
         let queued = self.driver.memset_async(dst, value, count, stream)?;
         if queued {
-            self.counters.bytes_written += count;
+            self.ledger.counters.bytes_written += count;
         }
         Ok(queued)
     }
