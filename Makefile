@@ -50,7 +50,7 @@ lint: $(STAMP)
 # backends' tests load the stand-in runtimes from target/debug, built first.
 test-rust:
 	cargo build -p npumem-fake-acl -p npumem-fake-cuda -q
-	cargo test -p npumem-core -p npumem-sync -p npumem-fuzz -p npumem-capi -p npumem-fake -q
+	cargo test -p npumem-core -p npumem-sync -p npumem-fuzz -p npumem-capi -p npumem-fake -p npumem-ffi -q
 
 # Model checks of the lock-free structures (a separate build with --cfg loom).
 test-loom:
