@@ -1,9 +1,8 @@
 //! `DriverBackend`: the `Backend` trait over a real accelerator runtime's VMM calls — AscendCL
 //! ([`super::acl`]) or the CUDA driver ([`super::cuda`]) — through the small [`Driver`] seam each
-//! of them implements. What the two share lives here: the bookkeeping of reservations,
-//! physical allocations and mappings (an [`AddressMap`], so the VMM contract is checked before
-//! the runtime is called), the capacity budget, byte access checked against the mappings,
-//! counters, translation and the clean-up when the backend goes.
+//! of them implements. What the two share lives here: the books (a [`Ledger`], so the VMM
+//! contract is checked before the runtime is called), the capacity budget, the runtime's
+//! reservations, stranded frees and host blocks, and the clean-up when the backend goes.
 //!
 //! - `capacity` is a budget inside the runtime's device: physical allocations past it are
 //!   out-of-memory (207001) before the runtime is asked; the runtime's own out-of-memory

@@ -6,9 +6,9 @@
 //! at device addresses and memory information, so that four backends slot in behind the same
 //! allocators: the simulator (`sim`), real host memory (`host`), and AscendCL (`acl`) and the CUDA
 //! driver (`cuda`) loaded at run time (`driver` holds what those two share, `ffi` the loading).
-//! What all four keep the same way lives beside the trait: the address space and its mappings
-//! ([`address_map::AddressMap`]) and the physical allocations with their deferred frees
-//! ([`physical::PhysicalBooks`]).
+//! What the backends keep the same way lives beside the trait: the address space and its
+//! mappings ([`address_map::AddressMap`]), the physical allocations with their deferred frees
+//! ([`physical::PhysicalBooks`]), and the two with the counters as one [`ledger::Ledger`].
 //!
 //! Contract every backend keeps: a physical allocation is mapped whole (size equal to its size,
 //! offset 0) at a VA aligned to its page size inside a live reservation; a reservation is

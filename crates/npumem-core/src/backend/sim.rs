@@ -13,7 +13,7 @@
 //!
 //! Invariants: each physical allocation owns `size / page` frames of its page size; a frame is
 //! owned by at most one allocation; its frames return to the allocator exactly when the
-//! [`PhysicalBooks`](super::physical::PhysicalBooks) release it (freed, and no mapping left); every mapping lies in a
+//! books ([`Ledger`]) release it (freed, and no mapping left); every mapping lies in a
 //! reservation and no reservation with a live mapping is released; a byte operation that fails
 //! (unmapped address, host out of memory) changes no byte.
 
