@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ._runtime import LOCK, RT, host_mapped, host_view
+from ._runtime import LOCK, RT, host_access, host_mapped, host_view
 
 __all__ = ["bytes_to_ptr", "numpy_contiguous_to_ptr", "numpy_to_ptr", "ptr_to_bytes", "ptr_to_numpy"]
 
@@ -67,6 +67,7 @@ def bytes_to_ptr(data: Any) -> int:
 
 
 def _host(ptr: Any, nbytes: int, fn: str) -> int:
+    """``ptr`` as an int, once ``nbytes`` there are readable host memory (ValueError otherwise)."""
     if isinstance(ptr, bool) or not isinstance(ptr, (int, np.integer)):
         raise TypeError(f"acl.util.{fn}: ptr must be int, got {type(ptr).__name__}")
     p = int(ptr)
@@ -79,6 +80,8 @@ def _host(ptr: Any, nbytes: int, fn: str) -> int:
             )
     if nbytes and not host_mapped(p, nbytes):
         raise ValueError(f"acl.util.{fn}: {nbytes} bytes at {p:#x} are not mapped host memory")
+    if nbytes and not host_access(p, nbytes):
+        raise ValueError(f"acl.util.{fn}: {nbytes} bytes at {p:#x} are mapped without read access (PROT_NONE)")
     return p
 
 
@@ -105,4 +108,7 @@ def ptr_to_numpy(ptr: Any, shape: Any, npy_type: Any) -> np.ndarray:
     p = _host(ptr, nbytes, "ptr_to_numpy")
     if nbytes == 0:
         return np.empty(shape, dtype)
-    return np.frombuffer(host_view(p, nbytes), dtype=dtype, count=count).reshape(shape)
+    view = np.frombuffer(host_view(p, nbytes), dtype=dtype, count=count).reshape(shape)
+    if not host_access(p, nbytes, write=True):
+        view.flags.writeable = False  # read-only memory: a write through the view would fault
+    return view
