@@ -1365,6 +1365,47 @@ def test_tlb_sizes_that_aborted_are_refused(name):
     assert "InvalidParamError" in r.stdout and "entries" in r.stdout
 
 
+ACL_HOST_POINTERS = """
+import ctypes, mmap
+from npumem import acl
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+none = libc.mmap(None, 8192, 0, flags, -1, 0)  # PROT_NONE
+ro = libc.mmap(None, 8192, mmap.PROT_READ, flags, -1, 0)
+ok = ctypes.create_string_buffer(8192)
+src = ctypes.addressof(ok)
+acl.init()
+print("memcpy-to-none", acl.rt.memcpy(none, 4096, src, 4096, 0))
+print("memcpy-from-none", acl.rt.memcpy(src, 4096, none, 4096, 0))
+print("memcpy-to-readonly", acl.rt.memcpy(ro, 4096, src, 4096, 0))
+print("memcpy-from-readonly", acl.rt.memcpy(src, 4096, ro, 4096, 0))
+print("memset-none", acl.rt.memset(none, 4096, 1, 4096))
+print("memset-readonly", acl.rt.memset(ro, 4096, 1, 4096))
+print("memcpy2d-to-readonly", acl.rt.memcpy2d(ro, 64, src, 64, 64, 4, 1))
+for fn in (lambda: acl.util.ptr_to_bytes(none, 16), lambda: acl.util.ptr_to_numpy(none, (4,), 2)):
+    try:
+        fn()
+    except ValueError as e:
+        print("util", "PROT_NONE" in str(e))
+view = acl.util.ptr_to_numpy(ro, (4,), 2)
+print("readonly-view", view.flags.writeable, acl.util.ptr_to_bytes(ro, 4))
+"""
+
+
+def test_acl_host_pointers_without_access_are_error_codes_not_faults():
+    r = subprocess.run([sys.executable, "-c", ACL_HOST_POINTERS], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-800:]
+    lines = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    for key in ("memcpy-to-none", "memcpy-from-none", "memcpy-to-readonly", "memset-none", "memset-readonly"):
+        assert lines[key] == "107000", (key, r.stdout)
+    assert lines["memcpy2d-to-readonly"] == "107000"
+    assert lines["memcpy-from-readonly"] == "0"  # reading read-only memory is fine
+    assert r.stdout.count("util True") == 2
+    assert lines["readonly-view"] == "False b'\\x00\\x00\\x00\\x00'"
+
+
 # --------------------------------------------------------------------------------------------
 # The command line: exit status, one line, no traceback
 # --------------------------------------------------------------------------------------------
@@ -1415,6 +1456,110 @@ def test_cli_bad_input(tmp_path, capsys, argv, status, word):
     # One line (argparse prints its usage above it).
     lines = [line for line in err.splitlines() if line.strip() and not line.startswith(("usage:", " "))]
     assert len(lines) == 1, err
+
+
+SWEEP_TLB = "[tlb]\npresets = ['zen4']\npages = ['4KiB']\npatterns = ['uniform']\nfootprints = ['1MiB']\n"
+SWEEP_ALLOC = "[alloc]\nallocators = ['npumem']\n[alloc.workloads.w]\ngenerator = 'random_churn'\n"
+
+#: (id, files to write {name: content}, argv, word in the one line); every case exits 2.
+CLI_HOSTILE = [
+    ("replay-deep-pickle", {"deep.pickle": deep_tuple_key_pickle()}, ["replay", "{tmp}/deep.pickle"], "nested"),
+    ("replay-dag-pickle", {"dag.pickle": shared_tuple_key_pickle()}, ["replay", "{tmp}/dag.pickle"], "dict key"),
+    (
+        "replay-rmm-5000-digits",
+        {"t.csv": RMM_HEAD + "1,0,allocate,0x1," + "9" * 5000 + ",0\n"},
+        ["replay", "{tmp}/t.csv"],
+        "Size",
+    ),
+    ("replay-dev-zero", {}, ["replay", "/dev/zero"], "not a trace"),
+    ("sweep-accesses-text", {"c.toml": SWEEP_TLB + "accesses = 'many'\n"}, ["sweep", "{tmp}/c.toml"], "tlb.accesses"),
+    ("sweep-tlb-int", {"c.toml": "tlb = 5\n"}, ["sweep", "{tmp}/c.toml"], "[tlb]"),
+    (
+        "sweep-alloc_conf-int",
+        {"c.toml": SWEEP_ALLOC.replace("]\n[", "]\nalloc_conf = [1]\n[", 1)},
+        ["sweep", "{tmp}/c.toml"],
+        "alloc_conf[0]",
+    ),
+    (
+        "sweep-timeline-text",
+        {"c.toml": SWEEP_ALLOC.replace("]\n[", "]\ntimeline = 'yes'\n[", 1)},
+        ["sweep", "{tmp}/c.toml"],
+        "alloc.timeline",
+    ),
+    (
+        "sweep-past-the-budget",
+        {"c.toml": SWEEP_TLB + f"accesses = {2**28}\nseeds = {list(range(1000))}\n"},
+        ["sweep", "{tmp}/c.toml"],
+        "--yes",
+    ),
+    (
+        "sweep-grid-too-large",
+        {"c.toml": SWEEP_TLB + f"seeds = {list(range(1_000_001))}\n"},
+        ["sweep", "{tmp}/c.toml"],
+        "1,000,001 cells",
+    ),
+    ("report-manifest-types", {"r/sweep.json": '{"seconds": "soon"}'}, ["report", "{tmp}/r"], "seconds"),
+    ("report-manifest-failed", {"r/sweep.json": '{"failed": [1]}'}, ["report", "{tmp}/r"], "failed"),
+    ("report-manifest-list", {"r/sweep.json": "[1, 2]"}, ["report", "{tmp}/r"], "sweep manifest"),
+    (
+        "report-parquet-null",
+        {"r/sweep.json": "{}", "r/alloc.parquet": "nulls"},
+        ["report", "{tmp}/r"],
+        "row 0: capacity",
+    ),
+    ("report-parquet-text", {"r/sweep.json": "{}", "r/alloc.parquet": "text"}, ["report", "{tmp}/r"], "not an int"),
+]
+
+
+def _alloc_table(path: str, kind: str) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    row = {"workload": "w", "allocator": "npumem", "alloc_conf": "", "capacity_spec": "min", "peak_live": 8}
+    row |= {"capacity": None if kind == "nulls" else "8", "capacity_vs_live": 1.0}
+    pq.write_table(pa.Table.from_pylist([row]), path)
+
+
+@pytest.mark.parametrize(("files", "argv", "word"), [c[1:] for c in CLI_HOSTILE], ids=[c[0] for c in CLI_HOSTILE])
+def test_cli_hostile_input(tmp_path, capsys, files, argv, word):
+    for name, content in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(exist_ok=True)
+        if name.endswith(".parquet"):
+            _alloc_table(str(path), content)
+        else:
+            path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    out = tmp_path / "out"
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv] + ["--out", str(out)] * (argv[0] != "replay")
+    if argv[0] == "sweep":
+        argv += ["--workers", "0"]
+    assert cli.main(argv) == 2
+    got, err = capsys.readouterr()
+    assert "Traceback" not in got + err and "internal error" not in err
+    assert err.count("\n") == 1 and word in err, err
+    assert not out.exists()  # nothing half-written
+
+
+def test_cli_sweep_past_the_budget_runs_with_yes(monkeypatch, tmp_path, capsys):
+    from npumem import sweep
+
+    monkeypatch.setattr(sweep, "WORK_BUDGET", 1000)
+    (tmp_path / "c.toml").write_text(SWEEP_TLB + "accesses = 2000\n")
+    argv = ["sweep", str(tmp_path / "c.toml"), "--out", str(tmp_path / "o"), "--workers", "0", "--quiet"]
+    assert cli.main(argv) == 2 and "about 2,000 TLB accesses" in capsys.readouterr().err
+    assert cli.main([*argv, "--yes"]) == 0 and (tmp_path / "o" / "tlb.csv").exists()
+
+
+@pytest.mark.parametrize("capacity", ["1", "2TiB"])
+def test_run_with_a_host_capacity_out_of_range_is_one_line_exit_2(tmp_path, capacity):
+    script = tmp_path / "s.py"
+    script.write_text("import acl\nprint(acl.rt.set_device(0))\n")
+    env = os.environ | {"NPUMEM_BACKEND": "host", "NPUMEM_CAPACITY": capacity}
+    r = subprocess.run(
+        [sys.executable, "-m", "npumem.run", str(script)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.count("\n") == 1 and "NPUMEM_CAPACITY" in r.stderr and "64 KiB to 1 TiB" in r.stderr
 
 
 def run_cli(*argv: str, block_matplotlib: bool = False, cwd: str | None = None) -> subprocess.CompletedProcess:
