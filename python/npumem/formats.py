@@ -27,7 +27,10 @@ one, every replay, writer and measure takes one (or replay events, made one by :
   ``free_requested``, ``free_completed``; segment and snapshot events ignored).
 
 Malformed input raises InvalidParamError naming the file and the row; a file that cannot be
-opened raises OSError.
+opened raises OSError. What a reader reads is bounded by the file, never by a number it claims:
+RMM CSV lines up to :data:`MAX_CSV_LINE` characters and fields up to 20 digits, npz columns up to
+:data:`MAX_NPZ_BYTES` decompressed (each array header checked against its zip member first), JSON
+up to ``npumem._files.MAX_JSON_BYTES``, snapshot pickles as :mod:`npumem._snapshot_pickle` says.
 """
 
 from __future__ import annotations
@@ -579,14 +582,14 @@ def read_npz(path: Any) -> Trace:
             if failed < 0:
                 raise invalid_param(f"{name}: npumem_trace counts {failed} failed allocations; counts are non-negative")
             cols = {k: z[k] for k in _NPZ_COLUMNS if k in z.files}
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError, zlib.error) as e:
+    except MemoryError:
+        raise invalid_param(f"{name}: the npz trace does not fit in this process's memory") from None
+    except Exception as e:  # zipfile's and numpy's errors on a malformed file (compression, CRC, header)
         if isinstance(e, InvalidParamError):
             raise
         if isinstance(e, OSError) and not isinstance(e, zipfile.BadZipFile) and not os.path.exists(name):
             raise
-        raise invalid_param(f"{name}: not an npz trace ({e})") from None
-    except MemoryError:
-        raise invalid_param(f"{name}: the npz trace does not fit in this process's memory") from None
+        raise invalid_param(f"{name}: not an npz trace ({type(e).__name__}: {e})") from None
     for k in ("is_alloc", "ids", "sizes"):
         if k not in cols:
             raise invalid_param(f"{name}: the npz trace has no {k} column")
