@@ -1546,7 +1546,7 @@ def test_cli_sweep_past_the_budget_runs_with_yes(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(sweep, "WORK_BUDGET", 1000)
     (tmp_path / "c.toml").write_text(SWEEP_TLB + "accesses = 2000\n")
     argv = ["sweep", str(tmp_path / "c.toml"), "--out", str(tmp_path / "o"), "--workers", "0", "--quiet"]
-    assert cli.main(argv) == 2 and "about 2,000 TLB accesses" in capsys.readouterr().err
+    assert cli.main(argv) == 2 and "about 2,000 units of work" in capsys.readouterr().err
     assert cli.main([*argv, "--yes"]) == 0 and (tmp_path / "o" / "tlb.csv").exists()
 
 

@@ -234,15 +234,16 @@ def _tlb_cells(t: Mapping[str, Any]) -> list[Cell]:
 
 #: The most cells one table of a grid may have (each is a task, a cache file and a row).
 MAX_CELLS = 1_000_000
-#: The work a sweep runs without ``yes=True`` (``--yes``), in units of one TLB access or one
-#: replayed event (see :func:`estimate`): about an hour of one worker's time.
-WORK_BUDGET = 50_000_000_000
-#: Units a worker does per second (a TLB access or a native replayed event is about 50 ns).
-UNITS_PER_SECOND = 20_000_000
-#: What an alloc cell costs per event of its workload: the replays of the search for the
-#: smallest capacity (about 12), and the timeline's replay, made one call per event from Python.
-_MIN_REPLAYS = 12
-_TIMELINE_UNITS = 40
+#: The work a sweep runs without ``yes=True`` (``--yes``), in units of one TLB access (see
+#: :func:`estimate`): about an hour of one worker's time.
+WORK_BUDGET = 5_000_000_000
+#: Units a worker does per second (a TLB access of the model, called from a cell, is about
+#: 0.7 us on this project's two-core reference machine).
+UNITS_PER_SECOND = 1_500_000
+#: What an alloc cell costs per event of its workload, in those units (measured the same way):
+#: a replay at a given capacity, the search for the smallest capacity (about 20 replays, each
+#: on a new device), and the timeline (a replay made one call per event from Python).
+_REPLAY_UNITS, _MIN_UNITS, _TIMELINE_UNITS = 10, 200, 20
 
 
 def _grid_size(table: str, cells: int) -> None:
@@ -251,17 +252,19 @@ def _grid_size(table: str, cells: int) -> None:
 
 
 def estimate(cells: list[Cell]) -> int:
-    """The work of ``cells`` in units of one TLB access or one replayed event: a TLB cell its
-    ``accesses``; an alloc cell its workload's events, times the search's replays for a
-    ``min`` capacity, plus its timeline's."""
+    """The work of ``cells`` in units of one TLB access: a TLB cell its ``accesses``; an alloc
+    cell its workload's events times the cost of a replay, or of the search for a ``min``
+    capacity, plus its timeline's."""
     work = 0
     for cell in cells:
         p = cell.params
         if cell.kind == "tlb":
             work += p["accesses"]
         else:
-            n = len(cell.inputs)
-            work += n * (_MIN_REPLAYS if p["capacity"] == _MIN else 1) + (n * _TIMELINE_UNITS if p["timeline"] else 0)
+            per_event = (_MIN_UNITS if p["capacity"] == _MIN else _REPLAY_UNITS) + (
+                _TIMELINE_UNITS if p["timeline"] else 0
+            )
+            work += len(cell.inputs) * per_event
     return work
 
 
@@ -554,7 +557,7 @@ def run(
     if work > WORK_BUDGET and not yes:
         hours = work / UNITS_PER_SECOND / 3600 / max(1, workers)
         raise invalid_param(
-            f"the sweep has {len(todo):,} cells to compute, about {work:,} TLB accesses and replayed events "
+            f"the sweep has {len(todo):,} cells to compute, about {work:,} units of work (a TLB access each) "
             f"(~{hours:,.1f} h on {max(1, workers)} worker(s)): more than the budget of {WORK_BUDGET:,}; "
             "use fewer cells or accesses, or pass --yes (sweep.run(..., yes=True)) to run it anyway"
         )
