@@ -2,9 +2,10 @@
 
 ``bytes_to_ptr`` points inside the bytes object (no copy; the object must outlive the pointer,
 and copies may write into it, as pyACL programs do); ``ptr_to_bytes`` copies; ``ptr_to_numpy`` is
-a zero-copy, writeable view; ``numpy_to_ptr`` is the array's data address. Device pointers of the
-simulator are not process memory: the calls that read or view memory refuse them (ValueError)
-rather than touch an address that holds nothing.
+a zero-copy, writeable view (read-only over read-only memory); ``numpy_to_ptr`` is the array's
+data address. Device pointers of the simulator are not process memory: the calls that read or
+view memory refuse them (ValueError) rather than touch an address that holds nothing, and so
+are memory that is not mapped or may not be read (``PROT_NONE``).
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def ptr_to_bytes(ptr: Any, size: Any) -> bytes:
 
 def ptr_to_numpy(ptr: Any, shape: Any, npy_type: Any) -> np.ndarray:
     """A writeable array of ``shape`` and NumPy type number ``npy_type`` over the memory at ``ptr``
-    (no copy: writes land in that memory)."""
+    (no copy: writes land in that memory; read-only when the memory is)."""
     if not isinstance(shape, tuple) or not all(isinstance(d, (int, np.integer)) and d >= 0 for d in shape):
         raise TypeError(f"acl.util.ptr_to_numpy: shape must be a tuple of non-negative ints, got {shape!r}")
     if isinstance(npy_type, bool) or not isinstance(npy_type, (int, np.integer)):
