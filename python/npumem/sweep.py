@@ -25,6 +25,9 @@ Invariants:
 - the whole config is checked (types, names, sizes, workloads built, ``alloc_conf`` parsed)
   before a cluster is started or a file is written: a bad config is one
   :class:`npumem.InvalidParamError` naming the key, the value and what is accepted;
+- a table of the grid has at most :data:`MAX_CELLS` cells, and a sweep whose cells still to
+  compute pass :data:`WORK_BUDGET` (:func:`estimate`) is refused with the estimate, before
+  anything runs, unless ``yes=True`` (``npumem sweep --yes``);
 - Dask (``distributed``) and pyarrow are optional (``pip install 'npumem[sweep]'``): without
   ``distributed`` only ``workers=0`` runs; without pyarrow the CSVs are written and
   :class:`npumem.MissingDependencyError` is raised afterwards for the Parquet files.
