@@ -243,6 +243,12 @@ def _mapping_streams(events: list[Any], where: list[int]) -> np.ndarray | None:
     return np.array(out, dtype=np.uint64)
 
 
+def _unchecked(source: Any) -> Trace:
+    """``source`` as a :class:`Trace` for a writer, which writes what it is given (a reader
+    refuses events that do not pair up)."""
+    return source if isinstance(source, Trace) else Trace.from_events(source)
+
+
 def as_trace(events: Any) -> Trace:
     """``events`` as a :class:`Trace` (itself when it is one, once checked: every free names a
     live id and carries the size it was allocated with, no live id is allocated again, no
@@ -405,7 +411,7 @@ def write_rmm_csv(source: Any, path: Any) -> int:
             w.writerow([thread, _clock(e["time_us"]), action, ptr, e["size"], f"{e['stream']:#x}"])
             rows += 1
     else:
-        trace = as_trace(source)
+        trace = _unchecked(source)
         streams = trace.streams if trace.streams is not None else np.zeros(len(trace), np.uint64)
         threads = trace.threads if trace.threads is not None else np.zeros(len(trace), np.uint64)
         for a, ptr, s, st, th in zip(
@@ -472,7 +478,7 @@ def write_profiler_trace(source: Any, path: Any, *, device_type: int = 0) -> int
                 delta = e["size"] if e["action"] == "alloc" else -e["size"]
                 records.append((e["time_us"], e["addr"], delta, reserved))
     else:
-        trace = as_trace(source)
+        trace = _unchecked(source)
         for k, (a, ptr, s) in enumerate(
             zip(trace.is_alloc.tolist(), _fake_pointers(trace), trace.sizes.tolist(), strict=True)
         ):
@@ -511,7 +517,7 @@ def _narrow(col: np.ndarray) -> np.ndarray:
 def write_npz(source: Any, path: Any, *, compress: bool = False) -> None:
     """Writes ``source`` (a :class:`Trace` or replay events) as npumem's compact trace: one
     ``.npz`` of its columns in the narrowest types (zlib-compressed with ``compress``)."""
-    trace = as_trace(source)
+    trace = _unchecked(source)
     name = _files.path_arg(path)
     cols = {
         "npumem_trace": np.array([_NPZ_VERSION, trace.failed_allocs], dtype=np.uint64),
