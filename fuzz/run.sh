@@ -11,7 +11,7 @@ seconds=${1:?usage: fuzz/run.sh SECONDS [TARGET...]}
 shift
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-    targets=(device_actions page_table alloc_conf plan_problem plan_graph tlb_config readers)
+    targets=(device_actions page_table alloc_conf plan_problem plan_graph tlb_config readers trace_readers)
 fi
 # Each input must finish in seconds; a single allocation above 2 GiB, or a process above 2 GiB,
 # is a finding (the TLB target exists to catch allocations sized by unchecked fields).
@@ -24,18 +24,18 @@ for t in "${targets[@]}"; do
     before=$(find "fuzz/artifacts/$t" -type f | wc -l)
     echo "== $t: ${seconds}s"
     # The kept regression inputs seed the corpus (new entries go to the first directory only).
-    if [ "$t" = readers ]; then
+    if [ "$t" = readers ] || [ "$t" = trace_readers ]; then
         if ! python -c "import atheris" 2>/dev/null; then
-            echo "atheris is not installed (pip install atheris): the Python readers were not fuzzed"
+            echo "atheris is not installed (pip install atheris): $t was not fuzzed"
             continue
         fi
         # atheris has no fork mode: a finding ends a run, so run again until the time is up.
         end=$((SECONDS + seconds))
-        : > fuzz/artifacts/readers.log
+        : > "fuzz/artifacts/$t.log"
         while [ $SECONDS -lt $end ]; do
-            python fuzz/readers.py fuzz/corpus/readers fuzz/regressions/readers \
-                -max_total_time=$((end - SECONDS)) -dict=fuzz/readers.dict -max_len=8192 \
-                -artifact_prefix=fuzz/artifacts/readers/ "${limits[@]}" >> fuzz/artifacts/readers.log 2>&1
+            python "fuzz/$t.py" "fuzz/corpus/$t" "fuzz/regressions/$t" \
+                -max_total_time=$((end - SECONDS)) -dict="fuzz/$t.dict" -max_len=8192 \
+                -artifact_prefix="fuzz/artifacts/$t/" "${limits[@]}" >> "fuzz/artifacts/$t.log" 2>&1
         done
     else
         cargo +nightly fuzz run "$t" "fuzz/corpus/$t" "fuzz/regressions/$t" -- \

@@ -877,6 +877,286 @@ CASES = [
 ]
 
 
+# --------------------------------------------------------------------------------------------
+# Trace files meant to hurt: crafted pickles, oversized fields, bombs, wrong shapes
+# --------------------------------------------------------------------------------------------
+
+DEEP = 1_000_000
+
+
+def deep_tuple_key_pickle() -> bytes:
+    """A dict whose key is a tuple nested 10^6 deep (hashing it overflowed the C stack)."""
+    return b"\x80\x04}" + b"K\x01" + b"\x85" * DEEP + b"K\x02s."
+
+
+def deep_frozenset_pickle() -> bytes:
+    """A frozenset of a tuple nested 10^6 deep."""
+    return b"\x80\x04(" + b"K\x01" + b"\x85" * DEEP + b"\x91."
+
+
+def shared_tuple_key_pickle(levels: int = 90) -> bytes:
+    """A dict key of ``levels`` tuples, each holding the one below twice (2**levels to hash)."""
+    body = b"K\x01\x94"
+    for i in range(levels):
+        body += b"h" + bytes([i]) + b"h" + bytes([i]) + b"\x86\x94"
+    return b"\x80\x04}" + body + b"K\x02s."
+
+
+#: REDUCE of builtins.int(inf) and of builtins.str(b"x", "nocodec"): plain types called on bad data.
+INT_INF_PICKLE = b"\x80\x02cbuiltins\nint\nG" + b"\x7f\xf0" + b"\x00" * 6 + b"\x85R."
+CODEC_PICKLE = b"\x80\x03cbuiltins\nstr\nC\x01xX\x07\x00\x00\x00nocodec\x86R."
+#: LONG_BINPUT at memo index 2**32-1 (the unpickler would size its memo by it).
+MEMO_PICKLE = b"\x80\x04K\x01r\xff\xff\xff\xff."
+#: BINUNICODE8 that claims 2**60 bytes.
+CLAIM_PICKLE = b"\x80\x04\x8d" + (1 << 60).to_bytes(8, "little") + b"x."
+
+RMM_HEAD = "Thread,Time,Action,Pointer,Size,Stream\n"
+
+
+def rmm(c: Ctx, *rows: str, name: str = "t.csv") -> str:
+    return c.file(name, RMM_HEAD + "".join(r + "\n" for r in rows))
+
+
+def npz(c: Ctx, name: str = "t.npz", **cols: Any) -> str:
+    base = {"npumem_trace": np.array([1, 0], np.uint64), "is_alloc": [1, 0], "ids": [0, 0], "sizes": [8, 8]}
+    path = str(c.tmp / name)
+    with open(path, "wb") as f:
+        np.savez(f, **{k: np.asarray(v) for k, v in (base | cols).items()})
+    return path
+
+
+def npz_claiming(c: Ctx) -> str:
+    """An npz whose ids member's header claims 2**40 elements and holds 2."""
+    path = npz(c, "claim.npz")
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    members["ids.npy"] = members["ids.npy"].replace(b"(2,)", b"(1099511627776,)")
+    with zipfile.ZipFile(path, "w") as z:
+        for n, data in members.items():
+            z.writestr(n, data)
+    return path
+
+
+def trace_of(is_alloc: list[int], ids: list[int], sizes: list[int]) -> formats.Trace:
+    return formats.Trace(np.array(is_alloc), np.array(ids), np.array(sizes))
+
+
+CASES += [
+    # -- snapshot pickles: depth, hashing, memo and lengths bounded while loading ------------
+    case(
+        "snapshot-deep-tuple-key",
+        lambda c: formats.load(c.file("deep.pickle", deep_tuple_key_pickle())),
+        InvalidParamError,
+        "deep.pickle",
+        "nested more than 100",
+    ),
+    case(
+        "snapshot-deep-frozenset",
+        lambda c: deprecated(importers.snapshot_trace, c.file("fs.pickle", deep_frozenset_pickle())),
+        InvalidParamError,
+        "fs.pickle",
+        "nested more than 100",
+    ),
+    case(
+        "snapshot-shared-tuple-key",
+        lambda c: formats.load(c.file("dag.pickle", shared_tuple_key_pickle())),
+        InvalidParamError,
+        "dag.pickle",
+        "dict key",
+    ),
+    case(
+        "snapshot-reduce-int-inf",
+        lambda c: formats.load(c.file("inf.pickle", INT_INF_PICKLE)),
+        InvalidParamError,
+        "inf.pickle",
+        "builtins.int",
+    ),
+    case(
+        "snapshot-reduce-unknown-codec",
+        lambda c: formats.load(c.file("codec.pickle", CODEC_PICKLE)),
+        InvalidParamError,
+        "codec.pickle",
+        "builtins.str",
+    ),
+    case(
+        "snapshot-memo-index-2**32",
+        lambda c: formats.load(c.file("memo.pickle", MEMO_PICKLE)),
+        InvalidParamError,
+        "memo.pickle",
+        "memo index 4294967295",
+    ),
+    case(
+        "snapshot-length-2**60",
+        lambda c: formats.load(c.file("claim.pickle", CLAIM_PICKLE)),
+        InvalidParamError,
+        "claim.pickle",
+        "1,152,921,504,606,846,976 bytes",
+    ),
+    case(
+        "snapshot-dev-zero",
+        lambda c: deprecated(importers.snapshot_trace, "/dev/zero"),
+        InvalidParamError,
+        "/dev/zero",
+        "not a pickle opcode",
+    ),
+    case("load-dev-zero", lambda c: formats.load("/dev/zero"), InvalidParamError, "/dev/zero", "not a trace"),
+    case(
+        "write_snapshot-None",
+        lambda c: formats.write_snapshot(None, str(c.tmp / "s.pickle")),
+        TypeError,
+        "device",
+        "None",
+    ),
+    # -- RMM CSV ------------------------------------------------------------------------------
+    case(
+        "read_rmm_csv-size-5000-digits",
+        lambda c: formats.read_rmm_csv(rmm(c, "1,00:00:00.0,allocate,0x1000," + "9" * 5000 + ",0x0")),
+        InvalidParamError,
+        "line 2",
+        "Size",
+    ),
+    case(
+        "read_rmm_csv-size-superscript",
+        lambda c: formats.read_rmm_csv(rmm(c, "1,00:00:00.0,allocate,0x1000,\u00b2,0x0")),
+        InvalidParamError,
+        "line 2",
+        "Size",
+        "'²'",
+    ),
+    case(
+        "read_rmm_csv-thread-5000-digits",
+        lambda c: formats.read_rmm_csv(rmm(c, "9" * 5000 + ",00:00:00.0,allocate,0x1000,8,0x0")),
+        InvalidParamError,
+        "line 2",
+        "Thread",
+    ),
+    case(
+        "read_rmm_csv-field-past-csv-limit",
+        lambda c: formats.read_rmm_csv(rmm(c, '1,"' + ("x" * 60000 + "\n") * 3 + '",allocate,0x1,8,0x0')),
+        InvalidParamError,
+        "t.csv",
+        "field limit",
+    ),
+    case(
+        "read_rmm_csv-line-too-long",
+        lambda c: formats.read_rmm_csv(rmm(c, "1," + "0" * 100_000)),
+        InvalidParamError,
+        "line 2",
+        "65,536",
+    ),
+    case("read_rmm_csv-dev-zero", lambda c: formats.read_rmm_csv("/dev/zero"), InvalidParamError, "line 1"),
+    case(
+        "read_rmm_csv-nul",
+        lambda c: formats.read_rmm_csv(rmm(c, "1,00:00:00.0,allocate,0x1\x00,8,0x0")),
+        InvalidParamError,
+        "line 2",
+    ),
+    # -- npz ----------------------------------------------------------------------------------
+    case(
+        "read_npz-ids-2d",
+        lambda c: formats.read_npz(npz(c, ids=np.zeros((2, 1), np.uint64))),
+        InvalidParamError,
+        "column ids",
+        "2 dimensions",
+    ),
+    case(
+        "read_npz-head-0d",
+        lambda c: formats.read_npz(npz(c, npumem_trace=np.uint64(1))),
+        InvalidParamError,
+        "npumem_trace",
+        "shape ()",
+    ),
+    case(
+        "read_npz-head-2d",
+        lambda c: formats.read_npz(npz(c, npumem_trace=np.ones((2, 2), np.uint64))),
+        InvalidParamError,
+        "npumem_trace",
+        "shape (2, 2)",
+    ),
+    case(
+        "read_npz-ids-negative",
+        lambda c: formats.read_npz(npz(c, ids=np.array([-1, -1], np.int64))),
+        InvalidParamError,
+        "column ids",
+        "-1",
+    ),
+    case(
+        "read_npz-sizes-negative",
+        lambda c: formats.read_npz(npz(c, sizes=np.array([-8, -8], np.int64))),
+        InvalidParamError,
+        "column sizes",
+        "-8",
+    ),
+    case(
+        "read_npz-failed-negative",
+        lambda c: formats.read_npz(npz(c, npumem_trace=np.array([1, -3], np.int64))),
+        InvalidParamError,
+        "-3 failed",
+    ),
+    case(
+        "read_npz-header-claims-2**40",
+        lambda c: formats.read_npz(npz_claiming(c)),
+        InvalidParamError,
+        "claim.npz",
+        "1099511627776",
+    ),
+    case("read_npz-dev-zero", lambda c: formats.read_npz("/dev/zero"), InvalidParamError, "/dev/zero", "npz"),
+    # -- Traces that do not pair up ------------------------------------------------------------
+    case(
+        "replay-trace-free-before-alloc",
+        lambda c: replay.replay(trace_of([0, 1], [0, 0], [8, 8]), c.dev),
+        InvalidParamError,
+        "event 0",
+        "freed while not live",
+    ),
+    case(
+        "replay-trace-double-free",
+        lambda c: replay.replay(trace_of([1, 0, 0], [0, 0, 0], [8, 8, 8]), c.dev),
+        InvalidParamError,
+        "event 2",
+        "freed while not live",
+    ),
+    case(
+        "min_capacity-free-size-differs",
+        lambda c: replay.min_capacity(trace_of([1, 0, 1, 0], [0, 0, 1, 1], [10 * MiB, 1, 1, 1])),
+        InvalidParamError,
+        "event 1",
+        "with 1 bytes",
+        "10,485,760",
+    ),
+    case(
+        "Trace-failed-negative",
+        lambda c: formats.Trace(np.array([1]), np.array([0]), np.array([8]), failed_allocs=-1),
+        InvalidParamError,
+        "failed_allocs",
+        "-1",
+    ),
+    # -- Generators and plots ---------------------------------------------------------------
+    case(
+        "plot_timelines-empty",
+        lambda c: workloads.plot_timelines([], str(c.tmp / "t.png")),
+        InvalidParamError,
+        "timelines",
+        "empty",
+    ),
+    case(
+        "plot_timelines-not-timelines",
+        lambda c: workloads.plot_timelines([1], str(c.tmp / "t.png")),
+        TypeError,
+        "timelines[0]",
+    ),
+    case(
+        "testing-workloads-streams-negative",
+        lambda c: __import__("npumem.testing").testing.workloads(streams=-1),
+        InvalidParamError,
+        "streams",
+        "-1",
+    ),
+]
+
+
 def test_the_matrix_is_large_and_covers_every_entry_point():
     assert len(CASES) >= 80
     groups = {p.values[0].id.split("-")[0] for p in CASES}
@@ -944,6 +1224,113 @@ def test_snapshot_unpickler_refuses_every_global_but_plain_types(tmp_path, targe
         formats.load(path)
 
 
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_snapshot_unpickler_loads_plain_data_of_every_protocol(tmp_path, protocol):
+    shared = [1, 2]
+    loop: list[Any] = ["loop"]
+    loop.append(loop)
+    doc = {
+        "device_traces": [[{"action": "alloc", "addr": 2**63 + 5, "size": 8, "frames": shared}]],
+        "plain": [None, True, False, -1, 2**70, 1.5, "é", (1, ("x", ())), shared, {7: "seven", None: 0}],
+        "sets": [{1, "a"}, frozenset({2, "b"}), set()],
+        "loop": loop,
+    }
+    if protocol >= 3:
+        doc["bytes"] = b"\x00\xff"
+    path = tmp_path / "plain.pickle"
+    path.write_bytes(pickle.dumps(doc, protocol=protocol))
+    back = npumem._files.read_snapshot(path)
+    assert back["loop"][1] is back["loop"]
+    del back["loop"], doc["loop"]
+    assert back == doc
+    if protocol >= 2:  # detect() tells a snapshot by its PROTO opcode
+        assert formats.load(path).events() == [("alloc", 0, 8)]
+
+
+def test_snapshot_hash_keys_are_refused_unless_safe(tmp_path):
+    # A tuple as a dict key may be crafted to take forever to hash: refused, as are floats.
+    for key in [(1, 2), 1.5, 2**70]:
+        path = tmp_path / "k.pickle"
+        path.write_bytes(pickle.dumps({"device_traces": [], key: 1}))
+        with pytest.raises(InvalidParamError, match="dict key or set element"):
+            formats.load(path)
+
+
+def test_rmm_csv_with_a_byte_order_mark_is_read(tmp_path):
+    path = tmp_path / "bom.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + (RMM_HEAD + "1,00:00:00.0,allocate,0x1000,64,0x0\n").encode())
+    assert formats.detect(path) == "rmm-csv"
+    assert formats.load(path).events() == [("alloc", 0, 64)]
+
+
+@pytest.mark.parametrize("top", [2**60, 2**64 - 1])
+def test_rmm_csv_and_profiler_writers_of_huge_ids_read_back(tmp_path, top):
+    trace = formats.Trace(
+        np.array([1, 1, 0, 0], np.uint8), np.array([top, 3, top, 3], np.uint64), np.array([8, 2**64 - 1] * 2, np.uint64)
+    )
+    for write, name in ((formats.write_rmm_csv, "t.csv"), (formats.write_profiler_trace, "t.json")):
+        write(trace, tmp_path / name)
+        back = formats.load(tmp_path / name)
+        assert back.events() == [("alloc", 0, 8), ("alloc", 1, 2**64 - 1), ("free", 0, 8), ("free", 1, 2**64 - 1)]
+
+
+def test_readers_bound_what_a_bomb_makes_them_read(tmp_path, monkeypatch):
+    # A gzip that decompresses past MAX_JSON_BYTES, and an npz whose columns pass MAX_NPZ_BYTES.
+    monkeypatch.setattr(npumem._files, "MAX_JSON_BYTES", 1 << 20)
+    bomb = tmp_path / "bomb.json.gz"
+    bomb.write_bytes(gzip.compress(b'{"events": [' + b" " * (8 << 20) + b"]}"))
+    with pytest.raises(InvalidParamError, match="larger than 2\\*\\*20 bytes"):
+        formats.load(bomb)
+    monkeypatch.setattr(formats, "MAX_NPZ_BYTES", 1 << 20)
+    path = tmp_path / "bomb.npz"
+    n = 1 << 20  # alloc and free of one id, over and over: 3 MiB of columns that compress to a few KiB
+    formats.write_npz(
+        formats.Trace(np.arange(n) % 2 == 0, np.zeros(n, np.uint8), np.ones(n, np.uint8)), path, compress=True
+    )
+    assert path.stat().st_size < 1 << 20
+    with pytest.raises(InvalidParamError, match="more than 2\\*\\*20 bytes decompressed"):
+        formats.load(path)
+
+
+def test_a_large_snapshot_scans_in_proportion(tmp_path):
+    # The scan before loading costs about what the load does (so snapshots stay quick to read).
+    import time
+
+    entries = [{"action": "alloc", "addr": 4096 * i, "size": 4096, "frames": []} for i in range(30_000)]
+    path = tmp_path / "big.pickle"
+    path.write_bytes(pickle.dumps({"device_traces": [entries]}))
+    t0 = time.perf_counter()
+    pickle.loads(path.read_bytes())
+    load = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    npumem._files.read_snapshot(path)
+    ours = time.perf_counter() - t0
+    assert ours < 10 * load + 1.0, (ours, load)
+
+
+def test_kv_cache_serving_with_rare_arrivals_is_quick():
+    import time
+
+    t0 = time.perf_counter()
+    events = workloads.kv_cache_serving(requests=50, arrival_rate=1e-6)
+    assert time.perf_counter() - t0 < 10
+    assert sum(1 for e in events if e[0] == "alloc") == sum(1 for e in events if e[0] == "free") > 50
+
+
+def test_acl_init_with_a_malformed_config_is_an_error_code(tmp_path):
+    from npumem import acl
+
+    for body in [
+        '{"defaultDevice": {"default_device": [1]}}',
+        '{"defaultDevice": {"default_device": 1e400}}',
+        "[[" * 10**5,
+    ]:
+        path = tmp_path / "acl.json"
+        path.write_text(body)
+        acl.finalize()
+        assert acl.init(str(path)) == 100000
+
+
 # --------------------------------------------------------------------------------------------
 # Inputs that abort the process today: each in its own process, under a memory limit
 # --------------------------------------------------------------------------------------------
@@ -976,6 +1363,47 @@ def test_tlb_sizes_that_aborted_are_refused(name):
     )
     assert r.returncode == 0, r.stderr[-500:]
     assert "InvalidParamError" in r.stdout and "entries" in r.stdout
+
+
+ACL_HOST_POINTERS = """
+import ctypes, mmap
+from npumem import acl
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+none = libc.mmap(None, 8192, 0, flags, -1, 0)  # PROT_NONE
+ro = libc.mmap(None, 8192, mmap.PROT_READ, flags, -1, 0)
+ok = ctypes.create_string_buffer(8192)
+src = ctypes.addressof(ok)
+acl.init()
+print("memcpy-to-none", acl.rt.memcpy(none, 4096, src, 4096, 0))
+print("memcpy-from-none", acl.rt.memcpy(src, 4096, none, 4096, 0))
+print("memcpy-to-readonly", acl.rt.memcpy(ro, 4096, src, 4096, 0))
+print("memcpy-from-readonly", acl.rt.memcpy(src, 4096, ro, 4096, 0))
+print("memset-none", acl.rt.memset(none, 4096, 1, 4096))
+print("memset-readonly", acl.rt.memset(ro, 4096, 1, 4096))
+print("memcpy2d-to-readonly", acl.rt.memcpy2d(ro, 64, src, 64, 64, 4, 1))
+for fn in (lambda: acl.util.ptr_to_bytes(none, 16), lambda: acl.util.ptr_to_numpy(none, (4,), 2)):
+    try:
+        fn()
+    except ValueError as e:
+        print("util", "PROT_NONE" in str(e))
+view = acl.util.ptr_to_numpy(ro, (4,), 2)
+print("readonly-view", view.flags.writeable, acl.util.ptr_to_bytes(ro, 4))
+"""
+
+
+def test_acl_host_pointers_without_access_are_error_codes_not_faults():
+    r = subprocess.run([sys.executable, "-c", ACL_HOST_POINTERS], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-800:]
+    lines = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    for key in ("memcpy-to-none", "memcpy-from-none", "memcpy-to-readonly", "memset-none", "memset-readonly"):
+        assert lines[key] == "107000", (key, r.stdout)
+    assert lines["memcpy2d-to-readonly"] == "107000"
+    assert lines["memcpy-from-readonly"] == "0"  # reading read-only memory is fine
+    assert r.stdout.count("util True") == 2
+    assert lines["readonly-view"] == "False b'\\x00\\x00\\x00\\x00'"
 
 
 # --------------------------------------------------------------------------------------------
@@ -1028,6 +1456,113 @@ def test_cli_bad_input(tmp_path, capsys, argv, status, word):
     # One line (argparse prints its usage above it).
     lines = [line for line in err.splitlines() if line.strip() and not line.startswith(("usage:", " "))]
     assert len(lines) == 1, err
+
+
+SWEEP_TLB = "[tlb]\npresets = ['zen4']\npages = ['4KiB']\npatterns = ['uniform']\nfootprints = ['1MiB']\n"
+SWEEP_ALLOC = "[alloc]\nallocators = ['npumem']\n[alloc.workloads.w]\ngenerator = 'random_churn'\n"
+
+#: (id, files to write {name: content}, argv, word in the one line); every case exits 2.
+CLI_HOSTILE = [
+    ("replay-deep-pickle", {"deep.pickle": deep_tuple_key_pickle()}, ["replay", "{tmp}/deep.pickle"], "nested"),
+    ("replay-dag-pickle", {"dag.pickle": shared_tuple_key_pickle()}, ["replay", "{tmp}/dag.pickle"], "dict key"),
+    (
+        "replay-rmm-5000-digits",
+        {"t.csv": RMM_HEAD + "1,0,allocate,0x1," + "9" * 5000 + ",0\n"},
+        ["replay", "{tmp}/t.csv"],
+        "Size",
+    ),
+    ("replay-dev-zero", {}, ["replay", "/dev/zero"], "not a trace"),
+    ("sweep-accesses-text", {"c.toml": SWEEP_TLB + "accesses = 'many'\n"}, ["sweep", "{tmp}/c.toml"], "tlb.accesses"),
+    ("sweep-tlb-int", {"c.toml": "tlb = 5\n"}, ["sweep", "{tmp}/c.toml"], "[tlb]"),
+    (
+        "sweep-alloc_conf-int",
+        {"c.toml": SWEEP_ALLOC.replace("]\n[", "]\nalloc_conf = [1]\n[", 1)},
+        ["sweep", "{tmp}/c.toml"],
+        "alloc_conf[0]",
+    ),
+    (
+        "sweep-timeline-text",
+        {"c.toml": SWEEP_ALLOC.replace("]\n[", "]\ntimeline = 'yes'\n[", 1)},
+        ["sweep", "{tmp}/c.toml"],
+        "alloc.timeline",
+    ),
+    (
+        "sweep-past-the-budget",
+        {"c.toml": SWEEP_TLB + f"accesses = {2**28}\nseeds = {list(range(1000))}\n"},
+        ["sweep", "{tmp}/c.toml"],
+        "--yes",
+    ),
+    (
+        "sweep-grid-too-large",
+        {
+            "c.toml": SWEEP_TLB.replace("['1MiB']", str([4096 * (i + 1) for i in range(1000)]))
+            + f"seeds = {list(range(1001))}\n"
+        },
+        ["sweep", "{tmp}/c.toml"],
+        "1,001,000 cells",
+    ),
+    ("report-manifest-types", {"r/sweep.json": '{"seconds": "soon"}'}, ["report", "{tmp}/r"], "seconds"),
+    ("report-manifest-failed", {"r/sweep.json": '{"failed": [1]}'}, ["report", "{tmp}/r"], "failed"),
+    ("report-manifest-list", {"r/sweep.json": "[1, 2]"}, ["report", "{tmp}/r"], "sweep manifest"),
+    (
+        "report-parquet-null",
+        {"r/sweep.json": "{}", "r/alloc.parquet": "nulls"},
+        ["report", "{tmp}/r"],
+        "row 0: capacity",
+    ),
+    ("report-parquet-text", {"r/sweep.json": "{}", "r/alloc.parquet": "text"}, ["report", "{tmp}/r"], "not an int"),
+]
+
+
+def _alloc_table(path: str, kind: str) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    row = {"workload": "w", "allocator": "npumem", "alloc_conf": "", "capacity_spec": "min", "peak_live": 8}
+    row |= {"capacity": None if kind == "nulls" else "8", "capacity_vs_live": 1.0}
+    pq.write_table(pa.Table.from_pylist([row]), path)
+
+
+@pytest.mark.parametrize(("files", "argv", "word"), [c[1:] for c in CLI_HOSTILE], ids=[c[0] for c in CLI_HOSTILE])
+def test_cli_hostile_input(tmp_path, capsys, files, argv, word):
+    for name, content in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(exist_ok=True)
+        if name.endswith(".parquet"):
+            _alloc_table(str(path), content)
+        else:
+            path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    out = tmp_path / "out"
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv] + ["--out", str(out)] * (argv[0] != "replay")
+    if argv[0] == "sweep":
+        argv += ["--workers", "0"]
+    assert cli.main(argv) == 2
+    got, err = capsys.readouterr()
+    assert "Traceback" not in got + err and "internal error" not in err
+    assert err.count("\n") == 1 and word in err, err
+    assert not out.exists()  # nothing half-written
+
+
+def test_cli_sweep_past_the_budget_runs_with_yes(monkeypatch, tmp_path, capsys):
+    from npumem import sweep
+
+    monkeypatch.setattr(sweep, "WORK_BUDGET", 1000)
+    (tmp_path / "c.toml").write_text(SWEEP_TLB + "accesses = 2000\n")
+    argv = ["sweep", str(tmp_path / "c.toml"), "--out", str(tmp_path / "o"), "--workers", "0", "--quiet"]
+    assert cli.main(argv) == 2 and "about 2,000 units of work" in capsys.readouterr().err
+    assert cli.main([*argv, "--yes"]) == 0 and (tmp_path / "o" / "tlb.csv").exists()
+
+
+@pytest.mark.parametrize("capacity", ["1", "2TiB"])
+def test_run_with_a_host_capacity_out_of_range_is_one_line_exit_2(tmp_path, capacity):
+    script = tmp_path / "s.py"
+    script.write_text("import acl\nprint(acl.rt.set_device(0))\n")
+    env = os.environ | {"NPUMEM_BACKEND": "host", "NPUMEM_CAPACITY": capacity}
+    r = subprocess.run(
+        [sys.executable, "-m", "npumem.run", str(script)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.count("\n") == 1 and "NPUMEM_CAPACITY" in r.stderr and "64 KiB to 1 TiB" in r.stderr
 
 
 def run_cli(*argv: str, block_matplotlib: bool = False, cwd: str | None = None) -> subprocess.CompletedProcess:

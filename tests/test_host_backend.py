@@ -94,6 +94,10 @@ def test_vmm_calls_check_their_arguments():
         d.map_mem(va, h, size=2 * page)
     with raises_acl(npumem.InvalidParamError, 100000, match="inside one reservation"):
         d.map_mem(va + page, h)
+    wide = d.reserve_mem_address(2 * page)
+    with raises_acl(npumem.InvalidParamError, 107008, match="not page aligned"):
+        d.map_mem(wide + 100, h)
+    d.release_mem_address(wide)
     with raises_acl(npumem.InvalidHandleError, 107017):
         d.map_mem(va, h + 1000)
     d.free_physical(h)

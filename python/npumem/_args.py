@@ -30,12 +30,54 @@ MAX_ELEMENTS = 1 << 28
 
 
 def show(value: Any, limit: int = 60) -> str:
-    """``repr(value)``, shortened to ``limit`` characters."""
+    """``repr(value)``, shortened to ``limit`` characters; a list, tuple, dict or set is written
+    only as far as the limit (so a value nested or shared a million times over is cheap to show)."""
+    out: list[str] = []
     try:
-        text = repr(value)
+        _repr_into(value, out, limit + 1)
+        text = "".join(out)
     except Exception:  # a broken __repr__ must not hide the real error
         text = f"<{type(value).__name__}>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_CONTAINERS = {list: ("[", "]"), tuple: ("(", ")"), dict: ("{", "}"), set: ("{", "}"), frozenset: ("frozenset({", "})")}
+
+
+def _repr_into(value: Any, out: list[str], budget: int) -> int:
+    """Appends ``repr(value)`` to ``out`` until ``budget`` characters are written; returns the
+    budget left (0 or less: stop)."""
+    kind = type(value)
+    if kind not in _CONTAINERS:
+        text = repr(value)
+        out.append(text)
+        return budget - len(text)
+    if not value:
+        text = {list: "[]", tuple: "()", dict: "{}", set: "set()", frozenset: "frozenset()"}[kind]
+        out.append(text)
+        return budget - len(text)
+    opening, closing = _CONTAINERS[kind]
+    out.append(opening)
+    budget -= len(opening)
+    for i, item in enumerate(value):
+        if budget <= 0:
+            return budget
+        if i:
+            out.append(", ")
+            budget -= 2
+        if kind is dict:
+            budget = _repr_into(item, out, budget)
+            if budget <= 0:
+                return budget
+            out.append(": ")
+            budget = _repr_into(value[item], out, budget - 2)
+        else:
+            budget = _repr_into(item, out, budget)
+    if kind is tuple and len(value) == 1:
+        out.append(",")
+        budget -= 1
+    out.append(closing)
+    return budget - len(closing)
 
 
 def bound(n: float) -> str:

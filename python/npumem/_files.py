@@ -5,19 +5,21 @@ opened but is not what the caller reads (not gzip, not UTF-8, not JSON, nested p
 depth, not a pickle, or a pickle that refers to anything but plain data) raises
 :class:`npumem.InvalidParamError` naming the path and what was expected. Pickles are read with a
 restricted unpickler: no class, function or module named in the file is ever imported or
-called, so a crafted file cannot run code.
+called, so a crafted file cannot run code (:mod:`npumem._snapshot_pickle`). What is read is
+bounded by the file, never by a size it claims: JSON up to :data:`MAX_JSON_BYTES` decompressed.
 """
 
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
-import pickle
+import zlib
 from typing import Any
 
-from . import _args
-from .errors import invalid_param
+from . import _args, _snapshot_pickle
+from .errors import InvalidParamError, invalid_param
 
 
 def path_arg(path: Any, name: str = "path") -> str:
@@ -27,50 +29,87 @@ def path_arg(path: Any, name: str = "path") -> str:
     return os.fspath(path)
 
 
+#: The largest JSON document read (decompressed): more would not fit in memory once parsed.
+MAX_JSON_BYTES = 1 << 30
+
+
 def read_json(path: Any, what: str) -> Any:
     """The JSON document in ``path`` (gzip-compressed when the name ends in ``.gz``); ``what``
-    names the expected content in error messages."""
+    names the expected content in error messages. At most :data:`MAX_JSON_BYTES` are read."""
     name = path_arg(path)
-    opener = gzip.open if name.endswith(".gz") else open
     try:
-        with opener(name, "rt", encoding="utf-8") as f:
-            return json.load(f)
+        text = _json_bytes(name, what).decode("utf-8")
+        return json.loads(text)
     except gzip.BadGzipFile as e:
         raise invalid_param(f"{name}: not a gzip file ({e}); expected {what}") from None
-    except (EOFError, UnicodeDecodeError, ValueError) as e:  # JSONDecodeError is a ValueError
+    except (EOFError, UnicodeDecodeError, ValueError, zlib.error) as e:  # JSONDecodeError is a ValueError
+        if isinstance(e, InvalidParamError):
+            raise
         raise invalid_param(f"{name}: not valid JSON ({e}); expected {what}") from None
     except RecursionError:
         raise invalid_param(f"{name}: JSON nested too deeply to be {what}") from None
+    except MemoryError:
+        raise invalid_param(f"{name}: too large to parse in this process's memory; expected {what}") from None
 
 
-#: What a PyTorch memory snapshot is made of (``torch.cuda.memory._dump_snapshot`` pickles a dict
-#: of lists, dicts, strings, numbers, booleans, None and tuples); pickles name no other global.
-_PLAIN = {("builtins", n) for n in ("dict", "list", "tuple", "str", "int", "float", "bool", "set", "frozenset")}
+_PROBE = 1 << 16
 
 
-class _PlainUnpickler(pickle.Unpickler):
-    """Loads only plain data: any other class or function the pickle names is refused before it
-    is imported, so ``__reduce__`` tricks (``os.system``, ``eval``, ...) never run."""
+def _read_upto(f: Any, n: int) -> bytes:
+    """At most ``n`` more bytes of ``f``, read in chunks (``f.read(n)`` would set aside ``n``
+    bytes first, whatever the file holds)."""
+    chunks = []
+    while n > 0:
+        chunk = f.read(min(n, 1 << 24))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
 
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _PLAIN:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(
-            f"it refers to {module}.{name}; a memory snapshot holds only dicts, lists, tuples, strings, "
-            "numbers, booleans and None, and npumem loads nothing else"
-        )
 
-    def persistent_load(self, pid: Any) -> Any:
-        raise pickle.UnpicklingError("it holds persistent ids; a memory snapshot has none")
+def _plausible(head: bytes) -> bool:
+    """Whether a JSON document may start with ``head`` (so a ``/dev/zero`` is refused at once)."""
+    text = head.removeprefix(b"\xef\xbb\xbf").lstrip()
+    return not text or text[:1] in b'{["-0123456789tfn'
+
+
+def _json_bytes(path: str, what: str) -> bytes:
+    """The bytes of the JSON file at ``path`` (decompressed when the name ends in ``.gz``),
+    refused when longer than :data:`MAX_JSON_BYTES`, or when its first 64 KiB cannot start a
+    JSON document (a ``/dev/zero`` or a decompression bomb is never read whole)."""
+    limit = MAX_JSON_BYTES
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        data = f.read(min(limit + 1, _PROBE))
+        if len(data) == _PROBE and not _plausible(data):
+            raise invalid_param(f"{path}: not valid JSON (it does not start like a JSON document); expected {what}")
+        data += _read_upto(f, limit + 1 - len(data))
+    if len(data) > limit:
+        raise invalid_param(f"{path}: larger than {_args.bound(limit)} bytes; {what} this large is not read")
+    return data
 
 
 def read_snapshot(path: Any) -> Any:
-    """The object pickled in ``path`` by ``_dump_snapshot``, loaded with :class:`_PlainUnpickler`."""
+    """The object pickled in ``path`` by ``_dump_snapshot``, checked by
+    :func:`npumem._snapshot_pickle.check` and loaded with its restricted unpickler."""
     name = path_arg(path)
-    with open(name, "rb") as f:  # read as it is unpickled: snapshots can be gigabytes
-        try:
-            return _PlainUnpickler(f).load()
-        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, MemoryError) as e:
-            raise invalid_param(f"{name}: not a memory snapshot pickle that npumem loads: {e}") from None
-        except RecursionError:
-            raise invalid_param(f"{name}: pickle nested too deeply to be a memory snapshot") from None
+    with open(name, "rb") as f:
+        data = f.read(_snapshot_pickle.PROBE_BYTES)
+        if len(data) == _snapshot_pickle.PROBE_BYTES:  # more may follow: first check the start
+            try:
+                _snapshot_pickle.check(data)
+            except _snapshot_pickle.Truncated:
+                data += _read_upto(f, _snapshot_pickle.MAX_PICKLE_BYTES + 1 - len(data))
+            except Exception as e:
+                raise invalid_param(f"{name}: not a memory snapshot pickle that npumem loads: {e}") from None
+    if len(data) > _snapshot_pickle.MAX_PICKLE_BYTES:
+        limit = _args.bound(_snapshot_pickle.MAX_PICKLE_BYTES)
+        raise invalid_param(f"{name}: larger than {limit} bytes; a memory snapshot this large is not read")
+    try:
+        _snapshot_pickle.check(data)
+        return _snapshot_pickle.PlainUnpickler(io.BytesIO(data)).load()
+    except RecursionError:
+        raise invalid_param(f"{name}: pickle nested too deeply to be a memory snapshot") from None
+    except Exception as e:  # whatever the file makes the unpickler raise is the file's fault
+        raise invalid_param(f"{name}: not a memory snapshot pickle that npumem loads: {e}") from None

@@ -191,6 +191,12 @@ def _parser() -> argparse.ArgumentParser:
         help="worker processes of the LocalCluster (default 2); 0 runs the cells in this process, without Dask",
     )
     sp.add_argument("--quiet", action="store_true", help="no progress lines")
+    sp.add_argument(
+        "--yes",
+        action="store_true",
+        help="run a grid whose estimated work passes the budget (about an hour of one worker; the refusal shows "
+        "the estimate)",
+    )
     sp.set_defaults(run=_sweep)
 
     rp = sub.add_parser(
@@ -454,6 +460,7 @@ def _sweep(args: argparse.Namespace) -> int:
         workers=workers,
         progress=not args.quiet,
         command=args.command_line,
+        yes=args.yes,
     )
     print(
         f"{result.cells} cells ({result.computed} computed, {result.cached} cached, {len(result.failed)} failed) "

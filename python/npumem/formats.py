@@ -27,7 +27,10 @@ one, every replay, writer and measure takes one (or replay events, made one by :
   ``free_requested``, ``free_completed``; segment and snapshot events ignored).
 
 Malformed input raises InvalidParamError naming the file and the row; a file that cannot be
-opened raises OSError.
+opened raises OSError. What a reader reads is bounded by the file, never by a number it claims:
+RMM CSV lines up to :data:`MAX_CSV_LINE` characters and fields up to 20 digits, npz columns up to
+:data:`MAX_NPZ_BYTES` decompressed (each array header checked against its zip member first), JSON
+up to ``npumem._files.MAX_JSON_BYTES``, snapshot pickles as :mod:`npumem._snapshot_pickle` says.
 """
 
 from __future__ import annotations
@@ -36,18 +39,21 @@ import bisect
 import csv
 import gzip
 import io
+import math
 import os
 import pickle
+import stat
 import threading
 import zipfile
-from collections.abc import Iterable, Mapping, Sequence
+import zlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from . import _args, _files, _native
-from .errors import invalid_param
+from .errors import InvalidParamError, invalid_param
 
 Event = tuple[str, Any, int] | tuple[str, Any] | Mapping[str, Any]
 
@@ -144,8 +150,11 @@ class Trace:
     #: Where the trace came from (a file name and format), for messages.
     source: str = "the trace"
     meta: dict[str, Any] = field(default_factory=dict)
+    #: Whether the events were checked to pair up (see :func:`as_trace`).
+    _paired: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        self.failed_allocs = _args.integer(self.failed_allocs, "failed_allocs")
         n = None
         for name in ("is_alloc", "ids", "sizes", "streams", "threads"):
             col = getattr(self, name)
@@ -177,7 +186,9 @@ class Trace:
         is_alloc = np.fromiter((a for a, _, _ in evs), dtype=np.uint8, count=len(evs))
         ids = np.fromiter((index.setdefault(k, len(index)) for _, k, _ in evs), dtype=np.uint64, count=len(evs))
         sizes = np.fromiter((s for _, _, s in evs), dtype=np.uint64, count=len(evs))
-        return cls(is_alloc, ids, sizes, streams, source=source)
+        trace = cls(is_alloc, ids, sizes, streams, source=source)
+        trace._paired = True  # normalize's rules: every free names a live id, with its size
+        return trace
 
     def events(self) -> list[tuple[str, int, int]]:
         """The events as ``("alloc", id, size)`` / ``("free", id, size)`` tuples."""
@@ -232,9 +243,21 @@ def _mapping_streams(events: list[Any], where: list[int]) -> np.ndarray | None:
     return np.array(out, dtype=np.uint64)
 
 
+def _unchecked(source: Any) -> Trace:
+    """``source`` as a :class:`Trace` for a writer, which writes what it is given (a reader
+    refuses events that do not pair up)."""
+    return source if isinstance(source, Trace) else Trace.from_events(source)
+
+
 def as_trace(events: Any) -> Trace:
-    """``events`` as a :class:`Trace` (itself when it is one)."""
-    return events if isinstance(events, Trace) else Trace.from_events(events)
+    """``events`` as a :class:`Trace` (itself when it is one, once checked: every free names a
+    live id and carries the size it was allocated with, no live id is allocated again, no
+    allocation is of 0 bytes; InvalidParamError naming the event otherwise)."""
+    if not isinstance(events, Trace):
+        return Trace.from_events(events)
+    if not events._paired:
+        _check_pairs(events)
+    return events
 
 
 # -- RMM CSV ----------------------------------------------------------------------------------
@@ -254,75 +277,109 @@ def _hex(text: str, where: str) -> int:
     return v
 
 
+def _decimal(t: str) -> int | None:
+    """An ASCII decimal of at most 20 digits (2**64-1 has 20) as an int, else None."""
+    return int(t) if t.isascii() and t.isdigit() and len(t) <= 20 else None
+
+
 def _thread(text: str, where: str) -> int:
     """A thread id (decimal, as spdlog's ``%t`` prints it)."""
     t = text.strip()
     if not t:
         return 0
-    if not t.isdigit() or int(t) > _args.U64_MAX:
-        raise invalid_param(f"{where} is {t!r}, not a thread id (a decimal number)")
-    return int(t)
+    v = _decimal(t)
+    if v is None or v > _args.U64_MAX:
+        raise invalid_param(f"{where} is {_args.show(t)}, not a thread id (a decimal number)")
+    return v
+
+
+#: The longest line of an RMM CSV read (RMM's are under 200 characters).
+MAX_CSV_LINE = 1 << 16
+
+
+def _csv_lines(f: Any, name: str) -> Iterator[str]:
+    """The lines of ``f``, refusing one longer than :data:`MAX_CSV_LINE` before it is read whole."""
+    n = 0
+    while True:
+        line = f.readline(MAX_CSV_LINE + 1)
+        if not line:
+            return
+        n += 1
+        if len(line) > MAX_CSV_LINE:
+            raise invalid_param(f"{name}: line {n} is longer than {MAX_CSV_LINE:,} characters; not an RMM log")
+        yield line
 
 
 def read_rmm_csv(path: Any) -> Trace:
     """A trace from RMM's ``logging_resource_adaptor`` CSV (see the module doc): rows in file
     order, with each row's thread and stream."""
     name = _files.path_arg(path)
-    with open(name, newline="", encoding="utf-8", errors="replace") as f:
-        rows = csv.reader(f)
-        header = next(rows, None)
-        if header is None or [h.strip() for h in header[:6]] != RMM_HEADER:
-            raise invalid_param(f"{name}: not an RMM log: the header is {header!r}, expected {','.join(RMM_HEADER)}")
-        is_alloc: list[int] = []
-        ids: list[int] = []
-        sizes: list[int] = []
-        streams: list[int] = []
-        threads: list[int] = []
-        live: dict[int, tuple[int, int]] = {}
-        failed = next_key = 0
-        for n, row in enumerate(rows, start=2):
-            if not row or (len(row) == 1 and not row[0].strip()):
-                continue
-            where = f"{name}: line {n}"
-            if len(row) < 6:
-                raise invalid_param(f"{where} has {len(row)} fields, expected 6 ({','.join(RMM_HEADER)})")
-            action = row[2].strip()
-            thread = _thread(row[0], f"{where}: Thread")
-            size_text = row[4].strip()
-            if not size_text.isdigit() or int(size_text) > _args.U64_MAX:
-                raise invalid_param(f"{where}: Size is {size_text!r}, not a byte count (0 to 2**64-1)")
-            size = int(size_text)
-            stream = _hex(row[5], f"{where}: Stream")
-            if action == "allocate failure":
-                failed += 1
-                continue
-            ptr = _hex(row[3], f"{where}: Pointer")
-            if action == "allocate":
-                if size == 0:
-                    continue  # RMM returns nullptr for 0 bytes; nothing to replay
-                if ptr in live:  # a free the log lost: close the old block first
-                    old, old_size = live.pop(ptr)
-                    is_alloc.append(0)
-                    ids.append(old)
-                    sizes.append(old_size)
-                    streams.append(stream)
-                    threads.append(thread)
-                live[ptr] = (next_key, size)
-                is_alloc.append(1)
-                ids.append(next_key)
-                sizes.append(size)
-                next_key += 1
-            elif action == "free":
-                if ptr not in live:
-                    continue  # memory allocated before the log began
-                key, size = live.pop(ptr)
+    # utf-8-sig: a byte-order mark (what Excel and many tools write) is not part of the header.
+    with open(name, newline="", encoding="utf-8-sig", errors="replace") as f:
+        rows = csv.reader(_csv_lines(f, name))
+        try:
+            return _rmm_rows(rows, name)
+        except csv.Error as e:  # a field past csv's limit, a NUL byte
+            raise invalid_param(f"{name}: line {rows.line_num}: not an RMM log row ({e})") from None
+
+
+def _rmm_rows(rows: Any, name: str) -> Trace:
+    """The trace of an RMM log's rows (``rows``: a csv reader at the header)."""
+    header = next(rows, None)
+    if header is None or [h.strip() for h in header[:6]] != RMM_HEADER:
+        raise invalid_param(
+            f"{name}: not an RMM log: the header is {_args.show(header)}, expected {','.join(RMM_HEADER)}"
+        )
+    is_alloc: list[int] = []
+    ids: list[int] = []
+    sizes: list[int] = []
+    streams: list[int] = []
+    threads: list[int] = []
+    live: dict[int, tuple[int, int]] = {}
+    failed = next_key = 0
+    for n, row in enumerate(rows, start=2):
+        if not row or (len(row) == 1 and not row[0].strip()):
+            continue
+        where = f"{name}: line {n}"
+        if len(row) < 6:
+            raise invalid_param(f"{where} has {len(row)} fields, expected 6 ({','.join(RMM_HEADER)})")
+        action = row[2].strip()
+        thread = _thread(row[0], f"{where}: Thread")
+        size_text = row[4].strip()
+        size = _decimal(size_text)
+        if size is None or size > _args.U64_MAX:
+            raise invalid_param(f"{where}: Size is {_args.show(size_text)}, not a byte count (0 to 2**64-1)")
+        stream = _hex(row[5], f"{where}: Stream")
+        if action == "allocate failure":
+            failed += 1
+            continue
+        ptr = _hex(row[3], f"{where}: Pointer")
+        if action == "allocate":
+            if size == 0:
+                continue  # RMM returns nullptr for 0 bytes; nothing to replay
+            if ptr in live:  # a free the log lost: close the old block first
+                old, old_size = live.pop(ptr)
                 is_alloc.append(0)
-                ids.append(key)
-                sizes.append(size)
-            else:
-                raise invalid_param(f"{where}: Action is {action!r}; RMM logs 'allocate', 'allocate failure', 'free'")
-            streams.append(stream)
-            threads.append(thread)
+                ids.append(old)
+                sizes.append(old_size)
+                streams.append(stream)
+                threads.append(thread)
+            live[ptr] = (next_key, size)
+            is_alloc.append(1)
+            ids.append(next_key)
+            sizes.append(size)
+            next_key += 1
+        elif action == "free":
+            if ptr not in live:
+                continue  # memory allocated before the log began
+            key, size = live.pop(ptr)
+            is_alloc.append(0)
+            ids.append(key)
+            sizes.append(size)
+        else:
+            raise invalid_param(f"{where}: Action is {action!r}; RMM logs 'allocate', 'allocate failure', 'free'")
+        streams.append(stream)
+        threads.append(thread)
     return Trace(
         np.array(is_alloc, dtype=np.uint8),
         np.array(ids, dtype=np.uint64),
@@ -354,23 +411,36 @@ def write_rmm_csv(source: Any, path: Any) -> int:
             w.writerow([thread, _clock(e["time_us"]), action, ptr, e["size"], f"{e['stream']:#x}"])
             rows += 1
     else:
-        trace = as_trace(source)
+        trace = _unchecked(source)
         streams = trace.streams if trace.streams is not None else np.zeros(len(trace), np.uint64)
         threads = trace.threads if trace.threads is not None else np.zeros(len(trace), np.uint64)
-        # Pointers: a made-up 256-byte-aligned address per id (ids are reused only after a free).
-        for a, i, s, st, th in zip(
+        for a, ptr, s, st, th in zip(
             trace.is_alloc.tolist(),
-            trace.ids.tolist(),
+            _fake_pointers(trace),
             trace.sizes.tolist(),
             streams.tolist(),
             threads.tolist(),
             strict=True,
         ):
-            w.writerow([th, _clock(rows), "allocate" if a else "free", f"{0x7F0000000000 + 256 * i:#x}", s, f"{st:#x}"])
+            w.writerow([th, _clock(rows), "allocate" if a else "free", f"{ptr:#x}", s, f"{st:#x}"])
             rows += 1
     with open(name, "w", encoding="utf-8", newline="") as f:
         f.write(out.getvalue())
     return rows
+
+
+#: Where the made-up addresses of a trace's blocks start (RMM CSV, torch.profiler traces).
+_FAKE_BASE = 0x7F0000000000
+
+
+def _fake_pointers(trace: Trace) -> list[int]:
+    """A made-up address per event: 256-byte-aligned from :data:`_FAKE_BASE` by id (ids are
+    reused only after a free), or the id moved by that base (mod 2**64) when an id is so large
+    that the aligned address would pass 2**64; distinct ids get distinct addresses either way."""
+    ids = trace.ids.tolist()
+    if not ids or max(ids) <= (_args.U64_MAX - _FAKE_BASE) // 256:
+        return [_FAKE_BASE + 256 * i for i in ids]
+    return [(_FAKE_BASE + i) & _args.U64_MAX for i in ids]
 
 
 def _clock(us: int) -> str:
@@ -408,11 +478,11 @@ def write_profiler_trace(source: Any, path: Any, *, device_type: int = 0) -> int
                 delta = e["size"] if e["action"] == "alloc" else -e["size"]
                 records.append((e["time_us"], e["addr"], delta, reserved))
     else:
-        trace = as_trace(source)
-        for k, (a, i, s) in enumerate(
-            zip(trace.is_alloc.tolist(), trace.ids.tolist(), trace.sizes.tolist(), strict=True)
+        trace = _unchecked(source)
+        for k, (a, ptr, s) in enumerate(
+            zip(trace.is_alloc.tolist(), _fake_pointers(trace), trace.sizes.tolist(), strict=True)
         ):
-            records.append((k, 0x7F0000000000 + 256 * i, s if a else -s, 0))
+            records.append((k, ptr, s if a else -s, 0))
     events = []
     allocated = 0
     for ts, addr, delta, reserved in records:
@@ -447,7 +517,7 @@ def _narrow(col: np.ndarray) -> np.ndarray:
 def write_npz(source: Any, path: Any, *, compress: bool = False) -> None:
     """Writes ``source`` (a :class:`Trace` or replay events) as npumem's compact trace: one
     ``.npz`` of its columns in the narrowest types (zlib-compressed with ``compress``)."""
-    trace = as_trace(source)
+    trace = _unchecked(source)
     name = _files.path_arg(path)
     cols = {
         "npumem_trace": np.array([_NPZ_VERSION, trace.failed_allocs], dtype=np.uint64),
@@ -463,33 +533,82 @@ def write_npz(source: Any, path: Any, *, compress: bool = False) -> None:
         (np.savez_compressed if compress else np.savez)(f, **cols)
 
 
+#: The most bytes the columns of one npz trace may hold once decompressed (10^9 events take
+#: about 10 GiB); each column's header must also claim no more than the file holds for it.
+MAX_NPZ_BYTES = 1 << 34
+_NPZ_COLUMNS = ("is_alloc", "ids", "sizes", "streams", "threads")
+
+
+def _npz_sizes(name: str) -> None:
+    """Refuses an npz whose columns, decompressed, would pass :data:`MAX_NPZ_BYTES`, or whose
+    array headers claim more elements than their members hold (before any is read)."""
+    with open(name, "rb") as f:  # zipfile reads a device or a pipe to its end, looking for the index
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode) or f.read(2) != b"PK":
+            raise invalid_param(f"{name}: not an npz trace (a regular zip file)")
+    with zipfile.ZipFile(name) as z:
+        total = 0
+        for info in z.infolist():
+            total += info.file_size
+            if total > MAX_NPZ_BYTES:
+                raise invalid_param(
+                    f"{name}: the npz holds more than {_args.bound(MAX_NPZ_BYTES)} bytes decompressed; "
+                    "a trace this large is not read"
+                )
+            with z.open(info) as f:
+                version = np.lib.format.read_magic(f)
+                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else None
+                if version == (2, 0):
+                    read_header = np.lib.format.read_array_header_2_0
+                if read_header is None:
+                    raise invalid_param(
+                        f"{name}: member {info.filename} is npy format {version}; npumem reads 1.0, 2.0"
+                    )
+                shape, _, dtype = read_header(f)
+            if math.prod(shape) * dtype.itemsize > info.file_size:
+                raise invalid_param(
+                    f"{name}: member {info.filename} claims shape {shape} of {dtype} but holds {info.file_size:,} bytes"
+                )
+
+
 def read_npz(path: Any) -> Trace:
     """A trace written by :func:`write_npz`."""
     name = _files.path_arg(path)
     try:
+        _npz_sizes(name)
         with np.load(name, allow_pickle=False) as z:
             if "npumem_trace" not in z.files:
                 raise invalid_param(f"{name}: an .npz without npumem_trace: not a trace npumem wrote")
-            version, failed = (int(v) for v in z["npumem_trace"][:2])
+            head = z["npumem_trace"]
+            if head.ndim != 1 or head.dtype.kind not in "ui" or len(head) < 2:
+                what = f"{head.dtype} of shape {head.shape}"
+                raise invalid_param(f"{name}: npumem_trace is {what}; npumem writes [version, failed allocs]")
+            version, failed = (int(v) for v in head[:2])
             if version != _NPZ_VERSION:
                 raise invalid_param(f"{name}: npz trace version {version}; this npumem reads {_NPZ_VERSION}")
-            cols = {k: z[k] for k in ("is_alloc", "ids", "sizes", "streams", "threads") if k in z.files}
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
+            if failed < 0:
+                raise invalid_param(f"{name}: npumem_trace counts {failed} failed allocations; counts are non-negative")
+            cols = {k: z[k] for k in _NPZ_COLUMNS if k in z.files}
+    except MemoryError:
+        raise invalid_param(f"{name}: the npz trace does not fit in this process's memory") from None
+    except Exception as e:  # zipfile's and numpy's errors on a malformed file (compression, CRC, header)
+        if isinstance(e, InvalidParamError):
+            raise
         if isinstance(e, OSError) and not isinstance(e, zipfile.BadZipFile) and not os.path.exists(name):
             raise
-        raise invalid_param(f"{name}: not an npz trace ({e})") from None
+        raise invalid_param(f"{name}: not an npz trace ({type(e).__name__}: {e})") from None
     for k in ("is_alloc", "ids", "sizes"):
         if k not in cols:
             raise invalid_param(f"{name}: the npz trace has no {k} column")
     for k, col in cols.items():
         if col.ndim != 1 or col.dtype.kind not in "ui":
             raise invalid_param(f"{name}: column {k} is {col.dtype} of {col.ndim} dimensions, not integers")
+    # Signed columns go to Trace as they are: it refuses a negative entry rather than wrap it.
     trace = Trace(
         cols["is_alloc"],
-        cols["ids"].astype(np.uint64),
-        cols["sizes"].astype(np.uint64),
-        None if "streams" not in cols else cols["streams"].astype(np.uint64),
-        None if "threads" not in cols else cols["threads"].astype(np.uint64),
+        cols["ids"],
+        cols["sizes"],
+        cols.get("streams"),
+        cols.get("threads"),
         failed_allocs=failed,
         source=name,
     )
@@ -514,9 +633,20 @@ def _check_pairs(trace: Trace) -> None:
         k = int(order[int(np.argmax(bad))])
         what = "allocated twice without a free" if trace.is_alloc[k] else "freed while not live"
         raise invalid_param(f"{trace.source}: event {k}: id {int(trace.ids[k])} {what}")
+    sizes = trace.sizes[order]
+    resized = np.zeros(len(ids), dtype=bool)
+    resized[1:] = ~alloc[1:] & (sizes[1:] != sizes[:-1])  # a free (never first) against its alloc
+    if resized.any():
+        j = int(np.argmax(resized))
+        k = int(order[j])
+        raise invalid_param(
+            f"{trace.source}: event {k}: free of id {int(trace.ids[k])} with {int(sizes[j]):,} bytes; "
+            f"it was allocated with {int(sizes[j - 1]):,}"
+        )
     if (trace.sizes[trace.is_alloc != 0] == 0).any():
         k = int(np.argmax((trace.sizes == 0) & (trace.is_alloc != 0)))
         raise invalid_param(f"{trace.source}: event {k}: alloc of 0 bytes; sizes must be from 1 to 2**64-1")
+    trace._paired = True
 
 
 # -- PyTorch snapshots ------------------------------------------------------------------------
@@ -536,9 +666,11 @@ SNAPSHOT_PROTOCOL = 4
 def write_snapshot(device: Any, path: Any) -> None:
     """Pickles ``device``'s memory snapshot (PyTorch's ``_dump_snapshot`` format), after checking
     it with :func:`check_snapshot`."""
+    if not isinstance(device, _native.Device):
+        raise _args.type_error("device", device, "an npumem.Device (its memory snapshot is written)")
+    name = _files.path_arg(path)
     snap = device.memory_snapshot()
     check_snapshot(snap)
-    name = _files.path_arg(path)
     with open(name, "wb") as f:
         pickle.dump(snap, f, protocol=SNAPSHOT_PROTOCOL)
 
@@ -892,7 +1024,7 @@ def detect(path: Any) -> str:
         try:
             with gzip.open(name, "rb") as f:
                 head = f.read(1 << 16)
-        except (OSError, EOFError) as e:
+        except (OSError, EOFError, zlib.error) as e:
             raise invalid_param(f"{name}: a broken gzip file ({e})") from None
     if head.lstrip()[:1] == b"{":
         return "profiler" if b'"traceEvents"' in head else "compact-json"

@@ -28,7 +28,7 @@ from .formats import event_fields as event_fields  # part of npumem.replay's nam
 def peak_live_bytes(events: Iterable[Event] | Trace) -> int:
     """The largest sum of live requested bytes over the trace (events or a
     :class:`npumem.formats.Trace`): no allocator can do with less."""
-    return events.peak_live() if isinstance(events, Trace) else Trace._of(normalize(events)).peak_live()
+    return as_trace(events).peak_live() if isinstance(events, Trace) else Trace._of(normalize(events)).peak_live()
 
 
 @dataclass

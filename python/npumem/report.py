@@ -32,7 +32,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from . import _files
+from . import _args, _files
 from ._optional import MissingDependencyError, require
 from .errors import invalid_param
 from .units import fmt
@@ -69,6 +69,23 @@ _COLUMNS = {
 }
 
 
+_TEXT, _INT, _NUMBER = "a string", "an int", "a number"
+#: What each column the report reads holds (a row with a null or another type is refused).
+_KINDS = {
+    **dict.fromkeys(("preset", "page", "pattern", "workload", "allocator", "alloc_conf", "capacity_spec"), _TEXT),
+    **dict.fromkeys(("footprint", "accesses", "walks", "capacity", "peak_live", "event", "live", "reserved"), _INT),
+    **dict.fromkeys(("cycles_per_access", "internal_waste", "capacity_vs_live"), _NUMBER),
+}
+
+
+def _check_kind(value: Any, kind: str) -> bool:
+    if kind == _TEXT:
+        return isinstance(value, str)
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) if kind == _INT else isinstance(value, (int, float))
+
+
 def _rows(folder: str, name: str) -> list[dict[str, Any]]:
     path = os.path.join(folder, f"{name}.parquet")
     if not os.path.exists(path):
@@ -86,7 +103,32 @@ def _rows(folder: str, name: str) -> list[dict[str, Any]]:
     missing = _COLUMNS[name] - set(table.column_names)
     if missing:
         raise invalid_param(f"{path}: not a sweep's {name} table (no column {', '.join(sorted(missing))})")
-    return table.to_pylist()
+    rows = table.to_pylist()
+    for i, row in enumerate(rows):
+        for col in sorted(_COLUMNS[name]):
+            if not _check_kind(row[col], _KINDS[col]):
+                raise invalid_param(f"{path}: row {i}: {col} is {_args.show(row[col])}, not {_KINDS[col]}")
+    return rows
+
+
+#: The manifest's fields the report shows, and what each must be when present.
+_MANIFEST = {"name": (str,), "cells": (int,), "computed": (int,), "cached": (int,), "seconds": (int, float)}
+_MANIFEST |= {"failed": (dict,), "versions": (dict,)}
+
+
+def _check_manifest(manifest: Any, path: str) -> dict[str, Any]:
+    if not isinstance(manifest, dict):
+        raise invalid_param(f"{path}: not a sweep manifest (a JSON object), got {_args.show(manifest)}")
+    for key, kinds in _MANIFEST.items():
+        v = manifest.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, kinds)):
+            want = " or ".join(k.__name__ for k in kinds)
+            raise invalid_param(f"{path}: {key} is {_args.show(v)}, not {want}")
+    for key in ("failed", "versions"):
+        for k, v in (manifest.get(key) or {}).items():
+            if not isinstance(v, str):
+                raise invalid_param(f"{path}: {key}[{k!r}] is {_args.show(v)}, not a string")
+    return manifest
 
 
 def load(folder: Any) -> dict[str, Any]:
@@ -96,9 +138,7 @@ def load(folder: Any) -> dict[str, Any]:
     manifest_path = os.path.join(folder, "sweep.json")
     if not os.path.exists(manifest_path):
         raise invalid_param(f"{folder}: no sweep.json; give a folder written by npumem sweep --out")
-    manifest = _files.read_json(manifest_path, "a sweep manifest (sweep.json)")
-    if not isinstance(manifest, dict):
-        raise invalid_param(f"{manifest_path}: not a sweep manifest")
+    manifest = _check_manifest(_files.read_json(manifest_path, "a sweep manifest (sweep.json)"), manifest_path)
     return {"manifest": manifest, **{n: _rows(folder, n) for n in ("tlb", "alloc", "timelines")}}
 
 

@@ -25,6 +25,9 @@ Invariants:
 - the whole config is checked (types, names, sizes, workloads built, ``alloc_conf`` parsed)
   before a cluster is started or a file is written: a bad config is one
   :class:`npumem.InvalidParamError` naming the key, the value and what is accepted;
+- a table of the grid has at most :data:`MAX_CELLS` cells, and a sweep whose cells still to
+  compute pass :data:`WORK_BUDGET` (:func:`estimate`) is refused with the estimate, before
+  anything runs, unless ``yes=True`` (``npumem sweep --yes``);
 - Dask (``distributed``) and pyarrow are optional (``pip install 'npumem[sweep]'``): without
   ``distributed`` only ``workers=0`` runs; without pyarrow the CSVs are written and
   :class:`npumem.MissingDependencyError` is raised afterwards for the Parquet files.
@@ -177,8 +180,17 @@ def cell_key(kind: str, params: Mapping[str, Any]) -> str:
 
 def expand(config: Mapping[str, Any]) -> list[Cell]:
     """The cells of a config (a dict as :func:`load_config` returns, or written by hand), every
-    value checked first."""
+    value checked first: a value of the wrong type is an InvalidParamError too (the config is
+    input, like a file's content)."""
     config = _args.mapping(config, "config")
+    try:
+        return _expand(config)
+    except TypeError as e:  # _args' checks: the message names the key and the value
+        where = f"{config['path']}: " if isinstance(config.get("path"), str) else ""
+        raise invalid_param(f"{where}{e}") from None
+
+
+def _expand(config: Mapping[str, Any]) -> list[Cell]:
     _unknown(config, {"name", "tlb", "alloc", "base", "source", "path"}, "the config")
     if "tlb" not in config and "alloc" not in config:
         raise invalid_param("the config has neither a [tlb] nor an [alloc] table; give at least one")
@@ -203,6 +215,8 @@ def _tlb_cells(t: Mapping[str, Any]) -> list[Cell]:
     ]
     accesses = _args.integer(t.get("accesses", 1_000_000), "tlb.accesses", 1, _args.MAX_ELEMENTS)
     seeds = [_args.integer(s, f"tlb.seeds[{i}]") for i, s in enumerate(_list(t, "seeds", "tlb", [0]))]
+    axes = (presets, pages, patterns, footprints, seeds)
+    _grid_size("[tlb]", math.prod(len(dict.fromkeys(v)) for v in axes))
     cells = []
     for preset in dict.fromkeys(presets):
         for page in dict.fromkeys(pages):
@@ -219,6 +233,42 @@ def _tlb_cells(t: Mapping[str, Any]) -> list[Cell]:
                         }
                         cells.append(Cell("tlb", p, cell_key("tlb", p)))
     return cells
+
+
+#: The most cells one table of a grid may have (each is a task, a cache file and a row).
+MAX_CELLS = 1_000_000
+#: The work a sweep runs without ``yes=True`` (``--yes``), in units of one TLB access (see
+#: :func:`estimate`): about an hour of one worker's time.
+WORK_BUDGET = 5_000_000_000
+#: Units a worker does per second (a TLB access of the model, called from a cell, is about
+#: 0.7 us on this project's two-core reference machine).
+UNITS_PER_SECOND = 1_500_000
+#: What an alloc cell costs per event of its workload, in those units (measured the same way):
+#: a replay at a given capacity, the search for the smallest capacity (about 20 replays, each
+#: on a new device), and the timeline (a replay made one call per event from Python).
+_REPLAY_UNITS, _MIN_UNITS, _TIMELINE_UNITS = 10, 200, 20
+
+
+def _grid_size(table: str, cells: int) -> None:
+    if cells > MAX_CELLS:
+        raise invalid_param(f"{table} makes a grid of {cells:,} cells; at most {MAX_CELLS:,} (use fewer values)")
+
+
+def estimate(cells: list[Cell]) -> int:
+    """The work of ``cells`` in units of one TLB access: a TLB cell its ``accesses``; an alloc
+    cell its workload's events times the cost of a replay, or of the search for a ``min``
+    capacity, plus its timeline's."""
+    work = 0
+    for cell in cells:
+        p = cell.params
+        if cell.kind == "tlb":
+            work += p["accesses"]
+        else:
+            per_event = (_MIN_UNITS if p["capacity"] == _MIN else _REPLAY_UNITS) + (
+                _TIMELINE_UNITS if p["timeline"] else 0
+            )
+            work += len(cell.inputs) * per_event
+    return work
 
 
 def _capacity(value: Any, name: str) -> str | int:
@@ -287,6 +337,8 @@ def _alloc_cells(a: Mapping[str, Any], base: str) -> list[Cell]:
     specs = _args.mapping(a.get("workloads"), "alloc.workloads")
     if not specs:
         raise invalid_param("alloc.workloads is empty; give at least one [alloc.workloads.NAME] table")
+    size = len(specs) * sum(len(dict.fromkeys(per[f])) for f in dict.fromkeys(families)) * len(capacities)
+    _grid_size("[alloc]", size)
     workloads = {name: _workload(name, spec, base) for name, spec in specs.items()}
     cells = []
     for name, (ident, events) in workloads.items():
@@ -469,6 +521,7 @@ def run(
     client: Any = None,
     progress: bool | Callable[[Progress], None] = True,
     command: str | None = None,
+    yes: bool = False,
 ) -> SweepResult:
     """Runs a sweep: ``config`` is a TOML path or a dict (as :func:`load_config` returns; trace
     paths are relative to its ``base``, else to the current folder); results go to the folder
@@ -476,7 +529,9 @@ def run(
     scheduler at ``scheduler``, else on a new ``LocalCluster`` of ``workers`` single-threaded
     worker processes; ``workers=0`` runs them one by one in this process (no Dask).
     ``progress``: True prints to stderr, a callable gets each :class:`Progress`, False is quiet.
-    ``command`` is recorded as the command that made the results (default: this call)."""
+    ``command`` is recorded as the command that made the results (default: this call).
+    Cells still to compute whose :func:`estimate` passes :data:`WORK_BUDGET` are refused
+    (InvalidParamError with the estimate, before anything runs) unless ``yes``."""
     t_start = time.perf_counter()
     if not isinstance(config, Mapping):
         config = load_config(config)
@@ -484,6 +539,7 @@ def run(
     if scheduler is not None:
         scheduler = _args.text(scheduler, "scheduler")
     workers = _args.integer(workers, "workers", 0, 512)
+    yes = _args.flag(yes, "yes")
     if not callable(progress):
         progress = _Printer() if _args.flag(progress, "progress") else (lambda p: None)
     cells = expand(config)
@@ -500,6 +556,14 @@ def run(
         if hit is None:
             todo.append(cell)
         results[cell.key] = hit or {}
+    work = estimate(todo)
+    if work > WORK_BUDGET and not yes:
+        hours = work / UNITS_PER_SECOND / 3600 / max(1, workers)
+        raise invalid_param(
+            f"the sweep has {len(todo):,} cells to compute, about {work:,} units of work (a TLB access each) "
+            f"(~{hours:,.1f} h on {max(1, workers)} worker(s)): more than the budget of {WORK_BUDGET:,}; "
+            "use fewer cells or accesses, or pass --yes (sweep.run(..., yes=True)) to run it anyway"
+        )
     unique = len(results)
     cached = unique - len(todo)
     failed: dict[str, str] = {}
@@ -673,4 +737,4 @@ def _write_tables(cells: list[Cell], results: dict[str, dict[str, Any]], out: st
     return files
 
 
-__all__ = ["Cell", "Progress", "SweepResult", "cell_key", "expand", "load_config", "run", "run_cell"]
+__all__ = ["Cell", "Progress", "SweepResult", "cell_key", "estimate", "expand", "load_config", "run", "run_cell"]

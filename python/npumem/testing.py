@@ -113,26 +113,40 @@ def policies(family: str = "npumem") -> st.SearchStrategy[Policy]:
     return st.sampled_from([Policy.HUGE_FIRST, Policy.HUGE_ONLY, Policy.NORMAL_ONLY])
 
 
-@st.composite
 def workloads(
-    draw: Any,
     max_allocs: int = 40,
     size: st.SearchStrategy[int] | None = None,
     lifetime: st.SearchStrategy[int | None] | None = None,
     streams: int = 1,
     policy: st.SearchStrategy[Policy] | None = None,
-) -> list[Any]:
+) -> st.SearchStrategy[list[Any]]:
     """A workload: up to ``max_allocs`` allocations with sizes from ``size`` (default
     :func:`sizes`) and lifetimes from ``lifetime`` (default :func:`lifetimes`), each freed once.
 
     Events are what :func:`npumem.replay.replay` takes: ``("alloc", id, size)`` /
     ``("free", id, size)`` tuples, or — with ``streams`` > 1 or a ``policy`` strategy — mappings
     that add ``stream`` (0 to ``streams - 1``) and ``policy``. Every id is allocated once and
-    freed once, after its allocation; a block whose lifetime is None is freed at the end."""
+    freed once, after its allocation; a block whose lifetime is None is freed at the end. The
+    arguments are checked when the strategy is made, not when it is drawn from."""
     max_allocs = _args.integer(max_allocs, "max_allocs", 1, 1 << 16)
     streams = _args.integer(streams, "streams", 1, 1 << 10)
     size = sizes() if size is None else size
     lifetime = lifetimes() if lifetime is None else lifetime
+    for value, name in ((size, "size"), (lifetime, "lifetime"), (policy, "policy")):
+        if value is not None and not isinstance(value, st.SearchStrategy):
+            raise _args.type_error(name, value, "a hypothesis strategy or None")
+    return _workloads(max_allocs, size, lifetime, streams, policy)
+
+
+@st.composite
+def _workloads(
+    draw: Any,
+    max_allocs: int,
+    size: st.SearchStrategy[int],
+    lifetime: st.SearchStrategy[int | None],
+    streams: int,
+    policy: st.SearchStrategy[Policy] | None,
+) -> list[Any]:
     n = draw(st.integers(1, max_allocs))
     rich = streams > 1 or policy is not None
     events: list[Any] = []

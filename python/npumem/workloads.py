@@ -61,7 +61,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _args, formats
+from . import _args, _files, formats
 from .errors import OutOfMemoryError, invalid_param
 
 #: The most events a generator builds (about a minute of replay in Python, seconds in Rust).
@@ -421,6 +421,8 @@ def kv_cache_serving(
     running: list[dict[str, Any]] = []
     step = 0
     while waiting < requests or running:
+        if not running and arrive_at[waiting] > step:
+            step = math.ceil(arrive_at[waiting])  # idle steps make no events: skip to the arrival
         # admit
         while waiting < requests and arrive_at[waiting] <= step and len(running) < max_batch:
             plen, olen = arrivals[waiting]
@@ -938,6 +940,14 @@ def plot_timelines(timelines: Sequence[Timeline], path: str, title: str = "") ->
     a PNG at ``path``. Needs matplotlib (``MissingDependencyError`` with the install hint)."""
     from ._optional import require
 
+    if isinstance(timelines, (str, bytes)) or not isinstance(timelines, Sequence):
+        raise _args.type_error("timelines", timelines, "a list of Timeline (from workloads.timeline)")
+    if not timelines:
+        raise invalid_param("timelines is empty; give at least one Timeline to plot")
+    for i, tl in enumerate(timelines):
+        if not isinstance(tl, Timeline):
+            raise _args.type_error(f"timelines[{i}]", tl, "a Timeline (from workloads.timeline)")
+    path = _files.path_arg(path)
     require("matplotlib", "the timeline plot")
     import matplotlib
 

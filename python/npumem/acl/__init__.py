@@ -45,6 +45,15 @@ __all__ = [
 _atexit_registered = False
 
 
+def _device_number(raw: Any) -> int:
+    """A config's ``default_device``: an int, or a string of one (as pyACL's configs write it)."""
+    if isinstance(raw, bool) or not isinstance(raw, (int, str)):
+        raise ValueError(f'defaultDevice.default_device is {raw!r}; give a device number such as "0"')
+    if isinstance(raw, str) and not (raw.strip().isascii() and raw.strip().isdigit() and len(raw.strip()) <= 9):
+        raise ValueError(f'defaultDevice.default_device is {raw!r}; give a device number such as "0"')
+    return int(raw)
+
+
 def init(config_path: Any = None) -> int:
     """``aclInit``: 0, or 100002 (ACL_ERROR_REPEAT_INITIALIZE) when already initialised. A JSON
     config may name a default device (``{"defaultDevice": {"default_device": "0"}}``)."""
@@ -61,8 +70,8 @@ def init(config_path: Any = None) -> int:
                     text = f.read()
                 conf = json.loads(text) if text.strip() else {}
                 raw = conf.get("defaultDevice", {}).get("default_device") if isinstance(conf, dict) else None
-                default = None if raw is None else int(raw)
-            except (OSError, ValueError, AttributeError) as e:
+                default = None if raw is None else _device_number(raw)
+            except (OSError, ValueError, AttributeError, RecursionError) as e:
                 return RT.fail(codes.ACL_ERROR_INVALID_PARAM, f"acl.init({config_path!r}): {e}")
             if default is not None and not RT.valid_device(default):
                 return RT.fail(codes.ACL_ERROR_INVALID_PARAM, f"default_device {default} does not exist")

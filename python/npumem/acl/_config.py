@@ -30,6 +30,8 @@ MAX_DEVICES = 64
 BACKENDS = ("sim", "host")
 ALLOCATORS = ("npumem", "direct", "pytorch", "torch_npu")
 DEFAULT_SIM_CAPACITY = 64 << 30
+#: The capacities the host backend takes (its own check, made here before any device is).
+HOST_MIN_CAPACITY, HOST_MAX_CAPACITY = 64 << 10, 1 << 40
 #: The VA a simulated device may need per byte of memory: the npumem pool reserves 4x its
 #: capacity for each of its two page pools.
 VA_PER_BYTE = 8
@@ -112,6 +114,11 @@ def make(
     if alloc_conf is not None and not isinstance(alloc_conf, str):
         raise TypeError(f"{n['alloc_conf']} must be a str, got {alloc_conf!r}")
     config = Config(count, size, backend, allocator, (alloc_conf or "").strip())
+    if backend == "host" and size is not None and not HOST_MIN_CAPACITY <= size <= HOST_MAX_CAPACITY:
+        raise ConfigError(
+            f"{n['capacity']}={capacity!r}: a host-backend device holds from "
+            f"{_native.format_size(HOST_MIN_CAPACITY)} to {_native.format_size(HOST_MAX_CAPACITY)}"
+        )
     if backend == "sim" and size is not None and size * VA_PER_BYTE > config.slice_bytes():
         most = config.slice_bytes() // VA_PER_BYTE
         raise ConfigError(

@@ -339,6 +339,39 @@ def host_mapped(addr: int, count: int) -> bool:
     return True
 
 
+# Note [Host access]
+# mincore says a page is mapped, not that it may be touched: a PROT_NONE guard page or a
+# read-only mapping passes it, and copying into (or out of) it would fault the interpreter. The
+# mappings that cover the range are read from /proc/self/maps (sorted by address) and each must
+# grant the access. Limitation: another thread may change a mapping between the check and the
+# copy (the copy is then as unsafe as in C); without /proc (not Linux) only mincore's answer is
+# kept.
+
+
+def host_access(addr: int, count: int, write: bool = False) -> bool:
+    """Whether the mappings of this process that cover ``[addr, addr + count)`` (mapped: checked
+    with :func:`host_mapped` first) all grant reading, and writing with ``write``: a
+    ``PROT_NONE`` or read-only page is refused before it is touched."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            maps = f.read()
+    except OSError:
+        return True
+    at, hi = addr, addr + count
+    for line in maps.splitlines():
+        span, perms = line.split(b" ", 2)[:2]
+        a, _, b = span.partition(b"-")
+        start, end = int(a, 16), int(b, 16)
+        if end <= at:
+            continue
+        if start > at or not perms.startswith(b"r") or (write and perms[1:2] != b"w"):
+            return False
+        at = end
+        if at >= hi:
+            return True
+    return False
+
+
 def host_view(addr: int, count: int) -> Any:
     """A writable buffer over ``count`` bytes of process memory at ``addr`` (checked before)."""
     return (ctypes.c_char * count).from_address(addr)

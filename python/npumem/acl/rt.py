@@ -35,6 +35,7 @@ from ._runtime import (
     Stream,
     call_site,
     getpid,
+    host_access,
     host_mapped,
     host_view,
     new_handle,
@@ -422,7 +423,8 @@ _KIND_DIRECTIONS = {0: (False, False), 1: (False, True), 2: (True, False), 3: (T
 
 
 def _where(addr: int, count: int, role: str) -> tuple[str, int] | int:
-    """(kind, device) of ``count`` bytes at ``addr``, or the error code (already recorded)."""
+    """(kind, device) of ``count`` bytes at ``addr``, or the error code (already recorded);
+    pageable memory must be readable, and writable unless ``role`` is the source."""
     if addr == 0:
         return RT.fail(C.ACL_ERROR_INVALID_PARAM, f"{role} is NULL")
     d = RT.sys().locate(addr)
@@ -441,7 +443,15 @@ def _where(addr: int, count: int, role: str) -> tuple[str, int] | int:
         return _PINNED, block.owner
     if not host_mapped(addr, count):
         return RT.fail(C.ACL_ERROR_RT_PARAM_INVALID, f"{count} bytes at {role} {addr:#x} are not mapped host memory")
+    write = role != "source"
+    if not host_access(addr, count, write):
+        return RT.fail(C.ACL_ERROR_RT_PARAM_INVALID, _no_access(count, role, addr, write))
     return _PAGEABLE, -1
+
+
+def _no_access(count: int, role: str, addr: int, write: bool) -> str:
+    what = "written (read-only or PROT_NONE)" if write else "read (PROT_NONE)"
+    return f"{count} bytes at {role} {addr:#x} are mapped host memory that may not be {what}"
 
 
 def _check_kind(kind: int) -> int:
@@ -621,6 +631,8 @@ def _copy2d(fn: str, args: tuple[Any, ...], stream: Stream | None) -> int:
             _, ret = _native(RT.sys().device(w[1])._check_range, addr, span)
         elif not host_mapped(addr, span):
             ret = RT.fail(C.ACL_ERROR_RT_PARAM_INVALID, f"{span} bytes at {role} {addr:#x} are not mapped memory")
+        elif not host_access(addr, span, role == "destination"):
+            ret = RT.fail(C.ACL_ERROR_RT_PARAM_INVALID, _no_access(span, role, addr, role == "destination"))
         else:
             ret = 0
         if ret:

@@ -2,9 +2,10 @@
 
 ``bytes_to_ptr`` points inside the bytes object (no copy; the object must outlive the pointer,
 and copies may write into it, as pyACL programs do); ``ptr_to_bytes`` copies; ``ptr_to_numpy`` is
-a zero-copy, writeable view; ``numpy_to_ptr`` is the array's data address. Device pointers of the
-simulator are not process memory: the calls that read or view memory refuse them (ValueError)
-rather than touch an address that holds nothing.
+a zero-copy, writeable view (read-only over read-only memory); ``numpy_to_ptr`` is the array's
+data address. Device pointers of the simulator are not process memory: the calls that read or
+view memory refuse them (ValueError) rather than touch an address that holds nothing, and so
+are memory that is not mapped or may not be read (``PROT_NONE``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ._runtime import LOCK, RT, host_mapped, host_view
+from ._runtime import LOCK, RT, host_access, host_mapped, host_view
 
 __all__ = ["bytes_to_ptr", "numpy_contiguous_to_ptr", "numpy_to_ptr", "ptr_to_bytes", "ptr_to_numpy"]
 
@@ -67,6 +68,7 @@ def bytes_to_ptr(data: Any) -> int:
 
 
 def _host(ptr: Any, nbytes: int, fn: str) -> int:
+    """``ptr`` as an int, once ``nbytes`` there are readable host memory (ValueError otherwise)."""
     if isinstance(ptr, bool) or not isinstance(ptr, (int, np.integer)):
         raise TypeError(f"acl.util.{fn}: ptr must be int, got {type(ptr).__name__}")
     p = int(ptr)
@@ -79,6 +81,8 @@ def _host(ptr: Any, nbytes: int, fn: str) -> int:
             )
     if nbytes and not host_mapped(p, nbytes):
         raise ValueError(f"acl.util.{fn}: {nbytes} bytes at {p:#x} are not mapped host memory")
+    if nbytes and not host_access(p, nbytes):
+        raise ValueError(f"acl.util.{fn}: {nbytes} bytes at {p:#x} are mapped without read access (PROT_NONE)")
     return p
 
 
@@ -92,7 +96,7 @@ def ptr_to_bytes(ptr: Any, size: Any) -> bytes:
 
 def ptr_to_numpy(ptr: Any, shape: Any, npy_type: Any) -> np.ndarray:
     """A writeable array of ``shape`` and NumPy type number ``npy_type`` over the memory at ``ptr``
-    (no copy: writes land in that memory)."""
+    (no copy: writes land in that memory; read-only when the memory is)."""
     if not isinstance(shape, tuple) or not all(isinstance(d, (int, np.integer)) and d >= 0 for d in shape):
         raise TypeError(f"acl.util.ptr_to_numpy: shape must be a tuple of non-negative ints, got {shape!r}")
     if isinstance(npy_type, bool) or not isinstance(npy_type, (int, np.integer)):
@@ -105,4 +109,7 @@ def ptr_to_numpy(ptr: Any, shape: Any, npy_type: Any) -> np.ndarray:
     p = _host(ptr, nbytes, "ptr_to_numpy")
     if nbytes == 0:
         return np.empty(shape, dtype)
-    return np.frombuffer(host_view(p, nbytes), dtype=dtype, count=count).reshape(shape)
+    view = np.frombuffer(host_view(p, nbytes), dtype=dtype, count=count).reshape(shape)
+    if not host_access(p, nbytes, write=True):
+        view.flags.writeable = False  # read-only memory: a write through the view would fault
+    return view
