@@ -15,10 +15,13 @@ run: build
 
 test: build lint test-rust test-loom test-python
 
-$(STAMP): requirements-dev.txt
+# torch (requirements-torch.txt, a few minutes the first time) is installed with the rest: the
+# tests of npumem.torch need it, and under CI=true they fail without it rather than skip.
+$(STAMP): requirements-dev.txt requirements-torch.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -r requirements-dev.txt
+	$(BIN)/python -m pip install -q -r requirements-torch.txt
 	touch $(STAMP)
 
 # Release build of the extension, installed into .venv (editable for the Python sources), and of
