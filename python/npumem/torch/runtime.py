@@ -33,12 +33,13 @@ def get() -> Runtime:
     return RUNTIME
 
 
-def check_index(index: Any, name: str = "device") -> int:
-    """``index`` as a valid device index of the runtime."""
+def check_index(index: Any, shown: Any = None) -> int:
+    """``index`` as a valid device index of the runtime (``shown``: what the caller passed)."""
     count = len(get().devices)
     if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
         have = ", ".join(f"npu:{i}" for i in range(count))
-        raise ValueError(f"{name}={index!r}: no such npu device; there is {have} (npumem.torch)")
+        what = index if shown is None else shown
+        raise ValueError(f"device={what!r}: no such npu device; npumem.torch has {have}")
     return index
 
 
@@ -58,7 +59,7 @@ def index_of(device: Any) -> int:
             raise ValueError(f"device={device!r}: {e}") from None
     if not isinstance(device, torch.device) or device.type != "npu":
         raise ValueError(f"device={device!r}: expected an npu device (npu, npu:0, 0)")
-    return rt.current if device.index is None else check_index(device.index)
+    return rt.current if device.index is None else check_index(device.index, str(device))
 
 
 def current_index() -> int:
