@@ -26,7 +26,6 @@ import math
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
 
 from ..errors import OutOfMemoryError as _NpumemOOM
 from . import oom, runtime, storage
@@ -34,6 +33,17 @@ from . import oom, runtime, storage
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _CPU = torch.device("cpu")
 _aten = torch.ops.aten
+
+
+def _map(fn: Any, x: Any) -> Any:
+    """``fn`` on every leaf of ``x`` (an op's arguments or results: values, lists and tuples of
+    them); the containers are rebuilt as they were."""
+    if isinstance(x, (list, tuple)):
+        items = [_map(fn, v) for v in x]
+        if type(x) in (list, tuple):
+            return type(x)(items)
+        return type(x)(*items) if hasattr(type(x), "_fields") else type(x)(items)  # namedtuple, structseq
+    return fn(x)
 
 
 def _nbytes(size: Any, stride: Any, itemsize: int) -> int:
@@ -50,8 +60,11 @@ def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory
     index = runtime.index_of(device)
     nbytes = _nbytes(size, stride, dtype.itemsize)
     dev = runtime.device(index)
+    direct = storage.has_dl_type(dtype)
     try:
-        base = storage.byte_tensor(dev, nbytes, index)
+        if direct:
+            return storage.new_tensor(dev, nbytes, size, stride, dtype, index)
+        base = storage.new_tensor(dev, nbytes, [nbytes], [1], torch.uint8, index)
     except _NpumemOOM as e:
         raise torch.OutOfMemoryError(oom.message(dev, index, nbytes, e)) from None
     typed = _aten.view.dtype.redispatch(_CPU_KEYS, base, dtype)
@@ -59,10 +72,19 @@ def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory
 
 
 def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    dtype = torch.get_default_dtype() if dtype is None else dtype
-    fmt = torch.contiguous_format if memory_format is None else memory_format
-    stride = torch.empty(size, dtype=dtype, device="meta", memory_format=fmt).stride()
+    if memory_format in (None, torch.contiguous_format, torch.preserve_format):
+        stride = _contiguous(size)
+    else:
+        stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
     return empty_strided(size, stride, dtype, layout, device, pin_memory)
+
+
+def _contiguous(size: Any) -> list[int]:
+    stride, step = [], 1
+    for s in reversed(size):
+        stride.append(step)
+        step *= max(s, 1)
+    return stride[::-1]
 
 
 def _alias(t: Any) -> Any:
@@ -94,8 +116,10 @@ def _move_onto(t: torch.Tensor, size, stride, offset: int, nbytes: int) -> None:
 
 def resize_(self, size, memory_format=None):
     size = list(size)
-    fmt = torch.contiguous_format if memory_format is None else memory_format
-    stride = torch.empty(size, dtype=self.dtype, device="meta", memory_format=fmt).stride()
+    if memory_format in (None, torch.contiguous_format, torch.preserve_format):
+        stride = _contiguous(size)
+    else:
+        stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
     offset = self.storage_offset()
     needed = _nbytes(size, stride, self.dtype.itemsize) + (offset * self.dtype.itemsize if math.prod(size) else 0)
     if needed > self.untyped_storage().nbytes():
@@ -159,7 +183,8 @@ def fallback(op, *args, **kwargs):
             return _CPU
         return x
 
-    host_args, host_kwargs = tree_map(to_host, (args, kwargs))
+    host_args = _map(to_host, args)
+    host_kwargs = {k: _map(to_host, v) for k, v in kwargs.items()} if kwargs else kwargs
     out = op(*host_args, **host_kwargs)
     # An argument the CPU kernel resized (an out= tensor) moved onto CPU memory: give it npu memory.
     for t, alias, ptr in inputs:
@@ -175,7 +200,8 @@ def fallback(op, *args, **kwargs):
         same = by_alias.get(id(o))
         if same is not None:
             return same
-        base = storages.get(o.untyped_storage().data_ptr()) if o.untyped_storage().data_ptr() else None
+        ptr = o.untyped_storage().data_ptr()
+        base = storages.get(ptr) if ptr else None
         if base is not None:  # a view of an argument's storage
             return _aten.set_.source_Storage_storage_offset.redispatch(
                 _CPU_KEYS,
@@ -190,7 +216,7 @@ def fallback(op, *args, **kwargs):
             storage.host_alias(fresh).copy_(o)
         return fresh
 
-    return tree_map(to_device, out)
+    return _map(to_device, out)
 
 
 def _device_of(inputs: list[tuple[torch.Tensor, torch.Tensor, int]]) -> torch.device:

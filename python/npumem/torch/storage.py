@@ -75,22 +75,52 @@ def _delete(managed: Any) -> None:
         entry[2].free(entry[3])
 
 
-def byte_tensor(device: Any, nbytes: int, index: int = 0) -> torch.Tensor:
-    """A 1-D uint8 ``npu:index`` tensor over a fresh npumem allocation of ``nbytes`` from
-    ``device`` (which raises npumem's ``OutOfMemoryError`` when it cannot)."""
+#: DLPack's (type code, bits) of the dtypes it names; any other dtype is made as bytes and viewed.
+_DL_TYPES = {
+    torch.float16: (2, 16),
+    torch.float32: (2, 32),
+    torch.float64: (2, 64),
+    torch.bfloat16: (4, 16),
+    torch.int8: (0, 8),
+    torch.int16: (0, 16),
+    torch.int32: (0, 32),
+    torch.int64: (0, 64),
+    torch.uint8: (_KDL_UINT, 8),
+    torch.uint16: (_KDL_UINT, 16),
+    torch.uint32: (_KDL_UINT, 32),
+    torch.uint64: (_KDL_UINT, 64),
+    torch.bool: (6, 8),
+    torch.complex64: (5, 64),
+    torch.complex128: (5, 128),
+}
+
+
+def has_dl_type(dtype: torch.dtype) -> bool:
+    return dtype in _DL_TYPES
+
+
+def new_tensor(
+    device: Any, nbytes: int, size: list[int], stride: list[int], dtype: Any, index: int = 0
+) -> torch.Tensor:
+    """An ``npu:index`` tensor of ``size``, ``stride`` and ``dtype`` (one DLPack names) over a
+    fresh npumem allocation of ``nbytes`` (the storage those need) from ``device``, which raises
+    npumem's ``OutOfMemoryError`` when it cannot."""
     ptr = device.malloc(nbytes) if nbytes else 0
-    shape = (ctypes.c_int64 * 1)(nbytes)
+    ndim = len(size)
+    dims = (ctypes.c_int64 * (2 * ndim))(*size, *stride)
     managed = _DLManagedTensor()
-    managed.dl_tensor.data = ptr or None
-    managed.dl_tensor.device = _DLDevice(_KDL_EXT_DEV, index)
-    managed.dl_tensor.ndim = 1
-    managed.dl_tensor.dtype = _DLDataType(_KDL_UINT, 8, 1)
-    managed.dl_tensor.shape = shape
+    t = managed.dl_tensor
+    t.data = ptr or None
+    t.device = _DLDevice(_KDL_EXT_DEV, index)
+    t.ndim = ndim
+    t.dtype = _DLDataType(*_DL_TYPES[dtype], 1)
+    t.shape = ctypes.cast(dims, ctypes.POINTER(ctypes.c_int64))
+    t.strides = ctypes.cast(ctypes.byref(dims, 8 * ndim), ctypes.POINTER(ctypes.c_int64))
     key = next(_KEYS)
     managed.manager_ctx = key
     managed.deleter = _delete
     with _LOCK:
-        _LIVE[key] = (managed, shape, device, ptr)
+        _LIVE[key] = (managed, dims, device, ptr)
     try:
         return torch._C._from_dlpack(_capsule_new(ctypes.addressof(managed), b"dltensor", None))
     except BaseException:
