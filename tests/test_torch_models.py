@@ -158,3 +158,26 @@ def test_views_and_in_place_writes_share_the_npu_storage(npu):
     expected.view(24)[0] = 5
     torch.testing.assert_close(t.cpu(), expected, rtol=0, atol=0)
     assert t.sum().item() == expected.sum().item()
+
+
+@pytest.mark.parametrize(
+    "dtype", ["float16", "bfloat16", "float64", "int64", "uint8", "bool", "complex64", "float8_e4m3fn"]
+)
+def test_every_dtype_keeps_its_bytes_and_layout_on_npu(npu, dtype):
+    dtype = getattr(torch, dtype)
+    x = torch.arange(24).reshape(2, 3, 4).to(dtype).transpose(0, 2)
+    y = x.npu()
+    assert (y.dtype, y.shape, y.stride()) == (dtype, x.shape, x.stride())
+    assert npu.allocation(y.data_ptr())["size"] == 24 * dtype.itemsize
+    as_bytes = [t.contiguous().view(torch.uint8) for t in (y.cpu(), x)]
+    torch.testing.assert_close(*as_bytes, rtol=0, atol=0)
+
+
+def test_channels_last_and_zero_dim_tensors(npu):
+    x = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    y = x.npu()
+    assert y.stride() == x.stride() and y.is_contiguous(memory_format=torch.channels_last)
+    z = torch.empty(2, 3, 4, 5, device="npu", memory_format=torch.channels_last)
+    assert z.stride() == x.stride()
+    assert torch.tensor(3.5).npu().item() == 3.5
+    torch.testing.assert_close(torch.nn.functional.relu(y).cpu(), torch.relu(x), rtol=0, atol=0)
