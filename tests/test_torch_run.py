@@ -4,6 +4,8 @@ configured by the environment; usage errors are one line and exit status 2."""
 from __future__ import annotations
 
 import os
+import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -74,3 +76,17 @@ def test_usage_errors_exit_2():
     assert (out.returncode, out.stderr) == (2, "npumem.torch: no-such-script.py: no such file\n")
     out = subprocess.run(run, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.startswith("usage: python -m npumem.torch script.py")
+
+
+def _python_block(path: str, after: str) -> str:
+    text = (pathlib.Path(__file__).resolve().parents[1] / path).read_text()
+    return re.search(r"```python\n(.*?)```", text[text.index(after) :], re.S).group(1)
+
+
+def test_the_readme_and_docs_examples_run_as_written():
+    readme = _python_block("README.md", "## Your PyTorch program on a simulated NPU")
+    docs = _python_block("docs/torch-device.md", "# A PyTorch `npu` device")
+    assert readme == docs
+    out = subprocess.run([sys.executable, "-c", readme], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "npumem memory summary" in out.stdout and "allocated memory" in out.stdout
