@@ -22,6 +22,16 @@ from .._optional import MissingDependencyError
 USAGE = "usage: python -m npumem.torch script.py [args...]"
 
 
+def stand_in_torch_npu() -> None:
+    """Makes ``import torch_npu`` give a module whose ``npu`` is ``torch.npu`` (unless a
+    torch_npu module is there already)."""
+    import torch
+
+    shim = types.ModuleType("torch_npu", "npumem.torch's stand-in for torch_npu: its npu is torch.npu")
+    shim.npu = torch.npu  # type: ignore[attr-defined]
+    sys.modules.setdefault("torch_npu", shim)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
@@ -38,11 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, InstallError, MissingDependencyError, TypeError) as e:
         print(f"npumem.torch: {e}", file=sys.stderr)
         return 2
-    import torch
-
-    shim = types.ModuleType("torch_npu", "npumem.torch's stand-in for torch_npu: its npu is torch.npu")
-    shim.npu = torch.npu  # type: ignore[attr-defined]
-    sys.modules.setdefault("torch_npu", shim)
+    stand_in_torch_npu()
     sys.argv = args
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     try:

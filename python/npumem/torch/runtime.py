@@ -25,6 +25,8 @@ class Runtime:
 
 
 RUNTIME: Runtime | None = None
+#: The last failed allocation: (bytes asked for, bytes reserved then), for ``npumem fit``.
+LAST_OOM: tuple[int, int] | None = None
 
 
 def get() -> Runtime:
