@@ -90,3 +90,13 @@ def test_the_readme_and_docs_examples_run_as_written():
     out = subprocess.run([sys.executable, "-c", readme], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "npumem memory summary" in out.stdout and "allocated memory" in out.stdout
+
+
+def test_without_torch_the_torch_tests_skip_except_under_ci(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match=r"CI=true: torch is not installed"):
+        require_torch()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match=r"pip install -r requirements-torch.txt"):
+        require_torch()
