@@ -181,3 +181,20 @@ def test_channels_last_and_zero_dim_tensors(npu):
     assert z.stride() == x.stride()
     assert torch.tensor(3.5).npu().item() == 3.5
     torch.testing.assert_close(torch.nn.functional.relu(y).cpu(), torch.relu(x), rtol=0, atol=0)
+
+
+def test_out_tensors_and_resize_move_onto_fresh_npu_allocations(npu):
+    src = torch.randn(5)
+    out = torch.empty(0, device="npu")
+    torch.abs(src.npu(), out=out)  # the kernel resizes its out= tensor
+    torch.testing.assert_close(out.cpu(), src.abs(), rtol=0, atol=0)
+    assert npu.allocation(out.data_ptr())["size"] == 20
+    before = {a["ptr"] for a in npu.allocations()}
+    old = out.data_ptr()
+    out.resize_(100)  # grows: a new allocation, the old bytes kept, the old block freed
+    assert out.data_ptr() != old and old not in {a["ptr"] for a in npu.allocations()}
+    assert npu.allocation(out.data_ptr())["size"] == 400 and len(before) == len(npu.allocations())
+    torch.testing.assert_close(out[:5].cpu(), src.abs(), rtol=0, atol=0)
+    out.resize_(2, 3)  # shrinks in place
+    assert out.data_ptr() != old and out.shape == (2, 3)
+    torch.testing.assert_close(out.view(-1)[:5].cpu(), src.abs(), rtol=0, atol=0)
