@@ -2,15 +2,14 @@
 the simulated device, ``npumem tlb sweep`` tabulates the TLB model, ``npumem plan`` plans a
 problem CSV or a saved graph, ``npumem replay`` replays a trace file on allocator families side
 by side, ``npumem sweep`` runs a sweep config on Dask, ``npumem report`` makes a self-contained HTML
-report of its results, ``npumem stress`` searches for the workload that fragments an allocator
-family the most (:mod:`npumem.cli_stress`), and ``npumem fit`` runs a PyTorch script on an ``npu``
-device of a given size (:mod:`npumem.torch.fit`).
+report of its results, and ``npumem stress`` searches for the workload that fragments an allocator
+family the most (:mod:`npumem.cli_stress`).
 
 Exit status, one meaning each:
   0    done
   1    the answer is no: the plan does not fit --capacity, the graph does not meet --mem-limit, a
-       replayed trace ran out of memory on --capacity, some cells of a sweep failed (each is
-       listed; the others were written), or a script does not fit (npumem fit)
+       replayed trace ran out of memory on --capacity, or some cells of a sweep failed (each is
+       listed; the others were written)
   2    usage or input error (an unknown option, a bad value, a file that cannot be read or is not
        what the command reads); a one-line message says which
   3    a requested output (--plot, a sweep's Parquet tables or its cluster, a report's plots) needs
