@@ -37,6 +37,7 @@ def add_parser(sub: Any) -> None:
         help="run a PyTorch script on an npu device of a given size: does it fit?",
         description="Runs the script with its npu device served by npumem (host mode: real memory, PyTorch's "
         "CPU kernels) and says whether it fits: peak reserved and allocated, or where it ran out of memory.",
+        epilog="Exit status: 0 fits, 1 does not fit, 2 a bad option or the script failed for another reason.",
     )
     f.add_argument("script", help="the PyTorch program (run as __main__)")
     f.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments (everything after the script)")
