@@ -198,3 +198,12 @@ def test_out_tensors_and_resize_move_onto_fresh_npu_allocations(npu):
     out.resize_(2, 3)  # shrinks in place
     assert out.data_ptr() != old and out.shape == (2, 3)
     torch.testing.assert_close(out.view(-1)[:5].cpu(), src.abs(), rtol=0, atol=0)
+
+
+def test_autocast_on_npu_runs_and_casts_nothing(npu):
+    model = torch.nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+    with torch.autocast("npu", dtype=torch.float16):
+        y = model.npu()(x.npu())
+    assert y.dtype == torch.float32  # documented: no per-op cast policy is registered
+    torch.testing.assert_close(y.cpu(), model.cpu()(x), rtol=0, atol=0)
