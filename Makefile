@@ -15,10 +15,13 @@ run: build
 
 test: build lint test-rust test-loom test-python
 
-$(STAMP): requirements-dev.txt
+# torch (requirements-torch.txt, a few minutes the first time) is installed with the rest: the
+# tests of npumem.torch need it, and under CI=true they fail without it rather than skip.
+$(STAMP): requirements-dev.txt requirements-torch.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -r requirements-dev.txt
+	$(BIN)/python -m pip install -q -r requirements-torch.txt
 	touch $(STAMP)
 
 # Release build of the extension, installed into .venv (editable for the Python sources), and of
@@ -85,7 +88,7 @@ miri:
 # docs/benchmarks.md. `make bench B=list` (or an unknown name) prints the names.
 B ?= malloc
 BENCHES := malloc replay replay-speed flat-latency buffer streams fastpath pools plan tlb \
-	validate-tlb host pagesize sweep workloads stress pyacl memory-viz gpu
+	validate-tlb host pagesize sweep workloads stress pyacl memory-viz gpu torch-device
 .PHONY: $(addprefix bench/,$(BENCHES) list unknown)
 
 bench: $(if $(filter $(B),$(BENCHES) list),bench/$(B),bench/unknown)
@@ -177,6 +180,11 @@ bench/stress: build
 # The pyACL layer (npumem.acl): its cost per call beside Device's, and a P2P copy's time.
 bench/pyacl: build
 	python benches/bench_pyacl.py
+
+# The PyTorch npu device (npumem.torch, host mode) against plain CPU: per-op cost and a
+# ResNet-style training step.
+bench/torch-device: build
+	python benches/bench_torch_device.py
 
 # PyTorch's own memory_viz (stats, trace, segments, memory, trace_plot, segment_plot, compare) on
 # snapshots written by every allocator family and by `npumem replay --snapshot`. memory_viz comes

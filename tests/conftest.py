@@ -361,3 +361,43 @@ def host(dev):
     for ptr in live:
         with contextlib.suppress(npumem.MemoryFreeError):
             dev.free_host(ptr)
+
+
+# --------------------------------------------------------------------------------------------
+# PyTorch: `make test` installs it (requirements-torch.txt). A test module that needs it calls
+# `require_torch()` at import: without torch it is skipped, except under CI=true, where a missing
+# torch is a failure of the set-up and must not pass as a skip.
+# --------------------------------------------------------------------------------------------
+
+
+def require_torch():
+    """The torch module; a skip (a failure under CI=true) when it is not installed."""
+    try:
+        import torch
+    except ImportError as e:
+        why = f"torch is not installed ({e}); pip install -r requirements-torch.txt"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true: {why}", pytrace=False)
+        pytest.skip(why, allow_module_level=True)
+    return torch
+
+
+#: The `npu` device every torch test of the session shares (installing is once per process).
+NPU_SETTINGS = {
+    "capacity": "1GiB",
+    "allocator": "torch_npu",
+    "alloc_conf": "",
+    "mode": "host",
+    "devices": 1,
+    "backend": "host",
+}
+
+
+@pytest.fixture(scope="session")
+def npu():
+    """The npumem Device behind `npu:0`, installed once for the session."""
+    require_torch()
+    import npumem.torch
+
+    npumem.torch.install(**NPU_SETTINGS)
+    return npumem.torch.device(0)

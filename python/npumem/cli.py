@@ -215,6 +215,9 @@ def _parser() -> argparse.ArgumentParser:
 
     add_stress(sub)
     _add_replay(sub)
+    from .torch.fit import add_parser as add_fit
+
+    add_fit(sub)
     return parser
 
 

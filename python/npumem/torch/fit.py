@@ -1,0 +1,152 @@
+"""``npumem fit [--capacity 64GiB] [options] script.py [args...]``: does this PyTorch program fit
+an NPU of this size?
+
+Runs the script in this process with its ``npu`` device served by npumem (host mode: real
+memory, PyTorch's CPU kernels) and answers "fits: peak reserved X of Y, peak allocated Z,
+fragmentation F" (exit 0) or "does not fit: out of memory at file:line, tried to allocate S with
+R reserved" (exit 1), the line being the user's own frame, not PyTorch's or npumem's.
+
+Rules:
+- Options come before the script; everything after it is the script's. They are checked
+  before torch is imported or the script starts: a bad one is one line and exit status 2 (as are
+  ``--mode shape``, not available yet, and ``--devices`` other than 1).
+- The script sees ``sys.argv`` as ``[script, args...]`` and ``import torch_npu`` resolves to
+  npumem's stand-in, as under ``python -m npumem.torch``. An exception of the script's own (not
+  out of memory) is its traceback and exit status 2; its ``sys.exit(n)`` with ``n`` not 0 is
+  exit status 2 too, since the run did not finish.
+- ``--snapshot`` is written whatever the answer (memory history is recorded from the start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import sys
+import traceback
+from typing import Any
+
+from .._cli_base import EXIT_NO, EXIT_OK, EXIT_USAGE, UsageError, _output_path
+
+
+def add_parser(sub: Any) -> None:
+    """Adds ``fit`` to the ``npumem`` subcommands."""
+    f = sub.add_parser(
+        "fit",
+        help="run a PyTorch script on an npu device of a given size: does it fit?",
+        description="Runs the script with its npu device served by npumem (host mode: real memory, PyTorch's "
+        "CPU kernels) and says whether it fits: peak reserved and allocated, or where it ran out of memory.",
+        epilog="Exit status: 0 fits, 1 does not fit, 2 a bad option or the script failed for another reason.",
+    )
+    f.add_argument("script", help="the PyTorch program (run as __main__)")
+    f.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments (everything after the script)")
+    f.add_argument("--capacity", default="64GiB", help="the device's memory (default 64GiB)")
+    f.add_argument("--allocator", default="torch_npu", help="torch_npu (default), pytorch, npumem, direct")
+    f.add_argument("--alloc-conf", default=None, help="PYTORCH_NPU_ALLOC_CONF-style settings (default: the variable)")
+    f.add_argument("--mode", default="host", help="host (default); shape is not available yet")
+    f.add_argument("--devices", default="1", help="number of devices (1)")
+    f.add_argument("--snapshot", default=None, help="write the memory snapshot (memory_viz's pickle) here")
+    f.add_argument("--json", action="store_true", help="print the answer as one JSON object")
+    f.set_defaults(run=run)
+
+
+def _user_frame(tb: Any, script: str) -> tuple[str, int]:
+    """The innermost frame of the script itself, else the innermost outside torch and npumem."""
+    frames = traceback.extract_tb(tb)
+    for fr in reversed(frames):
+        if os.path.abspath(fr.filename) == script:
+            return fr.filename, fr.lineno or 0
+    skip = (os.sep + "torch" + os.sep, os.sep + "npumem" + os.sep)
+    for fr in reversed(frames):
+        if not any(s in fr.filename for s in skip):
+            return fr.filename, fr.lineno or 0
+    last = frames[-1]
+    return last.filename, last.lineno or 0
+
+
+def run(args: Any) -> int:
+    from . import ConfigError, InstallError, install
+    from .__main__ import stand_in_torch_npu
+    from .settings import resolve
+
+    script = os.path.abspath(args.script)
+    if not os.path.isfile(script):
+        raise UsageError(f"{args.script}: no such file")
+    if args.snapshot:
+        _output_path(args.snapshot, "--snapshot")
+    try:
+        settings = resolve(args.capacity, args.allocator, args.alloc_conf, args.mode, args.devices)
+    except (ConfigError, TypeError) as e:
+        message = str(e)
+        for name in ("capacity", "allocator", "alloc_conf", "mode", "devices"):
+            message = message.replace(f"{name}=", f"--{name.replace('_', '-')} ")
+        raise UsageError(message) from None
+    try:
+        install(settings.capacity, settings.allocator, settings.alloc_conf, settings.mode, settings.devices)
+    except InstallError as e:
+        raise UsageError(str(e)) from None
+    import torch
+
+    from . import runtime
+
+    dev = runtime.device(0)
+    dev.record_memory_history(True)
+    stand_in_torch_npu()
+    print(
+        f"npumem fit: running {args.script} on npu:0 ({_gib(dev.capacity)}, {dev.allocator} allocator)",
+        file=sys.stderr,
+    )
+    oom: dict[str, Any] | None = None
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [args.script, *args.script_args]
+    sys.path.insert(0, os.path.dirname(script))
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except torch.OutOfMemoryError as e:
+        file, line = _user_frame(e.__traceback__, script)
+        tried, reserved = runtime.LAST_OOM or (0, dev.memory_reserved())
+        oom = {"file": file, "line": line, "tried_to_allocate": tried, "reserved": reserved}
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            print(f"npumem fit: {args.script} exited with status {e.code!r} before finishing", file=sys.stderr)
+            return EXIT_USAGE
+    except Exception:
+        traceback.print_exc()
+        print(f"npumem fit: {args.script} failed (its traceback above); no answer", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    if args.snapshot:
+        dev.dump_snapshot(args.snapshot)
+    frag = dev.fragmentation()
+    answer = {
+        "fits": oom is None,
+        "capacity": dev.capacity,
+        "peak_reserved": dev.max_memory_reserved(),
+        "peak_allocated": dev.max_memory_allocated(),
+        "fragmentation": frag["external"],
+        "allocator": dev.allocator,
+        "alloc_conf": dev.alloc_conf,
+        "out_of_memory": oom,
+    }
+    if args.json:
+        print(json.dumps(answer))
+    elif oom is None:
+        print(
+            f"fits: peak reserved {_gib(answer['peak_reserved'])} of {_gib(dev.capacity)}, peak allocated "
+            f"{_gib(answer['peak_allocated'])}, fragmentation {frag['external']:.1%} of the free reserved "
+            "memory at the end"
+        )
+    else:
+        print(
+            f"does not fit: out of memory at {oom['file']}:{oom['line']}, tried to allocate "
+            f"{_gib(oom['tried_to_allocate'])} with {_gib(oom['reserved'])} reserved (of {_gib(dev.capacity)})"
+        )
+    return EXIT_OK if oom is None else EXIT_NO
+
+
+def _gib(n: int) -> str:
+    from .oom import format_size
+
+    return format_size(n)

@@ -1,0 +1,288 @@
+"""The ``npu`` device's kernels: PyTorch's CPU kernels run on npumem's memory.
+
+Rules:
+- Every ``npu`` tensor an op creates gets its storage from :func:`empty_strided` (one npumem
+  allocation each); CPU memory is never handed out as ``npu`` memory.
+- Metadata ops (views, ``set_``) run CPU's kernel on the ``npu`` tensor itself: the result keeps
+  the ``npu`` key set and storage.
+- Every other op runs PyTorch's CPU kernel on zero-copy CPU aliases of its ``npu`` arguments
+  (:func:`fallback`): an output that is an argument, or a view of an argument's storage, comes
+  back as that ``npu`` tensor or an ``npu`` view of it; a new output is copied into a fresh
+  ``npu`` allocation while the inputs are still alive (the order and overlap a device sees);
+  an argument the CPU kernel resized onto new storage is moved onto a fresh ``npu`` allocation.
+- Out of device memory is :class:`torch.OutOfMemoryError` with torch_npu's message; the device
+  is unchanged by the failed allocation.
+
+Note [CPU kernels on device memory]: on npumem's host backend a device pointer is this process's
+memory, so a CPU tensor built over it (``storage.host_alias``) lets every CPU kernel compute in
+place with no copy in or out; the allocations npumem sees are the ``npu`` storages PyTorch asks
+for, sized as PyTorch sizes them. Kernels that keep CPU scratch memory inside one op (workspaces)
+use the CPU allocator, as torch_npu's kernels use a separate workspace pool.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ..errors import OutOfMemoryError as _NpumemOOM
+from . import oom, runtime, storage
+
+_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_CPU = torch.device("cpu")
+_aten = torch.ops.aten
+
+
+def _map(fn: Any, x: Any) -> Any:
+    """``fn`` on every leaf of ``x`` (an op's arguments or results: values, lists and tuples of
+    them); the containers are rebuilt as they were."""
+    if isinstance(x, (list, tuple)):
+        items = [_map(fn, v) for v in x]
+        if type(x) in (list, tuple):
+            return type(x)(items)
+        return type(x)(*items) if hasattr(type(x), "_fields") else type(x)(items)  # namedtuple, structseq
+    return fn(x)
+
+
+def _nbytes(size: Any, stride: Any, itemsize: int) -> int:
+    """The storage an ``empty_strided(size, stride)`` needs (PyTorch's computeStorageNbytes)."""
+    if any(s == 0 for s in size):
+        return 0
+    return (1 + sum((s - 1) * st for s, st in zip(size, stride, strict=True))) * itemsize
+
+
+def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    """A new ``npu`` tensor over a fresh npumem allocation."""
+    dtype = torch.get_default_dtype() if dtype is None else dtype
+    size, stride = list(size), list(stride)
+    index = runtime.index_of(device)
+    nbytes = _nbytes(size, stride, dtype.itemsize)
+    dev = runtime.device(index)
+    direct = storage.has_dl_type(dtype)
+    try:
+        if direct:
+            return storage.new_tensor(dev, nbytes, size, stride, dtype, index)
+        base = storage.new_tensor(dev, nbytes, [nbytes], [1], torch.uint8, index)
+    except _NpumemOOM as e:
+        runtime.LAST_OOM = (nbytes, dev.memory_reserved())
+        raise torch.OutOfMemoryError(oom.message(dev, index, nbytes, e)) from None
+    typed = _aten.view.dtype.redispatch(_CPU_KEYS, base, dtype)
+    return _aten.as_strided.default.redispatch(_CPU_KEYS, typed, size, stride, 0)
+
+
+def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    if memory_format in (None, torch.contiguous_format, torch.preserve_format):
+        stride = _contiguous(size)
+    else:
+        stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
+    return empty_strided(size, stride, dtype, layout, device, pin_memory)
+
+
+def _contiguous(size: Any) -> list[int]:
+    stride, step = [], 1
+    for s in reversed(size):
+        stride.append(step)
+        step *= max(s, 1)
+    return stride[::-1]
+
+
+def _alias(t: Any) -> Any:
+    return storage.host_alias(t) if isinstance(t, torch.Tensor) and t.device.type == "npu" else t
+
+
+def copy_from(src, dst, non_blocking=False):
+    """``_copy_from``: any copy with an ``npu`` side (dtype conversion and broadcasting are the
+    CPU kernel's)."""
+    _alias(dst).copy_(_alias(src))
+    return dst
+
+
+def _move_onto(t: torch.Tensor, size, stride, offset: int, nbytes: int) -> None:
+    """Puts ``t`` on a fresh allocation of ``nbytes`` with the given geometry, keeping the
+    bytes its old storage had (up to the smaller size)."""
+    old = t.untyped_storage()
+    fresh = empty_strided([nbytes], [1], torch.uint8, device=t.device)
+    keep = min(old.nbytes(), nbytes)
+    if keep:
+        old_bytes = torch.empty(0, dtype=torch.uint8).set_(
+            torch._C._construct_storage_from_data_pointer(old.data_ptr(), _CPU, old.nbytes()), 0, [keep], [1]
+        )
+        storage.host_alias(fresh)[:keep].copy_(old_bytes)
+    _aten.set_.source_Storage_storage_offset.redispatch(
+        _CPU_KEYS, t, fresh.untyped_storage(), offset, list(size), list(stride)
+    )
+
+
+def resize_(self, size, memory_format=None):
+    size = list(size)
+    if memory_format in (None, torch.contiguous_format, torch.preserve_format):
+        stride = _contiguous(size)
+    else:
+        stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
+    offset = self.storage_offset()
+    needed = _nbytes(size, stride, self.dtype.itemsize) + (offset * self.dtype.itemsize if math.prod(size) else 0)
+    if needed > self.untyped_storage().nbytes():
+        _move_onto(self, size, stride, offset, needed)
+    else:
+        _aten.set_.source_Storage_storage_offset.redispatch(
+            _CPU_KEYS, self, self.untyped_storage(), offset, size, list(stride)
+        )
+    return self
+
+
+def copy_from_and_resize(self, dst):
+    if dst.size() != self.size():
+        resize_(dst, self.size())
+    return copy_from(self, dst)
+
+
+def local_scalar_dense(self):
+    return storage.host_alias(self).item()
+
+
+def _redispatch_to_cpu(op: Any) -> Any:
+    def kernel(*args, **kwargs):
+        return op.redispatch(_CPU_KEYS, *args, **kwargs)
+
+    return kernel
+
+
+#: Ops that only make tensor metadata: CPU's kernel, run on the ``npu`` tensor itself.
+METADATA_OPS = (
+    "as_strided",
+    "view",
+    "_reshape_alias",
+    "unfold",
+    "view_as_real",
+    "view_as_complex",
+    "set_.source_Storage",
+    "set_.source_Storage_storage_offset",
+    "set_.source_Tensor",
+)
+
+
+def fallback(op, *args, **kwargs):
+    """Any other op: the CPU kernel on zero-copy aliases of the ``npu`` arguments."""
+    inputs: list[tuple[torch.Tensor, torch.Tensor, int]] = []
+    by_alias: dict[int, torch.Tensor] = {}
+    storages: dict[int, torch.Tensor] = {}
+
+    def to_host(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.device.type == "npu":
+            ptr = x.untyped_storage().data_ptr()
+            # A storage of no bytes is an out= tensor to be resized (at::empty({0}) then op_out):
+            # the CPU kernel gets a resizable CPU tensor, moved onto npu memory afterwards.
+            alias = storage.host_alias(x) if ptr else torch.empty_strided(x.size(), x.stride(), dtype=x.dtype)
+            inputs.append((x, alias, ptr))
+            by_alias[id(alias)] = x
+            if ptr:
+                storages.setdefault(ptr, x)
+            return alias
+        if isinstance(x, torch.device) and x.type == "npu":
+            return _CPU
+        return x
+
+    host_args = _map(to_host, args)
+    host_kwargs = {k: _map(to_host, v) for k, v in kwargs.items()} if kwargs else kwargs
+    out = op(*host_args, **host_kwargs)
+    # An argument the CPU kernel resized (an out= tensor) moved onto CPU memory: give it npu memory.
+    for t, alias, ptr in inputs:
+        if alias.untyped_storage().data_ptr() != ptr and alias.untyped_storage().nbytes():
+            moved = alias.untyped_storage()
+            _move_onto(t, alias.size(), alias.stride(), alias.storage_offset(), moved.nbytes())
+            storage.host_alias(t).copy_(alias)
+            by_alias[id(alias)] = t
+
+    def to_device(o: Any) -> Any:
+        if not isinstance(o, torch.Tensor) or o.device.type != "cpu":
+            return o
+        same = by_alias.get(id(o))
+        if same is not None:
+            return same
+        ptr = o.untyped_storage().data_ptr()
+        base = storages.get(ptr) if ptr else None
+        if base is not None:  # a view of an argument's storage
+            return _aten.set_.source_Storage_storage_offset.redispatch(
+                _CPU_KEYS,
+                empty_strided([0], [1], o.dtype, device=base.device),
+                base.untyped_storage(),
+                o.storage_offset(),
+                list(o.size()),
+                list(o.stride()),
+            )
+        fresh = empty_strided(list(o.size()), list(o.stride()), o.dtype, device=_device_of(inputs))
+        if o.numel():
+            storage.host_alias(fresh).copy_(o)
+        return fresh
+
+    return _map(to_device, out)
+
+
+def _device_of(inputs: list[tuple[torch.Tensor, torch.Tensor, int]]) -> torch.device:
+    return inputs[0][0].device if inputs else torch.device("npu", runtime.current_index())
+
+
+#: Composite ops that would pick a device-specific path on npu (convolution_overrideable): they
+#: take the CPU one.
+_DEVICE_PATH_OPS = ("convolution", "convolution_backward")
+
+
+def _cpu_kernel_ops() -> list[str]:
+    """Every aten op (``name.overload``) that has a CPU kernel and no npu kernel yet, and the
+    device-path composites.
+
+    Note [CPU's dispatch on npu]: an op with a CPU kernel and a composite one (``native_layer_norm``
+    has ``layer_norm_cpu`` and ``math_native_layer_norm``) would run the composite on a backend
+    without its own kernel, which rounds differently. Registering the fallback for every op that
+    has a CPU kernel makes the npu device take exactly CPU's path: the CPU kernel where CPU has
+    one, the same composite (decomposed into npu ops) where it has not.
+    """
+    names = []
+    for full in torch._C._dispatch_get_all_op_names():
+        if not full.startswith("aten::"):
+            continue
+        has = torch._C._dispatch_has_kernel_for_dispatch_key
+        if has(full, "CPU") and not has(full, "PrivateUse1"):
+            names.append(full[len("aten::") :])
+    return names + list(_DEVICE_PATH_OPS)
+
+
+def _on_cpu(name: str) -> Any:
+    """The fallback for the op ``name`` (``add.Tensor``), its OpOverload looked up on first call."""
+    base, _, overload = name.partition(".")
+    op = None
+
+    def kernel(*args, **kwargs):
+        nonlocal op
+        if op is None:
+            op = getattr(getattr(_aten, base), overload or "default")
+        return fallback(op, *args, **kwargs)
+
+    return kernel
+
+
+def register() -> list[Any]:
+    """Registers the kernels; returns the libraries, which must be kept alive (a registration
+    lives as long as its library)."""
+    impl = torch.library.Library("aten", "IMPL")
+    for name, fn in (
+        ("empty_strided", empty_strided),
+        ("empty.memory_format", empty_memory_format),
+        ("_copy_from", copy_from),
+        ("_copy_from_and_resize", copy_from_and_resize),
+        ("resize_", resize_),
+        ("_local_scalar_dense", local_scalar_dense),
+    ):
+        impl.impl(name, fn, "PrivateUse1")
+    for name in METADATA_OPS:
+        base, _, overload = name.partition(".")
+        impl.impl(name, _redispatch_to_cpu(getattr(getattr(_aten, base), overload or "default")), "PrivateUse1")
+    for name in _cpu_kernel_ops():
+        impl.impl(name, _on_cpu(name), "PrivateUse1")
+    every = torch.library.Library("_", "IMPL")
+    every.fallback(fallback, dispatch_key="PrivateUse1")
+    # torch.autocast("npu") passes ops through unchanged (no per-op cast policy).
+    every.fallback(torch.library.fallthrough_kernel, dispatch_key="AutocastPrivateUse1")
+    return [impl, every]

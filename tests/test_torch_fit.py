@@ -1,0 +1,71 @@
+"""``npumem fit``: runs a PyTorch script on an npu device of a given size and answers whether it
+fits (exit 0), where it ran out of memory in the user's own code (exit 1), or why the command
+line is wrong (one line, exit 2)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+import textwrap
+
+from conftest import require_torch
+
+require_torch()
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import torch
+
+    model = torch.nn.Linear(256, 256).npu()
+    x = torch.randn(64, 256, device="npu")
+    model(x).sum().backward()
+    big = torch.empty(int(sys.argv[1]), device="npu")
+    """
+)
+
+
+def _fit(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    cmd = [sys.executable, "-m", "npumem", "fit", *[str(script) if a == "SCRIPT" else a for a in args]]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+
+
+def test_a_script_that_runs_out_of_memory_does_not_fit_at_its_own_line(tmp_path):
+    out = _fit(tmp_path, "--capacity", "256MiB", "SCRIPT", str(100 << 20))  # 400 MiB of floats
+    assert out.returncode == 1, out.stderr
+    line = out.stdout.strip()
+    assert line.startswith(f"does not fit: out of memory at {tmp_path / 'train.py'}:8, tried to allocate 400.00 MiB")
+    assert line.endswith("reserved (of 256.00 MiB)")
+    assert out.stderr.startswith("npumem fit: running")
+
+
+def test_a_script_that_fits_reports_its_peaks_as_json_and_writes_the_snapshot(tmp_path):
+    snap = tmp_path / "snap.pickle"
+    out = _fit(
+        tmp_path, "--capacity", "256MiB", "--allocator", "pytorch", "--json", "--snapshot", str(snap), "SCRIPT", "1000"
+    )
+    assert out.returncode == 0, out.stderr
+    answer = json.loads(out.stdout)
+    assert answer["fits"] is True and answer["out_of_memory"] is None
+    assert answer["capacity"] == 256 << 20 and answer["allocator"] == "pytorch"
+    # weights, bias, input, output, their gradients: at least these bytes were live at once
+    assert answer["peak_allocated"] >= 4 * (256 * 256 + 256 + 2 * 64 * 256)
+    assert answer["peak_reserved"] >= answer["peak_allocated"]
+    with open(snap, "rb") as f:
+        assert any(e["action"] == "alloc" for e in pickle.load(f)["device_traces"][0])
+
+
+def test_bad_options_are_one_line_and_exit_status_2(tmp_path):
+    for args, message in [
+        (["--capacity", "lots", "SCRIPT"], "npumem fit: --capacity 'lots': expected a size"),
+        (["--mode", "shape", "SCRIPT"], "npumem fit: --mode 'shape': shape mode"),
+        (["--devices", "2", "SCRIPT"], "npumem fit: --devices '2': the npu device has one device"),
+        (["missing.py"], "npumem fit: missing.py: no such file"),
+    ]:
+        out = _fit(tmp_path, *args)
+        assert out.returncode == 2, (args, out.stderr)
+        assert out.stderr.startswith(message) and len(out.stderr.strip().splitlines()) == 1, out.stderr
