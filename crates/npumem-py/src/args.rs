@@ -14,7 +14,8 @@ use std::marker::PhantomData;
 
 use npumem_core::acl::MemPoolAttr;
 use npumem_core::{AclError, MemAttr, Policy, units::parse_size};
-use numpy::PyArrayDescr;
+use numpy::ndarray::Dimension;
+use numpy::{Element, PyArray, PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
@@ -41,14 +42,14 @@ pub mod name {
         };
     }
     names! {
-        addr alignment bytes capacity count device_id dst dst_max duration end event expect
-        flags giant_frames handle max_entries min_block n nbytes normal_page page_size
+        a b c addr alignment bytes capacity count device_id dst dst_max duration end event expect
+        flags giant_frames handle max_entries min_block n nbytes next normal_page page_size
         offset physical_alloc map unmap ptr reads size src start stream va value writes
     }
 }
 
-macro_rules! newtype {
-    ($(#[$doc:meta])* $ty:ident<$default:ident>($inner:ty), $parse:path) => {
+macro_rules! newtypes {
+    ($($(#[$doc:meta])* $ty:ident<$default:ident>($inner:ty) = $parse:path;)*) => {$(
         $(#[$doc])*
         pub struct $ty<N = name::$default>(pub $inner, PhantomData<N>);
 
@@ -60,78 +61,57 @@ macro_rules! newtype {
                 $parse(&obj, N::NAME).map(|v| $ty(v, PhantomData))
             }
         }
+    )*};
+}
+
+newtypes! {
+    /// A byte count: a non-negative int below 2**64, or a size string such as "2MiB".
+    Size<size>(u64) = size_arg;
+    /// A device or host address: a non-negative int below 2**64.
+    Ptr<ptr>(u64) = uint_arg;
+    /// A stream handle (0 is the default stream).
+    Stream<stream>(u64) = uint_arg;
+    /// An event handle.
+    Event<event>(u64) = uint_arg;
+    /// A handle, count or flags word: a non-negative int below 2**64.
+    Uint<handle>(u64) = uint_arg;
+    /// A C `int32_t` (a fill value).
+    Int32<value>(i32) = i32_arg;
+    /// A real number: a float, an int or anything with `__float__`.
+    Real<duration>(f64) = float_arg;
+    /// A sequence of device pointers (kernel arguments).
+    Pointers<ptr>(Vec<u64>) = pointers_arg;
+}
+
+macro_rules! acl_enum_arg {
+    ($(#[$doc:meta])* $ty:ident($enum:ty), $what:literal) => {
+        $(#[$doc])*
+        pub struct $ty(pub $enum);
+
+        impl FromPyObject<'_, '_> for $ty {
+            type Error = PyErr;
+
+            #[inline]
+            fn extract(obj: Borrowed<'_, '_, PyAny>) -> PyResult<Self> {
+                let raw = enum_arg(&obj, $what)?;
+                <$enum>::from_raw(raw).map($ty).map_err(|e| to_py(obj.py(), e))
+            }
+        }
     };
 }
 
-newtype!(
-    /// A byte count: a non-negative int below 2**64, or a size string such as "2MiB".
-    Size<size>(u64), size_arg
+acl_enum_arg!(
+    /// An allocation policy (`Policy`, or its int value).
+    PolicyArg(Policy), "policy"
 );
-newtype!(
-    /// A device or host address: a non-negative int below 2**64.
-    Ptr<ptr>(u64), uint_arg
+acl_enum_arg!(
+    /// A memory attribute (`MemAttr`, or its int value).
+    MemAttrArg(MemAttr), "attr"
 );
-newtype!(
-    /// A stream handle (0 is the default stream).
-    Stream<stream>(u64), uint_arg
+acl_enum_arg!(
+    /// A stream-ordered pool attribute (`MemPoolAttr`, or its int value).
+    PoolAttrArg(MemPoolAttr), "attr"
 );
-newtype!(
-    /// An event handle.
-    Event<event>(u64), uint_arg
-);
-newtype!(
-    /// A handle, count or flags word: a non-negative int below 2**64.
-    Uint<handle>(u64), uint_arg
-);
-newtype!(
-    /// A C `int32_t` (a fill value).
-    Int32<value>(i32), i32_arg
-);
-newtype!(
-    /// A real number: a float, an int or anything with `__float__`.
-    Real<duration>(f64), float_arg
-);
-newtype!(
-    /// A sequence of device pointers (kernel arguments).
-    Pointers<ptr>(Vec<u64>), pointers_arg
-);
-
-/// An allocation policy (`Policy`, or its int value).
-pub struct PolicyArg(pub Policy);
-
-impl FromPyObject<'_, '_> for PolicyArg {
-    type Error = PyErr;
-
-    #[inline]
-    fn extract(obj: Borrowed<'_, '_, PyAny>) -> PyResult<Self> {
-        let raw = enum_arg(&obj, "policy")?;
-        Policy::from_raw(raw).map(PolicyArg).map_err(|e| to_py(obj.py(), e))
-    }
-}
-
-/// A memory attribute (`MemAttr`, or its int value).
-pub struct MemAttrArg(pub MemAttr);
-
-impl FromPyObject<'_, '_> for MemAttrArg {
-    type Error = PyErr;
-
-    fn extract(obj: Borrowed<'_, '_, PyAny>) -> PyResult<Self> {
-        let raw = enum_arg(&obj, "attr")?;
-        MemAttr::from_raw(raw).map(MemAttrArg).map_err(|e| to_py(obj.py(), e))
-    }
-}
-
-/// A stream-ordered pool attribute (`MemPoolAttr`, or its int value).
-pub struct PoolAttrArg(pub MemPoolAttr);
-
-impl FromPyObject<'_, '_> for PoolAttrArg {
-    type Error = PyErr;
-
-    fn extract(obj: Borrowed<'_, '_, PyAny>) -> PyResult<Self> {
-        let raw = enum_arg(&obj, "attr")?;
-        MemPoolAttr::from_raw(raw).map(PoolAttrArg).map_err(|e| to_py(obj.py(), e))
-    }
-}
 
 /// A `MemcpyKind` as its int value; the core checks which kinds a copy accepts.
 pub struct CopyKind(pub u32);
@@ -208,7 +188,8 @@ impl FromPyObject<'_, '_> for Shape {
     }
 }
 
-/// A NumPy dtype: anything `np.dtype` takes; None is float64, as for NumPy.
+/// A NumPy dtype: anything `np.dtype` takes but None, which an `Option<DType>` argument reads as
+/// absent (float64 where NumPy's Python API defaults).
 pub struct DType<'py>(pub Bound<'py, PyArrayDescr>);
 
 impl<'py> FromPyObject<'_, 'py> for DType<'py> {
@@ -216,16 +197,48 @@ impl<'py> FromPyObject<'_, 'py> for DType<'py> {
 
     fn extract(obj: Borrowed<'_, 'py, PyAny>) -> PyResult<Self> {
         let py = obj.py();
-        // NumPy's own converter (what `np.dtype(obj)` runs), without a Python-level call. Its C
-        // form leaves None unconverted (NumPy's Python API reads it as float64).
+        // NumPy's own converter (what `np.dtype(obj)` runs), without a Python-level call.
         match obj.cast::<PyArrayDescr>() {
             Ok(d) => Ok(DType(d.to_owned())),
-            Err(_) if obj.is_none() => Ok(DType(numpy::dtype::<f64>(py))),
             Err(_) => PyArrayDescr::new(py, &*obj).map(DType).map_err(|e| {
                 let dtype = &*obj;
                 to_py(py, AclError::invalid_param(format!("dtype {dtype} is not a NumPy dtype ({e})")))
             }),
         }
+    }
+}
+
+/// A C-contiguous numpy array of `T` with `D`'s number of dimensions.
+pub struct Array<'py, T, D, N>(pub Bound<'py, PyArray<T, D>>, PhantomData<N>);
+
+impl<'py, T: Element, D: Dimension, N: ArgName> FromPyObject<'_, 'py> for Array<'py, T, D, N> {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'_, 'py, PyAny>) -> PyResult<Self> {
+        let (py, name) = (obj.py(), N::NAME);
+        let ndim = D::NDIM.expect("a fixed number of dimensions");
+        let expected = format!("a C-contiguous {ndim}-D numpy array of {}", numpy::dtype::<T>(py));
+        let Ok(untyped) = obj.cast::<PyUntypedArray>() else {
+            return Err(PyTypeError::new_err(format!("{name} must be {expected}, got {}", obj.get_type().name()?)));
+        };
+        if untyped.ndim() != ndim || !untyped.dtype().is_equiv_to(&numpy::dtype::<T>(py)) {
+            return Err(PyTypeError::new_err(format!(
+                "{name} must be {expected}, got a {}-D array of {} with shape {:?}",
+                untyped.ndim(),
+                untyped.dtype(),
+                untyped.shape()
+            )));
+        }
+        if !untyped.is_c_contiguous() {
+            return Err(to_py(
+                py,
+                AclError::invalid_param(format!(
+                    "{name} is not C-contiguous (shape {:?}); pass numpy.ascontiguousarray({name})",
+                    untyped.shape()
+                )),
+            ));
+        }
+        Ok(Array(obj.cast::<PyArray<T, D>>()?.to_owned(), PhantomData))
     }
 }
 

@@ -106,7 +106,7 @@ impl PyHostPool {
         dtype: Option<DType<'py>>,
         order: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
-        self.new_array(py, shape, dtype, order, false)
+        self.array(py, shape, dtype, order, false)
     }
 
     /// Like `np.zeros` (cleared with the GIL released for blocks of 1 MiB and more).
@@ -118,7 +118,7 @@ impl PyHostPool {
         dtype: Option<DType<'py>>,
         order: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
-        self.new_array(py, shape, dtype, order, true)
+        self.array(py, shape, dtype, order, true)
     }
 
     /// A numpy array of `shape` (an int or a sequence) and `dtype` (anything `np.dtype` takes;
@@ -129,11 +129,60 @@ impl PyHostPool {
         &self,
         py: Python<'py>,
         shape: Shape,
-        dtype: DType<'py>,
+        dtype: Option<DType<'py>>,
         order: &str,
         zero: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        self.new_array(py, shape, Some(dtype), order, zero)
+        let fortran = match order {
+            "C" => false,
+            "F" => true,
+            _ => return Err(to_py(py, AclError::invalid_param(format!("order {order:?} must be 'C' or 'F'")))),
+        };
+        let Shape(shape) = shape;
+        let dtype = dtype.map_or_else(|| numpy::dtype::<f64>(py), |d| d.0);
+        if dtype.has_object() {
+            return Err(to_py(
+                py,
+                AclError::invalid_param("dtypes that hold Python objects cannot live in pool memory"),
+            ));
+        }
+        let mut count: u64 = 1;
+        for &d in &shape {
+            count = u64::try_from(d).ok().and_then(|d| count.checked_mul(d)).ok_or_else(|| {
+                to_py(py, AclError::invalid_param(format!("shape {shape:?} must be non-negative and fit in memory")))
+            })?;
+        }
+        let nbytes = count.checked_mul(dtype.itemsize() as u64).ok_or_else(|| {
+            to_py(py, AclError::invalid_param(format!("shape {shape:?} of {}-byte items overflows", dtype.itemsize())))
+        })?;
+        let block = Py::new(py, self.new_block(py, nbytes.max(1), zero)?)?;
+        let data = block.get().ptr as *mut c_void;
+        let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
+        let flags = if fortran { NPY_ARRAY_FARRAY } else { NPY_ARRAY_CARRAY };
+        // SAFETY: NewFromDescr steals the new dtype reference and views `data`, a live block of at
+        // least count * itemsize bytes, 64-byte aligned; SetBaseObject steals the block reference,
+        // tying the block's life to the array's.
+        unsafe {
+            let arr = PY_ARRAY_API.PyArray_NewFromDescr(
+                py,
+                get_type_object(py, NpyTypes::PyArray_Type),
+                dtype.into_ptr().cast::<PyArray_Descr>(),
+                dims.len() as c_int,
+                dims.as_mut_ptr(),
+                std::ptr::null_mut(),
+                data,
+                flags,
+                std::ptr::null_mut(),
+            );
+            if arr.is_null() {
+                return Err(PyErr::fetch(py));
+            }
+            if PY_ARRAY_API.PyArray_SetBaseObject(py, arr.cast::<PyArrayObject>(), block.into_ptr()) < 0 {
+                ffi::Py_DECREF(arr);
+                return Err(PyErr::fetch(py));
+            }
+            Ok(Bound::from_owned_ptr(py, arr))
+        }
     }
 
     /// Allocates and frees one block of `nbytes` `n` times (the pool's own cost, for benchmarks);
@@ -213,67 +262,6 @@ impl PyHostPool {
             if len >= 1 << 20 { py.detach(clear) } else { clear() }
         }
         Ok(HostBlock { pool: self.pool.clone(), ptr: ptr as usize, len: len as usize })
-    }
-
-    /// `array` with its arguments converted; `dtype` None is float64.
-    fn new_array<'py>(
-        &self,
-        py: Python<'py>,
-        shape: Shape,
-        dtype: Option<DType<'py>>,
-        order: &str,
-        zero: bool,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let fortran = match order {
-            "C" => false,
-            "F" => true,
-            _ => return Err(to_py(py, AclError::invalid_param(format!("order {order:?} must be 'C' or 'F'")))),
-        };
-        let Shape(shape) = shape;
-        let dtype = dtype.map_or_else(|| numpy::dtype::<f64>(py), |d| d.0);
-        if dtype.has_object() {
-            return Err(to_py(
-                py,
-                AclError::invalid_param("dtypes that hold Python objects cannot live in pool memory"),
-            ));
-        }
-        let mut count: u64 = 1;
-        for &d in &shape {
-            count = u64::try_from(d).ok().and_then(|d| count.checked_mul(d)).ok_or_else(|| {
-                to_py(py, AclError::invalid_param(format!("shape {shape:?} must be non-negative and fit in memory")))
-            })?;
-        }
-        let nbytes = count.checked_mul(dtype.itemsize() as u64).ok_or_else(|| {
-            to_py(py, AclError::invalid_param(format!("shape {shape:?} of {}-byte items overflows", dtype.itemsize())))
-        })?;
-        let block = Py::new(py, self.new_block(py, nbytes.max(1), zero)?)?;
-        let data = block.get().ptr as *mut c_void;
-        let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
-        let flags = if fortran { NPY_ARRAY_FARRAY } else { NPY_ARRAY_CARRAY };
-        // SAFETY: NewFromDescr steals the new dtype reference and views `data`, a live block of at
-        // least count * itemsize bytes, 64-byte aligned; SetBaseObject steals the block reference,
-        // tying the block's life to the array's.
-        unsafe {
-            let arr = PY_ARRAY_API.PyArray_NewFromDescr(
-                py,
-                get_type_object(py, NpyTypes::PyArray_Type),
-                dtype.into_ptr().cast::<PyArray_Descr>(),
-                dims.len() as c_int,
-                dims.as_mut_ptr(),
-                std::ptr::null_mut(),
-                data,
-                flags,
-                std::ptr::null_mut(),
-            );
-            if arr.is_null() {
-                return Err(PyErr::fetch(py));
-            }
-            if PY_ARRAY_API.PyArray_SetBaseObject(py, arr.cast::<PyArrayObject>(), block.into_ptr()) < 0 {
-                ffi::Py_DECREF(arr);
-                return Err(PyErr::fetch(py));
-            }
-            Ok(Bound::from_owned_ptr(py, arr))
-        }
     }
 }
 
