@@ -27,7 +27,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
-use npumem_core::AclError;
+use npumem_core::{AclError, Policy};
 use pyo3::exceptions::{PyMemoryError, PyRuntimeError};
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -298,8 +298,9 @@ unsafe extern "C" fn fast_buffer(
             let size = ffi::PyLong_AsUnsignedLongLong(*args);
             if size != u64::MAX || ffi::PyErr_Occurred().is_null() {
                 let device = Bound::from_borrowed_ptr(py, slf);
-                let made =
-                    catch_unwind(AssertUnwindSafe(|| device.cast::<PyDevice>()?.get().make_buffer(py, size, 0, 0)));
+                let made = catch_unwind(AssertUnwindSafe(|| {
+                    device.cast::<PyDevice>()?.get().make_buffer(py, size, Policy::HugeFirst, 0)
+                }));
                 return match made {
                     Ok(Ok(buf)) => buf.into_ptr(),
                     Ok(Err(e)) => {

@@ -7,18 +7,18 @@ use std::ffi::{c_int, c_void};
 
 use npumem_core::AclError;
 use npumem_core::hostpool::{HostPool, HugePages};
+use numpy::PyArrayDescrMethods;
 use numpy::npyffi::{
     NPY_ARRAY_CARRAY, NPY_ARRAY_FARRAY, NpyTypes, PY_ARRAY_API, PyArray_Descr, PyArrayObject, get_type_object, npy_intp,
 };
-use numpy::{PyArrayDescr, PyArrayDescrMethods};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyCapsule, PyDict};
 
-use crate::convert::{size_arg, uint_arg};
+use crate::args::{DType, Shape, Size, Uint, name};
 use crate::errors::{guard, to_py};
-use crate::export::fill_buffer;
+use crate::export::{Exported, buffer_exporter};
 
 /// The most alloc+free pairs one `churn` call runs.
 const MAX_CHURN: u64 = 1 << 32;
@@ -47,20 +47,17 @@ impl Drop for HostBlock {
     }
 }
 
+// SAFETY: the block is `len` writable bytes of the pool, freed only when this object drops.
+unsafe impl Exported for HostBlock {
+    fn memory(&self) -> (*mut c_void, usize) {
+        (self.ptr as *mut c_void, self.len)
+    }
+}
+
+buffer_exporter!(HostBlock);
+
 #[pymethods]
 impl HostBlock {
-    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
-        let (ptr, len) = (slf.get().ptr, slf.get().len);
-        // SAFETY: the block is `len` writable bytes, kept for the life of this exporter.
-        unsafe { fill_buffer(slf.as_any(), view, ptr as *mut c_void, len, flags) }
-    }
-
-    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
-
-    fn __len__(&self) -> usize {
-        self.len
-    }
-
     /// The block's address (for ctypes and native code).
     #[getter]
     fn address(&self) -> usize {
@@ -78,33 +75,23 @@ impl HostBlock {
 impl PyHostPool {
     #[new]
     #[pyo3(signature = (capacity = None, *, huge_pages = "transparent"))]
-    fn new(py: Python<'_>, capacity: Option<&Bound<'_, PyAny>>, huge_pages: &str) -> PyResult<Self> {
-        let capacity = capacity.map_or(Ok(64 << 30), |c| size_arg(c, "capacity"))?;
+    fn new(py: Python<'_>, capacity: Option<Size<name::capacity>>, huge_pages: &str) -> PyResult<Self> {
+        let capacity = capacity.map_or(64 << 30, |c| c.0);
         let pool = guard(py, || HostPool::new(capacity, HugePages::parse(huge_pages)?))?;
         Ok(PyHostPool { pool, handler: PyOnceLock::new() })
     }
 
     /// A block of `nbytes` (zero-filled when `zero`); the GIL is released while it is cleared.
     #[pyo3(signature = (nbytes, zero = false))]
-    fn block(&self, py: Python<'_>, nbytes: &Bound<'_, PyAny>, zero: bool) -> PyResult<HostBlock> {
-        let len = size_arg(nbytes, "nbytes")?;
-        let ptr = guard(py, || self.pool.alloc(len))?;
-        if zero {
-            let addr = ptr as usize;
-            let clear = move || {
-                // SAFETY: the block is at least `len` bytes and not yet shared.
-                unsafe { std::ptr::write_bytes(addr as *mut u8, 0, len as usize) }
-            };
-            if len >= 1 << 20 { py.detach(clear) } else { clear() }
-        }
-        Ok(HostBlock { pool: self.pool.clone(), ptr: ptr as usize, len: len as usize })
+    fn block(&self, py: Python<'_>, nbytes: Size<name::nbytes>, zero: bool) -> PyResult<HostBlock> {
+        self.new_block(py, nbytes.0, zero)
     }
 
     /// A writable memoryview of `nbytes` (zero-filled when `zero`); the block returns to the
     /// pool when the last view of it is gone.
     #[pyo3(signature = (nbytes, zero = false))]
-    fn buffer<'py>(&self, py: Python<'py>, nbytes: &Bound<'py, PyAny>, zero: bool) -> PyResult<Bound<'py, PyAny>> {
-        let block = Bound::new(py, self.block(py, nbytes, zero)?)?;
+    fn buffer<'py>(&self, py: Python<'py>, nbytes: Size<name::nbytes>, zero: bool) -> PyResult<Bound<'py, PyAny>> {
+        let block = Bound::new(py, self.new_block(py, nbytes.0, zero)?)?;
         // SAFETY: a new memoryview over an object that exports the buffer protocol; returns a
         // new reference or NULL with an exception set.
         unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyMemoryView_FromObject(block.as_ptr())) }
@@ -115,12 +102,11 @@ impl PyHostPool {
     fn empty<'py>(
         &self,
         py: Python<'py>,
-        shape: &Bound<'py, PyAny>,
-        dtype: Option<&Bound<'py, PyAny>>,
+        shape: Shape,
+        dtype: Option<DType<'py>>,
         order: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let f64_dtype = numpy::dtype::<f64>(py);
-        self.array(py, shape, dtype.unwrap_or(f64_dtype.as_any()), order, false)
+        self.array(py, shape, dtype, order, false)
     }
 
     /// Like `np.zeros` (cleared with the GIL released for blocks of 1 MiB and more).
@@ -128,12 +114,11 @@ impl PyHostPool {
     fn zeros<'py>(
         &self,
         py: Python<'py>,
-        shape: &Bound<'py, PyAny>,
-        dtype: Option<&Bound<'py, PyAny>>,
+        shape: Shape,
+        dtype: Option<DType<'py>>,
         order: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let f64_dtype = numpy::dtype::<f64>(py);
-        self.array(py, shape, dtype.unwrap_or(f64_dtype.as_any()), order, true)
+        self.array(py, shape, dtype, order, true)
     }
 
     /// A numpy array of `shape` (an int or a sequence) and `dtype` (anything `np.dtype` takes;
@@ -143,8 +128,8 @@ impl PyHostPool {
     fn array<'py>(
         &self,
         py: Python<'py>,
-        shape: &Bound<'py, PyAny>,
-        dtype: &Bound<'py, PyAny>,
+        shape: Shape,
+        dtype: Option<DType<'py>>,
         order: &str,
         zero: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
@@ -153,20 +138,8 @@ impl PyHostPool {
             "F" => true,
             _ => return Err(to_py(py, AclError::invalid_param(format!("order {order:?} must be 'C' or 'F'")))),
         };
-        let shape: Vec<isize> = match shape.extract::<isize>() {
-            Ok(d) => vec![d],
-            Err(_) => shape.extract().map_err(|_| {
-                to_py(py, AclError::invalid_param(format!("shape {shape} must be an int or a sequence of ints")))
-            })?,
-        };
-        // NumPy's own converter (what `np.dtype(obj)` runs), without a Python-level call. Its C
-        // form leaves None unconverted (NumPy's Python API reads it as float64).
-        let dtype = match dtype.cast::<PyArrayDescr>() {
-            Ok(d) => d.clone(),
-            Err(_) if dtype.is_none() => numpy::dtype::<f64>(py),
-            Err(_) => PyArrayDescr::new(py, dtype)
-                .map_err(|e| to_py(py, AclError::invalid_param(format!("dtype {dtype} is not a NumPy dtype ({e})"))))?,
-        };
+        let Shape(shape) = shape;
+        let dtype = dtype.map_or_else(|| numpy::dtype::<f64>(py), |d| d.0);
         if dtype.has_object() {
             return Err(to_py(
                 py,
@@ -182,8 +155,7 @@ impl PyHostPool {
         let nbytes = count.checked_mul(dtype.itemsize() as u64).ok_or_else(|| {
             to_py(py, AclError::invalid_param(format!("shape {shape:?} of {}-byte items overflows", dtype.itemsize())))
         })?;
-        let nbytes = nbytes.max(1).into_pyobject(py)?;
-        let block = Py::new(py, self.block(py, nbytes.as_any(), zero)?)?;
+        let block = Py::new(py, self.new_block(py, nbytes.max(1), zero)?)?;
         let data = block.get().ptr as *mut c_void;
         let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
         let flags = if fortran { NPY_ARRAY_FARRAY } else { NPY_ARRAY_CARRAY };
@@ -216,8 +188,8 @@ impl PyHostPool {
     /// Allocates and frees one block of `nbytes` `n` times (the pool's own cost, for benchmarks);
     /// `n` is at most 2**32 (about a minute: the loop runs without the GIL and cannot be
     /// interrupted).
-    fn churn(&self, py: Python<'_>, nbytes: &Bound<'_, PyAny>, n: &Bound<'_, PyAny>) -> PyResult<()> {
-        let (nbytes, n) = (size_arg(nbytes, "nbytes")?, uint_arg(n, "n")?);
+    fn churn(&self, py: Python<'_>, nbytes: Size<name::nbytes>, n: Uint<name::n>) -> PyResult<()> {
+        let (nbytes, n) = (nbytes.0, n.0);
         if n > MAX_CHURN {
             return Err(to_py(py, AclError::invalid_param(format!("n must be an int from 0 to 2**32, got {n}"))));
         }
@@ -247,8 +219,8 @@ impl PyHostPool {
 
     /// Gives the pages of free blocks of at least `min_block` bytes back to the system.
     #[pyo3(signature = (min_block = None))]
-    fn trim(&self, py: Python<'_>, min_block: Option<&Bound<'_, PyAny>>) -> PyResult<u64> {
-        let min_block = min_block.map_or(Ok(1 << 20), |m| size_arg(m, "min_block"))?;
+    fn trim(&self, py: Python<'_>, min_block: Option<Size<name::min_block>>) -> PyResult<u64> {
+        let min_block = min_block.map_or(1 << 20, |m| m.0);
         Ok(py.detach(|| self.pool.trim(min_block)))
     }
 
@@ -273,6 +245,23 @@ impl PyHostPool {
     #[staticmethod]
     fn restore_numpy_handler(py: Python<'_>, previous: Bound<'_, PyAny>) -> PyResult<()> {
         set_handler(py, &previous).map(drop)
+    }
+}
+
+impl PyHostPool {
+    /// A block of `len` bytes (zero-filled when `zero`); the GIL is released while a block of
+    /// 1 MiB or more is cleared.
+    fn new_block(&self, py: Python<'_>, len: u64, zero: bool) -> PyResult<HostBlock> {
+        let ptr = guard(py, || self.pool.alloc(len))?;
+        if zero {
+            let addr = ptr as usize;
+            let clear = move || {
+                // SAFETY: the block is at least `len` bytes and not yet shared.
+                unsafe { std::ptr::write_bytes(addr as *mut u8, 0, len as usize) }
+            };
+            if len >= 1 << 20 { py.detach(clear) } else { clear() }
+        }
+        Ok(HostBlock { pool: self.pool.clone(), ptr: ptr as usize, len: len as usize })
     }
 }
 

@@ -10,10 +10,10 @@
 
 use npumem_core::AclError;
 use npumem_core::kernels;
-use numpy::{Element, Ix1, Ix2, PyArray, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
-use pyo3::exceptions::PyTypeError;
+use numpy::{Ix1, Ix2, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
+use crate::args::{Array, name};
 use crate::errors::{catch_panics, to_py};
 
 /// The longest chase one call runs: 2^32 steps (minutes at a DRAM miss per step).
@@ -22,39 +22,6 @@ const MAX_STEPS: u64 = 1 << 32;
 const MAX_GEMM_WORK: u128 = 1 << 39;
 /// The largest tile side.
 const MAX_TILE: u64 = 4096;
-
-/// `obj` as a numpy array of `T` with `ndim` dimensions, C-contiguous; `what` names the
-/// expected dtype in messages.
-fn array_arg<'py, T: Element, D: numpy::ndarray::Dimension>(
-    obj: &Bound<'py, PyAny>,
-    name: &str,
-    ndim: usize,
-    what: &str,
-) -> PyResult<Bound<'py, PyArray<T, D>>> {
-    let py = obj.py();
-    let expected = format!("a C-contiguous {ndim}-D numpy array of {what}");
-    let Ok(untyped) = obj.cast::<PyUntypedArray>() else {
-        return Err(PyTypeError::new_err(format!("{name} must be {expected}, got {}", obj.get_type().name()?)));
-    };
-    if untyped.ndim() != ndim || !untyped.dtype().is_equiv_to(&numpy::dtype::<T>(py)) {
-        return Err(PyTypeError::new_err(format!(
-            "{name} must be {expected}, got a {}-D array of {} with shape {:?}",
-            untyped.ndim(),
-            untyped.dtype(),
-            untyped.shape()
-        )));
-    }
-    if !untyped.is_c_contiguous() {
-        return Err(to_py(
-            py,
-            AclError::invalid_param(format!(
-                "{name} is not C-contiguous (shape {:?}); pass numpy.ascontiguousarray({name})",
-                untyped.shape()
-            )),
-        ));
-    }
-    Ok(obj.cast::<PyArray<T, D>>()?.clone())
-}
 
 fn invalid(py: Python<'_>, message: String) -> PyErr {
     to_py(py, AclError::invalid_param(message))
@@ -65,9 +32,8 @@ fn invalid(py: Python<'_>, message: String) -> PyErr {
 /// is an index into it; `steps` runs from 1 to 2**32.
 #[pyfunction]
 #[pyo3(signature = (next, steps, start = 0))]
-pub fn chase(py: Python<'_>, next: &Bound<'_, PyAny>, steps: u64, start: u64) -> PyResult<(u64, f64)> {
-    let array = array_arg::<u64, Ix1>(next, "next", 1, "uint64")?;
-    let readonly = array.try_readonly()?;
+pub fn chase(py: Python<'_>, next: Array<'_, u64, Ix1, name::next>, steps: u64, start: u64) -> PyResult<(u64, f64)> {
+    let readonly = next.0.try_readonly()?;
     let next = readonly.as_slice().map_err(|e| invalid(py, format!("next: {e}")))?;
     let len = next.len() as u64;
     if len == 0 {
@@ -95,16 +61,12 @@ pub fn chase(py: Python<'_>, next: &Bound<'_, PyAny>, steps: u64, start: u64) ->
 #[pyo3(signature = (a, b, c, tile = 64))]
 pub fn gemm_tiled(
     py: Python<'_>,
-    a: &Bound<'_, PyAny>,
-    b: &Bound<'_, PyAny>,
-    c: &Bound<'_, PyAny>,
+    a: Array<'_, f32, Ix2, name::a>,
+    b: Array<'_, f32, Ix2, name::b>,
+    c: Array<'_, f32, Ix2, name::c>,
     tile: u64,
 ) -> PyResult<f64> {
-    let (a, b, c) = (
-        array_arg::<f32, Ix2>(a, "a", 2, "float32")?,
-        array_arg::<f32, Ix2>(b, "b", 2, "float32")?,
-        array_arg::<f32, Ix2>(c, "c", 2, "float32")?,
-    );
+    let (a, b, c) = (a.0, b.0, c.0);
     let (&[m, k], &[k2, n], &[m2, n2]) = (a.shape(), b.shape(), c.shape()) else {
         unreachable!("two dimensions, checked")
     };

@@ -1,8 +1,8 @@
 //! `npumem._native`: the PyO3 bindings of npumem-core. Conversions, GIL handling and error
 //! mapping only; every rule lives in the core crate.
 
+mod args;
 mod buffer;
-mod convert;
 mod device;
 mod dispatch;
 mod errors;
@@ -48,14 +48,14 @@ mod _native {
 
     /// Parses a size such as "32GiB", "64KiB" or 4096 into bytes.
     #[pyfunction]
-    fn parse_size(text: &Bound<'_, PyAny>) -> PyResult<u64> {
-        crate::convert::size_arg(text, "size")
+    fn parse_size(text: crate::args::Size) -> u64 {
+        text.0
     }
 
     /// Formats a byte count ("1.50 GiB").
     #[pyfunction]
-    fn format_size(bytes: &Bound<'_, PyAny>) -> PyResult<String> {
-        Ok(npumem_core::units::format_size(crate::convert::size_arg(bytes, "bytes")?))
+    fn format_size(bytes: crate::args::Size<crate::args::name::bytes>) -> String {
+        npumem_core::units::format_size(bytes.0)
     }
 
     #[pymodule_init]

@@ -10,7 +10,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyInt, PyList};
 
-use crate::convert::uint_arg;
+use crate::args::{Uint, array_slice, name};
 use crate::device::PyDevice;
 use crate::errors::{guard, to_py};
 
@@ -149,7 +149,7 @@ impl PyTlb {
 
     /// Runs the addresses (a 1-D uint64 array) through the TLB; returns the cumulative counters.
     fn run<'py>(&self, py: Python<'py>, addresses: PyReadonlyArray1<'py, u64>) -> PyResult<Bound<'py, PyDict>> {
-        let slice = crate::convert::array_slice(&addresses)?;
+        let slice = array_slice(&addresses)?;
         let device = self.device.get();
         let tlb = &self.tlb;
         py.detach(|| {
@@ -205,11 +205,11 @@ impl PyTlb {
     }
 
     /// Nominal reach of each level if every entry held a page of `page_size` bytes.
-    fn nominal_reach(&self, page_size: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
-        let bytes = uint_arg(page_size, "page_size")?;
+    fn nominal_reach(&self, py: Python<'_>, page_size: Uint<name::page_size>) -> PyResult<Vec<u64>> {
+        let bytes = page_size.0;
         let page = PageSize::from_bytes(bytes).ok_or_else(|| {
             to_py(
-                page_size.py(),
+                py,
                 AclError::invalid_param(format!("page_size must be 4096, 65536, 2097152 or 1073741824, got {bytes}")),
             )
         })?;

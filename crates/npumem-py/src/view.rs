@@ -5,13 +5,12 @@
 //! Invariant: while a view lives, its allocation is pinned in the device (a free is refused), so
 //! the memory it exports stays mapped; the view holds its device, so the device outlives it.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::c_void;
 
-use pyo3::ffi;
 use pyo3::prelude::*;
 
 use crate::device::PyDevice;
-use crate::export::fill_buffer;
+use crate::export::{Exported, buffer_exporter};
 
 #[pyclass(name = "DeviceView", module = "npumem._native", frozen)]
 pub struct DeviceView {
@@ -29,21 +28,18 @@ impl DeviceView {
     }
 }
 
+// SAFETY: `len` bytes at `ptr` lie in a live, pinned allocation of the host backend, mapped
+// read-write in this process while the pin, held until this view drops, lasts.
+unsafe impl Exported for DeviceView {
+    fn memory(&self) -> (*mut c_void, usize) {
+        (self.ptr as *mut c_void, self.len)
+    }
+}
+
+buffer_exporter!(DeviceView);
+
 #[pymethods]
 impl DeviceView {
-    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
-        let (ptr, len) = (slf.get().ptr, slf.get().len);
-        // SAFETY: `len` bytes at `ptr` lie in a live, pinned allocation of the host backend
-        // (mapped read-write in this process while the pin, held by this exporter, lasts).
-        unsafe { fill_buffer(slf.as_any(), view, ptr as *mut c_void, len, flags) }
-    }
-
-    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
-
-    fn __len__(&self) -> usize {
-        self.len
-    }
-
     /// The viewed memory's address.
     #[getter]
     fn address(&self) -> u64 {

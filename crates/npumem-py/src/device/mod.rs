@@ -19,13 +19,14 @@ use npumem_core::units::format_size;
 use npumem_core::vm::PageSize;
 use npumem_core::{AclError, AllocatorKind, BackendKind, Device, DeviceConfig, MemAttr, Policy};
 use numpy::{PyArray1, PyReadonlyArray1};
-use pyo3::buffer::PyUntypedBuffer;
-use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
+use crate::args::{
+    Contiguous, CopyKind, Event, Int32, MemAttrArg, Pointers, PolicyArg, PoolAttrArg, Ptr, Real, Sink, Size, Source,
+    Stream, Tag, Uint, array_slice, float_arg, name, size_arg,
+};
 use crate::buffer::new_buffer;
-use crate::convert::{array_slice, enum_arg, i32_arg, size_arg, uint_arg};
 use crate::errors::{catch_panics, guard, to_py};
 use crate::shared::{Locked, SharedDevice};
 use crate::view::DeviceView;
@@ -54,28 +55,6 @@ struct RawView {
 // pinned) until the detached section returns; only plain bytes are read or written through it.
 unsafe impl Send for RawView {}
 
-fn contiguous_buffer(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<PyUntypedBuffer> {
-    let buf = PyUntypedBuffer::get(obj)?;
-    if buf.format().to_bytes().contains(&b'O') {
-        return Err(to_py(
-            obj.py(),
-            AclError::invalid_param(
-                "the buffer holds Python object pointers, not data; convert it to a numeric dtype first",
-            ),
-        ));
-    }
-    if !buf.is_c_contiguous() {
-        return Err(to_py(
-            obj.py(),
-            AclError::invalid_param("the buffer is not C-contiguous; pass numpy.ascontiguousarray(x)"),
-        ));
-    }
-    if writable && buf.readonly() {
-        return Err(to_py(obj.py(), AclError::invalid_param("the buffer is read-only; pass a writable one")));
-    }
-    Ok(buf)
-}
-
 impl PyDevice {
     /// The core device, locked.
     pub(crate) fn lock_inner(&self) -> Locked<'_> {
@@ -84,44 +63,32 @@ impl PyDevice {
 
     /// Runs `f` with a raw view of a C-contiguous Python buffer (writable if asked), detached
     /// from the interpreter for large transfers; the export is held until `f` returns.
-    fn with_buffer(
+    fn with_buffer<const WRITABLE: bool>(
         &self,
         py: Python<'_>,
-        buffer: &Bound<'_, PyAny>,
-        writable: bool,
+        buffer: Contiguous<WRITABLE>,
         f: impl FnOnce(&mut Device, RawView) -> Result<(), AclError> + Send,
     ) -> PyResult<()> {
-        let buf = contiguous_buffer(buffer, writable)?;
-        let view = RawView { ptr: buf.buf_ptr().cast(), len: buf.len_bytes() };
+        let view = RawView { ptr: buffer.0.buf_ptr().cast(), len: buffer.0.len_bytes() };
         let large = view.len >= DETACH_BYTES;
         let result = self.run_detached_if(py, large, move |d| f(d, view));
-        drop(buf);
+        drop(buffer);
         result
     }
 
     fn malloc_impl(
         &self,
         py: Python<'_>,
-        size: &Bound<'_, PyAny>,
-        policy: Option<&Bound<'_, PyAny>>,
-        stream: Option<&Bound<'_, PyAny>>,
-        tag: Option<&Bound<'_, PyAny>>,
+        size: Size,
+        policy: Option<PolicyArg>,
+        stream: Option<Stream>,
+        tag: Option<Tag>,
         padded: bool,
     ) -> PyResult<u64> {
-        let tag = tag
-            .map(|t| {
-                t.cast::<pyo3::types::PyString>().map(|t| t.to_string()).map_err(|_| {
-                    let got = t.get_type().name().map(|n| n.to_string()).unwrap_or_default();
-                    pyo3::exceptions::PyTypeError::new_err(format!("tag must be a str, got {got}"))
-                })
-            })
-            .transpose()?;
-        let size = size_arg(size, "size")?;
-        let policy = policy.map(|p| enum_arg(p, "policy")).transpose()?.unwrap_or(0);
-        let stream = opt_stream(stream)?.unwrap_or(0);
+        let (policy, stream) = (policy.map_or(Policy::HugeFirst, |p| p.0), stream.map_or(0, |s| s.0));
         self.run(py, |d| {
-            let ptr = d.malloc_on(size, Policy::from_raw(policy)?, padded, stream)?;
-            if let Some(tag) = &tag {
+            let ptr = d.malloc_on(size.0, policy, padded, stream)?;
+            if let Some(Tag(tag)) = &tag {
                 d.set_tag(ptr, tag)?;
             }
             Ok(ptr)
@@ -133,11 +100,11 @@ impl PyDevice {
         &self,
         py: Python<'py>,
         size: u64,
-        policy: u32,
+        policy: Policy,
         stream: u64,
     ) -> PyResult<Bound<'py, PyAny>> {
         let (ptr, owner) = self.run_locked(py, false, |d| {
-            let ptr = d.malloc_held(size, Policy::from_raw(policy)?, stream)?;
+            let ptr = d.malloc_held(size, policy, stream)?;
             Ok((ptr, d.share()))
         })?;
         new_buffer(py, owner, ptr, size)
@@ -216,9 +183,9 @@ impl PyDevice {
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        capacity: Option<&Bound<'_, PyAny>>,
-        normal_page: Option<&Bound<'_, PyAny>>,
-        giant_frames: Option<&Bound<'_, PyAny>>,
+        capacity: Option<Size<name::capacity>>,
+        normal_page: Option<Size<name::normal_page>>,
+        giant_frames: Option<Uint<name::giant_frames>>,
         backend: &str,
         allocator: &str,
         alloc_conf: Option<&str>,
@@ -226,12 +193,12 @@ impl PyDevice {
         sanitizer: &str,
         faults: bool,
         va_slice: Option<(u32, u32)>,
-        device_id: Option<&Bound<'_, PyAny>>,
+        device_id: Option<Uint<name::device_id>>,
     ) -> PyResult<Self> {
-        let capacity = capacity.map(|c| size_arg(c, "capacity")).transpose()?;
-        let device_id = device_id.map(|d| uint_arg(d, "device_id")).transpose()?.unwrap_or(0);
-        let giant_frames = giant_frames.map(|g| uint_arg(g, "giant_frames")).transpose()?.unwrap_or(0);
-        let normal_page = normal_page.map(|p| size_arg(p, "normal_page")).transpose()?;
+        let capacity = capacity.map(|c| c.0);
+        let device_id = device_id.map_or(0, |d| d.0);
+        let giant_frames = giant_frames.map_or(0, |g| g.0);
+        let normal_page = normal_page.map(|p| p.0);
         guard(py, || {
             let backend = BackendKind::parse(backend)?;
             let ordinal = device_ordinal(backend, device_id)?;
@@ -309,10 +276,10 @@ impl PyDevice {
     fn malloc(
         &self,
         py: Python<'_>,
-        size: &Bound<'_, PyAny>,
-        policy: Option<&Bound<'_, PyAny>>,
-        stream: Option<&Bound<'_, PyAny>>,
-        tag: Option<&Bound<'_, PyAny>>,
+        size: Size,
+        policy: Option<PolicyArg>,
+        stream: Option<Stream>,
+        tag: Option<Tag>,
     ) -> PyResult<u64> {
         self.malloc_impl(py, size, policy, stream, tag, true)
     }
@@ -322,10 +289,10 @@ impl PyDevice {
     fn malloc_align32(
         &self,
         py: Python<'_>,
-        size: &Bound<'_, PyAny>,
-        policy: Option<&Bound<'_, PyAny>>,
-        stream: Option<&Bound<'_, PyAny>>,
-        tag: Option<&Bound<'_, PyAny>>,
+        size: Size,
+        policy: Option<PolicyArg>,
+        stream: Option<Stream>,
+        tag: Option<Tag>,
     ) -> PyResult<u64> {
         self.malloc_impl(py, size, policy, stream, tag, false)
     }
@@ -333,10 +300,8 @@ impl PyDevice {
     /// `aclrtFree`; with `stream`, the memory is reusable once that stream reaches this point
     /// (an event-driven free), else once the block's streams finish their queued work.
     #[pyo3(signature = (ptr, stream = None))]
-    fn free(&self, py: Python<'_>, ptr: &Bound<'_, PyAny>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        let ptr = uint_arg(ptr, "ptr")?;
-        let stream = opt_stream(stream)?;
-        self.run(py, |d| d.free_on(ptr, stream))
+    fn free(&self, py: Python<'_>, ptr: Ptr, stream: Option<Stream>) -> PyResult<()> {
+        self.run(py, |d| d.free_on(ptr.0, stream.map(|s| s.0)))
     }
 
     /// Allocates one block per size (a 1-D uint64 array) in one call, without the GIL; all or
@@ -346,13 +311,12 @@ impl PyDevice {
         &self,
         py: Python<'py>,
         sizes: PyReadonlyArray1<'py, u64>,
-        policy: Option<&Bound<'_, PyAny>>,
-        stream: Option<&Bound<'_, PyAny>>,
+        policy: Option<PolicyArg>,
+        stream: Option<Stream>,
     ) -> PyResult<Bound<'py, PyArray1<u64>>> {
-        let policy = policy.map(|p| enum_arg(p, "policy")).transpose()?.unwrap_or(0);
-        let stream = opt_stream(stream)?.unwrap_or(0);
+        let (policy, stream) = (policy.map_or(Policy::HugeFirst, |p| p.0), stream.map_or(0, |s| s.0));
         let sizes = array_slice(&sizes)?;
-        let ptrs = self.run_detached_if(py, true, |d| d.malloc_many(sizes, Policy::from_raw(policy)?, stream))?;
+        let ptrs = self.run_detached_if(py, true, |d| d.malloc_many(sizes, policy, stream))?;
         Ok(PyArray1::from_vec(py, ptrs))
     }
 
@@ -379,14 +343,13 @@ impl PyDevice {
         ids: PyReadonlyArray1<'py, u64>,
         sizes: PyReadonlyArray1<'py, u64>,
         streams: Option<PyReadonlyArray1<'py, u64>>,
-        policy: Option<&Bound<'_, PyAny>>,
+        policy: Option<PolicyArg>,
         stop_on_oom: bool,
         sample_every: u64,
         chunk: usize,
         progress: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let policy = Policy::from_raw(policy.map(|p| enum_arg(p, "policy")).transpose()?.unwrap_or(0))
-            .map_err(|e| to_py(py, e))?;
+        let policy = policy.map_or(Policy::HugeFirst, |p| p.0);
         let (a, i, s) = (array_slice(&is_alloc)?, array_slice(&ids)?, array_slice(&sizes)?);
         let st = streams.as_ref().map(array_slice).transpose()?;
         let n = a.len();
@@ -443,30 +406,25 @@ impl PyDevice {
     fn buffer<'py>(
         &self,
         py: Python<'py>,
-        nbytes: &Bound<'_, PyAny>,
-        policy: Option<&Bound<'_, PyAny>>,
-        stream: Option<&Bound<'_, PyAny>>,
+        nbytes: Size<name::nbytes>,
+        policy: Option<PolicyArg>,
+        stream: Option<Stream>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let size = size_arg(nbytes, "nbytes")?;
-        let policy = policy.map(|p| enum_arg(p, "policy")).transpose()?.unwrap_or(0);
-        let stream = opt_stream(stream)?.unwrap_or(0);
-        self.make_buffer(py, size, policy, stream)
+        let (policy, stream) = (policy.map_or(Policy::HugeFirst, |p| p.0), stream.map_or(0, |s| s.0));
+        self.make_buffer(py, nbytes.0, policy, stream)
     }
 
     /// Marks the allocation at `ptr` as used by `stream` too: its free waits for that stream.
-    fn record_stream(&self, py: Python<'_>, ptr: &Bound<'_, PyAny>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
-        let (ptr, stream) = (uint_arg(ptr, "ptr")?, uint_arg(stream, "stream")?);
-        self.run(py, |d| d.record_stream(ptr, stream))
+    fn record_stream(&self, py: Python<'_>, ptr: Ptr, stream: Stream) -> PyResult<()> {
+        self.run(py, |d| d.record_stream(ptr.0, stream.0))
     }
 
-    fn malloc_host(&self, py: Python<'_>, size: &Bound<'_, PyAny>) -> PyResult<u64> {
-        let size = size_arg(size, "size")?;
-        self.run(py, |d| d.malloc_host(size))
+    fn malloc_host(&self, py: Python<'_>, size: Size) -> PyResult<u64> {
+        self.run(py, |d| d.malloc_host(size.0))
     }
 
-    fn free_host(&self, py: Python<'_>, ptr: &Bound<'_, PyAny>) -> PyResult<()> {
-        let ptr = uint_arg(ptr, "ptr")?;
-        self.run(py, |d| d.free_host(ptr))
+    fn free_host(&self, py: Python<'_>, ptr: Ptr) -> PyResult<()> {
+        self.run(py, |d| d.free_host(ptr.0))
     }
 
     fn __repr__(&self) -> String {
@@ -488,46 +446,6 @@ impl PyDevice {
             self.inner.lock().allocator_name()
         )
     }
-}
-
-/// A real-number argument (a float, an int or anything with `__float__`); an int too large for
-/// a float is out of range (`InvalidParamError`), anything else a `TypeError`, both naming `what`.
-fn float_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<f64> {
-    match obj.extract::<f64>() {
-        Ok(v) => Ok(v),
-        Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => Err(to_py(
-            obj.py(),
-            AclError::invalid_param(format!("{what} = {obj} is out of range: too large for a float")),
-        )),
-        Err(_) => Err(PyTypeError::new_err(format!("{what} must be a number, got {}", obj.get_type().name()?))),
-    }
-}
-
-/// An optional non-negative int argument, 0 when absent.
-fn opt_uint(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<u64> {
-    obj.map_or(Ok(0), |o| uint_arg(o, what))
-}
-
-/// A sequence of device pointers (kernel arguments), each a non-negative int below 2**64.
-fn pointers(seq: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Vec<u64>> {
-    let Some(seq) = seq else { return Ok(Vec::new()) };
-    if seq.is_instance_of::<pyo3::types::PyString>() || seq.is_instance_of::<PyBytes>() {
-        return Err(pyo3::exceptions::PyTypeError::new_err(format!("{what} must be a sequence of pointers (ints)")));
-    }
-    seq.try_iter()
-        .map_err(|_| {
-            pyo3::exceptions::PyTypeError::new_err(format!(
-                "{what} must be a sequence of pointers (ints), got {}",
-                seq.get_type().name().map(|n| n.to_string()).unwrap_or_default()
-            ))
-        })?
-        .enumerate()
-        .map(|(i, p)| uint_arg(&p?, &format!("{what}[{i}]")))
-        .collect()
-}
-
-fn opt_stream(stream: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
-    stream.map(|s| uint_arg(s, "stream")).transpose()
 }
 
 fn allocation_dict<'py>(py: Python<'py>, a: &npumem_core::Allocation) -> PyResult<Bound<'py, PyDict>> {

@@ -44,9 +44,8 @@ impl PyDevice {
     }
 
     /// The live allocation starting at `ptr` as a dict, or None.
-    fn allocation<'py>(&self, py: Python<'py>, ptr: &Bound<'_, PyAny>) -> PyResult<Option<Bound<'py, PyDict>>> {
-        let ptr = uint_arg(ptr, "ptr")?;
-        let a = self.inner.lock().allocation(ptr);
+    fn allocation<'py>(&self, py: Python<'py>, ptr: Ptr) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let a = self.inner.lock().allocation(ptr.0);
         a.map(|a| allocation_dict(py, &a)).transpose()
     }
 
@@ -171,9 +170,8 @@ impl PyDevice {
 
     /// Unmaps/frees the coldest cached memory until at most `bytes` are reserved; returns the
     /// bytes still reserved (live blocks are never touched).
-    fn trim_to(&self, py: Python<'_>, bytes: &Bound<'_, PyAny>) -> PyResult<u64> {
-        let bytes = size_arg(bytes, "bytes")?;
-        self.run(py, |d| d.trim_to(bytes))
+    fn trim_to(&self, py: Python<'_>, bytes: Size<name::bytes>) -> PyResult<u64> {
+        self.run(py, |d| d.trim_to(bytes.0))
     }
 
     /// Caps what the allocator may reserve at `fraction` (0..1) of the device.
@@ -189,8 +187,8 @@ impl PyDevice {
 
     /// Starts or stops recording the allocator's history (`max_entries` newest entries kept).
     #[pyo3(signature = (enabled = true, max_entries = None))]
-    fn record_memory_history(&self, enabled: bool, max_entries: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        let max_entries = max_entries.map(|m| uint_arg(m, "max_entries")).transpose()?.unwrap_or(1_000_000);
+    fn record_memory_history(&self, enabled: bool, max_entries: Option<Uint<name::max_entries>>) -> PyResult<()> {
+        let max_entries = max_entries.map_or(1_000_000, |m| m.0);
         // The history grows as entries come; a bound past memory is simply never reached.
         self.inner.lock().record_memory_history(enabled, usize::try_from(max_entries).unwrap_or(usize::MAX));
         Ok(())

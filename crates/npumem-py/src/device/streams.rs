@@ -12,15 +12,14 @@ impl PyDevice {
         self.run(py, |d| d.create_stream())
     }
 
-    fn destroy_stream(&self, py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
-        let stream = uint_arg(stream, "stream")?;
-        self.run(py, |d| d.destroy_stream(stream))
+    fn destroy_stream(&self, py: Python<'_>, stream: Stream) -> PyResult<()> {
+        self.run(py, |d| d.destroy_stream(stream.0))
     }
 
     /// Blocks (on the simulated clock) until the stream's queued work is done.
     #[pyo3(signature = (stream = None))]
-    fn synchronize_stream(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        let stream = opt_stream(stream)?.unwrap_or(0);
+    fn synchronize_stream(&self, py: Python<'_>, stream: Option<Stream>) -> PyResult<()> {
+        let stream = stream.map_or(0, |s| s.0);
         self.run(py, |d| d.synchronize_stream(stream))
     }
 
@@ -32,45 +31,33 @@ impl PyDevice {
         self.run(py, |d| d.create_event())
     }
 
-    fn destroy_event(&self, py: Python<'_>, event: &Bound<'_, PyAny>) -> PyResult<()> {
-        let event = uint_arg(event, "event")?;
-        self.run(py, |d| d.destroy_event(event))
+    fn destroy_event(&self, py: Python<'_>, event: Event) -> PyResult<()> {
+        self.run(py, |d| d.destroy_event(event.0))
     }
 
     /// `aclrtRecordEvent`: the event completes when the stream's work queued so far has.
     #[pyo3(signature = (event, stream = None))]
-    fn record_event(
-        &self,
-        py: Python<'_>,
-        event: &Bound<'_, PyAny>,
-        stream: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<()> {
-        let event = uint_arg(event, "event")?;
-        let stream = opt_stream(stream)?.unwrap_or(0);
-        self.run(py, |d| d.record_event(event, stream))
+    fn record_event(&self, py: Python<'_>, event: Event, stream: Option<Stream>) -> PyResult<()> {
+        self.run(py, |d| d.record_event(event.0, stream.map_or(0, |s| s.0)))
     }
 
     /// `aclrtStreamWaitEvent`: work queued on `stream` after this starts once `event` completes.
-    fn stream_wait_event(&self, py: Python<'_>, stream: &Bound<'_, PyAny>, event: &Bound<'_, PyAny>) -> PyResult<()> {
-        let (stream, event) = (uint_arg(stream, "stream")?, uint_arg(event, "event")?);
-        self.run(py, |d| d.stream_wait_event(stream, event))
+    fn stream_wait_event(&self, py: Python<'_>, stream: Stream, event: Event) -> PyResult<()> {
+        self.run(py, |d| d.stream_wait_event(stream.0, event.0))
     }
 
-    fn synchronize_event(&self, py: Python<'_>, event: &Bound<'_, PyAny>) -> PyResult<()> {
-        let event = uint_arg(event, "event")?;
-        self.run(py, |d| d.synchronize_event(event))
+    fn synchronize_event(&self, py: Python<'_>, event: Event) -> PyResult<()> {
+        self.run(py, |d| d.synchronize_event(event.0))
     }
 
     /// `aclrtQueryEvent` as pyACL returns it: 0 (ACL_EVENT_STATUS_COMPLETE) or 1 (NOT_READY).
-    fn query_event(&self, py: Python<'_>, event: &Bound<'_, PyAny>) -> PyResult<u32> {
-        let event = uint_arg(event, "event")?;
-        self.run(py, |d| d.query_event(event).map(|done| if done { 0 } else { 1 }))
+    fn query_event(&self, py: Python<'_>, event: Event) -> PyResult<u32> {
+        self.run(py, |d| d.query_event(event.0).map(|done| if done { 0 } else { 1 }))
     }
 
     /// Milliseconds between two recorded events on the device clock.
-    fn event_elapsed_time(&self, py: Python<'_>, start: &Bound<'_, PyAny>, end: &Bound<'_, PyAny>) -> PyResult<f64> {
-        let (start, end) = (uint_arg(start, "start")?, uint_arg(end, "end")?);
-        self.run(py, |d| d.event_elapsed_time(start, end))
+    fn event_elapsed_time(&self, py: Python<'_>, start: Event<name::start>, end: Event<name::end>) -> PyResult<f64> {
+        self.run(py, |d| d.event_elapsed_time(start.0, end.0))
     }
 
     /// `aclrtMemcpyAsync`: queues a copy on `stream`; returns (start_us, end_us) on the device
@@ -80,18 +67,15 @@ impl PyDevice {
     fn memcpy_async(
         &self,
         py: Python<'_>,
-        dst: &Bound<'_, PyAny>,
-        dst_max: &Bound<'_, PyAny>,
-        src: &Bound<'_, PyAny>,
-        count: &Bound<'_, PyAny>,
-        kind: Option<&Bound<'_, PyAny>>,
-        stream: Option<&Bound<'_, PyAny>>,
+        dst: Ptr<name::dst>,
+        dst_max: Size<name::dst_max>,
+        src: Ptr<name::src>,
+        count: Size<name::count>,
+        kind: Option<CopyKind>,
+        stream: Option<Stream>,
     ) -> PyResult<(f64, f64)> {
-        let (dst, src) = (uint_arg(dst, "dst")?, uint_arg(src, "src")?);
-        let (dst_max, count) = (size_arg(dst_max, "dst_max")?, size_arg(count, "count")?);
-        let kind = kind.map(|k| enum_arg(k, "kind")).transpose()?.unwrap_or(4);
-        let stream = opt_stream(stream)?.unwrap_or(0);
-        let (a, b) = self.run(py, |d| d.memcpy_async(dst, dst_max, src, count, kind, stream))?;
+        let (kind, stream) = (kind.map_or(4, |k| k.0), stream.map_or(0, |s| s.0));
+        let (a, b) = self.run(py, |d| d.memcpy_async(dst.0, dst_max.0, src.0, count.0, kind, stream))?;
         Ok((a as f64 / 1e3, b as f64 / 1e3))
     }
 
@@ -100,17 +84,14 @@ impl PyDevice {
     fn memset_async(
         &self,
         py: Python<'_>,
-        ptr: &Bound<'_, PyAny>,
-        dst_max: &Bound<'_, PyAny>,
-        value: &Bound<'_, PyAny>,
-        count: &Bound<'_, PyAny>,
-        stream: Option<&Bound<'_, PyAny>>,
+        ptr: Ptr,
+        dst_max: Size<name::dst_max>,
+        value: Int32,
+        count: Size<name::count>,
+        stream: Option<Stream>,
     ) -> PyResult<(f64, f64)> {
-        let ptr = uint_arg(ptr, "ptr")?;
-        let value = i32_arg(value, "value")?;
-        let (dst_max, count) = (size_arg(dst_max, "dst_max")?, size_arg(count, "count")?);
-        let stream = opt_stream(stream)?.unwrap_or(0);
-        let (a, b) = self.run(py, |d| d.memset_async(ptr, dst_max, value, count, stream))?;
+        let stream = stream.map_or(0, |s| s.0);
+        let (a, b) = self.run(py, |d| d.memset_async(ptr.0, dst_max.0, value.0, count.0, stream))?;
         Ok((a as f64 / 1e3, b as f64 / 1e3))
     }
 
@@ -120,15 +101,14 @@ impl PyDevice {
     fn launch(
         &self,
         py: Python<'_>,
-        stream: &Bound<'_, PyAny>,
-        duration: &Bound<'_, PyAny>,
-        reads: Option<&Bound<'_, PyAny>>,
-        writes: Option<&Bound<'_, PyAny>>,
+        stream: Stream,
+        duration: Real,
+        reads: Option<Pointers<name::reads>>,
+        writes: Option<Pointers<name::writes>>,
     ) -> PyResult<(f64, f64)> {
-        let (reads, writes) = (pointers(reads, "reads")?, pointers(writes, "writes")?);
-        let stream = uint_arg(stream, "stream")?;
-        let ns = duration_from_us("duration", float_arg(duration, "duration")?).map_err(|e| to_py(py, e))?;
-        let (a, b) = self.run(py, |d| d.launch(stream, ns, &reads, &writes))?;
+        let (reads, writes) = (reads.map(|r| r.0).unwrap_or_default(), writes.map(|w| w.0).unwrap_or_default());
+        let ns = duration_from_us("duration", duration.0).map_err(|e| to_py(py, e))?;
+        let (a, b) = self.run(py, |d| d.launch(stream.0, ns, &reads, &writes))?;
         Ok((a as f64 / 1e3, b as f64 / 1e3))
     }
 

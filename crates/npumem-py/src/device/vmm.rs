@@ -13,21 +13,19 @@ impl PyDevice {
     fn reserve_mem_address(
         &self,
         py: Python<'_>,
-        size: &Bound<'_, PyAny>,
-        expect: Option<&Bound<'_, PyAny>>,
-        alignment: Option<&Bound<'_, PyAny>>,
-        flags: Option<&Bound<'_, PyAny>>,
+        size: Size,
+        expect: Option<Ptr<name::expect>>,
+        alignment: Option<Uint<name::alignment>>,
+        flags: Option<Uint<name::flags>>,
     ) -> PyResult<u64> {
-        let size = size_arg(size, "size")?;
-        let expect = expect.map(|e| uint_arg(e, "expect")).transpose()?.filter(|&e| e != 0);
-        let (alignment, flags) = (opt_uint(alignment, "alignment")?, opt_uint(flags, "flags")?);
-        self.run(py, |d| d.reserve_mem_address(size, alignment, expect, flags))
+        let expect = expect.map(|e| e.0).filter(|&e| e != 0);
+        let (alignment, flags) = (alignment.map_or(0, |a| a.0), flags.map_or(0, |f| f.0));
+        self.run(py, |d| d.reserve_mem_address(size.0, alignment, expect, flags))
     }
 
     /// `aclrtReleaseMemAddress`.
-    fn release_mem_address(&self, py: Python<'_>, va: &Bound<'_, PyAny>) -> PyResult<()> {
-        let va = uint_arg(va, "va")?;
-        self.run(py, |d| d.release_mem_address(va))
+    fn release_mem_address(&self, py: Python<'_>, va: Ptr<name::va>) -> PyResult<()> {
+        self.run(py, |d| d.release_mem_address(va.0))
     }
 
     /// `aclrtMallocPhysical`: `size` bytes of physical memory of `attr` (a `MemAttr`: normal,
@@ -36,20 +34,17 @@ impl PyDevice {
     fn malloc_physical(
         &self,
         py: Python<'_>,
-        size: &Bound<'_, PyAny>,
-        attr: &Bound<'_, PyAny>,
-        flags: Option<&Bound<'_, PyAny>>,
+        size: Size,
+        attr: MemAttrArg,
+        flags: Option<Uint<name::flags>>,
     ) -> PyResult<u64> {
-        let size = size_arg(size, "size")?;
-        let attr = MemAttr::from_raw(enum_arg(attr, "attr")?).map_err(|e| to_py(py, e))?;
-        let flags = opt_uint(flags, "flags")?;
-        self.run(py, |d| d.malloc_physical(size, attr, flags))
+        let flags = flags.map_or(0, |f| f.0);
+        self.run(py, |d| d.malloc_physical(size.0, attr.0, flags))
     }
 
     /// `aclrtFreePhysical` (a mapped handle keeps its memory until its last unmap).
-    fn free_physical(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<()> {
-        let handle = uint_arg(handle, "handle")?;
-        self.run(py, |d| d.free_physical(handle))
+    fn free_physical(&self, py: Python<'_>, handle: Uint) -> PyResult<()> {
+        self.run(py, |d| d.free_physical(handle.0))
     }
 
     /// `aclrtMapMem`: maps the whole of `handle` at `va` (`size` defaults to the handle's).
@@ -57,15 +52,14 @@ impl PyDevice {
     fn map_mem(
         &self,
         py: Python<'_>,
-        va: &Bound<'_, PyAny>,
-        handle: &Bound<'_, PyAny>,
-        size: Option<&Bound<'_, PyAny>>,
-        offset: Option<&Bound<'_, PyAny>>,
-        flags: Option<&Bound<'_, PyAny>>,
+        va: Ptr<name::va>,
+        handle: Uint,
+        size: Option<Size>,
+        offset: Option<Uint<name::offset>>,
+        flags: Option<Uint<name::flags>>,
     ) -> PyResult<()> {
-        let (va, handle) = (uint_arg(va, "va")?, uint_arg(handle, "handle")?);
-        let size = size.map(|s| size_arg(s, "size")).transpose()?;
-        let (offset, flags) = (opt_uint(offset, "offset")?, opt_uint(flags, "flags")?);
+        let (va, handle, size) = (va.0, handle.0, size.map(|s| s.0));
+        let (offset, flags) = (offset.map_or(0, |o| o.0), flags.map_or(0, |f| f.0));
         self.run(py, |d| {
             let size = match size {
                 Some(s) => s,
@@ -76,15 +70,13 @@ impl PyDevice {
     }
 
     /// `aclrtUnmapMem`.
-    fn unmap_mem(&self, py: Python<'_>, va: &Bound<'_, PyAny>) -> PyResult<()> {
-        let va = uint_arg(va, "va")?;
-        self.run(py, |d| d.unmap_mem(va))
+    fn unmap_mem(&self, py: Python<'_>, va: Ptr<name::va>) -> PyResult<()> {
+        self.run(py, |d| d.unmap_mem(va.0))
     }
 
     /// `aclrtMemGetAllocationGranularity` for memory of `attr`.
-    fn mem_get_allocation_granularity(&self, py: Python<'_>, attr: &Bound<'_, PyAny>) -> PyResult<u64> {
-        let attr = MemAttr::from_raw(enum_arg(attr, "attr")?).map_err(|e| to_py(py, e))?;
-        self.run(py, |d| d.mem_get_allocation_granularity(attr))
+    fn mem_get_allocation_granularity(&self, py: Python<'_>, attr: MemAttrArg) -> PyResult<u64> {
+        self.run(py, |d| d.mem_get_allocation_granularity(attr.0))
     }
 
     // ----- fault injection (devices made with faults=True) -----
@@ -96,16 +88,15 @@ impl PyDevice {
     fn inject_faults(
         &self,
         py: Python<'_>,
-        physical_alloc: Option<&Bound<'_, PyAny>>,
-        map: Option<&Bound<'_, PyAny>>,
-        unmap: Option<&Bound<'_, PyAny>>,
+        physical_alloc: Option<Uint<name::physical_alloc>>,
+        map: Option<Uint<name::map>>,
+        unmap: Option<Uint<name::unmap>>,
         driver_error: bool,
     ) -> PyResult<()> {
-        let count = |v: Option<&Bound<'_, PyAny>>, what| v.map(|v| uint_arg(v, what)).transpose();
         let plan = FaultPlan {
-            physical_alloc: count(physical_alloc, "physical_alloc")?,
-            map: count(map, "map")?,
-            unmap: count(unmap, "unmap")?,
+            physical_alloc: physical_alloc.map(|n| n.0),
+            map: map.map(|n| n.0),
+            unmap: unmap.map(|n| n.0),
             driver_error,
         };
         self.run(py, |d| d.inject_faults(plan))
@@ -137,8 +128,8 @@ impl PyDevice {
 
     /// Sets a pool attribute (`MemPoolAttr` 1-4): the three reuse rules (bool) or the release
     /// threshold (bytes; `None` keeps everything).
-    fn set_pool_attr(&self, py: Python<'_>, attr: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {
-        let attr = MemPoolAttr::from_raw(enum_arg(attr, "attr")?).map_err(|e| to_py(py, e))?;
+    fn set_pool_attr(&self, py: Python<'_>, attr: PoolAttrArg, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        let attr = attr.0;
         let threshold = if attr == MemPoolAttr::ReleaseThreshold {
             if value.is_none() { Some(u64::MAX) } else { Some(size_arg(value, "release threshold")?) }
         } else {
@@ -180,8 +171,8 @@ impl PyDevice {
     }
 
     /// Reads a pool attribute (`MemPoolAttr` 1-8).
-    fn get_pool_attr<'py>(&self, py: Python<'py>, attr: &Bound<'_, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        let attr = MemPoolAttr::from_raw(enum_arg(attr, "attr")?).map_err(|e| to_py(py, e))?;
+    fn get_pool_attr<'py>(&self, py: Python<'py>, attr: PoolAttrArg) -> PyResult<Bound<'py, PyAny>> {
+        let attr = attr.0;
         let d = self.inner.lock();
         let (p, stats) = (d.reuse_policy(), d.pool_stats().clone());
         drop(d);
