@@ -1,31 +1,127 @@
-//! One record per live block: a device whose npumem pool leaves its blocks' records to the
-//! device's live table (owner tracking, what `Device::new` builds) must behave exactly as the
-//! same device over a pool that keeps its own map (`Device::with_pool_map`, the reference).
-//! Random programs of mallocs and frees, batches, stream-ordered frees (some revived by a malloc
-//! of another size), queued work, recorded streams, synchronisation, `empty_cache`, replays (in
-//! chunks, on streams) and driver failures run on both; after every step the results, the pool's and the device's
-//! statistics, the segments and the fragmentation report must be identical. A free path that
-//! handed the pool a wrong `granted` (or `requested`), or a snapshot that left the pending
-//! frees out, shows up as a difference.
+//! One record per live block: the device's live table is the one record of each block live in
+//! its npumem pool, and every free and snapshot hands the pool the `Granted` it holds. A device
+//! over the plain pool must behave exactly as the same device over the pool behind a record of
+//! its own of every block it granted (`OwnRecords`, the reference: it checks what the device
+//! hands back against its record, then passes the pool its record instead). Random programs of
+//! mallocs and frees, batches, stream-ordered frees (some revived by a malloc of another size),
+//! queued work, recorded streams, synchronisation, `empty_cache`, replays (in chunks, on
+//! streams) and driver failures run on both; after every step the results, the pool's and the
+//! device's statistics, the segments and the fragmentation report must be identical. A free
+//! path that handed the pool a wrong `granted` (or `requested`), or a snapshot that left the
+//! pending frees out, shows up as a difference.
 
-use npumem_core::backend::{FaultPlan, FaultyBackend, SimBackend, SimConfig};
+use std::collections::BTreeMap;
+
+use npumem_core::backend::{Backend, FaultPlan, FaultyBackend, SimBackend, SimConfig};
 use npumem_core::device::{Replay, ReplayEvents};
-use npumem_core::pool::{VmmAllocator, VmmConfig};
+use npumem_core::pool::{
+    Allocator, Books, Fragmentation, Grant, Granted, Request, SegmentSnapshot, VmmAllocator, VmmConfig,
+};
 use npumem_core::stream::StreamId;
 use npumem_core::units::MIB;
 use npumem_core::vm::PageSize;
 use npumem_core::{Device, Policy};
+
+type AclResult<T> = npumem_core::Result<T>;
 use proptest::prelude::*;
 
 const CAPACITY: u64 = 48 * MIB;
 
-/// A device over the npumem pool (requests from 4 MiB bypass it), owner-tracked or not.
-fn device(owner_tracked: bool) -> Device {
+/// The reference: the pool behind its own record of every block it granted and has not freed.
+struct OwnRecords {
+    pool: VmmAllocator,
+    live: BTreeMap<u64, Granted>,
+}
+
+impl OwnRecords {
+    /// The record of the live `block` the device hands back, which must be the same.
+    fn own(&self, block: &Granted) -> Granted {
+        let own = *self.live.get(&block.ptr).unwrap_or_else(|| panic!("{:#x} is not live in the pool", block.ptr));
+        assert_eq!(*block, own, "the device hands back the block as granted");
+        own
+    }
+
+    fn records(&self) -> Vec<Granted> {
+        self.live.values().copied().collect()
+    }
+}
+
+impl Allocator for OwnRecords {
+    fn name(&self) -> &'static str {
+        self.pool.name()
+    }
+
+    fn malloc(&mut self, backend: &mut dyn Backend, request: &Request) -> AclResult<Grant> {
+        let grant = self.pool.malloc(backend, request)?;
+        self.live.insert(grant.ptr, grant.held(request.size));
+        Ok(grant)
+    }
+
+    fn malloc_cached(&mut self, sizes: &[u64], policy: Policy, out: &mut Vec<Grant>) -> usize {
+        let start = out.len();
+        let served = self.pool.malloc_cached(sizes, policy, out);
+        for (grant, &size) in out[start..].iter().zip(sizes) {
+            self.live.insert(grant.ptr, grant.held(size));
+        }
+        served
+    }
+
+    fn free(&mut self, backend: &mut dyn Backend, block: &Granted) -> AclResult<()> {
+        let own = self.own(block);
+        self.pool.free(backend, &own)?;
+        self.live.remove(&own.ptr);
+        Ok(())
+    }
+
+    fn free_cached(&mut self, blocks: &[Granted]) -> usize {
+        let own: Vec<Granted> = blocks.iter().map(|b| self.own(b)).collect();
+        let freed = self.pool.free_cached(&own);
+        own[..freed].iter().for_each(|b| {
+            self.live.remove(&b.ptr);
+        });
+        freed
+    }
+
+    fn empty_cache(&mut self, backend: &mut dyn Backend) -> AclResult<()> {
+        self.pool.empty_cache(backend)
+    }
+
+    fn trim_to(&mut self, backend: &mut dyn Backend, bytes: u64) -> AclResult<u64> {
+        self.pool.trim_to(backend, bytes)
+    }
+
+    fn books(&self) -> &Books {
+        self.pool.books()
+    }
+
+    fn books_mut(&mut self) -> &mut Books {
+        self.pool.books_mut()
+    }
+
+    fn segments(&self, live: &[Granted]) -> Vec<SegmentSnapshot> {
+        assert_eq!(live, self.records(), "a snapshot is given every block live in the pool");
+        self.pool.segments(&self.records())
+    }
+
+    /// The device's report passes its live blocks, an out-of-memory message none (its summary
+    /// does not read them): the reference reads its own, and the reports are compared.
+    fn fragmentation(&self, _live: &[Granted]) -> Fragmentation {
+        self.pool.fragmentation(&self.records())
+    }
+}
+
+/// A device over the npumem pool (requests from 4 MiB bypass it), plain or behind its own
+/// records (the reference).
+fn device(reference: bool) -> Device {
     let sim = SimConfig { capacity: CAPACITY, normal_page: PageSize::Size4K, giant_frames: 0 };
     let backend = Box::new(FaultyBackend::new(Box::new(SimBackend::new(sim).unwrap())));
     let injector = backend.injector();
-    let pool = Box::new(VmmAllocator::new(VmmConfig::parse("large_threshold_mb:4").unwrap(), CAPACITY));
-    let device = if owner_tracked { Device::with_parts(backend, pool) } else { Device::with_pool_map(backend, pool) };
+    let pool = VmmAllocator::new(VmmConfig::parse("large_threshold_mb:4").unwrap(), CAPACITY);
+    let device = if reference {
+        Device::with_parts(backend, Box::new(OwnRecords { pool, live: BTreeMap::new() }))
+    } else {
+        Device::with_parts(backend, Box::new(pool))
+    };
     device.with_fault_injector(injector)
 }
 
@@ -99,8 +195,8 @@ fn same(a: &Device, b: &Device, step: usize) -> Result<(), TestCaseError> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(96))]
     #[test]
-    fn owner_tracking_is_invisible(ops in proptest::collection::vec(op(), 1..50)) {
-        let (mut a, mut b) = (device(true), device(false));
+    fn the_device_hands_back_what_the_pool_granted(ops in proptest::collection::vec(op(), 1..50)) {
+        let (mut a, mut b) = (device(false), device(true));
         let mut streams: Vec<StreamId> = vec![0];
         for _ in 0..2 {
             let (sa, sb) = (a.create_stream().unwrap(), b.create_stream().unwrap());
@@ -238,7 +334,7 @@ proptest! {
 /// queued and reaped later: the pool gets back the request of the malloc that made it.
 #[test]
 fn a_revived_block_goes_back_as_its_pool_booked_it() {
-    let (mut a, mut b) = (device(true), device(false));
+    let (mut a, mut b) = (device(false), device(true));
     for d in [&mut a, &mut b] {
         let s = d.create_stream().unwrap();
         let p = d.malloc_on(7000, Policy::HugeFirst, true, s).unwrap();
