@@ -1,7 +1,7 @@
 //! One record per live block: the device's live table is the one record of each block live in
-//! its npumem pool, and every free and snapshot hands the pool the `Granted` it holds. A device
-//! over the plain pool must behave exactly as the same device over the pool behind a record of
-//! its own of every block it granted (`OwnRecords`, the reference: it checks what the device
+//! its pool, and every free and snapshot hands the pool the `Granted` it holds. A device over a
+//! plain pool (npumem's, PyTorch's) must behave exactly as the same device over that pool behind
+//! a record of its own of every block it granted (`OwnRecords`, the reference: it checks what the device
 //! hands back against its record, then passes the pool its record instead). Random programs of
 //! mallocs and frees, batches, stream-ordered frees (some revived by a malloc of another size),
 //! queued work, recorded streams, synchronisation, `empty_cache`, replays (in chunks, on
@@ -15,7 +15,8 @@ use std::collections::BTreeMap;
 use npumem_core::backend::{Backend, FaultPlan, FaultyBackend, SimBackend, SimConfig};
 use npumem_core::device::{Replay, ReplayEvents};
 use npumem_core::pool::{
-    Allocator, Books, Fragmentation, Grant, Granted, Request, SegmentSnapshot, VmmAllocator, VmmConfig,
+    Allocator, Books, CachingAllocator, CachingConfig, Family, Fragmentation, Grant, Granted, Request, SegmentSnapshot,
+    VmmAllocator, VmmConfig,
 };
 use npumem_core::stream::StreamId;
 use npumem_core::units::MIB;
@@ -27,9 +28,9 @@ use proptest::prelude::*;
 
 const CAPACITY: u64 = 48 * MIB;
 
-/// The reference: the pool behind its own record of every block it granted and has not freed.
+/// The reference: a pool behind its own record of every block it granted and has not freed.
 struct OwnRecords {
-    pool: VmmAllocator,
+    pool: Box<dyn Allocator>,
     live: BTreeMap<u64, Granted>,
 }
 
@@ -110,19 +111,22 @@ impl Allocator for OwnRecords {
     }
 }
 
-/// A device over the npumem pool (requests from 4 MiB bypass it), plain or behind its own
-/// records (the reference).
-fn device(reference: bool) -> Device {
+/// A pool of `family`: the npumem pool (requests from 4 MiB bypass it) or PyTorch's.
+fn pool(family: &str) -> Box<dyn Allocator> {
+    match family {
+        "npumem" => Box::new(VmmAllocator::new(VmmConfig::parse("large_threshold_mb:4").unwrap(), CAPACITY)),
+        _ => Box::new(CachingAllocator::new(CachingConfig::parse(Family::PyTorch, "").unwrap(), CAPACITY)),
+    }
+}
+
+/// A device over a pool of `family`, plain or behind its own records (the reference).
+fn device(family: &str, reference: bool) -> Device {
     let sim = SimConfig { capacity: CAPACITY, normal_page: PageSize::Size4K, giant_frames: 0 };
     let backend = Box::new(FaultyBackend::new(Box::new(SimBackend::new(sim).unwrap())));
     let injector = backend.injector();
-    let pool = VmmAllocator::new(VmmConfig::parse("large_threshold_mb:4").unwrap(), CAPACITY);
-    let device = if reference {
-        Device::with_parts(backend, Box::new(OwnRecords { pool, live: BTreeMap::new() }))
-    } else {
-        Device::with_parts(backend, Box::new(pool))
-    };
-    device.with_fault_injector(injector)
+    let pool = pool(family);
+    let pool: Box<dyn Allocator> = if reference { Box::new(OwnRecords { pool, live: BTreeMap::new() }) } else { pool };
+    Device::with_parts(backend, pool).with_fault_injector(injector)
 }
 
 #[derive(Clone, Debug)]
@@ -192,141 +196,158 @@ fn same(a: &Device, b: &Device, step: usize) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// Runs `ops` on a device over a pool of `family` and on the reference; see the module docs.
+fn hands_back_what_was_granted(family: &str, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let (mut a, mut b) = (device(family, false), device(family, true));
+    let mut streams: Vec<StreamId> = vec![0];
+    for _ in 0..2 {
+        let (sa, sb) = (a.create_stream().unwrap(), b.create_stream().unwrap());
+        prop_assert_eq!(sa, sb);
+        streams.push(sa);
+    }
+    // The pointers the program holds (the same on both devices: checked as they come).
+    let mut live: Vec<u64> = Vec::new();
+    let pick = |live: &Vec<u64>, i: usize| live.get(i % live.len().max(1)).copied();
+    for (step, op) in ops.into_iter().enumerate() {
+        match op {
+            Op::Malloc { size, policy, padded, stream } => {
+                let policy = [Policy::HugeFirst, Policy::HugeOnly, Policy::NormalOnly][policy];
+                let (ra, rb) = (
+                    a.malloc_on(size, policy, padded, streams[stream]),
+                    b.malloc_on(size, policy, padded, streams[stream]),
+                );
+                prop_assert_eq!(format!("{ra:?}"), format!("{rb:?}"));
+                live.extend(ra.ok());
+            }
+            Op::Free(i) | Op::FreeOn(i, _) if live.is_empty() => {
+                let _ = i;
+            }
+            Op::Free(i) => {
+                let p = live[i % live.len()];
+                let (ra, rb) = (a.free(p), b.free(p));
+                prop_assert_eq!(format!("{ra:?}"), format!("{rb:?}"));
+                if ra.is_ok() {
+                    live.retain(|&q| q != p);
+                }
+            }
+            Op::FreeOn(i, s) => {
+                let p = live[i % live.len()];
+                let (ra, rb) = (a.free_on(p, Some(streams[s])), b.free_on(p, Some(streams[s])));
+                prop_assert_eq!(format!("{ra:?}"), format!("{rb:?}"));
+                if ra.is_ok() {
+                    live.retain(|&q| q != p);
+                }
+            }
+            Op::MallocMany(sizes) => {
+                let stream = streams[sizes.len() % 3];
+                let (ra, rb) = (
+                    a.malloc_many(&sizes, Policy::HugeFirst, stream),
+                    b.malloc_many(&sizes, Policy::HugeFirst, stream),
+                );
+                prop_assert_eq!(format!("{ra:?}"), format!("{rb:?}"));
+                live.extend(ra.unwrap_or_default());
+            }
+            Op::FreeMany(picks) => {
+                let mut ptrs: Vec<u64> = picks.iter().filter_map(|&i| pick(&live, i)).collect();
+                ptrs.dedup();
+                let (ra, rb) = (a.free_many(&ptrs), b.free_many(&ptrs));
+                prop_assert_eq!(format!("{ra:?}"), format!("{rb:?}"));
+                if ra.is_ok() {
+                    live.retain(|q| !ptrs.contains(q));
+                }
+            }
+            Op::Launch(s, i) => {
+                let reads: Vec<u64> = pick(&live, i).into_iter().collect();
+                let (ra, rb) = (a.launch(streams[s], 50_000, &reads, &[]), b.launch(streams[s], 50_000, &reads, &[]));
+                prop_assert_eq!(format!("{ra:?}"), format!("{rb:?}"));
+            }
+            Op::RecordStream(i, s) => {
+                if let Some(p) = pick(&live, i) {
+                    let (ra, rb) = (a.record_stream(p, streams[s]), b.record_stream(p, streams[s]));
+                    prop_assert_eq!(format!("{ra:?}"), format!("{rb:?}"));
+                }
+            }
+            Op::SyncStream(s) => {
+                let (ra, rb) = (a.synchronize_stream(streams[s]), b.synchronize_stream(streams[s]));
+                prop_assert_eq!(format!("{ra:?}"), format!("{rb:?}"));
+            }
+            Op::Sync => {
+                let (ra, rb) = (a.synchronize_device(), b.synchronize_device());
+                prop_assert_eq!(format!("{ra:?}"), format!("{rb:?}"));
+            }
+            Op::EmptyCache => {
+                let (ra, rb) = (a.empty_cache(), b.empty_cache());
+                prop_assert_eq!(format!("{ra:?}"), format!("{rb:?}"));
+            }
+            Op::Replay(events) => {
+                let (ra, rb) = (
+                    a.replay_events(&events, Policy::HugeFirst, false),
+                    b.replay_events(&events, Policy::HugeFirst, false),
+                );
+                prop_assert_eq!(format!("{ra:?}"), format!("{rb:?}"));
+                if let Ok(outcome) = ra {
+                    live.extend(outcome.leftover);
+                }
+            }
+            Op::ReplayOnStreams(events, cut) => {
+                let is_alloc: Vec<u8> = events.iter().map(|e| e.0 as u8).collect();
+                let ids: Vec<u64> = events.iter().map(|e| e.1).collect();
+                let sizes: Vec<u64> = events.iter().map(|e| e.2).collect();
+                let on: Vec<StreamId> = events.iter().map(|e| streams[e.3]).collect();
+                let cut = cut % (events.len() + 1);
+                let mut outcomes = Vec::new();
+                for d in [&mut a, &mut b] {
+                    let mut replay = Replay::new(12, events.len() as u64, 3);
+                    let mut results = Vec::new();
+                    for range in [0..cut, cut..events.len()] {
+                        let chunk = ReplayEvents {
+                            is_alloc: &is_alloc[range.clone()],
+                            ids: &ids[range.clone()],
+                            sizes: &sizes[range.clone()],
+                            streams: Some(&on[range]),
+                        };
+                        results.push(format!("{:?}", d.replay_chunk(&mut replay, chunk, Policy::HugeFirst, false)));
+                    }
+                    let samples = replay.samples().to_vec();
+                    outcomes.push((results, samples, replay.finish()));
+                }
+                prop_assert_eq!(&outcomes[0], &outcomes[1]);
+                live.extend(outcomes.pop().unwrap().2.leftover);
+            }
+            Op::FailNextUnmap => {
+                let plan = FaultPlan { unmap: Some(1), ..Default::default() };
+                a.inject_faults(plan).unwrap();
+                b.inject_faults(plan).unwrap();
+            }
+        }
+        same(&a, &b, step)?;
+    }
+    // Everything back: the same empty pools.
+    for p in live {
+        let (ra, rb) = (a.free(p), b.free(p));
+        prop_assert_eq!(format!("{ra:?}"), format!("{rb:?}"));
+    }
+    a.inject_faults(FaultPlan::default()).unwrap();
+    b.inject_faults(FaultPlan::default()).unwrap();
+    prop_assert_eq!(format!("{:?}", a.synchronize_device()), format!("{:?}", b.synchronize_device()));
+    prop_assert_eq!(format!("{:?}", a.empty_cache()), format!("{:?}", b.empty_cache()));
+    same(&a, &b, usize::MAX)?;
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(96))]
     #[test]
-    fn the_device_hands_back_what_the_pool_granted(ops in proptest::collection::vec(op(), 1..50)) {
-        let (mut a, mut b) = (device(false), device(true));
-        let mut streams: Vec<StreamId> = vec![0];
-        for _ in 0..2 {
-            let (sa, sb) = (a.create_stream().unwrap(), b.create_stream().unwrap());
-            prop_assert_eq!(sa, sb);
-            streams.push(sa);
-        }
-        // The pointers the program holds (the same on both devices: checked as they come).
-        let mut live: Vec<u64> = Vec::new();
-        let pick = |live: &Vec<u64>, i: usize| live.get(i % live.len().max(1)).copied();
-        for (step, op) in ops.into_iter().enumerate() {
-            match op {
-                Op::Malloc { size, policy, padded, stream } => {
-                    let policy = [Policy::HugeFirst, Policy::HugeOnly, Policy::NormalOnly][policy];
-                    let (ra, rb) = (
-                        a.malloc_on(size, policy, padded, streams[stream]),
-                        b.malloc_on(size, policy, padded, streams[stream]),
-                    );
-                    prop_assert_eq!(format!("{ra:?}"), format!("{rb:?}"));
-                    live.extend(ra.ok());
-                }
-                Op::Free(i) | Op::FreeOn(i, _) if live.is_empty() => {
-                    let _ = i;
-                }
-                Op::Free(i) => {
-                    let p = live[i % live.len()];
-                    let (ra, rb) = (a.free(p), b.free(p));
-                    prop_assert_eq!(format!("{ra:?}"), format!("{rb:?}"));
-                    if ra.is_ok() {
-                        live.retain(|&q| q != p);
-                    }
-                }
-                Op::FreeOn(i, s) => {
-                    let p = live[i % live.len()];
-                    let (ra, rb) = (a.free_on(p, Some(streams[s])), b.free_on(p, Some(streams[s])));
-                    prop_assert_eq!(format!("{ra:?}"), format!("{rb:?}"));
-                    if ra.is_ok() {
-                        live.retain(|&q| q != p);
-                    }
-                }
-                Op::MallocMany(sizes) => {
-                    let stream = streams[sizes.len() % 3];
-                    let (ra, rb) =
-                        (a.malloc_many(&sizes, Policy::HugeFirst, stream), b.malloc_many(&sizes, Policy::HugeFirst, stream));
-                    prop_assert_eq!(format!("{ra:?}"), format!("{rb:?}"));
-                    live.extend(ra.unwrap_or_default());
-                }
-                Op::FreeMany(picks) => {
-                    let mut ptrs: Vec<u64> = picks.iter().filter_map(|&i| pick(&live, i)).collect();
-                    ptrs.dedup();
-                    let (ra, rb) = (a.free_many(&ptrs), b.free_many(&ptrs));
-                    prop_assert_eq!(format!("{ra:?}"), format!("{rb:?}"));
-                    if ra.is_ok() {
-                        live.retain(|q| !ptrs.contains(q));
-                    }
-                }
-                Op::Launch(s, i) => {
-                    let reads: Vec<u64> = pick(&live, i).into_iter().collect();
-                    let (ra, rb) =
-                        (a.launch(streams[s], 50_000, &reads, &[]), b.launch(streams[s], 50_000, &reads, &[]));
-                    prop_assert_eq!(format!("{ra:?}"), format!("{rb:?}"));
-                }
-                Op::RecordStream(i, s) => {
-                    if let Some(p) = pick(&live, i) {
-                        let (ra, rb) = (a.record_stream(p, streams[s]), b.record_stream(p, streams[s]));
-                        prop_assert_eq!(format!("{ra:?}"), format!("{rb:?}"));
-                    }
-                }
-                Op::SyncStream(s) => {
-                    let (ra, rb) = (a.synchronize_stream(streams[s]), b.synchronize_stream(streams[s]));
-                    prop_assert_eq!(format!("{ra:?}"), format!("{rb:?}"));
-                }
-                Op::Sync => {
-                    let (ra, rb) = (a.synchronize_device(), b.synchronize_device());
-                    prop_assert_eq!(format!("{ra:?}"), format!("{rb:?}"));
-                }
-                Op::EmptyCache => {
-                    let (ra, rb) = (a.empty_cache(), b.empty_cache());
-                    prop_assert_eq!(format!("{ra:?}"), format!("{rb:?}"));
-                }
-                Op::Replay(events) => {
-                    let (ra, rb) =
-                        (a.replay_events(&events, Policy::HugeFirst, false), b.replay_events(&events, Policy::HugeFirst, false));
-                    prop_assert_eq!(format!("{ra:?}"), format!("{rb:?}"));
-                    if let Ok(outcome) = ra {
-                        live.extend(outcome.leftover);
-                    }
-                }
-                Op::ReplayOnStreams(events, cut) => {
-                    let is_alloc: Vec<u8> = events.iter().map(|e| e.0 as u8).collect();
-                    let ids: Vec<u64> = events.iter().map(|e| e.1).collect();
-                    let sizes: Vec<u64> = events.iter().map(|e| e.2).collect();
-                    let on: Vec<StreamId> = events.iter().map(|e| streams[e.3]).collect();
-                    let cut = cut % (events.len() + 1);
-                    let mut outcomes = Vec::new();
-                    for d in [&mut a, &mut b] {
-                        let mut replay = Replay::new(12, events.len() as u64, 3);
-                        let mut results = Vec::new();
-                        for range in [0..cut, cut..events.len()] {
-                            let chunk = ReplayEvents {
-                                is_alloc: &is_alloc[range.clone()],
-                                ids: &ids[range.clone()],
-                                sizes: &sizes[range.clone()],
-                                streams: Some(&on[range]),
-                            };
-                            results.push(format!("{:?}", d.replay_chunk(&mut replay, chunk, Policy::HugeFirst, false)));
-                        }
-                        let samples = replay.samples().to_vec();
-                        outcomes.push((results, samples, replay.finish()));
-                    }
-                    prop_assert_eq!(&outcomes[0], &outcomes[1]);
-                    live.extend(outcomes.pop().unwrap().2.leftover);
-                }
-                Op::FailNextUnmap => {
-                    let plan = FaultPlan { unmap: Some(1), ..Default::default() };
-                    a.inject_faults(plan).unwrap();
-                    b.inject_faults(plan).unwrap();
-                }
-            }
-            same(&a, &b, step)?;
-        }
-        // Everything back: the same empty pools.
-        for p in live {
-            let (ra, rb) = (a.free(p), b.free(p));
-            prop_assert_eq!(format!("{ra:?}"), format!("{rb:?}"));
-        }
-        a.inject_faults(FaultPlan::default()).unwrap();
-        b.inject_faults(FaultPlan::default()).unwrap();
-        prop_assert_eq!(format!("{:?}", a.synchronize_device()), format!("{:?}", b.synchronize_device()));
-        prop_assert_eq!(format!("{:?}", a.empty_cache()), format!("{:?}", b.empty_cache()));
-        same(&a, &b, usize::MAX)?;
+    fn the_device_hands_back_what_the_npumem_pool_granted(ops in proptest::collection::vec(op(), 1..50)) {
+        hands_back_what_was_granted("npumem", ops)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+    #[test]
+    fn the_device_hands_back_what_a_caching_pool_granted(ops in proptest::collection::vec(op(), 1..50)) {
+        hands_back_what_was_granted("pytorch", ops)?;
     }
 }
 
@@ -334,7 +355,7 @@ proptest! {
 /// queued and reaped later: the pool gets back the request of the malloc that made it.
 #[test]
 fn a_revived_block_goes_back_as_its_pool_booked_it() {
-    let (mut a, mut b) = (device(false), device(true));
+    let (mut a, mut b) = (device("npumem", false), device("npumem", true));
     for d in [&mut a, &mut b] {
         let s = d.create_stream().unwrap();
         let p = d.malloc_on(7000, Policy::HugeFirst, true, s).unwrap();

@@ -109,6 +109,7 @@ impl CachingAllocator {
         idx
     }
 
+    #[inline]
     fn drop_block(&mut self, idx: u32) {
         let ptr = self.blocks[idx as usize].ptr;
         self.by_ptr.remove(&ptr);
@@ -186,7 +187,7 @@ impl CachingAllocator {
 
     /// `alloc_block`: a new segment, as one free-standing block (not in a free set).
     fn alloc_segment(&mut self, backend: &mut dyn Backend, pool: PoolKind, alloc_size: u64) -> Result<u32> {
-        let reserved = self.books.stats.reserved_bytes.all.current;
+        let reserved = self.books.reserved();
         if reserved.saturating_add(alloc_size) > self.limit() {
             return Err(AclError::oom(format!(
                 "the allocator's limit of {} (memory fraction {}) would be exceeded",
@@ -286,7 +287,7 @@ impl CachingAllocator {
     /// stopping at the target, so that GC does not run again at once), as PyTorch does.
     fn garbage_collect(&mut self, backend: &mut dyn Backend) -> Result<()> {
         let threshold = (self.config.garbage_collection_threshold * self.limit() as f64) as u64;
-        let reserved = self.books.stats.reserved_bytes.all.current;
+        let reserved = self.books.reserved();
         if reserved <= threshold {
             return Ok(());
         }
@@ -336,13 +337,12 @@ impl CachingAllocator {
             Err(e) if e.code.is_out_of_memory() => {
                 self.books.stats.num_ooms += 1;
                 let (free, total) = backend.mem_info(crate::acl::MemScope::All);
-                let hint =
-                    if self.books.stats.reserved_bytes.all.current > self.books.stats.allocated_bytes.all.current + alloc_size {
-                        " Reserved but unallocated memory is large: it is split among live blocks; try \
+                let hint = if self.books.reserved() > self.books.stats.allocated_bytes.all.current + alloc_size {
+                    " Reserved but unallocated memory is large: it is split among live blocks; try \
                      max_split_size_mb or a VMM (expandable) pool."
-                    } else {
-                        ""
-                    };
+                } else {
+                    ""
+                };
                 Err(AclError::oom(format!(
                     "{} out of memory. Tried to allocate {} (a {} segment for a request of {}; {} total \
                      capacity; {} free; allocator limit {}); first failure: {}.{hint}",
@@ -404,7 +404,7 @@ impl CachingAllocator {
         assert_eq!(free_count, self.free[0].len() + self.free[1].len());
         assert_eq!(self.books.stats.allocated_bytes.all.current, allocated);
         assert_eq!(self.books.stats.requested_bytes.all.current, requested);
-        assert_eq!(self.books.stats.reserved_bytes.all.current, reserved);
+        assert_eq!(self.books.reserved(), reserved);
         assert_eq!(self.by_ptr.len(), self.blocks.len() - self.vacant.len());
         let owner: Vec<(u64, u64, u64)> = live.iter().map(|g| (g.ptr, g.granted, g.requested)).collect();
         assert_eq!(held, owner, "the allocated blocks are the owner's live blocks");
@@ -538,12 +538,12 @@ impl Allocator for CachingAllocator {
             self.whole_free_segments(None).into_iter().map(|i| (self.b(i).freed_seq, i)).collect();
         whole.sort_unstable();
         for (_, idx) in whole {
-            if self.books.stats.reserved_bytes.all.current <= bytes {
+            if self.books.reserved() <= bytes {
                 break;
             }
             self.release_segment(backend, idx)?;
         }
-        Ok(self.books.stats.reserved_bytes.all.current)
+        Ok(self.books.reserved())
     }
 
     fn books(&self) -> &Books {

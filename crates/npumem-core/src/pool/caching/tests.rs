@@ -1,7 +1,7 @@
 use super::*;
-use crate::pool::held::Held;
 use crate::backend::{SimBackend, SimConfig};
 use crate::pool::Family;
+use crate::pool::held::Held;
 use crate::units::{GIB, MIB};
 use proptest::prelude::*;
 

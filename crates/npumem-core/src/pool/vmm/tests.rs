@@ -1,7 +1,7 @@
 use super::*;
-use crate::pool::held::Held;
 use crate::acl::Policy;
 use crate::backend::{SimBackend, SimConfig};
+use crate::pool::held::Held;
 use crate::units::GIB;
 use proptest::prelude::*;
 
