@@ -3,7 +3,7 @@
 //! An [`Allocator`] turns a checked request into a device address by obtaining [`Segment`]s from
 //! the backend (VA reservation + physical memory + mapping) and, for caching allocators, carving
 //! blocks out of them and keeping freed blocks for reuse. `Device` does the AscendCL checks
-//! (sizes, padding, pointers, bounds) and hands an allocator only valid requests and pointers it
+//! (sizes, padding, pointers, bounds) and hands an allocator only valid requests and blocks it
 //! granted and has not yet freed.
 //!
 //! Rules:
