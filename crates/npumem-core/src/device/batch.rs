@@ -234,16 +234,16 @@ impl Device {
             } else {
                 run.extend(chunk.iter().map(|a| self.granted_of(a)));
             }
-            let mut rest = &run[..];
-            while !rest.is_empty() {
-                rest = &rest[self.allocator.free_cached(rest)..];
-                if let Some((block, tail)) = rest.split_first() {
-                    if let Err(e) = self.allocator.free(self.backend.as_mut(), block) {
-                        done += n - rest.len();
+            let mut at = 0;
+            while at < n {
+                at += self.allocator.free_cached(&run[at..]);
+                if at < n {
+                    if let Err(e) = self.allocator.free(self.backend.as_mut(), &run[at]) {
+                        done += at;
                         result = Err(e);
                         break 'runs;
                     }
-                    rest = tail;
+                    at += 1;
                 }
             }
             done += n;

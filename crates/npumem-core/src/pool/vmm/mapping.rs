@@ -61,7 +61,8 @@ impl VmmAllocator {
                 }
             }
         }
-        let needed: Vec<usize> = range.clone().filter(|&i| self.pool(kind).slot(i).handle == NO_HANDLE).collect();
+        let pool = self.pool(kind);
+        let needed: Vec<usize> = range.clone().filter(|&i| pool.slot(i).handle == NO_HANDLE).collect();
         let mut done: Vec<usize> = Vec::with_capacity(needed.len());
         for &i in &needed {
             let tail_len = tail.filter(|&(t, _)| t == i).map(|(_, len)| len);
