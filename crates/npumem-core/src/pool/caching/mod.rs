@@ -109,7 +109,7 @@ impl CachingAllocator {
         idx
     }
 
-    #[inline]
+    #[inline(always)]
     fn drop_block(&mut self, idx: u32) {
         let ptr = self.blocks[idx as usize].ptr;
         self.by_ptr.remove(&ptr);
