@@ -8,8 +8,8 @@
 //! - [`policy`] uses [`acl`], [`units`], [`vm`]; [`sanitizer`] uses [`stream`];
 //! - [`backend`] (the driver-level VMM API) uses [`acl`], [`stream`], [`units`], [`vm`];
 //!   [`host`] (page-locked host memory) uses [`backend`], [`units`];
-//! - [`pool`] (allocators over a backend) uses [`acl`], [`backend`], [`policy`], [`prefetch`],
-//!   [`units`], [`vm`];
+//! - [`pool`] (allocators over a backend) uses [`acl`], [`backend`], [`policy`], [`units`],
+//!   [`vm`];
 //! - [`device`] (AscendCL semantics) uses all of the above except [`plan`] and [`hostpool`].
 
 pub mod error;

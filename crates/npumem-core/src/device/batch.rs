@@ -190,10 +190,10 @@ impl Device {
     /// its streams idle, no recorded streams, queued work or sanitizer records), whose pointers
     /// are `ptrs` and whose sizes `tally` sums, in order through the allocator's batch path;
     /// returns how many were freed and the driver's error that stopped it (the rest are the
-    /// caller's to put back). While no trace is recorded, only the pointers are read again
-    /// (with 10^6 blocks, `allocs` is 48 MB that no longer has to come back from memory).
+    /// caller's to put back). While no trace is recorded, the device's side reads only the
+    /// pointers again.
     pub(super) fn free_now(&mut self, ptrs: &[u64], allocs: &[Allocation], mut tally: Tally) -> (usize, Result<()>) {
-        let (done, result) = if self.owner_tracked { self.free_blocks(allocs) } else { self.free_ptrs(ptrs) };
+        let (done, result) = self.free_blocks(allocs);
         if done < allocs.len() {
             tally = Tally::default();
             allocs[..done].iter().for_each(|a| tally.add(a.granted, a.size));
@@ -212,29 +212,14 @@ impl Device {
         (done, result)
     }
 
-    /// `free_now`'s allocator calls for an allocator that keeps its own records: by pointer.
-    fn free_ptrs(&mut self, ptrs: &[u64]) -> (usize, Result<()>) {
-        let mut done = 0;
-        while done < ptrs.len() {
-            done += self.allocator.free_cached(&ptrs[done..]);
-            if done < ptrs.len() {
-                if let Err(e) = self.allocator.free(self.backend.as_mut(), ptrs[done]) {
-                    return (done, Err(e));
-                }
-                done += 1;
-            }
-        }
-        (done, Ok(()))
-    }
-
-    /// `free_now`'s allocator calls for an owner-tracked allocator: the blocks as granted, in
-    /// runs of at most `FREE_RUN` packed in `free_run` (kept between calls: small, sequential,
-    /// in cache), each through the batch path and, where it stops, `free_block`.
+    /// `free_now`'s allocator calls: the blocks as granted, in runs of at most `FREE_RUN`
+    /// packed in `free_run` (kept between calls: small, sequential, in cache), each through the
+    /// batch path and, where it stops, `free`.
     fn free_blocks(&mut self, allocs: &[Allocation]) -> (usize, Result<()>) {
         let mut run = std::mem::take(&mut self.free_run);
         let mut done = 0;
         let mut result = Ok(());
-        while done < allocs.len() {
+        'runs: while done < allocs.len() {
             let n = (allocs.len() - done).min(FREE_RUN);
             run.clear();
             let chunk = &allocs[done..done + n];
@@ -249,15 +234,19 @@ impl Device {
             } else {
                 run.extend(chunk.iter().map(|a| self.granted_of(a)));
             }
-            let freed = self.allocator.free_cached_blocks(&run);
-            done += freed;
-            if freed < n {
-                if let Err(e) = self.allocator.free_block(self.backend.as_mut(), &run[freed]) {
-                    result = Err(e);
-                    break;
+            let mut at = 0;
+            while at < n {
+                at += self.allocator.free_cached(&run[at..]);
+                if at < n {
+                    if let Err(e) = self.allocator.free(self.backend.as_mut(), &run[at]) {
+                        done += at;
+                        result = Err(e);
+                        break 'runs;
+                    }
+                    at += 1;
                 }
-                done += 1;
             }
+            done += n;
         }
         self.free_run = run;
         (done, result)

@@ -226,22 +226,12 @@ impl Device {
         Ok(Self::with_parts(Box::new(faulty), allocator).with_fault_injector(injector))
     }
 
-    /// A device over any backend and allocator (which keeps no records of its own of the blocks
-    /// the device's live table holds, where it can: see [`Allocator::track_blocks_for_owner`]).
+    /// A device over any backend and allocator (one that holds no blocks yet: the device's
+    /// live table keeps the one record of each block it grants).
     pub fn with_parts(backend: Box<dyn Backend>, allocator: Box<dyn Allocator>) -> Self {
-        let mut device = Self::with_pool_map(backend, allocator);
-        device.owner_tracked = device.allocator.track_blocks_for_owner();
-        device
-    }
-
-    /// `with_parts` with an allocator that keeps its own records of its blocks (as every
-    /// family but npumem's does): the reference the tests compare owner tracking with.
-    #[doc(hidden)]
-    pub fn with_pool_map(backend: Box<dyn Backend>, allocator: Box<dyn Allocator>) -> Self {
         Device {
             backend,
             allocator,
-            owner_tracked: false,
             fault_injector: None,
             pool_requested: FxHashMap::default(),
             live: LiveTable::default(),

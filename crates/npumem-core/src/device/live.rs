@@ -1,7 +1,7 @@
 //! `LiveTable`: the device's live allocations by address, in three levels: 512-byte grains on
 //! 2 MiB pages, then 64 KiB grains on 256 MiB pages (`Paged`, generic over the grain), then
-//! `Hashed` for the rest. For an owner-tracked pool (npumem's) it is the one record of each live
-//! block, as the pool keeps none. See Note [Live table layout].
+//! `Hashed` for the rest. It is the one record of each live block: the allocator is handed the
+//! block's `Granted` on every free and snapshot. See Note [Live table layout].
 //!
 //! Invariants of each level (asserted by `check_invariants` in test builds):
 //! - Each live allocation it is given is held exactly once: in the leaf of its page (its

@@ -12,13 +12,12 @@
 //!
 //! Invariants: `live` holds exactly the allocations the allocator has granted and not freed; no
 //! byte outside a live allocation's requested size or a live host block is ever read or written;
-//! every failed call leaves the device as it was. With `owner_tracked` (the allocator agreed to
-//! let the device keep its blocks' records: the npumem pool), the blocks live in the allocator
-//! are exactly `live`'s allocations, the pending frees' and (inside a replay call) the replay's
-//! held ones, and every free and snapshot hands the allocator their [`Granted`] facts:
-//! `granted` and `page` as granted, `requested` the size of the malloc that made the block —
-//! the allocation's `size`, or for a block revived at another size its entry in
-//! `pool_requested`, kept until its memory is back with the allocator.
+//! every failed call leaves the device as it was. The device keeps the one record of each block
+//! live in the allocator: those blocks are exactly `live`'s allocations, the pending frees' and
+//! (inside a replay call) the replay's held ones, and every free and snapshot hands the
+//! allocator their [`Granted`] facts: `granted` and `page` as granted, `requested` the size of
+//! the malloc that made the block — the allocation's `size`, or for a block revived at another
+//! size its entry in `pool_requested`, kept until its memory is back with the allocator.
 
 mod access;
 mod batch;
@@ -154,9 +153,6 @@ struct DriverCharge {
 pub struct Device {
     backend: Box<dyn Backend>,
     allocator: Box<dyn Allocator>,
-    /// Whether the allocator leaves its blocks' records to the device (see the module's
-    /// invariants).
-    owner_tracked: bool,
     /// The countdowns of the [`FaultyBackend`] wrapping `backend`, when one does.
     fault_injector: Option<FaultInjector>,
     /// Blocks revived (stream-ordered reuse) at a size other than their pool's request: that
@@ -167,7 +163,7 @@ pub struct Device {
     /// million blocks would otherwise fault in fresh pages for it every time); its capacity
     /// stays at the largest batch's, 56 bytes a block.
     free_scratch: Vec<Allocation>,
-    /// `free_blocks`' run of blocks for an owner-tracked allocator (at most `FREE_RUN`).
+    /// `free_blocks`' run of blocks (at most `FREE_RUN`).
     free_run: Vec<Granted>,
     recently_freed: FreedRing,
     host: HostHeap,
@@ -192,10 +188,7 @@ pub struct Device {
 impl Device {
     /// The allocator's segments and blocks, for `memory_snapshot`.
     pub fn segments(&self) -> Vec<SegmentSnapshot> {
-        if !self.owner_tracked {
-            return self.allocator.segments();
-        }
-        self.allocator.segments_with(&self.pool_blocks())
+        self.allocator.segments(&self.pool_blocks())
     }
 
     /// The blocks live in the allocator, in address order, as it granted them: the live
@@ -388,9 +381,9 @@ impl Device {
             _ => " Free memory you no longer need or use a larger device.",
         };
         // The allocator's own state explains many failures: every OOM says what it holds. (The
-        // summary counts segments and free memory, which do not depend on the live blocks: an
-        // owner-tracked pool is not given them.)
-        let summary = self.allocator.fragmentation_with(&[]).summary();
+        // summary counts segments and free memory, which do not depend on the live blocks: the
+        // allocator is not given them.)
+        let summary = self.allocator.fragmentation(&[]).summary();
         let pool = format!("; {} allocator: {summary}", self.allocator.name());
         AclError::oom(format!(
             "malloc({}, {}) failed: {} (device: {} free of {}{pool}).{hint}",
@@ -567,23 +560,20 @@ impl Device {
 
     /// Caps the allocator's reservations at `fraction` of the device.
     pub fn set_memory_fraction(&mut self, fraction: f64) -> Result<()> {
-        self.allocator.set_memory_fraction(fraction)
+        self.allocator.books_mut().set_memory_fraction(fraction)
     }
 
     /// The allocator's statistics (PyTorch's `memory_stats` scheme).
     pub fn pool_stats(&self) -> &PoolStats {
-        self.allocator.stats()
+        &self.allocator.books().stats
     }
 
     pub fn reset_peak_stats(&mut self) {
-        self.allocator.reset_peak_stats();
+        self.allocator.books_mut().reset_peak_stats();
     }
 
     /// Where the allocator's memory goes: waste, cached memory, free extents, per segment.
     pub fn fragmentation(&self) -> Fragmentation {
-        if !self.owner_tracked {
-            return self.allocator.fragmentation();
-        }
-        self.allocator.fragmentation_with(&self.pool_blocks())
+        self.allocator.fragmentation(&self.pool_blocks())
     }
 }

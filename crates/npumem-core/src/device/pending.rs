@@ -267,7 +267,7 @@ impl Device {
         let completed = ready <= now && self.rt_done(&marks) && self.busy_done(ptr);
         if completed {
             let block = self.granted_of(&allocation);
-            if let Err(e) = self.allocator.free_block(self.backend.as_mut(), &block) {
+            if let Err(e) = self.allocator.free(self.backend.as_mut(), &block) {
                 self.rt_release(&marks);
                 self.live.insert(allocation);
                 return Err(e);
@@ -493,7 +493,7 @@ impl Device {
         }
         for key in due {
             let block = self.granted_of(&self.pending.frees[&key].allocation);
-            if self.allocator.free_block(self.backend.as_mut(), &block).is_err() {
+            if self.allocator.free(self.backend.as_mut(), &block).is_err() {
                 // The driver failed: the block stays pending (the next settle tries again).
                 continue;
             }
@@ -515,7 +515,7 @@ impl Device {
     /// After the host synchronises: give back cached memory above the release threshold.
     pub(super) fn apply_release_threshold(&mut self) {
         let threshold = self.reuse.release_threshold;
-        if threshold != u64::MAX && self.allocator.stats().reserved_bytes.all.current > threshold {
+        if threshold != u64::MAX && self.allocator.books().reserved() > threshold {
             let _ = self.allocator.trim_to(self.backend.as_mut(), threshold);
             self.flush_events(DEFAULT_STREAM);
         }

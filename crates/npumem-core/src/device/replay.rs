@@ -258,7 +258,7 @@ impl Device {
 
     /// Notes the memory in use after event `index` of `replay`.
     fn sample(&self, replay: &mut Replay, index: u64) {
-        let stats = self.allocator.stats();
+        let stats = &self.allocator.books().stats;
         replay.samples.push(ReplaySample {
             event: index,
             live: replay.live_bytes,
@@ -340,7 +340,7 @@ impl Device {
         let ptr = a.ptr;
         if self.quiet() && !self.sanitizer.tracks(ptr) && self.idle(a.stream) && stream.is_none_or(|s| self.idle(s)) {
             let block = self.granted_of(&a);
-            if let Err(e) = self.allocator.free_block(self.backend.as_mut(), &block) {
+            if let Err(e) = self.allocator.free(self.backend.as_mut(), &block) {
                 self.live.insert(a);
                 replay.ids.set(id, ptr);
                 return Err(e);

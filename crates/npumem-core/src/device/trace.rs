@@ -26,8 +26,8 @@ impl Device {
     /// Starts (with room for `max_entries` trace entries, the oldest dropped first) or stops
     /// recording the allocator's history, as `torch.cuda.memory._record_memory_history` does.
     pub fn record_memory_history(&mut self, enabled: bool, max_entries: usize) {
-        self.allocator.set_recording(enabled);
-        self.allocator.take_events();
+        self.allocator.books_mut().set_recording(enabled);
+        self.allocator.books_mut().take_events();
         self.recording.history = enabled.then(|| History::new(max_entries));
     }
 
@@ -60,7 +60,7 @@ impl Device {
         let Some(history) = self.recording.history.as_mut() else { return };
         let time_us = self.recording.started.elapsed().as_micros() as u64;
         let stream = history.events_stream.take().unwrap_or(stream);
-        for (action, addr, size) in self.allocator.take_events() {
+        for (action, addr, size) in self.allocator.books_mut().take_events() {
             history.push(TraceEntry { action, addr, size, stream, time_us });
         }
     }

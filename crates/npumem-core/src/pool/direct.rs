@@ -4,13 +4,16 @@
 //! 2 MiB to normal pages when the huge attempt runs out of memory, as the real runtime does);
 //! every free unmaps it and returns frames and VA at once.
 //!
-//! Invariant: `blocks` maps each live pointer to its segment and the bytes requested; each
-//! allocation is its own segment, so reserved = allocated in the stats.
+//! Rules:
+//! - `blocks` maps each live pointer to its segment and the bytes requested (the segment is
+//!   what a free unmaps);
+//! - each allocation is its own segment, so reserved = allocated in the stats;
+//! - it has no limit of its own: its books are uncapped.
 
 use rustc_hash::FxHashMap;
 
 use super::{
-    Action, Allocator, BlockSnapshot, EventLog, Fragmentation, Grant, PoolKind, PoolStats, Request, Segment,
+    Action, Allocator, BlockSnapshot, Books, Fragmentation, Grant, Granted, PoolKind, PoolStats, Request, Segment,
     SegmentSnapshot, SegmentUse,
 };
 use crate::backend::Backend;
@@ -20,8 +23,7 @@ use crate::policy::{HUGE_FIRST_NORMAL_LIMIT, page_plan};
 #[derive(Debug)]
 pub struct DirectAllocator {
     blocks: FxHashMap<u64, (Segment, u64)>,
-    stats: PoolStats,
-    events: EventLog,
+    books: Books,
 }
 
 impl Default for DirectAllocator {
@@ -34,8 +36,7 @@ impl DirectAllocator {
     pub fn new() -> Self {
         DirectAllocator {
             blocks: FxHashMap::default(),
-            stats: PoolStats { max_split_size: u64::MAX, ..Default::default() },
-            events: EventLog::default(),
+            books: Books::uncapped(PoolStats { max_split_size: u64::MAX, ..Default::default() }, "direct"),
         }
     }
 }
@@ -53,19 +54,20 @@ impl Allocator for DirectAllocator {
         let plan = page_plan(request.policy, request.size);
         let segment = Segment::map(backend, request.booked, plan).inspect_err(|e| {
             if e.code.is_out_of_memory() {
-                self.stats.num_ooms += 1;
+                self.books.stats.num_ooms += 1;
             }
         })?;
         let pool = pool_of(request.size);
-        self.stats.num_cache_misses += 1;
-        self.stats.on_segment_alloc(pool, segment.size);
-        self.stats.on_alloc(pool, segment.size, request.size);
+        self.books.stats.num_cache_misses += 1;
+        self.books.stats.on_segment_alloc(pool, segment.size);
+        self.books.stats.on_alloc(pool, segment.size, request.size);
         self.blocks.insert(segment.ptr, (segment, request.size));
-        self.events.push(Action::SegmentAlloc, segment.ptr, segment.size);
+        self.books.events.push(Action::SegmentAlloc, segment.ptr, segment.size);
         Ok(Grant { ptr: segment.ptr, granted: segment.size, page: segment.page })
     }
 
-    fn free(&mut self, backend: &mut dyn Backend, ptr: u64) -> Result<()> {
+    fn free(&mut self, backend: &mut dyn Backend, block: &Granted) -> Result<()> {
+        let ptr = block.ptr;
         let &(segment, requested) = self
             .blocks
             .get(&ptr)
@@ -74,9 +76,9 @@ impl Allocator for DirectAllocator {
         segment.unmap(backend)?;
         self.blocks.remove(&ptr);
         let pool = pool_of(requested);
-        self.stats.on_free(pool, segment.size, requested);
-        self.stats.on_segment_free(pool, segment.size);
-        self.events.push(Action::SegmentFree, segment.ptr, segment.size);
+        self.books.stats.on_free(pool, segment.size, requested);
+        self.books.stats.on_segment_free(pool, segment.size);
+        self.books.events.push(Action::SegmentFree, segment.ptr, segment.size);
         Ok(())
     }
 
@@ -85,30 +87,19 @@ impl Allocator for DirectAllocator {
     }
 
     fn trim_to(&mut self, _backend: &mut dyn Backend, _bytes: u64) -> Result<u64> {
-        Ok(self.stats.reserved_bytes.all.current)
+        Ok(self.books.reserved())
     }
 
-    fn set_memory_fraction(&mut self, _fraction: f64) -> Result<()> {
-        Err(AclError::new(
-            crate::ErrorCode::FeatureUnsupported,
-            "the direct allocator has no limit of its own; use a caching allocator (npumem, pytorch, torch_npu)",
-        ))
+    fn books(&self) -> &Books {
+        &self.books
     }
 
-    fn stats(&self) -> &PoolStats {
-        &self.stats
+    fn books_mut(&mut self) -> &mut Books {
+        &mut self.books
     }
 
-    fn stats_mut(&mut self) -> &mut PoolStats {
-        &mut self.stats
-    }
-
-    fn events(&mut self) -> &mut EventLog {
-        &mut self.events
-    }
-
-    fn fragmentation(&self) -> Fragmentation {
-        let mut f = Fragmentation::of(&self.stats);
+    fn fragmentation(&self, _live: &[Granted]) -> Fragmentation {
+        let mut f = Fragmentation::of(&self.books.stats);
         for (segment, _) in self.blocks.values() {
             f.segments.push(SegmentUse {
                 ptr: segment.ptr,
@@ -122,7 +113,7 @@ impl Allocator for DirectAllocator {
         f
     }
 
-    fn segments(&self) -> Vec<SegmentSnapshot> {
+    fn segments(&self, _live: &[Granted]) -> Vec<SegmentSnapshot> {
         let mut out: Vec<SegmentSnapshot> = self
             .blocks
             .values()

@@ -204,7 +204,7 @@ impl Device {
                 // freed, or published whole when the free fails).
                 let h = &replay.held[i].a;
                 let block = Granted { ptr: h.ptr, granted: h.granted, requested: h.size, page: h.page };
-                if let Err(e) = self.allocator.free_block(self.backend.as_mut(), &block) {
+                if let Err(e) = self.allocator.free(self.backend.as_mut(), &block) {
                     // As `replay_free`: the block stays live, published, with its id.
                     let a = replay.release(i);
                     self.live.insert(a);

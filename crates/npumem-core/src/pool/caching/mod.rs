@@ -7,18 +7,21 @@
 //! 2 MiB above); if the device is out of memory, the release ladder frees oversize cached blocks,
 //! then every whole cached segment, and retries before reporting out-of-memory with diagnostics.
 //!
-//! Invariants: the blocks of a segment tile it exactly, linked by `prev`/`next` in address order;
-//! no two adjacent blocks are both free; a free block is in exactly one free set, keyed
-//! (size, ptr), and an allocated block in none; `by_ptr` indexes every block; the stats equal a
-//! recount of the blocks (checked by `check_invariants` in tests).
+//! Rules (asserted by `check_invariants` in test builds):
+//! - the blocks of a segment tile it exactly, linked by `prev`/`next` in address order;
+//! - no two adjacent blocks are both free;
+//! - a free block is in exactly one free set, keyed (size, ptr), and an allocated block in none;
+//! - `by_ptr` indexes every block (the split blocks are this family's own records: a free
+//!   merges by them); the allocated blocks are exactly the owner's live blocks;
+//! - the stats equal a recount of the blocks.
 
 use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;
 
 use super::config::{MIN_BLOCK, SMALL_SIZE};
 use super::{
-    Action, Allocator, BlockSnapshot, CachingConfig, EventLog, Fragmentation, Grant, PoolKind, PoolStats, Request,
-    Segment, SegmentSnapshot, SegmentUse,
+    Action, Allocator, BlockSnapshot, Books, CachingConfig, Fragmentation, Grant, Granted, PoolKind, PoolStats,
+    Request, Segment, SegmentSnapshot, SegmentUse,
 };
 use crate::acl::Policy;
 use crate::backend::Backend;
@@ -58,44 +61,37 @@ struct SegmentInfo {
 #[derive(Debug)]
 pub struct CachingAllocator {
     config: CachingConfig,
-    capacity: u64,
     blocks: Vec<Block>,
     vacant: Vec<u32>,
     by_ptr: FxHashMap<u64, u32>,
     free: [BTreeMap<(u64, u64), u32>; 2],
     segments: BTreeMap<u64, SegmentInfo>,
-    stats: PoolStats,
+    books: Books,
     clock: u64,
     free_seq: u64,
-    events: EventLog,
 }
 
 impl CachingAllocator {
     /// An allocator for a device of `capacity` bytes (the base of `per_process_memory_fraction`).
     pub fn new(config: CachingConfig, capacity: u64) -> Self {
         let stats = PoolStats { max_split_size: config.max_split_size, ..Default::default() };
+        let books = Books::capped(stats, capacity, config.memory_fraction);
         CachingAllocator {
             config,
-            capacity,
             blocks: Vec::new(),
             vacant: Vec::new(),
             by_ptr: FxHashMap::default(),
             free: [BTreeMap::new(), BTreeMap::new()],
             segments: BTreeMap::new(),
-            stats,
+            books,
             clock: 0,
             free_seq: 0,
-            events: EventLog::default(),
         }
-    }
-
-    pub fn config(&self) -> &CachingConfig {
-        &self.config
     }
 
     /// The most this allocator may reserve.
     pub fn limit(&self) -> u64 {
-        (self.capacity as f64 * self.config.memory_fraction) as u64
+        self.books.limit()
     }
 
     fn new_block(&mut self, block: Block) -> u32 {
@@ -113,6 +109,7 @@ impl CachingAllocator {
         idx
     }
 
+    #[inline(always)]
     fn drop_block(&mut self, idx: u32) {
         let ptr = self.blocks[idx as usize].ptr;
         self.by_ptr.remove(&ptr);
@@ -143,8 +140,8 @@ impl CachingAllocator {
         let (pool, size, ptr) = (b.pool, b.size, b.ptr);
         self.free[pool as usize].insert((size, ptr), idx);
         if split {
-            self.stats.inactive_split.add(pool, 1);
-            self.stats.inactive_split_bytes.add(pool, size);
+            self.books.stats.inactive_split.add(pool, 1);
+            self.books.stats.inactive_split_bytes.add(pool, size);
         }
     }
 
@@ -153,8 +150,8 @@ impl CachingAllocator {
         let b = *self.b(idx);
         self.free[b.pool as usize].remove(&(b.size, b.ptr));
         if split {
-            self.stats.inactive_split.sub(b.pool, 1);
-            self.stats.inactive_split_bytes.sub(b.pool, b.size);
+            self.books.stats.inactive_split.sub(b.pool, 1);
+            self.books.stats.inactive_split_bytes.sub(b.pool, b.size);
         }
     }
 
@@ -190,18 +187,18 @@ impl CachingAllocator {
 
     /// `alloc_block`: a new segment, as one free-standing block (not in a free set).
     fn alloc_segment(&mut self, backend: &mut dyn Backend, pool: PoolKind, alloc_size: u64) -> Result<u32> {
-        let reserved = self.stats.reserved_bytes.all.current;
+        let reserved = self.books.reserved();
         if reserved.saturating_add(alloc_size) > self.limit() {
             return Err(AclError::oom(format!(
                 "the allocator's limit of {} (memory fraction {}) would be exceeded",
                 format_size(self.limit()),
-                self.config.memory_fraction
+                self.books.memory_fraction()
             )));
         }
         let segment = Segment::map(backend, alloc_size, self.page_plan(pool, alloc_size))?;
-        self.stats.on_segment_alloc(pool, segment.size);
+        self.books.stats.on_segment_alloc(pool, segment.size);
         if segment.size >= self.config.max_split_size {
-            self.stats.oversize_segments.add(1);
+            self.books.stats.oversize_segments.add(1);
         }
         let idx = self.new_block(Block {
             ptr: segment.ptr,
@@ -216,7 +213,7 @@ impl CachingAllocator {
             freed_seq: 0,
         });
         self.segments.insert(segment.ptr, SegmentInfo { segment, pool, head: idx });
-        self.events.push(Action::SegmentAlloc, segment.ptr, segment.size);
+        self.books.events.push(Action::SegmentAlloc, segment.ptr, segment.size);
         Ok(idx)
     }
 
@@ -228,11 +225,11 @@ impl CachingAllocator {
         self.remove_free(idx);
         self.drop_block(idx);
         let info = self.segments.remove(&b.segment).expect("segment of a live block");
-        self.stats.on_segment_free(info.pool, info.segment.size);
+        self.books.stats.on_segment_free(info.pool, info.segment.size);
         if info.segment.size >= self.config.max_split_size {
-            self.stats.oversize_segments.sub(1);
+            self.books.stats.oversize_segments.sub(1);
         }
-        self.events.push(Action::SegmentFree, info.segment.ptr, info.segment.size);
+        self.books.events.push(Action::SegmentFree, info.segment.ptr, info.segment.size);
         Ok(())
     }
 
@@ -290,7 +287,7 @@ impl CachingAllocator {
     /// stopping at the target, so that GC does not run again at once), as PyTorch does.
     fn garbage_collect(&mut self, backend: &mut dyn Backend) -> Result<()> {
         let threshold = (self.config.garbage_collection_threshold * self.limit() as f64) as u64;
-        let reserved = self.stats.reserved_bytes.all.current;
+        let reserved = self.books.reserved();
         if reserved <= threshold {
             return Ok(());
         }
@@ -322,7 +319,7 @@ impl CachingAllocator {
     /// on out-of-memory.
     fn grow(&mut self, backend: &mut dyn Backend, pool: PoolKind, size: u64, request: &Request) -> Result<u32> {
         let alloc_size = self.config.allocation_size(size);
-        if self.config.garbage_collection_threshold > 0.0 && self.config.memory_fraction < 1.0 {
+        if self.config.garbage_collection_threshold > 0.0 && self.books.memory_fraction() < 1.0 {
             self.garbage_collect(backend)?;
         }
         let first = match self.alloc_segment(backend, pool, alloc_size) {
@@ -335,18 +332,17 @@ impl CachingAllocator {
             }
         }
         self.release_cached_blocks(backend)?;
-        self.stats.num_alloc_retries += 1;
+        self.books.stats.num_alloc_retries += 1;
         match self.alloc_segment(backend, pool, alloc_size) {
             Err(e) if e.code.is_out_of_memory() => {
-                self.stats.num_ooms += 1;
+                self.books.stats.num_ooms += 1;
                 let (free, total) = backend.mem_info(crate::acl::MemScope::All);
-                let hint =
-                    if self.stats.reserved_bytes.all.current > self.stats.allocated_bytes.all.current + alloc_size {
-                        " Reserved but unallocated memory is large: it is split among live blocks; try \
+                let hint = if self.books.reserved() > self.books.stats.allocated_bytes.all.current + alloc_size {
+                    " Reserved but unallocated memory is large: it is split among live blocks; try \
                      max_split_size_mb or a VMM (expandable) pool."
-                    } else {
-                        ""
-                    };
+                } else {
+                    ""
+                };
                 Err(AclError::oom(format!(
                     "{} out of memory. Tried to allocate {} (a {} segment for a request of {}; {} total \
                      capacity; {} free; allocator limit {}); first failure: {}.{hint}",
@@ -367,8 +363,11 @@ impl CachingAllocator {
         }
     }
 
+    /// Asserts the module's rules against an independent recount; `live` is the owner's record
+    /// of the live blocks, in address order.
     #[cfg(test)]
-    fn check_invariants(&self) {
+    fn check_invariants(&self, live: &[Granted]) {
+        let mut held = Vec::new();
         let mut allocated = 0;
         let mut requested = 0;
         let mut reserved = 0;
@@ -388,6 +387,7 @@ impl CachingAllocator {
                 if b.allocated {
                     allocated += b.size;
                     requested += b.requested;
+                    held.push((b.ptr, b.size, b.requested));
                     assert!(!self.free[b.pool as usize].contains_key(&(b.size, b.ptr)));
                 } else {
                     assert!(!prev_free, "two adjacent free blocks");
@@ -402,10 +402,12 @@ impl CachingAllocator {
             assert_eq!(at, info.segment.ptr + info.segment.size);
         }
         assert_eq!(free_count, self.free[0].len() + self.free[1].len());
-        assert_eq!(self.stats.allocated_bytes.all.current, allocated);
-        assert_eq!(self.stats.requested_bytes.all.current, requested);
-        assert_eq!(self.stats.reserved_bytes.all.current, reserved);
+        assert_eq!(self.books.stats.allocated_bytes.all.current, allocated);
+        assert_eq!(self.books.stats.requested_bytes.all.current, requested);
+        assert_eq!(self.books.reserved(), reserved);
         assert_eq!(self.by_ptr.len(), self.blocks.len() - self.vacant.len());
+        let owner: Vec<(u64, u64, u64)> = live.iter().map(|g| (g.ptr, g.granted, g.requested)).collect();
+        assert_eq!(held, owner, "the allocated blocks are the owner's live blocks");
     }
 }
 
@@ -431,7 +433,7 @@ impl Allocator for CachingAllocator {
             ));
         }
         if request.size >= ABSURD {
-            self.stats.num_ooms += 1;
+            self.books.stats.num_ooms += 1;
             return Err(AclError::oom(format!("a request of {} can never be satisfied", format_size(request.size))));
         }
         self.clock += 1;
@@ -441,7 +443,7 @@ impl Allocator for CachingAllocator {
             Some(idx) => idx,
             None => {
                 let idx = self.grow(backend, pool, size, request)?;
-                self.stats.num_cache_misses += 1;
+                self.books.stats.num_cache_misses += 1;
                 idx
             }
         };
@@ -472,24 +474,25 @@ impl Allocator for CachingAllocator {
         block.allocated = true;
         block.requested = request.size;
         let (ptr, granted) = (block.ptr, block.size);
-        self.stats.on_alloc(pool, granted, request.size);
+        self.books.stats.on_alloc(pool, granted, request.size);
         if granted >= self.config.max_split_size {
-            self.stats.oversize_allocations.add(1);
+            self.books.stats.oversize_allocations.add(1);
         }
         let page = self.segments.get(&b.segment).map_or(PageSize::Size2M, |s| s.segment.page);
         Ok(Grant { ptr, granted, page })
     }
 
-    fn free(&mut self, _backend: &mut dyn Backend, ptr: u64) -> Result<()> {
+    fn free(&mut self, _backend: &mut dyn Backend, block: &Granted) -> Result<()> {
+        let ptr = block.ptr;
         let mut idx = *self
             .by_ptr
             .get(&ptr)
             .filter(|&&i| self.b(i).allocated)
             .ok_or_else(|| AclError::internal(format!("{} allocator does not own {ptr:#x}", self.name())))?;
         let b = *self.b(idx);
-        self.stats.on_free(b.pool, b.size, b.requested);
+        self.books.stats.on_free(b.pool, b.size, b.requested);
         if b.size >= self.config.max_split_size {
-            self.stats.oversize_allocations.sub(1);
+            self.books.stats.oversize_allocations.sub(1);
         }
         let block = self.bm(idx);
         block.allocated = false;
@@ -535,34 +538,24 @@ impl Allocator for CachingAllocator {
             self.whole_free_segments(None).into_iter().map(|i| (self.b(i).freed_seq, i)).collect();
         whole.sort_unstable();
         for (_, idx) in whole {
-            if self.stats.reserved_bytes.all.current <= bytes {
+            if self.books.reserved() <= bytes {
                 break;
             }
             self.release_segment(backend, idx)?;
         }
-        Ok(self.stats.reserved_bytes.all.current)
+        Ok(self.books.reserved())
     }
 
-    fn set_memory_fraction(&mut self, fraction: f64) -> Result<()> {
-        check_fraction(fraction)?;
-        self.config.memory_fraction = fraction;
-        Ok(())
+    fn books(&self) -> &Books {
+        &self.books
     }
 
-    fn stats(&self) -> &PoolStats {
-        &self.stats
+    fn books_mut(&mut self) -> &mut Books {
+        &mut self.books
     }
 
-    fn stats_mut(&mut self) -> &mut PoolStats {
-        &mut self.stats
-    }
-
-    fn events(&mut self) -> &mut EventLog {
-        &mut self.events
-    }
-
-    fn fragmentation(&self) -> Fragmentation {
-        let mut f = Fragmentation::of(&self.stats);
+    fn fragmentation(&self, _live: &[Granted]) -> Fragmentation {
+        let mut f = Fragmentation::of(&self.books.stats);
         for info in self.segments.values() {
             let mut used =
                 SegmentUse { ptr: info.segment.ptr, size: info.segment.size, allocated: 0, blocks: 0, free_blocks: 0 };
@@ -583,7 +576,7 @@ impl Allocator for CachingAllocator {
         f
     }
 
-    fn segments(&self) -> Vec<SegmentSnapshot> {
+    fn segments(&self, _live: &[Granted]) -> Vec<SegmentSnapshot> {
         self.segments
             .values()
             .map(|info| {
@@ -608,15 +601,6 @@ impl Allocator for CachingAllocator {
                 }
             })
             .collect()
-    }
-}
-
-/// Checks a `set_per_process_memory_fraction` argument.
-pub fn check_fraction(fraction: f64) -> Result<()> {
-    if (0.0..=1.0).contains(&fraction) {
-        Ok(())
-    } else {
-        Err(AclError::invalid_param(format!("the memory fraction must be in [0, 1], got {fraction}")))
     }
 }
 

@@ -35,14 +35,14 @@ impl VmmAllocator {
                 return Err(last.unwrap_or_else(|| AclError::internal("no page kind tried")));
             }
         };
-        self.stats.on_segment_alloc(PoolKind::Large, segment.size);
-        self.stats.num_cache_misses += 1;
-        self.stats.oversize_segments.add(1);
-        self.events.push(Action::SegmentAlloc, segment.ptr, segment.size);
+        self.books.stats.on_segment_alloc(PoolKind::Large, segment.size);
+        self.books.stats.num_cache_misses += 1;
+        self.books.stats.oversize_segments.add(1);
+        self.books.events.push(Action::SegmentAlloc, segment.ptr, segment.size);
         let grant = Grant { ptr: segment.ptr, granted: segment.size, page: segment.page };
         self.bypass.insert(segment.ptr, Bypass { segment, requested: request.size });
-        self.stats.on_alloc(PoolKind::Large, grant.granted, request.size);
-        self.stats.oversize_allocations.add(1);
+        self.books.stats.on_alloc(PoolKind::Large, grant.granted, request.size);
+        self.books.stats.oversize_allocations.add(1);
         Ok(grant)
     }
 
@@ -91,11 +91,11 @@ impl VmmAllocator {
         // A driver failure leaves the block live, as it was.
         segment.unmap(backend)?;
         let Bypass { segment, requested } = self.bypass.remove(&ptr).expect("present");
-        self.stats.on_free(PoolKind::Large, segment.size, requested);
-        self.stats.oversize_allocations.sub(1);
-        self.stats.on_segment_free(PoolKind::Large, segment.size);
-        self.stats.oversize_segments.sub(1);
-        self.events.push(Action::SegmentFree, segment.ptr, segment.size);
+        self.books.stats.on_free(PoolKind::Large, segment.size, requested);
+        self.books.stats.oversize_allocations.sub(1);
+        self.books.stats.on_segment_free(PoolKind::Large, segment.size);
+        self.books.stats.oversize_segments.sub(1);
+        self.books.events.push(Action::SegmentFree, segment.ptr, segment.size);
         Ok(())
     }
 }

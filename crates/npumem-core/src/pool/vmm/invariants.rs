@@ -4,9 +4,12 @@
 use super::*;
 
 impl VmmAllocator {
-    /// Asserts every invariant of the module docs against an independent recount.
-    pub(super) fn check_invariants(&self) {
-        assert!(!self.owner_tracked, "the checks read the blocks from the pools' own maps");
+    /// Asserts every invariant of the module docs against an independent recount; `live` is
+    /// the owner's record of every block live in the allocator.
+    pub(super) fn check_invariants(&self, live: &[Granted]) {
+        let in_bypass = live.iter().filter(|g| self.bypass.contains_key(&g.ptr)).count();
+        assert_eq!(in_bypass, self.bypass.len(), "the bypass blocks are the owner's live ones outside the pools");
+        let mut pooled_blocks = 0;
         let mut held = 0;
         let mut allocated = 0;
         let mut requested = 0;
@@ -17,9 +20,11 @@ impl VmmAllocator {
                 continue;
             };
             // Live and waiting blocks, in address order, never overlapping.
-            let mut blocks: Vec<(u64, u64)> = pool.blocks.iter().map(|(ptr, b)| (ptr, b.size)).collect();
-            allocated += blocks.iter().map(|&(_, size)| size).sum::<u64>();
-            requested += pool.blocks.iter().map(|(_, b)| b.requested).sum::<u64>();
+            let pooled: Vec<&Granted> = live.iter().filter(|g| (pool.base..pool.end).contains(&g.ptr)).collect();
+            pooled_blocks += pooled.len();
+            let mut blocks: Vec<(u64, u64)> = pooled.iter().map(|g| (g.ptr, g.granted)).collect();
+            allocated += pooled.iter().map(|g| g.granted).sum::<u64>();
+            requested += pooled.iter().map(|g| g.requested).sum::<u64>();
             blocks.extend(self.recent.iter().filter(|&(k, _, _)| k == kind).map(|(_, ptr, size)| (ptr, size)));
             blocks.sort_unstable();
             for w in blocks.windows(2) {
@@ -76,10 +81,11 @@ impl VmmAllocator {
             assert_eq!(pool.tail_gap, tail_gap, "bytes tails leave unmapped");
             held += (mapped + cached) * pool.page - tail_gap;
         }
+        assert_eq!(pooled_blocks + in_bypass, live.len(), "every live block is pooled or a bypass block");
         let bypass: u64 = self.bypass.values().map(|b| b.segment.size).sum();
         assert_eq!(self.reserved(), held + bypass, "reserved bytes");
-        assert_eq!(self.stats.allocated_bytes.all.current, allocated + bypass, "allocated bytes");
+        assert_eq!(self.books.stats.allocated_bytes.all.current, allocated + bypass, "allocated bytes");
         let bypass_requested: u64 = self.bypass.values().map(|b| b.requested).sum();
-        assert_eq!(self.stats.requested_bytes.all.current, requested + bypass_requested, "requested bytes");
+        assert_eq!(self.books.stats.requested_bytes.all.current, requested + bypass_requested, "requested bytes");
     }
 }

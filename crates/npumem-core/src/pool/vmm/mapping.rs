@@ -31,7 +31,7 @@ impl VmmAllocator {
     ) -> Result<(PhysHandle, PageSize)> {
         self.check_limit(len)?;
         let h = backend.create_physical(len, PageKind::Normal)?;
-        self.stats.on_page_alloc(kind, len);
+        self.books.stats.on_page_alloc(kind, len);
         Ok((h, backend.page_size(PageKind::Normal)))
     }
 
@@ -61,7 +61,8 @@ impl VmmAllocator {
                 }
             }
         }
-        let needed: Vec<usize> = range.clone().filter(|&i| self.pool(kind).slot(i).handle == NO_HANDLE).collect();
+        let pool = self.pool(kind);
+        let needed: Vec<usize> = range.clone().filter(|&i| pool.slot(i).handle == NO_HANDLE).collect();
         let mut done: Vec<usize> = Vec::with_capacity(needed.len());
         for &i in &needed {
             let tail_len = tail.filter(|&(t, _)| t == i).map(|(_, len)| len);
@@ -95,7 +96,7 @@ impl VmmAllocator {
                     // A tail's handle has no page's size: it goes back to the device.
                     Some(len) => {
                         if backend.free_physical(h).is_ok() {
-                            self.stats.on_page_free(kind, len);
+                            self.books.stats.on_page_free(kind, len);
                         }
                     }
                     None => self.cache[kind as usize].push((h, pte)),
@@ -112,7 +113,7 @@ impl VmmAllocator {
                     pool.tail_gap += page - len;
                     let neighbours = pool.mapped_neighbours(i);
                     self.count_runs(kind, neighbours, true);
-                    self.events.push(Action::SegmentMap, va, len);
+                    self.books.events.push(Action::SegmentMap, va, len);
                     done.push(i);
                 }
                 Err(e) => {

@@ -46,10 +46,9 @@
 //! - `reserved_bytes` = (mapped + cached pages) × page size − the bytes tails leave unmapped +
 //!   bypass segments;
 //! - no free VA lies over a tail's unmapped part (the fence); every block lies on mapped memory;
-//! - a pool's `BlockMap` holds exactly its live blocks (not the waiting ones), unless the owner
-//!   keeps their records (`owner_tracked`, see `Allocator::track_blocks_for_owner`): then the
-//!   maps stay empty and every free and snapshot takes the blocks, as granted, from the owner;
-//!   bypass blocks are in `bypass` either way;
+//! - the pool keeps no record of a live pooled block: every free and snapshot takes the blocks,
+//!   as granted, from the owner (a pointer inside a pool's range is pooled); bypass blocks are
+//!   in `bypass` (a free unmaps their segment);
 //! - the free space keeps no record of what it handed out: every release passes the length its
 //!   caller kept;
 //! - no page is mapped, no frame allocated and no out-of-memory reported by a malloc while a
@@ -74,11 +73,10 @@ use slots::*;
 use rustc_hash::FxHashMap;
 use std::collections::BTreeSet;
 
-use super::block_map::{Block, BlockMap};
 use super::config::{bad, boolean, number, tokenize};
 use super::recent::{RecentFrees, Waiting};
 use super::{
-    Action, Allocator, BlockSnapshot, EventLog, Fragmentation, Grant, Granted, PoolKind, PoolStats, Request, Segment,
+    Action, Allocator, BlockSnapshot, Books, Fragmentation, Grant, Granted, PoolKind, PoolStats, Request, Segment,
     SegmentSnapshot, SegmentUse, Tally,
 };
 use crate::acl::Policy;
@@ -100,10 +98,6 @@ const CALM_DIVISOR: u64 = 2;
 /// The physical page of the small pool: small enough that scattered small blocks pin little
 /// memory, large enough to keep map calls few.
 const SMALL_PAGE: u64 = 64 * 1024;
-/// How many blocks ahead the batch paths (`malloc_cached`, `free_cached`) ask for a block's
-/// record (`BlockMap::prefetch`, for a pool that keeps its own map): with 10^6 live blocks the
-/// records miss the cache.
-const LOOK_AHEAD: usize = 16;
 
 /// A request that bypassed the pools: its own segment.
 #[derive(Debug)]
@@ -122,12 +116,8 @@ pub struct VmmAllocator {
     /// Freed pooled blocks whose release into the free space is deferred.
     recent: RecentFrees,
     bypass: FxHashMap<u64, Bypass>,
-    stats: PoolStats,
+    books: Books,
     clock: u64,
-    events: EventLog,
-    /// The owner keeps the records of the pooled blocks (see `track_blocks_for_owner`): the
-    /// pools' `BlockMap`s stay empty, and frees and snapshots take the blocks from the owner.
-    owner_tracked: bool,
 }
 
 fn pool_kind(size: u64) -> PoolKind {
@@ -142,10 +132,12 @@ impl VmmAllocator {
             cache: [Vec::new(), Vec::new()],
             recent: RecentFrees::new(config.quantum),
             bypass: FxHashMap::default(),
-            stats: PoolStats { max_split_size: u64::MAX, ..Default::default() },
+            books: Books::capped(
+                PoolStats { max_split_size: u64::MAX, ..Default::default() },
+                capacity,
+                config.memory_fraction,
+            ),
             clock: 0,
-            events: EventLog::default(),
-            owner_tracked: false,
             config,
         }
     }
@@ -165,11 +157,11 @@ impl VmmAllocator {
     }
 
     pub fn limit(&self) -> u64 {
-        (self.capacity as f64 * self.config.memory_fraction) as u64
+        self.books.limit()
     }
 
     fn reserved(&self) -> u64 {
-        self.stats.reserved_bytes.all.current
+        self.books.reserved()
     }
 
     /// Whether the pool holds more than 1/`CALM_DIVISOR` of its limit: then waiting blocks are
@@ -195,7 +187,6 @@ impl VmmAllocator {
             page,
             base,
             end: base + len,
-            blocks: BlockMap::new(base, page, self.config.quantum),
             space: VaSpace::with_granule(base, base + len, self.config.quantum, "pool's address range").untracked(),
             slots: Vec::new(),
             idle: BTreeSet::new(),
@@ -209,8 +200,8 @@ impl VmmAllocator {
     /// neighbours was just mapped (`mapped`) or unmapped.
     fn count_runs(&mut self, kind: PoolKind, neighbours: u32, mapped: bool) {
         match (neighbours, mapped) {
-            (0, true) | (2, false) => self.stats.segment.add(kind, 1),
-            (0, false) | (2, true) => self.stats.segment.sub(kind, 1),
+            (0, true) | (2, false) => self.books.stats.segment.add(kind, 1),
+            (0, false) | (2, true) => self.books.stats.segment.sub(kind, 1),
             _ => {}
         }
     }
@@ -232,7 +223,7 @@ impl Allocator for VmmAllocator {
     fn malloc(&mut self, backend: &mut dyn Backend, request: &Request) -> Result<Grant> {
         self.clock += 1;
         if let Some((kind, grant)) = self.take_recent(request.size, request.policy) {
-            self.stats.on_alloc(kind, grant.granted, request.size);
+            self.books.stats.on_alloc(kind, grant.granted, request.size);
             return Ok(grant);
         }
         self.malloc_slow(backend, request)
@@ -241,43 +232,27 @@ impl Allocator for VmmAllocator {
     fn malloc_cached(&mut self, sizes: &[u64], policy: Policy, out: &mut Vec<Grant>) -> usize {
         let mut tally = [Tally::default(); 2];
         let mut served = 0;
-        let owner = self.owner_tracked;
         // By runs of equal sizes: the route and the stack are found once per run (a run is
         // measured only as far as blocks wait for it, so a miss costs O(1), not a scan).
         while served < sizes.len() {
             let requested = sizes[served];
             let Some((kind, size)) = self.route_cached(requested, policy) else { break };
-            let Some(pool) = self.pools[kind as usize].as_mut() else { break };
+            if self.pools[kind as usize].is_none() {
+                break;
+            }
             let rest = &sizes[served..];
             if rest.get(1) != Some(&requested) {
                 // A run of one (sizes that vary): the stack's top, without measuring a run.
                 let Some(w) = self.recent.pop(kind, size) else { break };
-                if !owner {
-                    pool.blocks.insert(w.ptr, Block { size, requested, page: w.page });
-                }
                 out.push(Grant { ptr: w.ptr, granted: size, page: w.page });
                 tally[kind as usize].add(size, requested);
                 served += 1;
                 continue;
             }
             let count = |waiting: usize| rest.iter().take(waiting).take_while(|&&s| s == requested).count();
-            let Some(mut taken) = self.recent.take(kind, size, count) else { break };
+            let Some(taken) = self.recent.take(kind, size, count) else { break };
             let got = taken.len();
-            if owner {
-                // The owner records the blocks: only the grants.
-                out.extend(taken.rev().map(|w| Grant { ptr: w.ptr, granted: size, page: w.page }));
-            } else {
-                while let Some(w) = taken.next_back() {
-                    // The record of the block `LOOK_AHEAD` places on is loaded while this one
-                    // is written (a large live set's records miss the cache).
-                    let ahead = taken.as_slice();
-                    if let Some(a) = ahead.len().checked_sub(LOOK_AHEAD + 1).map(|i| ahead[i]) {
-                        pool.blocks.prefetch(a.ptr);
-                    }
-                    pool.blocks.insert(w.ptr, Block { size, requested, page: w.page });
-                    out.push(Grant { ptr: w.ptr, granted: size, page: w.page });
-                }
-            }
+            out.extend(taken.rev().map(|w| Grant { ptr: w.ptr, granted: size, page: w.page }));
             if got == 0 {
                 break;
             }
@@ -289,79 +264,29 @@ impl Allocator for VmmAllocator {
             }
         }
         self.clock += served as u64;
-        self.stats.on_allocs_each(tally);
+        self.books.stats.on_allocs_each(tally);
         served
     }
 
-    fn free(&mut self, backend: &mut dyn Backend, ptr: u64) -> Result<()> {
-        if let Some((kind, block)) = self.take_pooled(ptr) {
-            self.stats.on_free(kind, block.size, block.requested);
-            return Ok(());
-        }
-        if self.pools.iter().flatten().any(|p| (p.base..p.end).contains(&ptr)) {
-            let owner = if self.owner_tracked { " (its owner keeps the blocks' records: free_block)" } else { "" };
-            return Err(AclError::internal(format!("npumem pool has no live block at {ptr:#x}{owner}")));
-        }
-        self.free_bypass(backend, ptr)
-    }
-
-    /// The owner keeps the pooled blocks' records (bypass blocks keep their own map: they are
-    /// found by pointer, and a pointer inside the pools is pooled).
-    fn track_blocks_for_owner(&mut self) -> bool {
-        if self.pools.iter().flatten().all(|p| p.blocks.is_empty()) {
-            self.owner_tracked = true;
-        }
-        self.owner_tracked
-    }
-
-    fn free_block(&mut self, backend: &mut dyn Backend, block: &Granted) -> Result<()> {
-        if !self.owner_tracked {
-            return self.free_recorded(backend, block.ptr);
-        }
-        match self.take_owned(block) {
+    fn free(&mut self, backend: &mut dyn Backend, block: &Granted) -> Result<()> {
+        match self.take_pooled(block) {
             Some(kind) => {
-                self.stats.on_free(kind, block.granted, block.requested);
+                self.books.stats.on_free(kind, block.granted, block.requested);
                 Ok(())
             }
             None => self.free_bypass(backend, block.ptr),
         }
     }
 
-    fn free_cached_blocks(&mut self, blocks: &[Granted]) -> usize {
-        if !self.owner_tracked {
-            return blocks.iter().take_while(|b| Allocator::free_cached(self, &[b.ptr]) == 1).count();
-        }
+    fn free_cached(&mut self, blocks: &[Granted]) -> usize {
         let mut tally = [Tally::default(); 2];
         let mut freed = 0;
         for block in blocks {
-            let Some(kind) = self.take_owned(block) else { break };
+            let Some(kind) = self.take_pooled(block) else { break };
             tally[kind as usize].add(block.granted, block.requested);
             freed += 1;
         }
-        self.stats.on_frees_each(tally);
-        freed
-    }
-
-    fn segments_with(&self, live: &[Granted]) -> Vec<SegmentSnapshot> {
-        self.segments_of(self.owner_tracked.then_some(live))
-    }
-
-    fn fragmentation_with(&self, live: &[Granted]) -> Fragmentation {
-        self.fragmentation_of(self.owner_tracked.then_some(live))
-    }
-
-    fn free_cached(&mut self, ptrs: &[u64]) -> usize {
-        let mut tally = [Tally::default(); 2];
-        let mut freed = 0;
-        for (i, &ptr) in ptrs.iter().enumerate() {
-            if let Some(&ahead) = ptrs.get(i + LOOK_AHEAD) {
-                self.prefetch_block(ahead);
-            }
-            let Some((kind, block)) = self.take_pooled(ptr) else { break };
-            tally[kind as usize].add(block.size, block.requested);
-            freed += 1;
-        }
-        self.stats.on_frees_each(tally);
+        self.books.stats.on_frees_each(tally);
         freed
     }
 
@@ -377,31 +302,21 @@ impl Allocator for VmmAllocator {
         Ok(self.reserved())
     }
 
-    fn set_memory_fraction(&mut self, fraction: f64) -> Result<()> {
-        super::caching::check_fraction(fraction)?;
-        self.config.memory_fraction = fraction;
-        Ok(())
+    fn books(&self) -> &Books {
+        &self.books
     }
 
-    fn stats(&self) -> &PoolStats {
-        &self.stats
+    fn books_mut(&mut self) -> &mut Books {
+        &mut self.books
     }
 
-    fn stats_mut(&mut self) -> &mut PoolStats {
-        &mut self.stats
-    }
-
-    fn events(&mut self) -> &mut EventLog {
-        &mut self.events
-    }
-
-    fn fragmentation(&self) -> Fragmentation {
-        self.fragmentation_of(None)
+    fn fragmentation(&self, live: &[Granted]) -> Fragmentation {
+        self.fragmentation_of(live)
     }
 
     /// One segment per run of mapped pages (as PyTorch reports expandable segments), plus one
     /// per bypass allocation; free space inside a run shows as inactive blocks.
-    fn segments(&self) -> Vec<SegmentSnapshot> {
-        self.segments_of(None)
+    fn segments(&self, live: &[Granted]) -> Vec<SegmentSnapshot> {
+        self.segments_of(live)
     }
 }

@@ -38,13 +38,12 @@ impl VmmAllocator {
         // free memory (the tightest packing, for a device near full).
         if !huge_only && !self.recent.is_empty() && !self.tight() {
             if let Some((ptr, page)) = self.place_on_mapped(backend, kind, size)? {
-                self.note_live(kind, ptr, Block { size, requested: request.size, page });
-                self.stats.on_alloc(kind, size, request.size);
+                self.books.stats.on_alloc(kind, size, request.size);
                 return Ok(Grant { ptr, granted: size, page });
             }
         }
         self.release_recent()?;
-        let device_allocs = self.stats.num_device_alloc;
+        let device_allocs = self.books.stats.num_device_alloc;
         let (kind, ptr, page) = match self.malloc_in(backend, kind, size, huge_only) {
             Ok((ptr, page)) => (kind, ptr, page),
             // A small block that finds no memory for the small pool's pages may still fit in the
@@ -70,11 +69,10 @@ impl VmmAllocator {
             }
             Err(e) => return Err(e),
         };
-        if self.stats.num_device_alloc > device_allocs {
-            self.stats.num_cache_misses += 1;
+        if self.books.stats.num_device_alloc > device_allocs {
+            self.books.stats.num_cache_misses += 1;
         }
-        self.note_live(kind, ptr, Block { size, requested: request.size, page });
-        self.stats.on_alloc(kind, size, request.size);
+        self.books.stats.on_alloc(kind, size, request.size);
         Ok(Grant { ptr, granted: size, page })
     }
 

@@ -32,7 +32,7 @@ impl VmmAllocator {
                 Err(e) => return Err(e),
             },
         };
-        self.stats.on_page_alloc(kind, page);
+        self.books.stats.on_page_alloc(kind, page);
         Ok((h, pte))
     }
 
@@ -42,7 +42,7 @@ impl VmmAllocator {
             return Err(AclError::oom(format!(
                 "the npumem pool's limit of {} (memory fraction {}) is reached",
                 format_size(self.limit()),
-                self.config.memory_fraction
+                self.books.memory_fraction()
             )));
         }
         Ok(())
@@ -67,7 +67,7 @@ impl VmmAllocator {
         let Some(&(h, _)) = self.cache[kind as usize].last() else { return Ok(false) };
         backend.free_physical(h)?;
         self.cache[kind as usize].pop();
-        self.stats.on_page_free(kind, self.page_of(kind));
+        self.books.stats.on_page_free(kind, self.page_of(kind));
         Ok(true)
     }
 
@@ -125,7 +125,7 @@ impl VmmAllocator {
         pool.slot_mut(i).handle = NO_HANDLE;
         pool.mapped -= 1;
         let neighbours = pool.mapped_neighbours(i);
-        self.events.push(Action::SegmentUnmap, va, len);
+        self.books.events.push(Action::SegmentUnmap, va, len);
         if slot.tail != 0 {
             pool.slot_mut(i).tail = 0;
             pool.tail_gap -= pool.page - len;
@@ -133,7 +133,7 @@ impl VmmAllocator {
             pool.space.release_range(va + len, page - len)?;
             self.count_runs(kind, neighbours, false);
             backend.free_physical(slot.handle)?;
-            self.stats.on_page_free(kind, len);
+            self.books.stats.on_page_free(kind, len);
             return Ok(());
         }
         self.count_runs(kind, neighbours, false);
@@ -147,7 +147,7 @@ impl VmmAllocator {
         let Some(at) = cache.iter().rposition(|&(_, pte)| pte != PageSize::Size2M) else { return Ok(false) };
         backend.free_physical(cache[at].0)?;
         cache.swap_remove(at);
-        self.stats.on_page_free(kind, self.page_of(kind));
+        self.books.stats.on_page_free(kind, self.page_of(kind));
         Ok(true)
     }
 }

@@ -1,30 +1,22 @@
+//! The fast paths between the waiting stacks and the owner's blocks.
+//!
+//! Rules:
+//! - a malloc hit pops a waiting block of exactly the request's rounded size and writes no
+//!   record: the owner records the grant;
+//! - a free pushes the owner's `Granted` onto its size's stack (a pointer inside a pool's range
+//!   is pooled, any other is a bypass block);
+//! - statistics are the callers'.
+
 use super::*;
 
 impl VmmAllocator {
     /// The fast path of a malloc: a waiting block of exactly the request's rounded size, in the
-    /// pool its policy picks (see `route_cached`), recorded as live. Statistics are the caller's.
+    /// pool its policy picks (see `route_cached`). Statistics are the caller's.
     #[inline(always)]
     pub(super) fn take_recent(&mut self, requested: u64, policy: Policy) -> Option<(PoolKind, Grant)> {
         let (kind, size) = self.route_cached(requested, policy)?;
         let w = self.recent.pop(kind, size)?;
-        self.note_live(kind, w.ptr, Block { size, requested, page: w.page });
         Some((kind, Grant { ptr: w.ptr, granted: size, page: w.page }))
-    }
-
-    /// Records the block just handed out at `ptr` in `kind`'s pool as live (nothing to do when
-    /// the owner keeps the records).
-    #[inline(always)]
-    pub(super) fn note_live(&mut self, kind: PoolKind, ptr: u64, block: Block) {
-        if !self.owner_tracked {
-            self.record_live(kind, ptr, block);
-        }
-    }
-
-    /// `note_live`'s record (out of line, so that an owner-tracked pool's fast path carries
-    /// none of the block map's code).
-    #[inline(never)]
-    pub(super) fn record_live(&mut self, kind: PoolKind, ptr: u64, block: Block) {
-        self.pool_mut(kind).blocks.insert(ptr, block);
     }
 
     /// The pool and rounded size under which a request may find a waiting block: not for
@@ -52,41 +44,17 @@ impl VmmAllocator {
         }
     }
 
-    /// `take_pooled` of a block whose record the owner keeps (`block`, live): it goes to the
-    /// waiting stacks. None for a block outside the pools (a bypass block).
+    /// The fast path of a free: the live pooled `block` goes to the waiting stacks. Statistics
+    /// are the caller's. None for a block outside the pools (a bypass block).
     #[inline(always)]
-    pub(super) fn take_owned(&mut self, block: &Granted) -> Option<PoolKind> {
+    pub(super) fn take_pooled(&mut self, block: &Granted) -> Option<PoolKind> {
         let (kind, _) = self.pool_holding(block.ptr)?;
         self.recent.push(kind, block.granted, Waiting { ptr: block.ptr, page: block.page });
         Some(kind)
     }
 
-    /// Starts loading the record of the pooled block at `ptr` (a hint for a batch's look-ahead).
-    #[inline(always)]
-    pub(super) fn prefetch_block(&self, ptr: u64) {
-        if let Some(pool) = self.pools.iter().flatten().find(|p| (p.base..p.end).contains(&ptr)) {
-            pool.blocks.prefetch(ptr);
-        }
-    }
-
-    /// The fast path of a free: a live pooled block goes to the waiting stacks. Statistics are
-    /// the caller's. None for a pointer outside the pools (or not live).
-    #[inline(always)]
-    pub(super) fn take_pooled(&mut self, ptr: u64) -> Option<(PoolKind, Block)> {
-        let (kind, pool) = self.pool_holding(ptr)?;
-        let block = pool.blocks.remove(ptr)?;
-        self.recent.push(kind, block.size, Waiting { ptr, page: block.page });
-        Some((kind, block))
-    }
-
-    /// `free` (out of line: `free_block`'s path for a pool that keeps its own records).
-    #[inline(never)]
-    pub(super) fn free_recorded(&mut self, backend: &mut dyn Backend, ptr: u64) -> Result<()> {
-        Allocator::free(self, backend, ptr)
-    }
-
     pub(super) fn oom(&mut self, e: AclError, request: &Request) -> AclError {
-        self.stats.num_ooms += 1;
+        self.books.stats.num_ooms += 1;
         AclError::oom(format!("npumem pool out of memory for {}: {}", format_size(request.size), e.message))
     }
 }

@@ -40,10 +40,9 @@ pub(super) struct VmmPool {
     pub(super) base: u64,
     pub(super) end: u64,
     /// The free extents of the range (`untracked`: the length of every reserved range is in
-    /// `blocks`, the waiting stacks, or the fence's tail slot, and is passed back on release).
+    /// the owner's `Granted`, the waiting stacks, or the fence's tail slot, and is passed back
+    /// on release).
     pub(super) space: VaSpace,
-    /// The live blocks, by start address.
-    pub(super) blocks: BlockMap,
     pub(super) slots: Vec<Slot>,
     pub(super) idle: BTreeSet<(u64, u32)>,
     pub(super) mapped: u64,

@@ -28,9 +28,9 @@ impl VmmAllocator {
         (merged, pool.idle.len() as u64 + freed as u64)
     }
 
-    /// `fragmentation` with the live blocks of `segments_of(owner)`.
-    pub(super) fn fragmentation_of(&self, owner: Option<&[Granted]>) -> Fragmentation {
-        let mut f = Fragmentation::of(&self.stats);
+    /// `fragmentation`, given the owner's `live` blocks (in address order).
+    pub(super) fn fragmentation_of(&self, live: &[Granted]) -> Fragmentation {
+        let mut f = Fragmentation::of(&self.books.stats);
         let mut large_idle = 0;
         for kind in [PoolKind::Small, PoolKind::Large] {
             let Some(pool) = self.pools[kind as usize].as_ref() else { continue };
@@ -58,7 +58,7 @@ impl VmmAllocator {
             }
         }
         // The segments are the snapshot's: one per run of mapped pages, one per bypass mapping.
-        f.segments = self.segments_of(owner).iter().map(SegmentUse::of).collect();
+        f.segments = self.segments_of(live).iter().map(SegmentUse::of).collect();
         for kind in [PoolKind::Small, PoolKind::Large] {
             for _ in &self.cache[kind as usize] {
                 f.add_free(self.page_of(kind));
@@ -71,24 +71,19 @@ impl VmmAllocator {
         f
     }
 
-    /// The segments, with the pooled live blocks from the pools' maps, or (owner tracking) from
-    /// `owner`, the owner's live blocks in address order.
-    pub(super) fn segments_of(&self, owner: Option<&[Granted]>) -> Vec<SegmentSnapshot> {
+    /// The segments, with the pooled blocks of the owner's `live` blocks (in address order).
+    pub(super) fn segments_of(&self, live: &[Granted]) -> Vec<SegmentSnapshot> {
         let mut out = Vec::new();
         for (k, pool) in self.pools.iter().enumerate() {
             let Some(pool) = pool else { continue };
             let kind = if k == 0 { PoolKind::Small } else { PoolKind::Large };
             // Live blocks in address order, walked along with the runs of mapped pages (every
             // live block lies on mapped pages).
-            let lives: Box<dyn Iterator<Item = (u64, u64, u64)>> = match owner {
-                None => Box::new(pool.blocks.iter().map(|(p, b)| (p, b.size, b.requested))),
-                Some(live) => Box::new(
-                    live.iter()
-                        .filter(|g| (pool.base..pool.end).contains(&g.ptr))
-                        .map(|g| (g.ptr, g.granted, g.requested)),
-                ),
-            };
-            let mut lives = lives.peekable();
+            let mut lives = live
+                .iter()
+                .filter(|g| (pool.base..pool.end).contains(&g.ptr))
+                .map(|g| (g.ptr, g.granted, g.requested))
+                .peekable();
             let mut i = 0;
             while i < pool.slots.len() {
                 if pool.slots[i].handle == NO_HANDLE {

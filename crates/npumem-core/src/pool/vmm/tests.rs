@@ -1,12 +1,13 @@
 use super::*;
 use crate::acl::Policy;
 use crate::backend::{SimBackend, SimConfig};
+use crate::pool::held::Held;
 use crate::units::GIB;
 use proptest::prelude::*;
 
-fn setup(capacity: u64, conf: &str) -> (VmmAllocator, SimBackend) {
+fn setup(capacity: u64, conf: &str) -> (VmmAllocator, SimBackend, Held) {
     let sim = SimBackend::new(SimConfig { capacity, ..Default::default() }).unwrap();
-    (VmmAllocator::new(VmmConfig::parse(conf).unwrap(), capacity), sim)
+    (VmmAllocator::new(VmmConfig::parse(conf).unwrap(), capacity), sim, Held::default())
 }
 
 fn req(size: u64) -> Request {
@@ -15,20 +16,20 @@ fn req(size: u64) -> Request {
 
 #[test]
 fn packs_small_blocks_and_reuses_pages_without_driver_calls() {
-    let (mut a, mut sim) = setup(64 * MIB, "");
-    let x = a.malloc(&mut sim, &req(1000)).unwrap();
-    let y = a.malloc(&mut sim, &req(1000)).unwrap();
+    let (mut a, mut sim, mut h) = setup(64 * MIB, "");
+    let x = h.malloc(&mut a, &mut sim, &req(1000)).unwrap();
+    let y = h.malloc(&mut a, &mut sim, &req(1000)).unwrap();
     assert_eq!(y.ptr, x.ptr + 1024);
     assert_eq!(a.reserved(), SMALL_PAGE);
-    a.free(&mut sim, x.ptr).unwrap();
-    a.free(&mut sim, y.ptr).unwrap();
+    h.free(&mut a, &mut sim, x.ptr).unwrap();
+    h.free(&mut a, &mut sim, y.ptr).unwrap();
     let maps = sim.counters().maps;
     // Far from the limit, a miss takes the free space on the mapped page: the waiting
     // blocks keep waiting for their size.
-    let z = a.malloc(&mut sim, &req(4000)).unwrap();
+    let z = h.malloc(&mut a, &mut sim, &req(4000)).unwrap();
     assert_eq!(z.ptr, y.ptr + 1024);
     assert_eq!(sim.counters().maps, maps);
-    a.free(&mut sim, z.ptr).unwrap();
+    h.free(&mut a, &mut sim, z.ptr).unwrap();
     a.empty_cache(&mut sim).unwrap();
     assert_eq!(a.reserved(), 0);
     assert_eq!(sim.mem_info(crate::acl::MemScope::All).0, 64 * MIB);
@@ -36,36 +37,36 @@ fn packs_small_blocks_and_reuses_pages_without_driver_calls() {
 
 #[test]
 fn freed_blocks_wait_for_their_size_and_a_miss_releases_them() {
-    let (mut a, mut sim) = setup(64 * MIB, "");
-    let x = a.malloc(&mut sim, &req(4096)).unwrap();
-    let y = a.malloc(&mut sim, &req(4096)).unwrap();
-    let stats = a.stats.clone();
-    a.free(&mut sim, x.ptr).unwrap();
-    a.free(&mut sim, y.ptr).unwrap();
+    let (mut a, mut sim, mut h) = setup(64 * MIB, "");
+    let x = h.malloc(&mut a, &mut sim, &req(4096)).unwrap();
+    let y = h.malloc(&mut a, &mut sim, &req(4096)).unwrap();
+    let stats = a.books.stats.clone();
+    h.free(&mut a, &mut sim, x.ptr).unwrap();
+    h.free(&mut a, &mut sim, y.ptr).unwrap();
     assert_eq!(a.recent.len(), 2);
-    assert_eq!(a.stats.allocated_bytes.all.current, 0);
+    assert_eq!(a.books.stats.allocated_bytes.all.current, 0);
     // The same size comes back from the stack, most recent first, with exact statistics.
-    let z = a.malloc(&mut sim, &req(4000)).unwrap();
+    let z = h.malloc(&mut a, &mut sim, &req(4000)).unwrap();
     assert_eq!((z.ptr, z.granted), (y.ptr, 4096));
-    assert_eq!(a.stats.allocated_bytes.all.current, 4096);
-    assert_eq!(a.stats.requested_bytes.all.current, 4000);
-    a.free(&mut sim, z.ptr).unwrap();
-    let z = a.malloc(&mut sim, &req(4096)).unwrap();
-    a.free(&mut sim, z.ptr).unwrap();
-    assert_eq!(a.stats.allocation.all.allocated, stats.allocation.all.allocated + 2);
+    assert_eq!(a.books.stats.allocated_bytes.all.current, 4096);
+    assert_eq!(a.books.stats.requested_bytes.all.current, 4000);
+    h.free(&mut a, &mut sim, z.ptr).unwrap();
+    let z = h.malloc(&mut a, &mut sim, &req(4096)).unwrap();
+    h.free(&mut a, &mut sim, z.ptr).unwrap();
+    assert_eq!(a.books.stats.allocation.all.allocated, stats.allocation.all.allocated + 2);
     // Another size misses. Far from the limit, it goes to free space on mapped pages and the
     // waiting blocks keep waiting.
-    let w = a.malloc(&mut sim, &req(8192)).unwrap();
+    let w = h.malloc(&mut a, &mut sim, &req(8192)).unwrap();
     assert_eq!((w.ptr, a.recent.len()), (y.ptr + 4096, 2));
-    a.free(&mut sim, w.ptr).unwrap();
+    h.free(&mut a, &mut sim, w.ptr).unwrap();
     // Under pressure (the pool holds more than half its limit) a miss releases every waiting
     // block first, and the best fit finds the three of them coalesced at the bottom.
-    a.set_memory_fraction(0.001).unwrap();
+    a.books.set_memory_fraction(0.001).unwrap();
     assert!(a.reserved() > a.limit() / CALM_DIVISOR);
-    let w = a.malloc(&mut sim, &req(16384)).unwrap();
+    let w = h.malloc(&mut a, &mut sim, &req(16384)).unwrap();
     assert_eq!(w.ptr, x.ptr);
     assert!(a.recent.is_empty());
-    a.free(&mut sim, w.ptr).unwrap();
+    h.free(&mut a, &mut sim, w.ptr).unwrap();
     a.empty_cache(&mut sim).unwrap();
     assert_eq!(a.reserved(), 0);
 }
@@ -76,23 +77,23 @@ fn large_blocks_go_where_they_need_the_fewest_pages() {
     // [1.5, 4.5), holding all of page 1, and [8.5, 11.5), whose pages 4 and 5 both hold live
     // blocks. Best fit (lowest address among equals) would put 2.5 MiB in the first and use
     // page 1; page-economical placement puts it in the second, where it needs no page.
-    let (mut a, mut sim) = setup(64 * MIB, "");
+    let (mut a, mut sim, mut h) = setup(64 * MIB, "");
     let sizes = [3 * MIB / 2, 3 * MIB, 4 * MIB, 3 * MIB, 3 * MIB / 2];
-    let g: Vec<Grant> = sizes.iter().map(|&s| a.malloc(&mut sim, &req(s)).unwrap()).collect();
+    let g: Vec<Grant> = sizes.iter().map(|&s| h.malloc(&mut a, &mut sim, &req(s)).unwrap()).collect();
     let base = g[0].ptr;
     let offsets: Vec<u64> = g.iter().map(|x| (x.ptr - base) * 2 / MIB).collect();
     assert_eq!(offsets, [0, 3, 9, 17, 23], "laid out back to back (half MiB units)");
-    a.free(&mut sim, g[1].ptr).unwrap();
-    a.free(&mut sim, g[3].ptr).unwrap();
-    let pages = a.stats.num_device_alloc;
-    let x = a.malloc(&mut sim, &req(5 * MIB / 2)).unwrap();
+    h.free(&mut a, &mut sim, g[1].ptr).unwrap();
+    h.free(&mut a, &mut sim, g[3].ptr).unwrap();
+    let pages = a.books.stats.num_device_alloc;
+    let x = h.malloc(&mut a, &mut sim, &req(5 * MIB / 2)).unwrap();
     assert_eq!(x.ptr, g[3].ptr, "the hole whose pages are held already");
-    assert_eq!(a.stats.num_device_alloc, pages);
+    assert_eq!(a.books.stats.num_device_alloc, pages);
     let pool = a.pool(PoolKind::Large);
     let page1 = pool.pages_of(base + 2 * MIB, 1).start;
     assert!(pool.slot(page1).live == 0 && pool.slot(page1).handle != NO_HANDLE, "page 1 stays idle");
     for ptr in [g[0].ptr, g[2].ptr, g[4].ptr, x.ptr] {
-        a.free(&mut sim, ptr).unwrap();
+        h.free(&mut a, &mut sim, ptr).unwrap();
     }
     a.empty_cache(&mut sim).unwrap();
     assert_eq!(a.reserved(), 0);
@@ -107,23 +108,23 @@ fn a_block_no_placement_can_map_gets_a_normal_frame_tail() {
     // strands fewer free bytes (past the end), leaving the hole's end to 3.5 MiB; 15.44 MiB,
     // for which the pool has no whole pages, goes past 47 MiB's end with its last page in
     // normal frames as far as it reaches, the rest of that page fenced off.
-    let (mut a, mut sim) = setup(68 * MIB, "");
+    let (mut a, mut sim, mut h) = setup(68 * MIB, "");
     let frames = sim.frame_stats().unwrap();
     let kib = |k: u64| k * 1024;
-    let a0 = a.malloc(&mut sim, &req(kib(13504))).unwrap();
-    let a1 = a.malloc(&mut sim, &req(kib(2496))).unwrap();
-    let a2 = a.malloc(&mut sim, &req(47 * MIB)).unwrap();
-    let a3 = a.malloc(&mut sim, &req(kib(64))).unwrap();
-    a.free(&mut sim, a0.ptr).unwrap();
-    a.free(&mut sim, a1.ptr).unwrap();
-    let a4 = a.malloc(&mut sim, &req(5 * MIB)).unwrap();
+    let a0 = h.malloc(&mut a, &mut sim, &req(kib(13504))).unwrap();
+    let a1 = h.malloc(&mut a, &mut sim, &req(kib(2496))).unwrap();
+    let a2 = h.malloc(&mut a, &mut sim, &req(47 * MIB)).unwrap();
+    let a3 = h.malloc(&mut a, &mut sim, &req(kib(64))).unwrap();
+    h.free(&mut a, &mut sim, a0.ptr).unwrap();
+    h.free(&mut a, &mut sim, a1.ptr).unwrap();
+    let a4 = h.malloc(&mut a, &mut sim, &req(5 * MIB)).unwrap();
     assert_eq!(a4.ptr, a2.ptr + a2.granted);
-    let a5 = a.malloc(&mut sim, &req(kib(3584))).unwrap();
+    let a5 = h.malloc(&mut a, &mut sim, &req(kib(3584))).unwrap();
     assert_eq!(a5.ptr + a5.granted, a2.ptr);
-    a.free(&mut sim, a4.ptr).unwrap();
-    let ooms = a.stats.num_ooms;
-    let a6 = a.malloc(&mut sim, &req(kib(15808))).unwrap();
-    assert_eq!((a6.page, a.stats.num_ooms, a.bypass.len()), (PageSize::Size4K, ooms, 0));
+    h.free(&mut a, &mut sim, a4.ptr).unwrap();
+    let ooms = a.books.stats.num_ooms;
+    let a6 = h.malloc(&mut a, &mut sim, &req(kib(15808))).unwrap();
+    assert_eq!((a6.page, a.books.stats.num_ooms, a.bypass.len()), (PageSize::Size4K, ooms, 0));
     let end = a6.ptr + a6.granted;
     let pool = a.pool(PoolKind::Large);
     let last = pool.pages_of(end - 1, 1).start;
@@ -135,10 +136,10 @@ fn a_block_no_placement_can_map_gets_a_normal_frame_tail() {
     sim.write(end - 1, &[1]).unwrap();
     assert_eq!(a.reserved(), 68 * MIB - sim.mem_info(crate::acl::MemScope::All).0);
     for g in [a6, a2, a5, a3] {
-        a.free(&mut sim, g.ptr).unwrap();
+        h.free(&mut a, &mut sim, g.ptr).unwrap();
     }
     a.empty_cache(&mut sim).unwrap();
-    assert_eq!((a.reserved(), a.stats.allocated_bytes.all.current), (0, 0));
+    assert_eq!((a.reserved(), a.books.stats.allocated_bytes.all.current), (0, 0));
     assert_eq!(sim.frame_stats().unwrap(), frames);
 }
 
@@ -146,40 +147,40 @@ fn a_block_no_placement_can_map_gets_a_normal_frame_tail() {
 fn a_small_block_borrows_a_large_page_when_memory_runs_out() {
     // 4 MiB device: a 3 MiB block holds both 2 MiB pages; 512 KiB finds no frame for the
     // small pool's pages but fits in the free end of the second large page.
-    let (mut a, mut sim) = setup(4 * MIB, "");
-    let big = a.malloc(&mut sim, &req(3 * MIB)).unwrap();
-    let small = a.malloc(&mut sim, &req(512 * 1024)).unwrap();
+    let (mut a, mut sim, mut h) = setup(4 * MIB, "");
+    let big = h.malloc(&mut a, &mut sim, &req(3 * MIB)).unwrap();
+    let small = h.malloc(&mut a, &mut sim, &req(512 * 1024)).unwrap();
     assert_eq!((small.ptr, small.page), (big.ptr + 3 * MIB, PageSize::Size2M));
-    assert_eq!(a.stats.allocated_bytes.large_pool().current, 3 * MIB + 512 * 1024);
+    assert_eq!(a.books.stats.allocated_bytes.large_pool().current, 3 * MIB + 512 * 1024);
     // NORMAL_ONLY promises normal pages: it may not borrow.
     let normal = Request { policy: Policy::NormalOnly, ..req(256 * 1024) };
-    assert!(a.malloc(&mut sim, &normal).unwrap_err().code.is_out_of_memory());
-    a.free(&mut sim, small.ptr).unwrap();
-    a.free(&mut sim, big.ptr).unwrap();
+    assert!(h.malloc(&mut a, &mut sim, &normal).unwrap_err().code.is_out_of_memory());
+    h.free(&mut a, &mut sim, small.ptr).unwrap();
+    h.free(&mut a, &mut sim, big.ptr).unwrap();
     a.empty_cache(&mut sim).unwrap();
-    assert_eq!((a.reserved(), a.stats.allocated_bytes.all.current), (0, 0));
+    assert_eq!((a.reserved(), a.books.stats.allocated_bytes.all.current), (0, 0));
 }
 
 #[test]
 fn stitches_idle_pages_into_a_large_block() {
     // 64 MiB device. Fill it with 2 MiB blocks, free every other one: 32 MiB is free but in
     // 2 MiB holes. A 30 MiB request still succeeds by remapping the idle pages.
-    let (mut a, mut sim) = setup(64 * MIB, "");
-    let blocks: Vec<Grant> = (0..30).map(|_| a.malloc(&mut sim, &req(2 * MIB)).unwrap()).collect();
+    let (mut a, mut sim, mut h) = setup(64 * MIB, "");
+    let blocks: Vec<Grant> = (0..30).map(|_| h.malloc(&mut a, &mut sim, &req(2 * MIB)).unwrap()).collect();
     for g in blocks.iter().step_by(2) {
-        a.free(&mut sim, g.ptr).unwrap();
+        h.free(&mut a, &mut sim, g.ptr).unwrap();
     }
-    let big = a.malloc(&mut sim, &req(30 * MIB)).unwrap();
+    let big = h.malloc(&mut a, &mut sim, &req(30 * MIB)).unwrap();
     assert_eq!(big.granted, 30 * MIB);
     assert!(a.reserved() <= 64 * MIB);
     // The bytes of the live blocks are untouched and the new block is writable end to end.
     sim.write(big.ptr + 30 * MIB - 8, &[7; 8]).unwrap();
-    let f = a.fragmentation();
+    let f = a.fragmentation(&h.live());
     assert_eq!(f.allocated, 15 * 2 * MIB + 30 * MIB);
     for g in blocks.iter().skip(1).step_by(2) {
-        a.free(&mut sim, g.ptr).unwrap();
+        h.free(&mut a, &mut sim, g.ptr).unwrap();
     }
-    a.free(&mut sim, big.ptr).unwrap();
+    h.free(&mut a, &mut sim, big.ptr).unwrap();
     a.empty_cache(&mut sim).unwrap();
     assert_eq!(sim.frame_stats().unwrap().largest_free_block, 64 * MIB);
 }
@@ -188,14 +189,15 @@ fn stitches_idle_pages_into_a_large_block() {
 fn bypass_uses_giant_pages_and_oom_reports() {
     let mut sim = SimBackend::new(SimConfig { capacity: 4 * GIB, giant_frames: 1, ..Default::default() }).unwrap();
     let mut a = VmmAllocator::new(VmmConfig::default(), 4 * GIB);
-    let g = a.malloc(&mut sim, &req(GIB)).unwrap();
+    let mut h = Held::default();
+    let g = h.malloc(&mut a, &mut sim, &req(GIB)).unwrap();
     assert_eq!(g.page, PageSize::Size1G);
-    let h = a.malloc(&mut sim, &req(600 * MIB)).unwrap();
-    assert_eq!(h.page, PageSize::Size2M);
-    let err = a.malloc(&mut sim, &req(3 * GIB)).unwrap_err();
+    let k = h.malloc(&mut a, &mut sim, &req(600 * MIB)).unwrap();
+    assert_eq!(k.page, PageSize::Size2M);
+    let err = h.malloc(&mut a, &mut sim, &req(3 * GIB)).unwrap_err();
     assert!(err.message.contains("out of memory"), "{}", err.message);
-    a.free(&mut sim, g.ptr).unwrap();
-    a.free(&mut sim, h.ptr).unwrap();
+    h.free(&mut a, &mut sim, g.ptr).unwrap();
+    h.free(&mut a, &mut sim, k.ptr).unwrap();
     assert_eq!(a.reserved(), 0);
     assert!(VmmConfig::parse("large_threshold_mb:1").is_err());
     assert!(VmmConfig::parse("bogus:1").is_err());
@@ -206,20 +208,21 @@ fn bypass_uses_giant_pages_and_oom_reports() {
 fn pages_follow_the_malloc_policy() {
     let mut sim = SimBackend::new(SimConfig { capacity: 4 * GIB, giant_frames: 1, ..Default::default() }).unwrap();
     let mut a = VmmAllocator::new(VmmConfig::default(), 4 * GIB);
+    let mut h = Held::default();
     let with = |size, policy| Request { size, booked: size, policy };
     // NORMAL_ONLY: normal pages even for a request that HUGE_FIRST would put on 2 MiB pages.
-    let n = a.malloc(&mut sim, &with(4 * MIB, Policy::NormalOnly)).unwrap();
+    let n = h.malloc(&mut a, &mut sim, &with(4 * MIB, Policy::NormalOnly)).unwrap();
     assert!(n.page < PageSize::Size2M, "{:?}", n.page);
     // HUGE_ONLY: 2 MiB pages even for a tiny request.
-    let h = a.malloc(&mut sim, &with(1000, Policy::HugeOnly)).unwrap();
-    assert_eq!(h.page, PageSize::Size2M);
+    let k = h.malloc(&mut a, &mut sim, &with(1000, Policy::HugeOnly)).unwrap();
+    assert_eq!(k.page, PageSize::Size2M);
     // HUGE1G_ONLY: a giant page while one is free, then a clear out-of-memory error.
-    let g = a.malloc(&mut sim, &with(100 * MIB, Policy::Huge1gOnly)).unwrap();
+    let g = h.malloc(&mut a, &mut sim, &with(100 * MIB, Policy::Huge1gOnly)).unwrap();
     assert_eq!(g.page, PageSize::Size1G);
-    let err = a.malloc(&mut sim, &with(100 * MIB, Policy::Huge1gOnly)).unwrap_err();
+    let err = h.malloc(&mut a, &mut sim, &with(100 * MIB, Policy::Huge1gOnly)).unwrap_err();
     assert!(err.code.is_out_of_memory(), "{}", err.message);
-    for ptr in [n.ptr, h.ptr, g.ptr] {
-        a.free(&mut sim, ptr).unwrap();
+    for ptr in [n.ptr, k.ptr, g.ptr] {
+        h.free(&mut a, &mut sim, ptr).unwrap();
     }
     a.empty_cache(&mut sim).unwrap();
     assert_eq!(a.reserved(), 0);
@@ -227,7 +230,7 @@ fn pages_follow_the_malloc_policy() {
 
 #[test]
 fn huge_only_never_takes_pages_of_normal_frames() {
-    let (mut a, mut sim) = setup(64 * MIB, "");
+    let (mut a, mut sim, mut h) = setup(64 * MIB, "");
     let with = |size, policy| Request { size, booked: size, policy };
     let huge_pages = |sim: &SimBackend, g: Grant| {
         (0..g.granted)
@@ -244,27 +247,27 @@ fn huge_only_never_takes_pages_of_normal_frames() {
         }
     }
     // HUGE_FIRST falls back to normal frames; HUGE_ONLY fails rather than take them.
-    let live = a.malloc(&mut sim, &with(3 * MIB, Policy::HugeFirst)).unwrap();
+    let live = h.malloc(&mut a, &mut sim, &with(3 * MIB, Policy::HugeFirst)).unwrap();
     assert!(live.page < PageSize::Size2M);
-    let err = a.malloc(&mut sim, &with(2 * MIB, Policy::HugeOnly)).unwrap_err();
+    let err = h.malloc(&mut a, &mut sim, &with(2 * MIB, Policy::HugeOnly)).unwrap_err();
     assert!(err.code.is_out_of_memory(), "{}", err.message);
     // 2 MiB frames come back: HUGE_ONLY is placed off the live block's pages of normal
     // frames (its 3 MiB leave 1 MiB free on its second page) and gets 2 MiB pages.
     for &h in &frames[4 * 512..] {
         sim.free_physical(h).unwrap();
     }
-    let beside = a.malloc(&mut sim, &with(8 * MIB, Policy::HugeOnly)).unwrap();
+    let beside = h.malloc(&mut a, &mut sim, &with(8 * MIB, Policy::HugeOnly)).unwrap();
     assert_eq!(beside.page, PageSize::Size2M);
     assert!(huge_pages(&sim, beside));
     assert!(beside.ptr >= live.ptr + 4 * MIB);
     // Once freed, the fallback block's idle pages are replaced under a HUGE_ONLY block.
-    a.free(&mut sim, live.ptr).unwrap();
-    let over = a.malloc(&mut sim, &with(4 * MIB, Policy::HugeOnly)).unwrap();
+    h.free(&mut a, &mut sim, live.ptr).unwrap();
+    let over = h.malloc(&mut a, &mut sim, &with(4 * MIB, Policy::HugeOnly)).unwrap();
     assert_eq!(over.ptr, live.ptr);
     assert!(huge_pages(&sim, over));
     sim.write(beside.ptr, &[1]).unwrap();
     for ptr in [beside.ptr, over.ptr] {
-        a.free(&mut sim, ptr).unwrap();
+        h.free(&mut a, &mut sim, ptr).unwrap();
     }
     a.empty_cache(&mut sim).unwrap();
     assert_eq!(a.reserved(), 0);
@@ -280,7 +283,7 @@ proptest! {
         ops in proptest::collection::vec((0u8..4, 1u64..(9 << 20), any::<usize>()), 1..120),
     ) {
         let capacity = 24 * MIB;
-        let (mut a, mut sim) = setup(capacity, "");
+        let (mut a, mut sim, mut h) = setup(capacity, "");
         let frames = sim.frame_stats().unwrap();
         let mut live: Vec<(Grant, Policy, u8)> = Vec::new();
         for (n, (op, size, pick)) in ops.into_iter().enumerate() {
@@ -291,11 +294,11 @@ proptest! {
                     sim.read(at, &mut byte).unwrap();
                     prop_assert_eq!(byte[0], tag);
                 }
-                a.free(&mut sim, g.ptr).unwrap();
+                h.free(&mut a, &mut sim, g.ptr).unwrap();
             } else {
                 let policy = [Policy::HugeFirst, Policy::HugeFirst, Policy::HugeOnly, Policy::NormalOnly][pick % 4];
                 let size = if pick % 3 == 0 { size >> 6 } else { size };
-                let Ok(g) = a.malloc(&mut sim, &Request { size, booked: size, policy }) else { continue };
+                let Ok(g) = h.malloc(&mut a, &mut sim, &Request { size, booked: size, policy }) else { continue };
                 prop_assert!(g.granted >= size && g.ptr % 64 == 0);
                 for (o, _, _) in &live {
                     prop_assert!(g.ptr + g.granted <= o.ptr || o.ptr + o.granted <= g.ptr);
@@ -314,23 +317,23 @@ proptest! {
                 sim.write(g.ptr + g.granted - 1, &[tag]).unwrap();
                 live.push((g, policy, tag));
             }
-            a.check_invariants();
+            a.check_invariants(&h.live());
             // The books against the device and the live blocks (an independent count).
             let used = capacity - sim.mem_info(crate::acl::MemScope::All).0;
             prop_assert_eq!(a.reserved(), used);
-            prop_assert_eq!(a.stats.allocated_bytes.all.current, live.iter().map(|(g, _, _)| g.granted).sum::<u64>());
-            let segs = a.segments();
-            prop_assert_eq!(a.stats.segment.all.current, segs.len() as u64);
+            prop_assert_eq!(a.books.stats.allocated_bytes.all.current, live.iter().map(|(g, _, _)| g.granted).sum::<u64>());
+            let segs = a.segments(&h.live());
+            prop_assert_eq!(a.books.stats.segment.all.current, segs.len() as u64);
             let cached: u64 = [PoolKind::Small, PoolKind::Large]
                 .iter()
                 .map(|&k| a.cache[k as usize].len() as u64 * a.page_of(k))
                 .sum();
             prop_assert_eq!(segs.iter().map(|s| s.total_size).sum::<u64>(), used - cached);
         }
-        for (g, _, _) in live { a.free(&mut sim, g.ptr).unwrap(); }
+        for (g, _, _) in live { h.free(&mut a, &mut sim, g.ptr).unwrap(); }
         a.empty_cache(&mut sim).unwrap();
         prop_assert_eq!(a.reserved(), 0);
-        prop_assert_eq!(a.stats.segment.all.current, 0);
+        prop_assert_eq!(a.books.stats.segment.all.current, 0);
         prop_assert_eq!(sim.frame_stats().unwrap(), frames);
     }
 }
@@ -341,13 +344,13 @@ proptest! {
     fn no_overlap_and_everything_returns(
         ops in proptest::collection::vec((any::<bool>(), 1u64..(12 << 20), any::<usize>()), 1..150),
     ) {
-        let (mut a, mut sim) = setup(96 * MIB, "");
+        let (mut a, mut sim, mut h) = setup(96 * MIB, "");
         let frames = sim.frame_stats().unwrap();
         let mut live: Vec<Grant> = Vec::new();
         for (alloc, size, pick) in ops {
             if alloc || live.is_empty() {
                 let size = if pick % 3 == 0 { size >> 10 } else { size };
-                if let Ok(g) = a.malloc(&mut sim, &req(size.max(1))) {
+                if let Ok(g) = h.malloc(&mut a, &mut sim, &req(size.max(1))) {
                     for o in &live {
                         prop_assert!(g.ptr + g.granted <= o.ptr || o.ptr + o.granted <= g.ptr);
                     }
@@ -362,18 +365,18 @@ proptest! {
                 }
             } else {
                 let g = live.swap_remove(pick % live.len());
-                a.free(&mut sim, g.ptr).unwrap();
+                h.free(&mut a, &mut sim, g.ptr).unwrap();
             }
             // Waiting freed blocks are reported exactly as the free memory they become.
             if pick % 5 == 0 {
-                let (frag, segs, stats) = (a.fragmentation(), a.segments(), a.stats.clone());
+                let (frag, segs, stats) = (a.fragmentation(&h.live()), a.segments(&h.live()), a.books.stats.clone());
                 a.release_recent().unwrap();
                 prop_assert!(a.recent.is_empty());
-                prop_assert_eq!(frag, a.fragmentation());
-                prop_assert_eq!(segs, a.segments());
-                prop_assert_eq!(stats, a.stats.clone());
+                prop_assert_eq!(frag, a.fragmentation(&h.live()));
+                prop_assert_eq!(segs, a.segments(&h.live()));
+                prop_assert_eq!(stats, a.books.stats.clone());
             }
-            a.check_invariants();
+            a.check_invariants(&h.live());
             let held: u64 = [PoolKind::Small, PoolKind::Large]
                 .iter()
                 .map(|&k| {
@@ -385,14 +388,14 @@ proptest! {
             prop_assert_eq!(a.reserved(), held + a.bypass.values().map(|b| b.segment.size).sum::<u64>());
             // A segment is a run of mapped pages (or a bypass mapping): the statistic, the
             // snapshot and the fragmentation report count the same ones.
-            let segs = a.segments();
-            prop_assert_eq!(a.stats.segment.all.current, segs.len() as u64);
-            prop_assert_eq!(a.fragmentation().segments.len(), segs.len());
+            let segs = a.segments(&h.live());
+            prop_assert_eq!(a.books.stats.segment.all.current, segs.len() as u64);
+            prop_assert_eq!(a.fragmentation(&h.live()).segments.len(), segs.len());
         }
-        for g in live { a.free(&mut sim, g.ptr).unwrap(); }
+        for g in live { h.free(&mut a, &mut sim, g.ptr).unwrap(); }
         a.empty_cache(&mut sim).unwrap();
         prop_assert_eq!(a.reserved(), 0);
-        prop_assert_eq!(a.stats.segment.all.current, 0);
+        prop_assert_eq!(a.books.stats.segment.all.current, 0);
         prop_assert_eq!(sim.frame_stats().unwrap(), frames);
     }
 }
