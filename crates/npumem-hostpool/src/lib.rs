@@ -1,5 +1,6 @@
-//! `HostPool`: a pool of real host memory for high-rate allocation from many threads. It depends on
-//! npumem-base (errors, sizes) and npumem-sync (lock-free stacks) only: nothing of the device stack.
+//! `HostPool`: a pool of real host memory for high-rate allocation from many threads. It depends
+//! on npumem-base (errors, sizes) and npumem-sync (lock-free stacks) only, nothing of the device
+//! stack.
 //!
 //! Blocks come in size classes ([`classes`]) carved from one reserved mapping ([`region`]).
 //! Freed blocks are kept, with their pages, for reuse: a program stops paying page faults for
