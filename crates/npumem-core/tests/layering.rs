@@ -13,8 +13,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Each top-level module and what it may use besides `error`, which every module but
-/// `prefetch` uses.
+/// Each top-level module and the modules it may use (`error` and `units` are npumem-base's,
+/// re-exported at the crate root; `plan` and `hostpool`, which no module may use, are absent).
 const ALLOWED: &[(&str, &[&str])] = &[
     ("prefetch", &[]),
     ("acl", &["error"]),
