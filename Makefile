@@ -53,7 +53,8 @@ lint: $(STAMP)
 # backends' tests load the stand-in runtimes from target/debug, built first.
 test-rust:
 	cargo build -p npumem-fake-acl -p npumem-fake-cuda -q
-	cargo test -p npumem-core -p npumem-sync -p npumem-fuzz -p npumem-capi -p npumem-fake -p npumem-ffi -q
+	cargo test -p npumem-base -p npumem-plan -p npumem-hostpool -p npumem-tlb -p npumem-core -p npumem-sync \
+		-p npumem-fuzz -p npumem-capi -p npumem-fake -p npumem-ffi -q
 
 # Model checks of the lock-free structures (a separate build with --cfg loom).
 test-loom:
@@ -80,8 +81,9 @@ MIRI_SEEDS ?= 0..4
 miri:
 	rustup +nightly component add miri rust-src
 	MIRIFLAGS="-Zmiri-many-seeds=$(MIRI_SEEDS)" cargo +nightly miri test -p npumem-sync --lib
-	MIRIFLAGS="-Zmiri-permissive-provenance" cargo +nightly miri test -p npumem-core --lib -- \
-		hostpool::tests::link_tables_hand_blocks_over_once host::tests::
+	MIRIFLAGS="-Zmiri-permissive-provenance" cargo +nightly miri test -p npumem-hostpool --lib -- \
+		tests::link_tables_hand_blocks_over_once
+	MIRIFLAGS="-Zmiri-permissive-provenance" cargo +nightly miri test -p npumem-core --lib -- host::tests::
 
 # Benchmarks and checks: `make bench B=name` runs one (B defaults to malloc); benches/README.md
 # says what each measures, the peers it runs beside, and where its figures are in
@@ -132,7 +134,7 @@ bench/fastpath: build
 	python benches/bench_fastpath.py
 
 bench/pools:
-	cargo bench -p npumem-core --bench pools
+	cargo bench -p npumem-hostpool --bench pools
 
 bench/plan: build
 	python benches/bench_plan.py

@@ -13,7 +13,7 @@ inputs and outputs, views and in-place results (aliases) and per-op workspaces.
     >>> plan.report()["activation_memory"], plan.report()["weight_memory"]
     (10240, 1024)
 
-Liveness (in Rust, ``npumem-core`` ``plan::graph``): op ``k`` runs at step ``k``; an activation
+Liveness (in Rust, ``npumem-plan`` ``graph``): op ``k`` runs at step ``k``; an activation
 lives from its producer to its last reader (inclusive); weights and inputs from step 0, outputs to
 the last step; a workspace for its op's step. Aliases share one buffer (the hull of their
 lifetimes, the largest size). Weights, inputs and outputs are resident; activations and

@@ -1,20 +1,27 @@
 //! npumem-core: the memory system of an Ascend-style NPU, in pure Rust.
 //!
 //! Layering rules (each module uses only those listed for it; `device` is the top):
-//! - leaves: [`error`], [`prefetch`] (a cache hint);
-//! - [`units`], [`acl`], [`stream`] (queues and events), [`plan`] (static memory planning) use
-//!   [`error`] only; [`hostpool`] uses [`error`] and [`units`];
-//! - [`vm`] (VA window, frames, page table, byte store, TLB model) uses [`error`], [`units`];
+//! - [`error`] and [`units`] are npumem-base's; [`plan`], [`hostpool`] and [`vm::tlb`] are the
+//!   crates npumem-plan, npumem-hostpool and npumem-tlb. They are re-exported for the crates
+//!   above; they cannot use this crate (Cargo refuses the cycle), and no module here uses
+//!   [`plan`] or [`hostpool`];
+//! - every module but [`prefetch`] (a cache hint, a leaf) uses [`error`];
+//! - [`acl`], [`stream`] (queues and events) and [`kernels`] (measurement kernels over host
+//!   slices) use [`error`] only;
+//! - [`vm`] (VA window, frames, page table, byte store) uses [`units`];
 //! - [`policy`] uses [`acl`], [`units`], [`vm`]; [`sanitizer`] uses [`stream`];
 //! - [`backend`] (the driver-level VMM API) uses [`acl`], [`stream`], [`units`], [`vm`];
 //!   [`host`] (page-locked host memory) uses [`backend`], [`units`];
 //! - [`pool`] (allocators over a backend) uses [`acl`], [`backend`], [`policy`], [`units`],
 //!   [`vm`];
-//! - [`device`] (AscendCL semantics) uses all of the above except [`plan`] and [`hostpool`].
+//! - [`device`] (AscendCL semantics) uses all of the above except [`kernels`], [`plan`] and
+//!   [`hostpool`].
 
-pub mod error;
+pub use npumem_base::{error, units};
+pub use npumem_hostpool as hostpool;
+pub use npumem_plan as plan;
+
 pub mod prefetch;
-pub mod units;
 pub mod vm;
 
 pub use error::{AclError, ErrorCode, Result};
@@ -22,9 +29,7 @@ pub mod acl;
 pub mod backend;
 pub mod device;
 pub mod host;
-pub mod hostpool;
 pub mod kernels;
-pub mod plan;
 pub mod policy;
 pub mod pool;
 

@@ -1,6 +1,7 @@
 //! The device's virtual memory system: the VA window ([`VaSpace`]), physical frames
-//! ([`FrameAllocator`]), the radix page table ([`PageTable`]), the byte store behind physical
-//! addresses ([`PhysMemory`]) and the TLB model ([`Tlb`]).
+//! ([`FrameAllocator`]), the radix page table ([`PageTable`]) and the byte store behind physical
+//! addresses ([`PhysMemory`]). [`PageSize`] and [`Translation`] (npumem-base) and the TLB model
+//! ([`tlb`], the crate npumem-tlb, which translates through any walk) are re-exported here.
 //!
 //! Invariants shared by the whole module: device virtual addresses lie in
 //! [`VA_WINDOW_START`]..[`VA_WINDOW_END`] and never alias host pointers; a page of size `P` is
@@ -9,16 +10,16 @@
 pub mod frames;
 pub mod page_table;
 pub mod phys;
-pub mod tlb;
 pub mod va;
+
+pub use npumem_base::PageSize;
+pub use npumem_tlb as tlb;
 
 pub use frames::{FrameAllocator, FrameStats};
 pub use page_table::{PageTable, PageTableStats, Translation};
 pub use phys::PhysMemory;
 pub use tlb::{Tlb, TlbConfig, TlbStats};
 pub use va::VaSpace;
-
-use crate::units::{GIB, KIB, MIB};
 
 /// First device virtual address: 16 TiB, the start of the real driver's SVM window.
 pub const VA_WINDOW_START: u64 = 0x1000_0000_0000;
@@ -47,46 +48,6 @@ pub fn va_slice(index: u32, count: u32) -> crate::error::Result<(u64, u64)> {
 #[inline]
 pub fn is_device_address(addr: u64) -> bool {
     (VA_WINDOW_START..VA_WINDOW_END).contains(&addr)
-}
-
-/// The page sizes the page table can map.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum PageSize {
-    /// A 4 KiB page: one level-3 entry.
-    Size4K,
-    /// A 64 KiB page: 16 contiguous level-3 entries carrying the contiguous hint.
-    Size64K,
-    /// A 2 MiB huge page: one level-2 block entry.
-    Size2M,
-    /// A 1 GiB giant page: one level-1 block entry.
-    Size1G,
-}
-
-impl PageSize {
-    pub const ALL: [PageSize; 4] = [PageSize::Size4K, PageSize::Size64K, PageSize::Size2M, PageSize::Size1G];
-
-    #[inline]
-    pub const fn bytes(self) -> u64 {
-        match self {
-            PageSize::Size4K => 4 * KIB,
-            PageSize::Size64K => 64 * KIB,
-            PageSize::Size2M => 2 * MIB,
-            PageSize::Size1G => GIB,
-        }
-    }
-
-    pub fn from_bytes(bytes: u64) -> Option<PageSize> {
-        PageSize::ALL.into_iter().find(|p| p.bytes() == bytes)
-    }
-
-    pub const fn label(self) -> &'static str {
-        match self {
-            PageSize::Size4K => "4KiB",
-            PageSize::Size64K => "64KiB",
-            PageSize::Size2M => "2MiB",
-            PageSize::Size1G => "1GiB",
-        }
-    }
 }
 
 /// The kinds of physical page the driver hands out (`aclrtMemPgType`).

@@ -12,6 +12,8 @@
 //! entry (empty tables are freed on unmap, the root excepted); `live` of each table equals its
 //! number of valid descriptors; the leaf counters equal the leaves in the tree.
 
+pub use npumem_base::Translation;
+
 use super::PageSize;
 use crate::error::{AclError, Result};
 
@@ -38,15 +40,6 @@ fn leaf_level(size: PageSize) -> usize {
         PageSize::Size2M => 2,
         PageSize::Size4K | PageSize::Size64K => 3,
     }
-}
-
-/// The result of a walk.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Translation {
-    pub pa: u64,
-    pub page_size: PageSize,
-    /// Descriptors read by the walk (2 for a 1 GiB block, 3 for 2 MiB, 4 for 4 KiB / 64 KiB).
-    pub depth: u32,
 }
 
 /// Counts of entries and tables.

@@ -1,9 +1,9 @@
 //! Static memory planning: buffers with fixed lifetimes get fixed offsets in one arena, as graph
 //! compilers (TFLite, TVM, XLA, CANN's graph engine) plan activations offline.
 //!
-//! Independent of every other layer: it only needs [`crate::error`]. Invariants of a [`Plan`]
-//! (checked by [`Problem::validate`] in every test and by the Python API on request): any two
-//! buffers whose half-open lifetimes `[lower, upper)` intersect get disjoint byte ranges
+//! Independent of the device stack: it depends on npumem-base only (its errors). Invariants of a
+//! [`Plan`] (checked by [`Problem::validate`] in every test and by the Python API on request):
+//! any two buffers whose half-open lifetimes `[lower, upper)` intersect get disjoint byte ranges
 //! `[offset, offset + size)`; every offset is a multiple of the problem's alignment; `peak` is the
 //! largest `offset + size` with sizes rounded up to the alignment; and `peak >= lower_bound()`.
 

@@ -90,5 +90,5 @@ impl AclError {
     }
 }
 
-/// Result alias used throughout the core.
+/// Result alias used throughout npumem.
 pub type Result<T> = std::result::Result<T, AclError>;

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::error::{AclError, Result};
+use npumem_base::error::{AclError, Result};
 
 /// One buffer: live from step `lower` up to (not including) `upper`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -14,8 +14,8 @@
 //! saturates).
 
 use super::{ArrayConfig, ArrayStats, Replacement, TlbConfig, TlbStats, coalescible};
-use crate::error::Result;
-use crate::vm::{PageSize, Translation};
+use npumem_base::error::Result;
+use npumem_base::{PageSize, Translation};
 
 #[derive(Clone, Copy, Debug)]
 struct Entry {

@@ -1,4 +1,6 @@
-//! `Tlb`: a translation lookaside buffer hierarchy that translates through the real `PageTable`.
+//! `Tlb`: a translation lookaside buffer hierarchy over any page-table walk (a function from a
+//! virtual address to a [`Translation`]; npumem-core's `vm::PageTable` in the device). It depends
+//! on npumem-base only, so nothing of the device stack can reach it.
 //!
 //! A hierarchy has levels (L1, L2, ...); each level holds one or more arrays — one unified array
 //! for every page size, or arrays split by page size (as Intel's L1 DTLB). An array is
@@ -15,10 +17,10 @@
 //! size's chain of arrays ([`chain`]: a dedicated loop when every array is narrow LRU, with
 //! [`fixed`] loops monomorphised per chain shape for the common two-link chains; access by
 //! access otherwise) or, where a level has two arrays for one size, in batches level by level
-//! ([`batch`]). [`reference::ReferenceTlb`] is the model as first written (linear scans); the
-//! two give bit-identical counters and contents on every configuration and address stream
-//! (property tests in `tests/tlb_reference.rs`, one of them over hierarchies the chain loop
-//! takes, one over the shapes the fixed loops are compiled for).
+//! ([`batch`]). [`reference::ReferenceTlb`] is the plain model (linear scans); the two give
+//! bit-identical counters and contents on every configuration and address stream (property tests
+//! in npumem-core's `tests/tlb_reference.rs`, over the real page table: one of them over
+//! hierarchies the chain loop takes, one over the shapes the fixed loops are compiled for).
 //!
 //! Every size and cycle count of a configuration is checked against the bounds in [`limits`]
 //! before anything is allocated: they sit far above every real part, and keep a hierarchy within
@@ -47,8 +49,8 @@ use self::array::{Array, EMPTY, size_bit};
 use self::batch::{Access, Batch};
 use self::chain::Chains;
 use self::memo::{Known, Memo};
-use super::{PageSize, Translation};
-use crate::error::Result;
+use npumem_base::error::Result;
+use npumem_base::{PageSize, Translation};
 
 /// Counters of one array.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

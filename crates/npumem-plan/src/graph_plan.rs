@@ -8,7 +8,7 @@
 use super::graph::{Graph, Liveness, Role};
 use super::limit::{MoveOptions, Reduced, reduce};
 use super::{Plan, PlanOptions, Problem, Strategy};
-use crate::error::{AclError, Result};
+use npumem_base::error::{AclError, Result};
 
 /// Options of [`Graph::plan`].
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -8,8 +8,8 @@
 
 use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 
-use crate::error::{AclError, Result};
-use crate::units::format_size;
+use npumem_base::error::{AclError, Result};
+use npumem_base::units::format_size;
 
 /// Granule of the region and of the chunk → class table.
 pub const CHUNK: u64 = 64 << 10;

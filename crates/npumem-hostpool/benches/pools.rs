@@ -14,7 +14,7 @@
 //!   second thread that frees them (per block). Allocators that are not thread-safe run behind a
 //!   mutex, as a user would have to share them.
 //!
-//! Run: `cargo bench -p npumem-core --bench pools` (or `make bench B=pools`).
+//! Run: `cargo bench -p npumem-hostpool --bench pools` (or `make bench B=pools`).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
@@ -22,7 +22,7 @@ use std::ptr::NonNull;
 use std::sync::mpsc;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use npumem_core::hostpool::{HostPool, HugePages};
+use npumem_hostpool::{HostPool, HugePages};
 use parking_lot::Mutex;
 
 const REGION: usize = 32 << 30;

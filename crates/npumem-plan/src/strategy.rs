@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::exact::{Cut, Fit, Model};
 use super::{Buffer, Problem};
-use crate::error::{AclError, Result};
+use npumem_base::error::{AclError, Result};
 
 /// From this many buffers the portfolio runs its orders on threads.
 const PARALLEL_FROM: usize = 2_000;

@@ -110,7 +110,7 @@ fn coalescing_multiplies_reach_only_for_contiguous_pages() {
 /// invalid parameter.
 fn refusal(cfg: TlbConfig) -> String {
     let err = Tlb::new(cfg).unwrap_err();
-    assert_eq!(err.code, crate::ErrorCode::InvalidParam);
+    assert_eq!(err.code, npumem_base::ErrorCode::InvalidParam);
     err.message
 }
 

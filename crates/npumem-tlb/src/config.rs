@@ -8,8 +8,8 @@
 
 use std::ops::RangeInclusive;
 
-use crate::error::{AclError, Result};
-use crate::vm::PageSize;
+use npumem_base::PageSize;
+use npumem_base::error::{AclError, Result};
 
 /// The accepted range of every size and cycle count of a [`TlbConfig`].
 pub mod limits {

@@ -16,7 +16,7 @@
 //! producer at an earlier step; alias chains are acyclic; sizes are positive.
 
 use super::Buffer;
-use crate::error::{AclError, Result};
+use npumem_base::error::{AclError, Result};
 
 /// What a tensor is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -21,7 +21,7 @@
 //! granule or region during the current run, and the region table holds only regions one huge
 //! or giant page covers.
 
-use crate::vm::PageSize;
+use npumem_base::PageSize;
 
 /// Packed: a fault, a split region; kinds sit in bits 6-7.
 pub(super) const FAULT: u32 = 1 << 6;

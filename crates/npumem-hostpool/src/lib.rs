@@ -1,4 +1,6 @@
-//! `HostPool`: a pool of real host memory for high-rate allocation from many threads.
+//! `HostPool`: a pool of real host memory for high-rate allocation from many threads. It depends
+//! on npumem-base (errors, sizes) and npumem-sync (lock-free stacks) only, nothing of the device
+//! stack.
 //!
 //! Blocks come in size classes ([`classes`]) carved from one reserved mapping ([`region`]).
 //! Freed blocks are kept, with their pages, for reuse: a program stops paying page faults for
@@ -29,7 +31,7 @@ pub use classes::{MIN_BLOCK, class_of, size_of};
 use region::Region;
 pub use region::{CHUNK, HugePages};
 
-use crate::error::{AclError, Result};
+use npumem_base::error::{AclError, Result};
 
 /// Bytes of free blocks a thread keeps per class before giving half back ...
 const CACHE_BYTES: u64 = 16 << 20;

@@ -25,7 +25,7 @@ use rustc_hash::FxHashMap;
 
 use super::batch::Access;
 use super::{ArrayConfig, ArrayStats, Replacement};
-use crate::vm::PageSize;
+use npumem_base::PageSize;
 use order::Order;
 
 /// The tag of an empty slot (no real tag reaches it: a tag is a page number shifted left by 6).
