@@ -12,12 +12,11 @@ Rules:
 
 from __future__ import annotations
 
-import os
-import runpy
 import sys
 import types
 
 from .._optional import MissingDependencyError
+from ..run import run_script, usage_status
 
 USAGE = "usage: python -m npumem.torch script.py [args...]"
 
@@ -34,13 +33,9 @@ def stand_in_torch_npu() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help"):
-        print(USAGE, file=sys.stderr if not args else sys.stdout)
-        return 0 if args else 2
-    script = args[0]
-    if not os.path.isfile(script):
-        print(f"npumem.torch: {script}: no such file", file=sys.stderr)
-        return 2
+    status = usage_status("npumem.torch", USAGE, args)
+    if status is not None:
+        return status
     from . import ConfigError, InstallError, install
 
     try:
@@ -49,17 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"npumem.torch: {e}", file=sys.stderr)
         return 2
     stand_in_torch_npu()
-    sys.argv = args
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-    try:
-        runpy.run_path(script, run_name="__main__")
-    except SystemExit as e:
-        code = e.code
-        if code is None or isinstance(code, int):
-            return code or 0
-        print(code, file=sys.stderr)
-        return 1
-    return 0
+    return run_script(args)
 
 
 if __name__ == "__main__":
