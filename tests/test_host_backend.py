@@ -106,6 +106,29 @@ def test_vmm_calls_check_their_arguments():
     d.release_mem_address(va)
 
 
+@pytest.mark.parametrize("backend", ["sim", "host"])
+def test_a_handle_of_another_device_is_refused(backend):
+    """Handles are unique in the process: another device's handle is unknown here, never one of
+    this device's own allocations, and nothing changes on either device."""
+    a = npumem.Device("64MiB", backend=backend)
+    b = npumem.Device("64MiB", backend=backend)
+    page = a.mem_get_allocation_granularity(MemAttr.MEM_NORMAL)
+    mine = b.malloc_physical(page, MemAttr.MEM_NORMAL)
+    theirs = a.malloc_physical(page, MemAttr.MEM_NORMAL)
+    va = b.reserve_mem_address(page)
+    before = b.memory_stats()
+    with raises_acl(npumem.InvalidHandleError, 107017):
+        b.map_mem(va, theirs)
+    with raises_acl(npumem.InvalidHandleError, 107017):
+        b.free_physical(theirs)
+    assert b.memory_stats() == before
+    b.map_mem(va, mine)
+    b.unmap_mem(va)
+    for dev, h in ((b, mine), (a, theirs)):
+        dev.free_physical(h)
+    b.release_mem_address(va)
+
+
 def test_zero_copy_views_are_the_memory_and_pin_it():
     d = npumem.Device("64MiB", backend="host")
     p = d.malloc(4 * 1024 * 4)

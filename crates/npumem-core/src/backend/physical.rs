@@ -5,7 +5,8 @@
 //! handle) and does the releasing; the books say *when*.
 //!
 //! Invariants:
-//! - handles are issued from 1 upwards and never reused;
+//! - handles are issued from 1 upwards from one counter for the whole process and never reused,
+//!   so a handle of another device (or backend) is unknown to these books, never another entry;
 //! - an entry is held from `insert` until it is *released*: by `free` when it has no mapping,
 //!   else by the `unmap` that takes its last mapping — exactly once, and handed back to the
 //!   caller at that moment (`Some(entry)`), never otherwise;
@@ -18,6 +19,8 @@
 //! - the maps and unmaps the books count (with their pages) go into the backend's
 //!   [`BackendCounters`] as they are counted; frees are counted by the backend, which may not
 //!   get its memory back at once (a runtime that refuses).
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustc_hash::FxHashMap;
 
@@ -78,15 +81,17 @@ impl<T> Physical<T> {
 #[derive(Debug)]
 pub struct PhysicalBooks<T> {
     entries: FxHashMap<PhysHandle, Physical<T>>,
-    next_handle: PhysHandle,
     held_bytes: u64,
 }
 
 impl<T> Default for PhysicalBooks<T> {
     fn default() -> Self {
-        PhysicalBooks { entries: FxHashMap::default(), next_handle: 1, held_bytes: 0 }
+        PhysicalBooks { entries: FxHashMap::default(), held_bytes: 0 }
     }
 }
+
+/// The next handle of any backend in the process.
+static NEXT_HANDLE: AtomicU64 = AtomicU64::new(1);
 
 fn unknown(handle: PhysHandle) -> AclError {
     AclError::new(ErrorCode::RtInvalidHandle, format!("physical handle {handle} is unknown or already freed"))
@@ -95,8 +100,7 @@ fn unknown(handle: PhysHandle) -> AclError {
 impl<T> PhysicalBooks<T> {
     /// Records a new allocation of `size` bytes of `page` pages, unmapped; returns its handle.
     pub fn insert(&mut self, size: u64, page: PageSize, memory: T) -> PhysHandle {
-        let handle = self.next_handle;
-        self.next_handle += 1;
+        let handle = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
         self.entries.insert(handle, Physical { size, page, memory, mapped: 0, free_requested: false });
         self.held_bytes += size;
         handle
