@@ -28,7 +28,7 @@ from npumem.tlb import Tlb
 LIMIT = 1 * GiB
 
 PRELUDE = """
-import json, resource
+import json, re
 import npumem
 from npumem.tlb import Tlb
 
@@ -39,7 +39,10 @@ def report(run):
         out = {"raised": type(e).__name__, "code": getattr(e, "code", None), "message": str(e)}
     else:
         out = {"raised": None, "value": value}
-    out["maxrss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # This process's own peak resident set (VmHWM): ru_maxrss would also count the pytest
+    # process it was forked from, which keeps its high-water mark across exec.
+    with open("/proc/self/status") as status:
+        out["maxrss"] = int(re.search(r"VmHWM:\\s*(\\d+) kB", status.read()).group(1)) * 1024
     print(json.dumps(out))
 """
 
