@@ -8,7 +8,7 @@ STAMP := $(VENV)/.deps-stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run test build wheel lint test-rust test-loom test-python fuzz miri bench clean
+.PHONY: run test build wheel lint test-rust test-loom test-python browser fuzz miri bench clean
 
 run: build
 	npumem demo
@@ -60,8 +60,17 @@ test-rust:
 test-loom:
 	RUSTFLAGS="--cfg loom" cargo test -p npumem-sync --release -q --test loom --target-dir target/loom
 
+# The report's browser test needs Debian's chromium: under CI=true it is installed here (as root)
+# or the run fails; elsewhere the test skips and says how to install it.
+browser:
+	@if [ "$$CI" = "true" ] && ! command -v chromium >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+		else echo "CI=true: the browser test needs chromium (apt-get install chromium, as root)" >&2; exit 1; fi; \
+	fi
+
 # pytest exits 5 when it collects no test: that must fail, never pass vacuously.
-test-python: build
+test-python: build browser
 	python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # Fuzzing (nightly + cargo-fuzz, and atheris for the Python readers; not part of `make test`):

@@ -176,7 +176,10 @@ def test_report_renders_in_headless_chromium(page, tmp_path):
     copy of the page once all images are complete) and the screenshot is not blank."""
     browser = _browser()
     if browser is None:
-        pytest.skip("no headless browser: install Debian's chromium package (apt-get install chromium)")
+        why = "no headless browser: install Debian's chromium package (apt-get install chromium)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true: {why}", pytrace=False)
+        pytest.skip(why)
     path, text = page
     probe = tmp_path / "probe.html"
     script = (
