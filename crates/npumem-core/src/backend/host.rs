@@ -307,7 +307,7 @@ impl Backend for HostBackend {
             .unmap(va, |mapping, _| {
                 let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED;
                 // SAFETY: the range is our own mapping; a fresh PROT_NONE mapping replaces it, so the
-                // reservation stays whole and the memfd's pages are no longer reachable through it.
+                // reservation stays whole and holds none of the memfd's pages.
                 let p = unsafe { libc::mmap(va as *mut _, mapping.size as usize, libc::PROT_NONE, flags, -1, 0) };
                 if p == libc::MAP_FAILED {
                     return Err(AclError::new(
