@@ -475,6 +475,18 @@ impl Device {
         self.backend.translate(va)
     }
 
+    /// The page-table walk of a device VA: its translation and the descriptors the walk read.
+    /// Only a backend that keeps a page table walks one (the simulator); elsewhere the OS or the
+    /// driver maps the pages, and a depth would be made up, so the walk is refused.
+    pub fn walk(&self, va: u64) -> Result<Translation> {
+        if self.backend.page_table_stats().is_none() {
+            return Err(self.unsupported(
+                "page-table walk (its pages are mapped by the OS or driver; translate() gives the mapping)",
+            ));
+        }
+        self.translate(va)
+    }
+
     pub fn frame_stats(&self) -> Result<FrameStats> {
         self.backend.frame_stats().ok_or_else(|| self.unsupported("frame statistics"))
     }

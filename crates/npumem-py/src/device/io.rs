@@ -151,8 +151,8 @@ impl PyDevice {
         self.run(py, |d| d.translate(va.0).map(|t| (t.pa, t.page_size.bytes())))
     }
 
-    /// (physical address, page size in bytes, descriptors read by the walk).
+    /// (physical address, page size in bytes, descriptors read by the walk); the simulator only.
     fn walk(&self, py: Python<'_>, va: Ptr<name::va>) -> PyResult<(u64, u64, u32)> {
-        self.run(py, |d| d.translate(va.0).map(|t| (t.pa, t.page_size.bytes(), t.depth)))
+        self.run(py, |d| d.walk(va.0).map(|t| (t.pa, t.page_size.bytes(), t.depth)))
     }
 }
