@@ -99,7 +99,8 @@ miri:
 # docs/benchmarks.md. `make bench B=list` (or an unknown name) prints the names.
 B ?= malloc
 BENCHES := malloc replay replay-speed flat-latency buffer streams fastpath pools plan tlb \
-	validate-tlb host pagesize sweep workloads stress pyacl memory-viz gpu torch-device
+	validate-tlb host pagesize sweep workloads stress pyacl memory-viz gpu torch-device \
+	snapshot-pickle
 .PHONY: $(addprefix bench/,$(BENCHES) list unknown)
 
 bench: $(if $(filter $(B),$(BENCHES) list),bench/$(B),bench/unknown)
@@ -196,6 +197,10 @@ bench/pyacl: build
 # ResNet-style training step.
 bench/torch-device: build
 	python benches/bench_torch_device.py
+
+# The snapshot-pickle admission scan (Rust) beside pickle.loads and the scan's Python model.
+bench/snapshot-pickle: build
+	python benches/bench_snapshot_pickle.py
 
 # PyTorch's own memory_viz (stats, trace, segments, memory, trace_plot, segment_plot, compare) on
 # snapshots written by every allocator family and by `npumem replay --snapshot`. memory_viz comes

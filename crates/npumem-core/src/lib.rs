@@ -5,7 +5,8 @@
 //!   crates npumem-plan, npumem-hostpool and npumem-tlb. They are re-exported for the crates
 //!   above; they cannot use this crate (Cargo refuses the cycle), and no module here uses
 //!   [`plan`] or [`hostpool`];
-//! - every module but [`prefetch`] (a cache hint, a leaf) uses [`error`];
+//! - every module but [`prefetch`] (a cache hint) and [`snapshot_pickle`] (the admission scan
+//!   of PyTorch snapshot pickles) uses [`error`]; both are leaves;
 //! - [`acl`], [`stream`] (queues and events) and [`kernels`] (measurement kernels over host
 //!   slices) use [`error`] only;
 //! - [`vm`] (VA window, frames, page table, byte store) uses [`units`];
@@ -36,4 +37,5 @@ pub mod pool;
 pub use acl::{MemAttr, MemcpyKind, Policy};
 pub use device::{Allocation, AllocatorKind, BackendKind, Device, DeviceConfig, DeviceStats, ReusePolicy};
 pub mod sanitizer;
+pub mod snapshot_pickle;
 pub mod stream;

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 /// re-exported at the crate root; `plan` and `hostpool`, which no module may use, are absent).
 const ALLOWED: &[(&str, &[&str])] = &[
     ("prefetch", &[]),
+    ("snapshot_pickle", &[]),
     ("acl", &["error"]),
     ("stream", &["error"]),
     ("kernels", &["error"]),

@@ -58,6 +58,14 @@ mod _native {
         npumem_core::units::format_size(bytes.0)
     }
 
+    /// `npumem_core::snapshot_pickle::check` of a snapshot pickle's bytes: None when admitted,
+    /// else (whether the bytes end before the pickle does, why). The GIL is released: the bytes
+    /// object is immutable and held for the call.
+    #[pyfunction]
+    fn scan_snapshot_pickle(py: Python<'_>, data: &[u8]) -> Option<(bool, String)> {
+        py.detach(|| npumem_core::snapshot_pickle::check(data)).err().map(|r| (r.truncated, r.message))
+    }
+
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
