@@ -1278,6 +1278,37 @@ def test_rmm_csv_with_a_byte_order_mark_is_read(tmp_path):
     assert formats.load(path).events() == [("alloc", 0, 64)]
 
 
+_ROWS = ["1,00:00:00.000001,allocate,0x1000,64,0x0", "1,00:00:00.000002,free,0x1000,64,0x0"]
+_MEMORY_EVENTS = [
+    {"ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": t, "args": {"Addr": 4096, "Bytes": b, "Device Type": 0}}
+    for t, b in ((1.0, 64), (2.0, -64))
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "kind"),
+    [
+        ("crlf.csv", (RMM_HEAD + "".join(r + "\n" for r in _ROWS)).replace("\n", "\r\n"), "rmm-csv"),
+        (
+            "quoted.csv",
+            "".join(",".join(f'"{f}"' for f in r.split(",")) + "\n" for r in [RMM_HEAD[:-1], *_ROWS]),
+            "rmm-csv",
+        ),
+        ("spaced.csv", "".join(r.replace(",", ", ") + "\n" for r in [RMM_HEAD[:-1], *_ROWS]), "rmm-csv"),
+        ("bom.json", "\ufeff" + json.dumps({"traceEvents": _MEMORY_EVENTS}), "profiler"),
+        ("array.json", json.dumps(_MEMORY_EVENTS, indent=1), "profiler"),
+        ("bom-compact.json", "\ufeff" + json.dumps({"events": [["alloc", 0, 64], ["free", 0, 64]]}), "compact-json"),
+    ],
+)
+def test_valid_files_other_tools_write_are_read(tmp_path, name, data, kind):
+    """What CSV writers (quoting, spaces, CRLF), Windows tools (a BOM) and the Trace Event
+    Format's array form produce is a trace like any other."""
+    path = tmp_path / name
+    path.write_bytes(data.encode())
+    assert formats.detect(path) == kind
+    assert formats.load(path).events() == [("alloc", 0, 64), ("free", 0, 64)]
+
+
 @pytest.mark.parametrize("top", [2**60, 2**64 - 1])
 def test_rmm_csv_and_profiler_writers_of_huge_ids_read_back(tmp_path, top):
     trace = formats.Trace(

@@ -38,7 +38,7 @@ def read_json(path: Any, what: str) -> Any:
     names the expected content in error messages. At most :data:`MAX_JSON_BYTES` are read."""
     name = path_arg(path)
     try:
-        text = _json_bytes(name, what).decode("utf-8")
+        text = _json_bytes(name, what).decode("utf-8-sig")  # a BOM (Windows tools write one) is not JSON
         return json.loads(text)
     except gzip.BadGzipFile as e:
         raise invalid_param(f"{name}: not a gzip file ({e}); expected {what}") from None

@@ -852,8 +852,12 @@ def _load_json(source: Any) -> tuple[Mapping[str, Any], str]:
         return source, "the trace"
     name = _files.path_arg(source, "source")
     trace = _files.read_json(name, "a torch.profiler Chrome trace")
+    if isinstance(trace, list):  # the Trace Event Format's JSON Array Format: the events alone
+        return {"traceEvents": trace}, name
     if not isinstance(trace, Mapping):
-        raise invalid_param(f"{name}: a Chrome trace is a JSON object, got {type(trace).__name__}")
+        raise invalid_param(
+            f"{name}: a Chrome trace is a JSON object or an array of events, got {type(trace).__name__}"
+        )
     return trace, name
 
 
@@ -1009,8 +1013,27 @@ def _compact_of(data: Any, name: str) -> list[tuple[str, Any, Any]]:
 FORMATS = ("rmm-csv", "npz", "snapshot", "profiler", "compact-json")
 
 
+_BOM = b"\xef\xbb\xbf"
+
+
+def _rmm_header(head: bytes) -> bool:
+    """Whether the first line of ``head`` is an RMM log's header (``Thread,Time,Action,...``),
+    however a CSV writer spells it: quoted fields, spaces after the commas."""
+    line = head.split(b"\n", 1)[0].rstrip(b"\r")
+    if b"Thread" not in line:
+        return False
+    try:
+        fields = next(csv.reader([line.decode("utf-8", "replace")], skipinitialspace=True), [])
+    except csv.Error:  # a stray carriage return or NUL: not a CSV header
+        return False
+    return [f.strip() for f in fields[:3]] == ["Thread", "Time", "Action"]
+
+
 def detect(path: Any) -> str:
-    """The format of the trace file at ``path`` (one of :data:`FORMATS`), from its first bytes."""
+    """The format of the trace file at ``path`` (one of :data:`FORMATS`), from its first bytes.
+    A UTF-8 byte-order mark is allowed before a CSV or JSON document, and a torch.profiler trace
+    may be a JSON object with ``traceEvents`` or a bare array of events (the Trace Event Format's
+    two forms)."""
     name = _files.path_arg(path)
     with open(name, "rb") as f:
         head = f.read(512)
@@ -1018,7 +1041,7 @@ def detect(path: Any) -> str:
         return "npz"
     if head[:1] == b"\x80":
         return "snapshot"
-    if head.lstrip(b"\xef\xbb\xbf").startswith(b"Thread,Time,Action"):
+    if _rmm_header(head.removeprefix(_BOM)):
         return "rmm-csv"
     if head.startswith(b"\x1f\x8b"):
         try:
@@ -1026,8 +1049,11 @@ def detect(path: Any) -> str:
                 head = f.read(1 << 16)
         except (OSError, EOFError, zlib.error) as e:
             raise invalid_param(f"{name}: a broken gzip file ({e})") from None
-    if head.lstrip()[:1] == b"{":
+    start = head.removeprefix(_BOM).lstrip()[:1]
+    if start == b"{":
         return "profiler" if b'"traceEvents"' in head else "compact-json"
+    if start == b"[":
+        return "profiler"
     raise invalid_param(
         f"{name}: not a trace npumem reads: expected an RMM log (CSV), an npz trace, a PyTorch memory "
         "snapshot (pickle), a torch.profiler trace or a compact trace (JSON)"
