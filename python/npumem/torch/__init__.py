@@ -86,7 +86,7 @@ def install(
     rt = runtime.Runtime(settings, made)
     runtime.RUNTIME = rt
     try:
-        rt.libraries = registration.register(torch)
+        rt.libraries = registration.register(torch, settings.mode)
     except BaseException:
         runtime.RUNTIME = None
         raise

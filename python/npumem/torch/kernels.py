@@ -30,16 +30,16 @@ import torch
 from ..errors import OutOfMemoryError as _NpumemOOM
 from . import oom, runtime, storage
 
-_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _CPU = torch.device("cpu")
 _aten = torch.ops.aten
 
 
-def _map(fn: Any, x: Any) -> Any:
+def map_leaves(fn: Any, x: Any) -> Any:
     """``fn`` on every leaf of ``x`` (an op's arguments or results: values, lists and tuples of
     them); the containers are rebuilt as they were."""
     if isinstance(x, (list, tuple)):
-        items = [_map(fn, v) for v in x]
+        items = [map_leaves(fn, v) for v in x]
         if type(x) in (list, tuple):
             return type(x)(items)
         return type(x)(*items) if hasattr(type(x), "_fields") else type(x)(items)  # namedtuple, structseq
@@ -68,8 +68,8 @@ def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory
     except _NpumemOOM as e:
         runtime.LAST_OOM = (nbytes, dev.memory_reserved())
         raise torch.OutOfMemoryError(oom.message(dev, index, nbytes, e)) from None
-    typed = _aten.view.dtype.redispatch(_CPU_KEYS, base, dtype)
-    return _aten.as_strided.default.redispatch(_CPU_KEYS, typed, size, stride, 0)
+    typed = _aten.view.dtype.redispatch(CPU_KEYS, base, dtype)
+    return _aten.as_strided.default.redispatch(CPU_KEYS, typed, size, stride, 0)
 
 
 def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
@@ -99,35 +99,44 @@ def copy_from(src, dst, non_blocking=False):
     return dst
 
 
-def _move_onto(t: torch.Tensor, size, stride, offset: int, nbytes: int) -> None:
+def move_onto(t: torch.Tensor, size, stride, offset: int, nbytes: int, keep_bytes: bool = True) -> None:
     """Puts ``t`` on a fresh allocation of ``nbytes`` with the given geometry, keeping the
-    bytes its old storage had (up to the smaller size)."""
+    bytes its old storage had (up to the smaller size) when ``keep_bytes`` (host mode)."""
     old = t.untyped_storage()
     fresh = empty_strided([nbytes], [1], torch.uint8, device=t.device)
-    keep = min(old.nbytes(), nbytes)
+    keep = min(old.nbytes(), nbytes) if keep_bytes else 0
     if keep:
         old_bytes = torch.empty(0, dtype=torch.uint8).set_(
             torch._C._construct_storage_from_data_pointer(old.data_ptr(), _CPU, old.nbytes()), 0, [keep], [1]
         )
         storage.host_alias(fresh)[:keep].copy_(old_bytes)
     _aten.set_.source_Storage_storage_offset.redispatch(
-        _CPU_KEYS, t, fresh.untyped_storage(), offset, list(size), list(stride)
+        CPU_KEYS, t, fresh.untyped_storage(), offset, list(size), list(stride)
     )
+
+
+def resize_strides(size: list[int], memory_format: Any) -> list[int]:
+    """The strides ``resize_(size, memory_format=...)`` gives."""
+    if memory_format in (None, torch.contiguous_format, torch.preserve_format):
+        return _contiguous(size)
+    return list(torch.empty(size, device="meta", memory_format=memory_format).stride())
+
+
+def resize_geometry(size: list[int], stride: list[int], offset: int, itemsize: int) -> int:
+    """The storage bytes a tensor of this geometry at element ``offset`` needs."""
+    return _nbytes(size, stride, itemsize) + (offset * itemsize if math.prod(size) else 0)
 
 
 def resize_(self, size, memory_format=None):
     size = list(size)
-    if memory_format in (None, torch.contiguous_format, torch.preserve_format):
-        stride = _contiguous(size)
-    else:
-        stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
+    stride = resize_strides(size, memory_format)
     offset = self.storage_offset()
-    needed = _nbytes(size, stride, self.dtype.itemsize) + (offset * self.dtype.itemsize if math.prod(size) else 0)
+    needed = resize_geometry(size, stride, offset, self.dtype.itemsize)
     if needed > self.untyped_storage().nbytes():
-        _move_onto(self, size, stride, offset, needed)
+        move_onto(self, size, stride, offset, needed)
     else:
         _aten.set_.source_Storage_storage_offset.redispatch(
-            _CPU_KEYS, self, self.untyped_storage(), offset, size, list(stride)
+            CPU_KEYS, self, self.untyped_storage(), offset, size, list(stride)
         )
     return self
 
@@ -144,7 +153,7 @@ def local_scalar_dense(self):
 
 def _redispatch_to_cpu(op: Any) -> Any:
     def kernel(*args, **kwargs):
-        return op.redispatch(_CPU_KEYS, *args, **kwargs)
+        return op.redispatch(CPU_KEYS, *args, **kwargs)
 
     return kernel
 
@@ -184,14 +193,14 @@ def fallback(op, *args, **kwargs):
             return _CPU
         return x
 
-    host_args = _map(to_host, args)
-    host_kwargs = {k: _map(to_host, v) for k, v in kwargs.items()} if kwargs else kwargs
+    host_args = map_leaves(to_host, args)
+    host_kwargs = {k: map_leaves(to_host, v) for k, v in kwargs.items()} if kwargs else kwargs
     out = op(*host_args, **host_kwargs)
     # An argument the CPU kernel resized (an out= tensor) moved onto CPU memory: give it npu memory.
     for t, alias, ptr in inputs:
         if alias.untyped_storage().data_ptr() != ptr and alias.untyped_storage().nbytes():
             moved = alias.untyped_storage()
-            _move_onto(t, alias.size(), alias.stride(), alias.storage_offset(), moved.nbytes())
+            move_onto(t, alias.size(), alias.stride(), alias.storage_offset(), moved.nbytes())
             storage.host_alias(t).copy_(alias)
             by_alias[id(alias)] = t
 
@@ -205,7 +214,7 @@ def fallback(op, *args, **kwargs):
         base = storages.get(ptr) if ptr else None
         if base is not None:  # a view of an argument's storage
             return _aten.set_.source_Storage_storage_offset.redispatch(
-                _CPU_KEYS,
+                CPU_KEYS,
                 empty_strided([0], [1], o.dtype, device=base.device),
                 base.untyped_storage(),
                 o.storage_offset(),
@@ -217,7 +226,7 @@ def fallback(op, *args, **kwargs):
             storage.host_alias(fresh).copy_(o)
         return fresh
 
-    return _map(to_device, out)
+    return map_leaves(to_device, out)
 
 
 def _device_of(inputs: list[tuple[torch.Tensor, torch.Tensor, int]]) -> torch.device:
@@ -249,8 +258,9 @@ def _cpu_kernel_ops() -> list[str]:
     return names + list(_DEVICE_PATH_OPS)
 
 
-def _on_cpu(name: str) -> Any:
-    """The fallback for the op ``name`` (``add.Tensor``), its OpOverload looked up on first call."""
+def _on_cpu(name: str, every_op: Any) -> Any:
+    """``every_op`` (the mode's fallback) for the op ``name`` (``add.Tensor``), its OpOverload
+    looked up on first call."""
     base, _, overload = name.partition(".")
     op = None
 
@@ -258,31 +268,39 @@ def _on_cpu(name: str) -> Any:
         nonlocal op
         if op is None:
             op = getattr(getattr(_aten, base), overload or "default")
-        return fallback(op, *args, **kwargs)
+        return every_op(op, *args, **kwargs)
 
     return kernel
 
 
-def register() -> list[Any]:
-    """Registers the kernels; returns the libraries, which must be kept alive (a registration
+def register(mode: str = "host") -> list[Any]:
+    """Registers the kernels of ``mode`` (``host``: CPU kernels on real memory; ``shape``: meta
+    kernels, :mod:`.shape`); returns the libraries, which must be kept alive (a registration
     lives as long as its library)."""
+    kernels: dict[str, Any] = {
+        "_copy_from": copy_from,
+        "_copy_from_and_resize": copy_from_and_resize,
+        "resize_": resize_,
+        "_local_scalar_dense": local_scalar_dense,
+    }
+    every_op = fallback
+    kept: list[Any] = []
+    if mode == "shape":
+        from . import meta, shape
+
+        kernels, every_op = shape.KERNELS, shape.fallback
+        kept = meta.activate_cpp_meta()
     impl = torch.library.Library("aten", "IMPL")
-    for name, fn in (
-        ("empty_strided", empty_strided),
-        ("empty.memory_format", empty_memory_format),
-        ("_copy_from", copy_from),
-        ("_copy_from_and_resize", copy_from_and_resize),
-        ("resize_", resize_),
-        ("_local_scalar_dense", local_scalar_dense),
-    ):
+    kernels = {"empty_strided": empty_strided, "empty.memory_format": empty_memory_format, **kernels}
+    for name, fn in kernels.items():
         impl.impl(name, fn, "PrivateUse1")
     for name in METADATA_OPS:
         base, _, overload = name.partition(".")
         impl.impl(name, _redispatch_to_cpu(getattr(getattr(_aten, base), overload or "default")), "PrivateUse1")
     for name in _cpu_kernel_ops():
-        impl.impl(name, _on_cpu(name), "PrivateUse1")
+        impl.impl(name, _on_cpu(name, every_op), "PrivateUse1")
     every = torch.library.Library("_", "IMPL")
-    every.fallback(fallback, dispatch_key="PrivateUse1")
+    every.fallback(every_op, dispatch_key="PrivateUse1")
     # torch.autocast("npu") passes ops through unchanged (no per-op cast policy).
     every.fallback(torch.library.fallthrough_kernel, dispatch_key="AutocastPrivateUse1")
-    return [impl, every]
+    return [impl, every, *kept]

@@ -42,9 +42,9 @@ def check_free(torch: Any) -> None:
         )
 
 
-def register(torch: Any) -> list[Any]:
-    """Registers everything; returns what must stay alive (the hooks, the guard, the
-    torch.library objects)."""
+def register(torch: Any, mode: str) -> list[Any]:
+    """Registers everything, with the kernels of ``mode``; returns what must stay alive (the
+    hooks, the guard, the torch.library objects)."""
     from . import kernels, npu
 
     class Hooks(torch._C._acc.PrivateUse1Hooks):
@@ -68,4 +68,4 @@ def register(torch: Any) -> list[Any]:
     hooks, guard = Hooks(), Guard()
     torch._C._acc.register_python_privateuseone_hook(hooks)
     torch._C._acc.register_python_privateuseone_device_guard(guard)
-    return [hooks, guard, *kernels.register()]
+    return [hooks, guard, *kernels.register(mode)]
