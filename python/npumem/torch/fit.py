@@ -2,14 +2,15 @@
 an NPU of this size?
 
 Runs the script in this process with its ``npu`` device served by npumem (host mode: real
-memory, PyTorch's CPU kernels) and answers "fits: peak reserved X of Y, peak allocated Z,
+memory, PyTorch's CPU kernels; shape mode: a simulated device, ops compute shapes only, so a
+model far larger than the machine takes its step in seconds) and answers "fits: peak reserved X of Y, peak allocated Z,
 fragmentation F" (exit 0) or "does not fit: out of memory at file:line, tried to allocate S with
 R reserved" (exit 1), the line being the user's own frame, not PyTorch's or npumem's.
 
 Rules:
 - Options come before the script; everything after it is the script's. They are checked
-  before torch is imported or the script starts: a bad one is one line and exit status 2 (as are
-  ``--mode shape``, not available yet, and ``--devices`` other than 1).
+  before torch is imported or the script starts: a bad one is one line and exit status 2 (as is
+  ``--devices`` other than 1).
 - The script sees ``sys.argv`` as ``[script, args...]`` and ``import torch_npu`` resolves to
   npumem's stand-in, as under ``python -m npumem.torch``. An exception of the script's own (not
   out of memory) is its traceback and exit status 2; its ``sys.exit(n)`` with ``n`` not 0 is
@@ -36,7 +37,7 @@ def add_parser(sub: Any) -> None:
         "fit",
         help="run a PyTorch script on an npu device of a given size: does it fit?",
         description="Runs the script with its npu device served by npumem (host mode: real memory, PyTorch's "
-        "CPU kernels) and says whether it fits: peak reserved and allocated, or where it ran out of memory.",
+        "CPU kernels; shape mode: simulated memory, ops compute shapes only) and says whether it fits: peak reserved and allocated, or where it ran out of memory.",
         epilog="Exit status: 0 fits, 1 does not fit, 2 a bad option or the script failed for another reason.",
     )
     f.add_argument("script", help="the PyTorch program (run as __main__)")
@@ -44,7 +45,11 @@ def add_parser(sub: Any) -> None:
     f.add_argument("--capacity", default="64GiB", help="the device's memory (default 64GiB)")
     f.add_argument("--allocator", default="torch_npu", help="torch_npu (default), pytorch, npumem, direct")
     f.add_argument("--alloc-conf", default=None, help="PYTORCH_NPU_ALLOC_CONF-style settings (default: the variable)")
-    f.add_argument("--mode", default="host", help="host (default); shape is not available yet")
+    f.add_argument(
+        "--mode",
+        default="host",
+        help="host (default: real memory, CPU kernels) or shape (simulated memory, shapes only)",
+    )
     f.add_argument("--devices", default="1", help="number of devices (1)")
     f.add_argument("--snapshot", default=None, help="write the memory snapshot (memory_viz's pickle) here")
     f.add_argument("--json", action="store_true", help="print the answer as one JSON object")
