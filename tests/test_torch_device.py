@@ -200,7 +200,8 @@ def test_memory_fraction_caps_the_device(npu):
 @pytest.mark.parametrize(
     ("kwargs", "env", "match"),
     [
-        ({"mode": "shape"}, {}, r"mode='shape': shape mode .* is not available yet"),
+        ({"mode": "shape", "backend": "host"}, {}, r"backend='host' with mode='shape'.*needs backend='sim'"),
+        ({"mode": "shape", "capacity": "2TiB"}, {}, r"capacity='2TiB' with devices=1: .*room for at most 1 TiB per device"),
         ({"mode": "fast"}, {}, r"mode='fast': expected one of host, shape"),
         ({"backend": "sim"}, {}, r"backend='sim' with mode='host'.*needs backend='host'"),
         ({"devices": 2}, {}, r"devices=2: the npu device has one device"),
@@ -238,3 +239,5 @@ def test_settings_come_from_the_arguments_then_the_variables_then_the_defaults()
         == "max_split_size_mb:32"
     )
     assert settings.resolve(environ={}).capacity is None  # host memory available
+    shape = settings.resolve(environ={"NPUMEM_TORCH_MODE": "shape"})
+    assert (shape.mode, shape.backend, shape.capacity) == ("shape", "sim", 64 << 30)  # the simulator's default

@@ -62,7 +62,7 @@ def test_a_script_that_fits_reports_its_peaks_as_json_and_writes_the_snapshot(tm
 def test_bad_options_are_one_line_and_exit_status_2(tmp_path):
     for args, message in [
         (["--capacity", "lots", "SCRIPT"], "npumem fit: --capacity 'lots': expected a size"),
-        (["--mode", "shape", "SCRIPT"], "npumem fit: --mode 'shape': shape mode"),
+        (["--mode", "meta", "SCRIPT"], "npumem fit: --mode 'meta': expected one of host, shape"),
         (["--devices", "2", "SCRIPT"], "npumem fit: --devices '2': the npu device has one device"),
         (["missing.py"], "npumem fit: missing.py: no such file"),
     ]:

@@ -99,20 +99,39 @@ def copy_from(src, dst, non_blocking=False):
     return dst
 
 
+def set_geometry(t: torch.Tensor, size, stride, offset: int) -> None:
+    """Gives ``t`` this geometry on its own storage (CPU's metadata kernel, no bytes moved)."""
+    _aten.as_strided_.default.redispatch(CPU_KEYS, t, list(size), list(stride), offset)
+
+
+def share(base: torch.Tensor, dtype: Any, size, stride, offset: int) -> torch.Tensor:
+    """An ``npu`` tensor of ``dtype`` over ``base``'s storage with this geometry (``offset`` in
+    elements of ``dtype``): a view, made without ``base``'s Python storage object where the
+    dtype is the same (see :mod:`.storage`)."""
+    if dtype == base.dtype:
+        return _aten.as_strided.default.redispatch(CPU_KEYS, base, list(size), list(stride), offset)
+    fresh = empty_strided([0], [1], dtype, device=base.device)
+    return _aten.set_.source_Storage_storage_offset.redispatch(
+        CPU_KEYS, fresh, base.untyped_storage(), offset, list(size), list(stride)
+    )
+
+
 def move_onto(t: torch.Tensor, size, stride, offset: int, nbytes: int, keep_bytes: bool = True) -> None:
     """Puts ``t`` on a fresh allocation of ``nbytes`` with the given geometry, keeping the
     bytes its old storage had (up to the smaller size) when ``keep_bytes`` (host mode)."""
-    old = t.untyped_storage()
+    old_ptr, old_nbytes = storage.storage_ptr(t), storage.storage_nbytes(t)
     fresh = empty_strided([nbytes], [1], torch.uint8, device=t.device)
-    keep = min(old.nbytes(), nbytes) if keep_bytes else 0
+    keep = min(old_nbytes, nbytes) if keep_bytes else 0
     if keep:
         old_bytes = torch.empty(0, dtype=torch.uint8).set_(
-            torch._C._construct_storage_from_data_pointer(old.data_ptr(), _CPU, old.nbytes()), 0, [keep], [1]
+            torch._C._construct_storage_from_data_pointer(old_ptr, _CPU, old_nbytes), 0, [keep], [1]
         )
         storage.host_alias(fresh)[:keep].copy_(old_bytes)
-    _aten.set_.source_Storage_storage_offset.redispatch(
-        CPU_KEYS, t, fresh.untyped_storage(), offset, list(size), list(stride)
-    )
+    if t.dtype == torch.uint8:
+        _aten.set_.source_Tensor.redispatch(CPU_KEYS, t, fresh)
+    else:  # set_ takes a tensor of its own dtype: the bytes seen as that dtype
+        _aten.set_.source_Tensor.redispatch(CPU_KEYS, t, _aten.view.dtype.redispatch(CPU_KEYS, fresh, t.dtype))
+    set_geometry(t, size, stride, offset)
 
 
 def resize_strides(size: list[int], memory_format: Any) -> list[int]:
@@ -132,12 +151,10 @@ def resize_(self, size, memory_format=None):
     stride = resize_strides(size, memory_format)
     offset = self.storage_offset()
     needed = resize_geometry(size, stride, offset, self.dtype.itemsize)
-    if needed > self.untyped_storage().nbytes():
+    if needed > storage.storage_nbytes(self):
         move_onto(self, size, stride, offset, needed)
     else:
-        _aten.set_.source_Storage_storage_offset.redispatch(
-            CPU_KEYS, self, self.untyped_storage(), offset, size, list(stride)
-        )
+        set_geometry(self, size, stride, offset)
     return self
 
 
@@ -180,7 +197,7 @@ def fallback(op, *args, **kwargs):
 
     def to_host(x: Any) -> Any:
         if isinstance(x, torch.Tensor) and x.device.type == "npu":
-            ptr = x.untyped_storage().data_ptr()
+            ptr = storage.storage_ptr(x)
             # A storage of no bytes is an out= tensor to be resized (at::empty({0}) then op_out):
             # the CPU kernel gets a resizable CPU tensor, moved onto npu memory afterwards.
             alias = storage.host_alias(x) if ptr else torch.empty_strided(x.size(), x.stride(), dtype=x.dtype)
@@ -198,7 +215,7 @@ def fallback(op, *args, **kwargs):
     out = op(*host_args, **host_kwargs)
     # An argument the CPU kernel resized (an out= tensor) moved onto CPU memory: give it npu memory.
     for t, alias, ptr in inputs:
-        if alias.untyped_storage().data_ptr() != ptr and alias.untyped_storage().nbytes():
+        if storage.storage_ptr(alias) != ptr and alias.untyped_storage().nbytes():
             moved = alias.untyped_storage()
             move_onto(t, alias.size(), alias.stride(), alias.storage_offset(), moved.nbytes())
             storage.host_alias(t).copy_(alias)
@@ -210,17 +227,10 @@ def fallback(op, *args, **kwargs):
         same = by_alias.get(id(o))
         if same is not None:
             return same
-        ptr = o.untyped_storage().data_ptr()
+        ptr = storage.storage_ptr(o)
         base = storages.get(ptr) if ptr else None
         if base is not None:  # a view of an argument's storage
-            return _aten.set_.source_Storage_storage_offset.redispatch(
-                CPU_KEYS,
-                empty_strided([0], [1], o.dtype, device=base.device),
-                base.untyped_storage(),
-                o.storage_offset(),
-                list(o.size()),
-                list(o.stride()),
-            )
+            return share(base, o.dtype, o.size(), o.stride(), o.storage_offset())
         fresh = empty_strided(list(o.size()), list(o.stride()), o.dtype, device=_device_of(inputs))
         if o.numel():
             storage.host_alias(fresh).copy_(o)

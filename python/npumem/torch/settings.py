@@ -90,12 +90,11 @@ def resolve(
             "PyTorch's Python-backend device guard knows a single device"
         )
     capacity = pick(capacity, "capacity", _config.CAPACITY)
-    size = None if capacity is None else _config._capacity(capacity, names["capacity"])
     allocator = pick(allocator, "allocator", _config.ALLOCATOR)
     allocator = (
         DEFAULT_ALLOCATOR if allocator is None else _config._choice(allocator, names["allocator"], _config.ALLOCATORS)
     )
     alloc_conf = pick(alloc_conf, "alloc_conf", _config.ALLOC_CONF, TORCH_ALLOC_CONF)
     # The pyACL layer's checks: the allocator accepts its settings, the capacity fits the window.
-    checked = _config.make(1, size, wanted, allocator, alloc_conf, names=names)
+    checked = _config.make(count, capacity, wanted, allocator, alloc_conf, names=names)
     return Settings(mode, wanted, checked.capacity, checked.allocator, checked.alloc_conf, count)

@@ -24,11 +24,11 @@ from typing import Any
 import torch
 
 from .errors import shape_mode_error
-from .kernels import CPU_KEYS, empty_strided, map_leaves, move_onto, resize_geometry, resize_strides
+from .kernels import empty_strided, map_leaves, move_onto, resize_geometry, resize_strides, set_geometry, share
+from .storage import storage_nbytes
 
 _META = torch.device("meta")
 _aten = torch.ops.aten
-_set_storage = _aten.set_.source_Storage_storage_offset
 
 #: What a meta kernel says when it would need values: such errors become ShapeModeError.
 _NEEDS_DATA = ("cannot be called on meta tensors", "no data", "meta kernel", "data-independent", "Meta tensors")
@@ -39,6 +39,28 @@ _TENSOR_STR = os.path.join("torch", "_tensor_str.py")
 _DATA_USES = {
     "aten::_local_scalar_dense": "Tensor.item(), float(t), int(t), bool(t) and `if t:` read a value",
     "aten::_copy_from": "copying to the CPU (.cpu(), .to('cpu'), .tolist()) reads them",
+}
+
+
+def _no_batch_stats(training_at: int | None) -> Any:
+    """BatchNorm out of training: PyTorch's CPU kernel returns no saved mean and inverse std
+    (tensors of size 0, no allocation), where the meta kernel (a decomposition) gives them ``C``
+    elements."""
+
+    def fix(args: tuple, kwargs: dict, out: Any) -> Any:
+        if training_at is not None and kwargs.get("training", args[training_at] if len(args) > training_at else False):
+            return out
+        return (out[0], out[1].new_empty((0,)), out[2].new_empty((0,)))
+
+    return fix
+
+
+#: Ops whose meta kernel's outputs differ from the CPU kernel's: the CPU kernel's shapes win, so
+#: that shape mode makes host mode's allocations.
+_AS_ON_CPU = {
+    _aten.native_batch_norm.default: _no_batch_stats(5),
+    _aten._native_batch_norm_legit.default: _no_batch_stats(5),
+    _aten._native_batch_norm_legit_no_training.default: _no_batch_stats(None),
 }
 
 
@@ -95,6 +117,9 @@ def fallback(op, *args, **kwargs):
         out = op(*meta_args, **meta_kwargs)
     except (NotImplementedError, RuntimeError) as e:
         raise _needs_data(f"aten::{op._schema.name.split('::')[-1]}", e) from None
+    fix = _AS_ON_CPU.get(op)
+    if fix is not None:
+        out = fix(meta_args, meta_kwargs or {}, out)
 
     def to_device(o: Any) -> Any:
         if not isinstance(o, torch.Tensor) or o.device.type != "meta":
@@ -105,14 +130,9 @@ def fallback(op, *args, **kwargs):
                 _resize_geometry(same, list(o.size()), list(o.stride()))
             return same
         base = storages.get(o.untyped_storage()._cdata)
-        if base is not None:  # a view of an argument's storage
-            offset = (base.storage_offset() * base.element_size() + o.storage_offset() * o.element_size()) // (
-                o.element_size()
-            )
-            fresh = empty_strided([0], [1], o.dtype, device=base.device)
-            return _set_storage.redispatch(
-                CPU_KEYS, fresh, base.untyped_storage(), offset, list(o.size()), list(o.stride())
-            )
+        if base is not None:  # a view of an argument's storage (the twin starts at its offset)
+            start = base.storage_offset() * base.element_size() + o.storage_offset() * o.element_size()
+            return share(base, o.dtype, o.size(), o.stride(), start // o.element_size())
         dev = first[0].device if first else None
         return empty_strided(list(o.size()), list(o.stride()), o.dtype, device=dev)
 
@@ -123,10 +143,10 @@ def _resize_geometry(t: torch.Tensor, size: list[int], stride: list[int]) -> Non
     """Gives ``t`` this geometry, on a fresh allocation when its storage is too small."""
     offset = t.storage_offset()
     needed = resize_geometry(size, stride, offset, t.element_size())
-    if needed > t.untyped_storage().nbytes():
+    if needed > storage_nbytes(t):
         move_onto(t, size, stride, offset, needed, keep_bytes=False)
     else:
-        _set_storage.redispatch(CPU_KEYS, t, t.untyped_storage(), offset, size, stride)
+        set_geometry(t, size, stride, offset)
 
 
 def copy_from(src, dst, non_blocking=False):
