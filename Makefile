@@ -99,7 +99,7 @@ miri:
 # docs/benchmarks.md. `make bench B=list` (or an unknown name) prints the names.
 B ?= malloc
 BENCHES := malloc replay replay-speed flat-latency buffer streams fastpath pools plan tlb \
-	validate-tlb host pagesize sweep workloads stress pyacl memory-viz gpu torch-device
+	validate-tlb host pagesize sweep workloads stress pyacl memory-viz gpu torch-device torch-shape
 .PHONY: $(addprefix bench/,$(BENCHES) list unknown)
 
 bench: $(if $(filter $(B),$(BENCHES) list),bench/$(B),bench/unknown)
@@ -196,6 +196,11 @@ bench/pyacl: build
 # ResNet-style training step.
 bench/torch-device: build
 	python benches/bench_torch_device.py
+
+# The npu device in shape mode: the Llama-style 7B training step (npumem fit at 80 and 192 GiB,
+# then in-process: ops/s, peaks, host memory) and per-op cost beside the meta device and the CPU.
+bench/torch-shape: build
+	python benches/bench_torch_shape.py
 
 # PyTorch's own memory_viz (stats, trace, segments, memory, trace_plot, segment_plot, compare) on
 # snapshots written by every allocator family and by `npumem replay --snapshot`. memory_viz comes
