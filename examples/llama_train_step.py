@@ -52,7 +52,8 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
-        q, k, v = (p(x).view(b, s, self.heads, h // self.heads).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        q, k, v = (p(x).view(b, s, self.heads, h // self.heads).transpose(1, 2) for p in projections)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)

@@ -201,7 +201,7 @@ def test_memory_fraction_caps_the_device(npu):
     ("kwargs", "env", "match"),
     [
         ({"mode": "shape", "backend": "host"}, {}, r"backend='host' with mode='shape'.*needs backend='sim'"),
-        ({"mode": "shape", "capacity": "2TiB"}, {}, r"capacity='2TiB' with devices=1: .*room for at most 1 TiB per device"),
+        ({"mode": "shape", "capacity": "2TiB"}, {}, r"capacity='2TiB' with devices=1: .*at most 1 TiB per device"),
         ({"mode": "fast"}, {}, r"mode='fast': expected one of host, shape"),
         ({"backend": "sim"}, {}, r"backend='sim' with mode='host'.*needs backend='host'"),
         ({"devices": 2}, {}, r"devices=2: the npu device has one device"),

@@ -151,12 +151,11 @@ def test_a_shape_error_of_the_program_reads_as_the_cpu_kernel_s(runs):
     assert runs["host"]["errors"]["mismatch"] == ["RuntimeError", str(cpu.value)]
 
 
-def _fit(*capacities: str) -> list[subprocess.CompletedProcess]:
-    """``npumem fit --mode shape`` of the 2-layer Llama at each capacity (the runs at once)."""
+def _fit(*runs: tuple[str, list[str]]) -> list[subprocess.CompletedProcess]:
+    """``npumem fit --mode shape --json`` at each (capacity, script and arguments), all at once."""
     procs = []
-    for capacity in capacities:
-        cmd = [sys.executable, "-m", "npumem", "fit", "--mode", "shape", "--capacity", capacity, "--json"]
-        cmd += [str(LLAMA), "--layers", "2", "--seq", "256"]
+    for capacity, script in runs:
+        cmd = [sys.executable, "-m", "npumem", "fit", "--mode", "shape", "--capacity", capacity, "--json", *script]
         procs.append(subprocess.Popen(cmd, env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     done = []
     for proc in procs:
@@ -165,8 +164,11 @@ def _fit(*capacities: str) -> list[subprocess.CompletedProcess]:
     return done
 
 
-def test_a_llama_style_training_step_fits_only_where_weights_grads_and_adam_states_do():
-    small, large = _fit("8GiB", "24GiB")
+def test_a_llama_style_training_step_fits_only_where_weights_grads_and_adam_states_do(tmp_path):
+    reads = tmp_path / "reads.py"
+    reads.write_text("import torch\nloss = torch.ones(3, device='npu').sum()\nprint(loss.item())\n")
+    llama = [str(LLAMA), "--layers", "2", "--seq", "256"]
+    small, large, value = _fit(("8GiB", llama), ("24GiB", llama), ("1GiB", [str(reads)]))
     params = int(large.stdout.splitlines()[0].removeprefix("parameters: "))
     assert params == 2 * 32000 * 4096 + 2 * (4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096) + 4096
     assert small.returncode == 1, small.stderr
@@ -177,3 +179,8 @@ def test_a_llama_style_training_step_fits_only_where_weights_grads_and_adam_stat
     assert answer["fits"] and answer["capacity"] == 24 << 30
     # weights, gradients and AdamW's two moments: 16 bytes per parameter live at once
     assert 16 * params <= answer["peak_allocated"] <= answer["peak_reserved"] <= 24 << 30
+    # a script that reads a value: one line naming its line and the op, exit status 2
+    assert value.returncode == 2 and value.stdout == ""
+    last = value.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"npumem fit: {reads}:3: ACL_ERROR_FEATURE_UNSUPPORTED (200006): aten::_local_scalar_dense")
+    assert "Traceback" not in value.stderr

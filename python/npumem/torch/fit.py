@@ -14,7 +14,9 @@ Rules:
 - The script sees ``sys.argv`` as ``[script, args...]`` and ``import torch_npu`` resolves to
   npumem's stand-in, as under ``python -m npumem.torch``. An exception of the script's own (not
   out of memory) is its traceback and exit status 2; its ``sys.exit(n)`` with ``n`` not 0 is
-  exit status 2 too, since the run did not finish.
+  exit status 2 too, since the run did not finish. A read of values in shape mode
+  (:class:`~npumem.torch.ShapeModeError`) is one line naming the script's line and the op, exit
+  status 2.
 - ``--snapshot`` is written whatever the answer (memory history is recorded from the start).
 """
 
@@ -37,7 +39,8 @@ def add_parser(sub: Any) -> None:
         "fit",
         help="run a PyTorch script on an npu device of a given size: does it fit?",
         description="Runs the script with its npu device served by npumem (host mode: real memory, PyTorch's "
-        "CPU kernels; shape mode: simulated memory, ops compute shapes only) and says whether it fits: peak reserved and allocated, or where it ran out of memory.",
+        "CPU kernels; shape mode: simulated memory, ops compute shapes only) and says whether it fits: peak "
+        "reserved and allocated, or where it ran out of memory.",
         epilog="Exit status: 0 fits, 1 does not fit, 2 a bad option or the script failed for another reason.",
     )
     f.add_argument("script", help="the PyTorch program (run as __main__)")
@@ -56,12 +59,13 @@ def add_parser(sub: Any) -> None:
     f.set_defaults(run=run)
 
 
-def _user_frame(tb: Any, script: str) -> tuple[str, int]:
-    """The innermost frame of the script itself, else the innermost outside torch and npumem."""
+def _user_frame(tb: Any, script: str, shown: str) -> tuple[str, int]:
+    """The innermost frame of the script itself (named ``shown``, as the command line gave it),
+    else the innermost outside torch and npumem."""
     frames = traceback.extract_tb(tb)
     for fr in reversed(frames):
         if os.path.abspath(fr.filename) == script:
-            return fr.filename, fr.lineno or 0
+            return shown, fr.lineno or 0
     skip = (os.sep + "torch" + os.sep, os.sep + "npumem" + os.sep)
     for fr in reversed(frames):
         if not any(s in fr.filename for s in skip):
@@ -71,7 +75,7 @@ def _user_frame(tb: Any, script: str) -> tuple[str, int]:
 
 
 def run(args: Any) -> int:
-    from . import ConfigError, InstallError, install
+    from . import ConfigError, InstallError, ShapeModeError, install
     from .__main__ import stand_in_torch_npu
     from .settings import resolve
 
@@ -109,9 +113,13 @@ def run(args: Any) -> int:
     try:
         runpy.run_path(script, run_name="__main__")
     except torch.OutOfMemoryError as e:
-        file, line = _user_frame(e.__traceback__, script)
+        file, line = _user_frame(e.__traceback__, script, args.script)
         tried, reserved = runtime.LAST_OOM or (0, dev.memory_reserved())
         oom = {"file": file, "line": line, "tried_to_allocate": tried, "reserved": reserved}
+    except ShapeModeError as e:  # the script read a value in shape mode: where, in one line
+        file, line = _user_frame(e.__traceback__, script, args.script)
+        print(f"npumem fit: {file}:{line}: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except SystemExit as e:
         if e.code not in (None, 0):
             print(f"npumem fit: {args.script} exited with status {e.code!r} before finishing", file=sys.stderr)

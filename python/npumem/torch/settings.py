@@ -79,8 +79,7 @@ def resolve(
     wanted = BACKEND_OF_MODE[mode]
     if backend is not None and _config._choice(backend, names["backend"], _config.BACKENDS) != wanted:
         raise ConfigError(
-            f"{names['backend']}={backend!r} with mode={mode!r}: {WHY_BACKEND[mode]}, which needs "
-            f"backend={wanted!r}"
+            f"{names['backend']}={backend!r} with mode={mode!r}: {WHY_BACKEND[mode]}, which needs backend={wanted!r}"
         )
     devices = pick(devices, "devices", _config.DEVICES)
     count = 1 if devices is None else _config._devices(devices, names["devices"])
