@@ -63,7 +63,7 @@ def test_bad_options_are_one_line_and_exit_status_2(tmp_path):
     for args, message in [
         (["--capacity", "lots", "SCRIPT"], "npumem fit: --capacity 'lots': expected a size"),
         (["--mode", "meta", "SCRIPT"], "npumem fit: --mode 'meta': expected one of host, shape"),
-        (["--devices", "2", "SCRIPT"], "npumem fit: --devices '2': the npu device has one device"),
+        (["--devices", "65", "SCRIPT"], "npumem fit: --devices 65: expected a number of devices from 1 to 64"),
         (["missing.py"], "npumem fit: missing.py: no such file"),
     ]:
         out = _fit(tmp_path, *args)

@@ -78,18 +78,12 @@ def install(
     from . import registration
 
     registration.check_free(torch)
-    from .. import Device
+    from . import system
 
-    made = [
-        Device(
-            settings.capacity, backend=settings.backend, allocator=settings.allocator, alloc_conf=settings.alloc_conf
-        )
-        for _ in range(settings.devices)
-    ]
-    rt = runtime.Runtime(settings, made)
+    rt = runtime.Runtime(settings, system.devices(settings))
     runtime.RUNTIME = rt
     try:
-        rt.libraries = registration.register(torch, settings.mode)
+        rt.libraries = registration.register(torch, settings.mode, settings.devices)
     except BaseException:
         runtime.RUNTIME = None
         raise

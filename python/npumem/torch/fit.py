@@ -9,8 +9,9 @@ R reserved" (exit 1), the line being the user's own frame, not PyTorch's or npum
 
 Rules:
 - Options come before the script; everything after it is the script's. They are checked
-  before torch is imported or the script starts: a bad one is one line and exit status 2 (as is
-  ``--devices`` other than 1).
+  before torch is imported or the script starts: a bad one is one line and exit status 2.
+- With ``--devices N`` the answer is npu:0's, then each other device's peaks (``devices`` in
+  ``--json``); out of memory on any device does not fit.
 - The script sees ``sys.argv`` as ``[script, args...]`` and ``import torch_npu`` resolves to
   npumem's stand-in, as under ``python -m npumem.torch``. An exception of the script's own (not
   out of memory) is its traceback and exit status 2; its ``sys.exit(n)`` with ``n`` not 0 is
@@ -53,7 +54,7 @@ def add_parser(sub: Any) -> None:
         default="host",
         help="host (default: real memory, CPU kernels) or shape (simulated memory, shapes only)",
     )
-    f.add_argument("--devices", default="1", help="number of devices (1)")
+    f.add_argument("--devices", default="1", help="number of devices, npu:0 .. npu:N-1 (default 1)")
     f.add_argument("--snapshot", default=None, help="write the memory snapshot (memory_viz's pickle) here")
     f.add_argument("--json", action="store_true", help="print the answer as one JSON object")
     f.set_defaults(run=run)
@@ -100,10 +101,13 @@ def run(args: Any) -> int:
     from . import runtime
 
     dev = runtime.device(0)
-    dev.record_memory_history(True)
+    for d in runtime.get().devices:
+        d.record_memory_history(True)
+    count = settings.devices
     stand_in_torch_npu()
+    where = "npu:0" if count == 1 else f"npu:0..npu:{count - 1}, each"
     print(
-        f"npumem fit: running {args.script} on npu:0 ({_gib(dev.capacity)}, {dev.allocator} allocator)",
+        f"npumem fit: running {args.script} on {where} ({_gib(dev.capacity)}, {dev.allocator} allocator)",
         file=sys.stderr,
     )
     oom: dict[str, Any] | None = None
@@ -142,14 +146,23 @@ def run(args: Any) -> int:
         "allocator": dev.allocator,
         "alloc_conf": dev.alloc_conf,
         "out_of_memory": oom,
+        "devices": [
+            {"peak_reserved": d.max_memory_reserved(), "peak_allocated": d.max_memory_allocated()}
+            for d in runtime.get().devices
+        ],
     }
+    others = "".join(
+        f"; npu:{i} peak reserved {_gib(d['peak_reserved'])}, peak allocated {_gib(d['peak_allocated'])}"
+        for i, d in enumerate(answer["devices"])
+        if i
+    )
     if args.json:
         print(json.dumps(answer))
     elif oom is None:
         print(
             f"fits: peak reserved {_gib(answer['peak_reserved'])} of {_gib(dev.capacity)}, peak allocated "
             f"{_gib(answer['peak_allocated'])}, fragmentation {frag['external']:.1%} of the free reserved "
-            "memory at the end"
+            f"memory at the end{others}"
         )
     else:
         print(

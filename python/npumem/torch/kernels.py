@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from ..errors import OutOfMemoryError as _NpumemOOM
-from . import oom, runtime, storage
+from . import oom, peer, runtime, storage
 
 CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _CPU = torch.device("cpu")
@@ -94,7 +94,9 @@ def _alias(t: Any) -> Any:
 
 def copy_from(src, dst, non_blocking=False):
     """``_copy_from``: any copy with an ``npu`` side (dtype conversion and broadcasting are the
-    CPU kernel's)."""
+    CPU kernel's); between two ``npu`` devices, the peer path (:mod:`.peer`)."""
+    if src.device != dst.device and src.device.type == dst.device.type:
+        return peer.copy(src, dst, move_bytes=True)
     _alias(dst).copy_(_alias(src))
     return dst
 

@@ -42,10 +42,13 @@ def check_free(torch: Any) -> None:
         )
 
 
-def register(torch: Any, mode: str) -> list[Any]:
+def register(torch: Any, mode: str, devices: int = 1) -> list[Any]:
     """Registers everything, with the kernels of ``mode``; returns what must stay alive (the
     hooks, the guard, the torch.library objects)."""
-    from . import kernels, npu
+    from . import engine, kernels, npu
+
+    if devices > 1:
+        engine.install(torch)
 
     class Hooks(torch._C._acc.PrivateUse1Hooks):
         def is_available(self) -> bool:

@@ -83,11 +83,6 @@ def resolve(
         )
     devices = pick(devices, "devices", _config.DEVICES)
     count = 1 if devices is None else _config._devices(devices, names["devices"])
-    if count != 1:
-        raise ConfigError(
-            f"{names['devices']}={devices!r}: the npu device has one device (npu:0) for now; "
-            "PyTorch's Python-backend device guard knows a single device"
-        )
     capacity = pick(capacity, "capacity", _config.CAPACITY)
     allocator = pick(allocator, "allocator", _config.ALLOCATOR)
     allocator = (

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from . import peer
 from .errors import shape_mode_error
 from .kernels import empty_strided, map_leaves, move_onto, resize_geometry, resize_strides, set_geometry, share
 from .storage import storage_nbytes
@@ -156,6 +157,8 @@ def copy_from(src, dst, non_blocking=False):
     # copy_'s own checks (broadcastable shapes, dtypes): the meta kernel's, on twins
     source = _twin(src) if src.device.type == "npu" else src.to(_META)
     _twin(dst).copy_(source)
+    if src.device != dst.device and src.device.type == "npu":
+        peer.copy(src, dst, move_bytes=False)  # its staging allocations, as in host mode
     return dst
 
 
