@@ -20,9 +20,10 @@ PrivateUse1 storages (:mod:`.storage`), ``torch.library`` registers the allocati
 metadata kernels and a fallback that runs CPU kernels on the same memory (:mod:`.kernels`), and
 PyTorch's Python-backend hooks and device guard stand for C++. No compiler is needed and the
 allocator is the very npumem ``Device`` Python holds, so snapshots, summaries and the
-fragmentation view come from it. The cost: about 0.1 ms of Python per op, one device
-(PyTorch's Python device guard knows one), no streams, and ``torch.accelerator.memory_*`` (which
-needs a C++ ``DeviceAllocator``) does not answer.
+fragmentation view come from it. The cost: about 0.1 ms of Python per op, autograd on
+``npu:0`` only (PyTorch's Python device guard reports one device; :mod:`.engine`), no streams,
+and ``torch.accelerator.memory_*`` (which needs a C++ ``DeviceAllocator``) does not answer. The
+devices are ``npumem.acl``'s (:mod:`.system`); shape mode's kernels are :mod:`.shape`.
 """
 
 from __future__ import annotations
