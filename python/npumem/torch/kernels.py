@@ -170,7 +170,7 @@ def local_scalar_dense(self):
     return storage.host_alias(self).item()
 
 
-def _redispatch_to_cpu(op: Any) -> Any:
+def redispatch_to_cpu(op: Any) -> Any:
     def kernel(*args, **kwargs):
         return op.redispatch(CPU_KEYS, *args, **kwargs)
 
@@ -250,7 +250,7 @@ def _device_of(inputs: list[tuple[torch.Tensor, torch.Tensor, int]]) -> torch.de
 _DEVICE_PATH_OPS = ("convolution", "convolution_backward")
 
 
-def _cpu_kernel_ops() -> list[str]:
+def cpu_kernel_ops() -> list[str]:
     """Every aten op (``name.overload``) that has a CPU kernel and no npu kernel yet, and the
     device-path composites.
 
@@ -270,7 +270,7 @@ def _cpu_kernel_ops() -> list[str]:
     return names + list(_DEVICE_PATH_OPS)
 
 
-def _on_cpu(name: str, every_op: Any) -> Any:
+def on_cpu(name: str, every_op: Any) -> Any:
     """``every_op`` (the mode's fallback) for the op ``name`` (``add.Tensor``), its OpOverload
     looked up on first call."""
     base, _, overload = name.partition(".")
@@ -285,34 +285,10 @@ def _on_cpu(name: str, every_op: Any) -> Any:
     return kernel
 
 
-def register(mode: str = "host") -> list[Any]:
-    """Registers the kernels of ``mode`` (``host``: CPU kernels on real memory; ``shape``: meta
-    kernels, :mod:`.shape`); returns the libraries, which must be kept alive (a registration
-    lives as long as its library)."""
-    kernels: dict[str, Any] = {
-        "_copy_from": copy_from,
-        "_copy_from_and_resize": copy_from_and_resize,
-        "resize_": resize_,
-        "_local_scalar_dense": local_scalar_dense,
-    }
-    every_op = fallback
-    kept: list[Any] = []
-    if mode == "shape":
-        from . import meta, shape
-
-        kernels, every_op = shape.KERNELS, shape.fallback
-        kept = meta.activate_cpp_meta()
-    impl = torch.library.Library("aten", "IMPL")
-    kernels = {"empty_strided": empty_strided, "empty.memory_format": empty_memory_format, **kernels}
-    for name, fn in kernels.items():
-        impl.impl(name, fn, "PrivateUse1")
-    for name in METADATA_OPS:
-        base, _, overload = name.partition(".")
-        impl.impl(name, _redispatch_to_cpu(getattr(getattr(_aten, base), overload or "default")), "PrivateUse1")
-    for name in _cpu_kernel_ops():
-        impl.impl(name, _on_cpu(name, every_op), "PrivateUse1")
-    every = torch.library.Library("_", "IMPL")
-    every.fallback(every_op, dispatch_key="PrivateUse1")
-    # torch.autocast("npu") passes ops through unchanged (no per-op cast policy).
-    every.fallback(torch.library.fallthrough_kernel, dispatch_key="AutocastPrivateUse1")
-    return [impl, every, *kept]
+#: Host mode's kernels beside the fallback (shape mode has its own, :data:`.shape.KERNELS`).
+KERNELS = {
+    "_copy_from": copy_from,
+    "_copy_from_and_resize": copy_from_and_resize,
+    "resize_": resize_,
+    "_local_scalar_dense": local_scalar_dense,
+}

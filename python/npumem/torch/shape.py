@@ -179,7 +179,7 @@ def local_scalar_dense(self):
     raise _data_error("aten::_local_scalar_dense", _DATA_USES["aten::_local_scalar_dense"])
 
 
-#: The kernels shape mode puts in place of host mode's (see :func:`npumem.torch.kernels.register`).
+#: The kernels shape mode puts in place of host mode's (see :mod:`npumem.torch.registration`).
 KERNELS = {
     "_copy_from": copy_from,
     "_copy_from_and_resize": copy_from_and_resize,
