@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import pickle
 import re
 import subprocess
 import sys
@@ -30,7 +31,7 @@ PROGRAM = textwrap.dedent(
 
     settings = npumem.torch.install(capacity="1GiB", allocator="torch_npu")
     dev = npumem.torch.device()
-    dev.record_memory_history(True)
+    torch.npu.memory._record_memory_history()
     torch.manual_seed(0)
     cnn = nn.Sequential(
         nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
@@ -56,6 +57,7 @@ PROGRAM = textwrap.dedent(
     out.resize_(64)  # grows: onto a fresh allocation
     torch.abs(x.flatten(), out=torch.empty(0, device="npu"))  # the kernel resizes its out= tensor
     view = out[3:7]
+    torch.npu.memory._dump_snapshot(sys.argv[1] + ".pickle")
     result = {
         "mode": settings.mode,
         "trace": [[e["action"], e["size"]] for e in dev.memory_snapshot()["device_traces"][0]],
@@ -111,6 +113,7 @@ def runs(tmp_path_factory):
         _, err = proc.communicate(timeout=180)
         assert proc.returncode == 0, err
         results[mode] = json.loads((tmp / f"{mode}.json").read_text())
+        results[mode]["snapshot"] = str(tmp / f"{mode}.json.pickle")
     return results
 
 
@@ -122,6 +125,21 @@ def test_shape_mode_makes_the_allocations_host_mode_makes(runs):
     for key in ("peak_allocated", "allocated", "view", "shapes"):
         assert shape[key] == host[key], key
     assert shape["view"] == [True, 3] and shape["shapes"] == [[64], [64, 32]]
+
+
+@pytest.mark.parametrize("mode", ["host", "shape"])
+def test_memory_viz_reads_the_dumped_snapshot(runs, mode, tmp_path):
+    from torch.cuda import _memory_viz
+
+    with open(runs[mode]["snapshot"], "rb") as f:
+        snap = pickle.load(f)
+    events = snap["device_traces"][0]
+    assert [[e["action"], e["size"]] for e in events] == runs[mode]["trace"]
+    assert "Summary of segments" in _memory_viz.segsum(snap)  # `python -m torch.cuda._memory_viz stats`
+    trace = _memory_viz.trace(snap)  # `... trace`
+    assert f"Device 0 ----------------\n{len(events)} entries\n" in trace and "\ndel " in trace
+    html = _memory_viz.trace_plot(snap)  # `... trace_plot`
+    assert "<html" in html.lower() and len(html) > 10_000
 
 
 @pytest.mark.parametrize(
