@@ -18,7 +18,9 @@ Rules:
   exit status 2 too, since the run did not finish. A read of values in shape mode
   (:class:`~npumem.torch.ShapeModeError`) is one line naming the script's line and the op, exit
   status 2.
-- ``--snapshot`` is written whatever the answer (memory history is recorded from the start).
+- ``--snapshot`` and ``--plot`` are written whatever the answer (memory history is recorded from
+  the start); a plot asked for without matplotlib is a hint and exit status 3, after the answer.
+- While the script runs, a progress line on stderr (:mod:`.timeline`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ import sys
 import traceback
 from typing import Any
 
-from .._cli_base import EXIT_NO, EXIT_OK, EXIT_USAGE, UsageError, _output_path
+from .._cli_base import EXIT_MISSING_DEPENDENCY, EXIT_NO, EXIT_OK, EXIT_USAGE, UsageError, _output_path
+from .._optional import MissingDependencyError
 
 
 def add_parser(sub: Any) -> None:
@@ -42,7 +45,8 @@ def add_parser(sub: Any) -> None:
         description="Runs the script with its npu device served by npumem (host mode: real memory, PyTorch's "
         "CPU kernels; shape mode: simulated memory, ops compute shapes only) and says whether it fits: peak "
         "reserved and allocated, or where it ran out of memory.",
-        epilog="Exit status: 0 fits, 1 does not fit, 2 a bad option or the script failed for another reason.",
+        epilog="Exit status: 0 fits, 1 does not fit, 2 a bad option or the script failed for another reason, "
+        "3 --plot without matplotlib.",
     )
     f.add_argument("script", help="the PyTorch program (run as __main__)")
     f.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments (everything after the script)")
@@ -56,6 +60,7 @@ def add_parser(sub: Any) -> None:
     )
     f.add_argument("--devices", default="1", help="number of devices, npu:0 .. npu:N-1 (default 1)")
     f.add_argument("--snapshot", default=None, help="write the memory snapshot (memory_viz's pickle) here")
+    f.add_argument("--plot", default=None, help="draw each device's allocated and reserved memory here (a PNG)")
     f.add_argument("--json", action="store_true", help="print the answer as one JSON object")
     f.set_defaults(run=run)
 
@@ -85,6 +90,8 @@ def run(args: Any) -> int:
         raise UsageError(f"{args.script}: no such file")
     if args.snapshot:
         _output_path(args.snapshot, "--snapshot")
+    if args.plot:
+        _output_path(args.plot, "--plot")
     try:
         settings = resolve(args.capacity, args.allocator, args.alloc_conf, args.mode, args.devices)
     except (ConfigError, TypeError) as e:
@@ -98,7 +105,7 @@ def run(args: Any) -> int:
         raise UsageError(str(e)) from None
     import torch
 
-    from . import runtime
+    from . import runtime, timeline
 
     dev = runtime.device(0)
     for d in runtime.get().devices:
@@ -114,12 +121,14 @@ def run(args: Any) -> int:
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [args.script, *args.script_args]
     sys.path.insert(0, os.path.dirname(script))
+    progress = timeline.Progress(runtime.get().devices)
+    progress.begin()
     try:
         runpy.run_path(script, run_name="__main__")
     except torch.OutOfMemoryError as e:
         file, line = _user_frame(e.__traceback__, script, args.script)
-        tried, reserved = runtime.LAST_OOM or (0, dev.memory_reserved())
-        oom = {"file": file, "line": line, "tried_to_allocate": tried, "reserved": reserved}
+        tried, reserved, index = runtime.LAST_OOM or (0, dev.memory_reserved(), 0)
+        oom = {"file": file, "line": line, "tried_to_allocate": tried, "reserved": reserved, "device": index}
     except ShapeModeError as e:  # the script read a value in shape mode: where, in one line
         file, line = _user_frame(e.__traceback__, script, args.script)
         print(f"npumem fit: {file}:{line}: {e}", file=sys.stderr)
@@ -133,9 +142,17 @@ def run(args: Any) -> int:
         print(f"npumem fit: {args.script} failed (its traceback above); no answer", file=sys.stderr)
         return EXIT_USAGE
     finally:
+        progress.stop()
         sys.argv, sys.path[:] = saved_argv, saved_path
     if args.snapshot:
         dev.dump_snapshot(args.snapshot)
+    missing = None
+    if args.plot:
+        try:
+            title = f"npumem fit {os.path.basename(args.script)} ({dev.allocator} allocator, {settings.mode} mode)"
+            timeline.plot(runtime.get().devices, args.plot, title, None if oom is None else oom["device"])
+        except MissingDependencyError as e:
+            missing = f"npumem fit: no plot: {e}"
     frag = dev.fragmentation()
     answer = {
         "fits": oom is None,
@@ -169,6 +186,9 @@ def run(args: Any) -> int:
             f"does not fit: out of memory at {oom['file']}:{oom['line']}, tried to allocate "
             f"{_gib(oom['tried_to_allocate'])} with {_gib(oom['reserved'])} reserved (of {_gib(dev.capacity)})"
         )
+    if missing:
+        print(missing, file=sys.stderr)
+        return EXIT_MISSING_DEPENDENCY
     return EXIT_OK if oom is None else EXIT_NO
 
 

@@ -66,7 +66,7 @@ def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory
             return storage.new_tensor(dev, nbytes, size, stride, dtype, index)
         base = storage.new_tensor(dev, nbytes, [nbytes], [1], torch.uint8, index)
     except _NpumemOOM as e:
-        runtime.LAST_OOM = (nbytes, dev.memory_reserved())
+        runtime.LAST_OOM = (nbytes, dev.memory_reserved(), index)
         raise torch.OutOfMemoryError(oom.message(dev, index, nbytes, e)) from None
     typed = _aten.view.dtype.redispatch(CPU_KEYS, base, dtype)
     return _aten.as_strided.default.redispatch(CPU_KEYS, typed, size, stride, 0)

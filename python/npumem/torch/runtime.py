@@ -25,8 +25,9 @@ class Runtime:
 
 
 RUNTIME: Runtime | None = None
-#: The last failed allocation: (bytes asked for, bytes reserved then), for ``npumem fit``.
-LAST_OOM: tuple[int, int] | None = None
+#: The last failed allocation: (bytes asked for, bytes reserved then, device index), for
+#: ``npumem fit``.
+LAST_OOM: tuple[int, int, int] | None = None
 
 
 def get() -> Runtime:
