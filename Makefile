@@ -10,8 +10,13 @@ export PATH := $(BIN):$(PATH)
 
 .PHONY: run test build wheel lint test-rust test-loom test-python browser fuzz miri bench clean
 
+# After the demo: a tiny PyTorch model on the npu device (host mode, 1 GiB), then whether a
+# 2-layer Llama-style training step fits 16 GiB (shape mode: shapes only, seconds).
 run: build
 	npumem demo
+	@echo; echo "== Your PyTorch program on a simulated NPU (npumem.torch) =="
+	NPUMEM_CAPACITY=1GiB python -m npumem.torch examples/tiny_npu.py
+	npumem fit --mode shape --capacity 16GiB examples/llama_train_step.py --layers 2 --seq 256
 
 test: build lint test-rust test-loom test-python
 
