@@ -1,9 +1,11 @@
 """The `npu` device in shape mode (npumem.torch, simulated memory, meta kernels) beside PyTorch's
 own shape-only device (`meta`) and the CPU in the same run: the time an op takes; the Llama-style
 7B training step of examples/llama_train_step.py run in this process (ops per second, peaks, host
-memory); and `npumem fit --mode shape` at 80 GiB and 192 GiB, each in its own process.
+memory) beside the same step under PyTorch's MemTracker on FakeTensorMode (the tool a CPU user
+has: live tensor bytes, no allocator); and `npumem fit --mode shape` at 80 GiB and 192 GiB, each
+in its own process.
 
-Usage: python benches/bench_torch_shape.py [--layers 32] [--no-fit]
+Usage: python benches/bench_torch_shape.py [--layers 32] [--no-fit] [--no-memtracker]
 """
 
 from __future__ import annotations
@@ -36,6 +38,32 @@ def per_op_us(device: str, what: str, n: int = 2000) -> float:
     for _ in range(n):
         op()
     return (time.perf_counter() - t) / n * 1e6
+
+
+def memtracker(layers: int) -> None:
+    """The example's step under ``MemTracker`` on ``FakeTensorMode`` (CPU fake tensors; AdamW
+    with ``foreach=True``, which the npu device gets by default)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    llama = runpy.run_path(str(LLAMA))["Llama"]
+    t = time.perf_counter()
+    with FakeTensorMode():
+        model = llama(layers, 4096, 11008, 32, 32000)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+        tracker = MemTracker()
+        tracker.track_external(model, optimizer)
+        with tracker:
+            tokens = torch.randint(0, 32000, (1, 512))
+            loss = torch.nn.functional.cross_entropy(model(tokens).view(-1, 32000), tokens.view(-1))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        peak = sum(v["Total"] for v in tracker.get_tracker_snapshot("peak").values())
+    print(
+        f"MemTracker on FakeTensorMode, the same step: {time.perf_counter() - t:.1f} s, peak {peak / 2**30:.2f} GiB "
+        "(no reserved memory, fragmentation or out-of-memory point)"
+    )
 
 
 def llama_step(layers: int) -> None:
@@ -85,6 +113,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--no-fit", action="store_true", help="skip the two npumem fit runs")
+    ap.add_argument("--no-memtracker", action="store_true", help="skip MemTracker (about 35 s at 32 layers)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     if not args.no_fit:
@@ -94,6 +123,8 @@ def main() -> None:
     # PyTorch's meta device as it comes (Python meta kernels for ~650 ops), before shape mode
     # makes the C++ ones active (npumem.torch.meta)
     stock = {what: per_op_us("meta", what) for what in ops}
+    if not args.no_memtracker:
+        memtracker(args.layers)
     llama_step(args.layers)
     for what in ops:
         us = {dev: per_op_us(dev, what) for dev in ("npu", "meta", "cpu")}
