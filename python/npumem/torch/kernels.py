@@ -61,10 +61,11 @@ def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory
     nbytes = _nbytes(size, stride, dtype.itemsize)
     dev = runtime.device(index)
     direct = storage.has_dl_type(dtype)
+    stream = runtime.stream_of(index)
     try:
         if direct:
-            return storage.new_tensor(dev, nbytes, size, stride, dtype, index)
-        base = storage.new_tensor(dev, nbytes, [nbytes], [1], torch.uint8, index)
+            return storage.new_tensor(dev, nbytes, size, stride, dtype, index, stream)
+        base = storage.new_tensor(dev, nbytes, [nbytes], [1], torch.uint8, index, stream)
     except _NpumemOOM as e:
         runtime.LAST_OOM = (nbytes, dev.memory_reserved(), index)
         raise torch.OutOfMemoryError(oom.message(dev, index, nbytes, e)) from None

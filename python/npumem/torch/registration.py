@@ -88,7 +88,10 @@ def _kernels(torch: Any, mode: str) -> list[Any]:
         kept = meta.activate_cpp_meta()
     aten = torch.ops.aten
     impl = torch.library.Library("aten", "IMPL")
+    from .npu import streams
+
     table = {"empty_strided": kernels.empty_strided, "empty.memory_format": kernels.empty_memory_format, **table}
+    table["record_stream"] = streams.record_stream
     for name, fn in table.items():
         impl.impl(name, fn, "PrivateUse1")
     for name in kernels.METADATA_OPS:

@@ -109,12 +109,12 @@ def has_dl_type(dtype: torch.dtype) -> bool:
 
 
 def new_tensor(
-    device: Any, nbytes: int, size: list[int], stride: list[int], dtype: Any, index: int = 0
+    device: Any, nbytes: int, size: list[int], stride: list[int], dtype: Any, index: int = 0, stream: int | None = None
 ) -> torch.Tensor:
     """An ``npu:index`` tensor of ``size``, ``stride`` and ``dtype`` (one DLPack names) over a
     fresh npumem allocation of ``nbytes`` (the storage those need) from ``device``, which raises
-    npumem's ``OutOfMemoryError`` when it cannot."""
-    ptr = device.malloc(nbytes) if nbytes else 0
+    npumem's ``OutOfMemoryError`` when it cannot; on the npumem ``stream`` (None: the default)."""
+    ptr = device.malloc(nbytes, stream=stream) if nbytes else 0
     ndim = len(size)
     dims = (ctypes.c_int64 * (2 * ndim))(*size, *stride)
     managed = _DLManagedTensor()
