@@ -15,14 +15,8 @@ import npumem.torch
 
 def main() -> None:
     torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1),
-        nn.BatchNorm2d(16),
-        nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1),
-        nn.Flatten(),
-        nn.Linear(16, 10),
-    ).npu()
+    features = [nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU()]
+    model = nn.Sequential(*features, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10)).npu()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     x, y = torch.randn(8, 3, 32, 32, device="npu"), torch.randint(0, 10, (8,), device="npu")
     for step in range(3):

@@ -5,14 +5,10 @@ without the key. `expandable_segments:True` is the npumem allocator's (torch_npu
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
-from conftest import require_torch
+from conftest import require_torch, run_torch_programs
 
 require_torch()
 
@@ -105,21 +101,11 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("alloc_conf")
-    (tmp / "program.py").write_text(PROGRAM)
     cases = []
     for run, allocator, conf, baseline in CASES.values():
         cases += [[allocator, conf, run], [allocator if allocator != "npumem" else "torch_npu", baseline, run]]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NPUMEM_", "PYTORCH_NPU"))}
-    out = subprocess.run(
-        [sys.executable, str(tmp / "program.py"), str(tmp / "out.json"), json.dumps(cases)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert out.returncode == 0, out.stderr
-    return json.loads((tmp / "out.json").read_text())
+    program = PROGRAM.replace("json.loads(sys.argv[2])", repr(cases))
+    return run_torch_programs(tmp_path_factory.mktemp("alloc_conf"), program, {"out": {}})["out"]
 
 
 def _pair(results, key):

@@ -4,14 +4,10 @@ error, and so is autograd on npu:1 (PyTorch's Python device guard knows one devi
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
-from conftest import require_torch
+from conftest import require_torch, run_torch_programs
 
 require_torch()
 
@@ -94,25 +90,8 @@ PROGRAM = textwrap.dedent(
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The program's result in host mode and in shape mode, two devices each (both at once)."""
-    tmp = tmp_path_factory.mktemp("devices")
-    (tmp / "program.py").write_text(PROGRAM)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NPUMEM_", "PYTORCH_NPU"))}
-    procs = {
-        mode: subprocess.Popen(
-            [sys.executable, str(tmp / "program.py"), str(tmp / f"{mode}.json")],
-            env={**env, "NPUMEM_DEVICES": "2", "NPUMEM_TORCH_MODE": mode},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for mode in ("host", "shape")
-    }
-    results = {}
-    for mode, proc in procs.items():
-        _, err = proc.communicate(timeout=180)
-        assert proc.returncode == 0, err
-        results[mode] = json.loads((tmp / f"{mode}.json").read_text())
-    return results
+    envs = {mode: {"NPUMEM_DEVICES": "2", "NPUMEM_TORCH_MODE": mode} for mode in ("host", "shape")}
+    return run_torch_programs(tmp_path_factory.mktemp("devices"), PROGRAM, envs)
 
 
 @pytest.mark.parametrize("mode", ["host", "shape"])

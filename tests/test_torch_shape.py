@@ -15,7 +15,7 @@ import sys
 import textwrap
 
 import pytest
-from conftest import require_torch
+from conftest import require_torch, run_torch_programs
 
 torch = require_torch()
 
@@ -96,25 +96,8 @@ def _clean_env(**extra: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The program's result in host mode and in shape mode (both processes run at once)."""
-    tmp = tmp_path_factory.mktemp("shape")
-    (tmp / "program.py").write_text(PROGRAM)
-    procs = {
-        mode: subprocess.Popen(
-            [sys.executable, str(tmp / "program.py"), str(tmp / f"{mode}.json")],
-            env=_clean_env(NPUMEM_TORCH_MODE=mode),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for mode in ("host", "shape")
-    }
-    results = {}
-    for mode, proc in procs.items():
-        _, err = proc.communicate(timeout=180)
-        assert proc.returncode == 0, err
-        results[mode] = json.loads((tmp / f"{mode}.json").read_text())
-        results[mode]["snapshot"] = str(tmp / f"{mode}.json.pickle")
-    return results
+    envs = {mode: {"NPUMEM_TORCH_MODE": mode} for mode in ("host", "shape")}
+    return run_torch_programs(tmp_path_factory.mktemp("shape"), PROGRAM, envs)
 
 
 def test_shape_mode_makes_the_allocations_host_mode_makes(runs):
@@ -131,7 +114,7 @@ def test_shape_mode_makes_the_allocations_host_mode_makes(runs):
 def test_memory_viz_reads_the_dumped_snapshot(runs, mode, tmp_path):
     from torch.cuda import _memory_viz
 
-    with open(runs[mode]["snapshot"], "rb") as f:
+    with open(runs[mode]["json"] + ".pickle", "rb") as f:
         snap = pickle.load(f)
     events = snap["device_traces"][0]
     assert [[e["action"], e["size"]] for e in events] == runs[mode]["trace"]

@@ -46,6 +46,20 @@ def map_leaves(fn: Any, x: Any) -> Any:
     return fn(x)
 
 
+def map_args(args: tuple, kwargs: dict, tensor_fn: Any, device: torch.device) -> tuple[tuple, dict]:
+    """An op's arguments with every ``npu`` tensor replaced by ``tensor_fn(tensor)`` and every
+    ``npu`` ``torch.device`` by ``device``."""
+
+    def one(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.device.type == "npu":
+            return tensor_fn(x)
+        if isinstance(x, torch.device) and x.type == "npu":
+            return device
+        return x
+
+    return map_leaves(one, args), ({k: map_leaves(one, v) for k, v in kwargs.items()} if kwargs else kwargs)
+
+
 def _nbytes(size: Any, stride: Any, itemsize: int) -> int:
     """The storage an ``empty_strided(size, stride)`` needs (PyTorch's computeStorageNbytes)."""
     if any(s == 0 for s in size):
@@ -198,23 +212,18 @@ def fallback(op, *args, **kwargs):
     by_alias: dict[int, torch.Tensor] = {}
     storages: dict[int, torch.Tensor] = {}
 
-    def to_host(x: Any) -> Any:
-        if isinstance(x, torch.Tensor) and x.device.type == "npu":
-            ptr = storage.storage_ptr(x)
-            # A storage of no bytes is an out= tensor to be resized (at::empty({0}) then op_out):
-            # the CPU kernel gets a resizable CPU tensor, moved onto npu memory afterwards.
-            alias = storage.host_alias(x) if ptr else torch.empty_strided(x.size(), x.stride(), dtype=x.dtype)
-            inputs.append((x, alias, ptr))
-            by_alias[id(alias)] = x
-            if ptr:
-                storages.setdefault(ptr, x)
-            return alias
-        if isinstance(x, torch.device) and x.type == "npu":
-            return _CPU
-        return x
+    def to_host(x: torch.Tensor) -> torch.Tensor:
+        ptr = storage.storage_ptr(x)
+        # A storage of no bytes is an out= tensor to be resized (at::empty({0}) then op_out):
+        # the CPU kernel gets a resizable CPU tensor, moved onto npu memory afterwards.
+        alias = storage.host_alias(x) if ptr else torch.empty_strided(x.size(), x.stride(), dtype=x.dtype)
+        inputs.append((x, alias, ptr))
+        by_alias[id(alias)] = x
+        if ptr:
+            storages.setdefault(ptr, x)
+        return alias
 
-    host_args = map_leaves(to_host, args)
-    host_kwargs = {k: map_leaves(to_host, v) for k, v in kwargs.items()} if kwargs else kwargs
+    host_args, host_kwargs = map_args(args, kwargs, to_host, _CPU)
     out = op(*host_args, **host_kwargs)
     # An argument the CPU kernel resized (an out= tensor) moved onto CPU memory: give it npu memory.
     for t, alias, ptr in inputs:

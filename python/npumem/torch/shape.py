@@ -25,7 +25,16 @@ import torch
 
 from . import peer
 from .errors import shape_mode_error
-from .kernels import empty_strided, map_leaves, move_onto, resize_geometry, resize_strides, set_geometry, share
+from .kernels import (
+    empty_strided,
+    map_args,
+    map_leaves,
+    move_onto,
+    resize_geometry,
+    resize_strides,
+    set_geometry,
+    share,
+)
 from .storage import storage_nbytes
 
 _META = torch.device("meta")
@@ -100,20 +109,15 @@ def fallback(op, *args, **kwargs):
     storages: dict[int, torch.Tensor] = {}
     first: list[torch.Tensor] = []
 
-    def to_meta(x: Any) -> Any:
-        if isinstance(x, torch.Tensor) and x.device.type == "npu":
-            t = _twin(x)
-            twins[id(t)] = x
-            storages[t.untyped_storage()._cdata] = x
-            if not first:
-                first.append(x)
-            return t
-        if isinstance(x, torch.device) and x.type == "npu":
-            return _META
-        return x
+    def to_meta(x: torch.Tensor) -> torch.Tensor:
+        t = _twin(x)
+        twins[id(t)] = x
+        storages[t.untyped_storage()._cdata] = x
+        if not first:
+            first.append(x)
+        return t
 
-    meta_args = map_leaves(to_meta, args)
-    meta_kwargs = {k: map_leaves(to_meta, v) for k, v in kwargs.items()} if kwargs else kwargs
+    meta_args, meta_kwargs = map_args(args, kwargs, to_meta, _META)
     try:
         out = op(*meta_args, **meta_kwargs)
     except (NotImplementedError, RuntimeError) as e:
