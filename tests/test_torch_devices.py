@@ -116,11 +116,11 @@ def test_copies_between_devices_take_the_peer_path_staging_only_where_layouts_di
     host = mode == "host"
     assert copies["same layout"] == ["npu:0", [3, 4], True if host else None, []]  # one peer copy, no staging
     assert copies["transposed"] == ["npu:0", [4, 3], True if host else None, []]  # .to keeps the strides
-    # a destination that is not dense: written through a dense temporary on its own device (npu:0),
-    # which the transposed source is first laid out like on npu:1 (48 bytes: a 512-byte block)
+    # a destination that is not contiguous: the transposed source made contiguous on npu:1 (48
+    # bytes: a 512-byte block), copied into a contiguous temporary on npu:0, then into it there
     assert copies["strided destination"] == ["npu:0", [4, 3], True if host else None, [512]]
-    # another dtype: converted on the source device first (96 bytes: a 512-byte block on npu:1)
-    assert copies["dtype"] == ["npu:0", [3, 4], True if host else None, [512]]
+    # another dtype: converted on the destination's device (no staging on npu:1), as CUDA does
+    assert copies["dtype"] == ["npu:0", [3, 4], True if host else None, []]
 
 
 def test_host_mode_copies_and_reads_equal_the_cpu_s(runs):

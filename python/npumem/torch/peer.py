@@ -3,10 +3,12 @@
 
 Rules:
 - When source and destination have the same dtype, sizes and strides and are dense, the bytes
-  move in one peer copy of that span. Otherwise the source is first made dense in the
-  destination's dtype and sizes on its own device (a temporary allocation there), and a
-  destination that is not dense is written through a dense temporary on its device, as a copy
-  between two CUDA devices stages through contiguous buffers.
+  move in one peer copy of that span. Otherwise the copy stages as PyTorch's copy between two
+  CUDA devices does (``copy_kernel_cuda``, aten/src/ATen/native/cuda/Copy.cu): the source made
+  contiguous on its own device (a temporary there unless it is already), one peer copy into the
+  destination, or into a contiguous temporary of the source's dtype on the destination's device
+  when the destination is not contiguous or of another dtype, which is then copied into it there
+  (the dtype conversion happens on the destination's device).
 - In shape mode no bytes move (simulated memory has none); the allocations are the same.
 """
 
@@ -35,16 +37,17 @@ def _dense_alike(src: torch.Tensor, dst: torch.Tensor) -> bool:
 
 def copy(src: torch.Tensor, dst: torch.Tensor, move_bytes: bool) -> torch.Tensor:
     """Copies the ``npu`` tensor ``src`` into ``dst`` on another ``npu`` device."""
-    if not _dense(dst):
-        dense = torch.empty(dst.size(), dtype=dst.dtype, device=dst.device)
-        copy(src, dense, move_bytes)
-        dst.copy_(dense)
+    if _dense_alike(src, dst):
+        if move_bytes and src.numel():
+            a, b = runtime.device(src.device.index), runtime.device(dst.device.index)
+            a._copy_to_peer(src.data_ptr(), b, dst.data_ptr(), src.numel() * src.element_size())
         return dst
-    if not _dense_alike(src, dst):
-        staged = torch.empty_strided(dst.size(), dst.stride(), dtype=dst.dtype, device=src.device)
-        staged.copy_(src)
-        src = staged
-    if move_bytes and src.numel():
-        a, b = runtime.device(src.device.index), runtime.device(dst.device.index)
-        a._copy_to_peer(src.data_ptr(), b, dst.data_ptr(), src.numel() * src.element_size())
+    into = (
+        dst
+        if dst.is_contiguous() and src.dtype == dst.dtype
+        else torch.empty(dst.size(), dtype=src.dtype, device=dst.device)
+    )
+    copy(src.expand_as(dst).contiguous(), into, move_bytes)
+    if into is not dst:
+        dst.copy_(into)
     return dst
