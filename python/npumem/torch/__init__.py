@@ -33,10 +33,20 @@ from typing import Any
 from .._optional import require
 from ..acl._config import ConfigError
 from . import runtime
+from .engine import DeviceAutogradError
 from .errors import InstallError, ShapeModeError
 from .settings import Settings, resolve
 
-__all__ = ["ConfigError", "InstallError", "Settings", "ShapeModeError", "device", "install", "installed"]
+__all__ = [
+    "ConfigError",
+    "DeviceAutogradError",
+    "InstallError",
+    "Settings",
+    "ShapeModeError",
+    "device",
+    "install",
+    "installed",
+]
 
 
 def installed() -> Settings | None:
