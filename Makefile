@@ -10,8 +10,13 @@ export PATH := $(BIN):$(PATH)
 
 .PHONY: run test build wheel lint test-rust test-loom test-python browser fuzz miri bench clean
 
+# After the demo: a tiny PyTorch model on the npu device (host mode, 1 GiB), then whether a
+# 2-layer Llama-style training step fits 16 GiB (shape mode: shapes only, seconds).
 run: build
 	npumem demo
+	@echo; echo "== Your PyTorch program on a simulated NPU (npumem.torch) =="
+	NPUMEM_CAPACITY=1GiB python -m npumem.torch examples/tiny_npu.py
+	npumem fit --mode shape --capacity 16GiB examples/llama_train_step.py --layers 2 --seq 256
 
 test: build lint test-rust test-loom test-python
 
@@ -100,7 +105,7 @@ miri:
 B ?= malloc
 BENCHES := malloc replay replay-speed flat-latency buffer streams fastpath pools plan tlb \
 	validate-tlb host pagesize sweep workloads stress pyacl memory-viz gpu torch-device \
-	snapshot-pickle
+	snapshot-pickle torch-shape
 .PHONY: $(addprefix bench/,$(BENCHES) list unknown)
 
 bench: $(if $(filter $(B),$(BENCHES) list),bench/$(B),bench/unknown)
@@ -201,6 +206,11 @@ bench/torch-device: build
 # The snapshot-pickle admission scan (Rust) beside pickle.loads and the scan's Python model.
 bench/snapshot-pickle: build
 	python benches/bench_snapshot_pickle.py
+
+# The npu device in shape mode: the Llama-style 7B training step (npumem fit at 80 and 192 GiB,
+# then in-process: ops/s, peaks, host memory) and per-op cost beside the meta device and the CPU.
+bench/torch-shape: build
+	python benches/bench_torch_shape.py
 
 # PyTorch's own memory_viz (stats, trace, segments, memory, trace_plot, segment_plot, compare) on
 # snapshots written by every allocator family and by `npumem replay --snapshot`. memory_viz comes

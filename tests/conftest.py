@@ -401,3 +401,33 @@ def npu():
 
     npumem.torch.install(**NPU_SETTINGS)
     return npumem.torch.device(0)
+
+
+def run_torch_programs(tmp, program: str, envs: dict[str, dict[str, str]]) -> dict[str, dict]:
+    """Runs ``program`` (Python source that writes JSON to ``sys.argv[1]``) once per entry of
+    ``envs``, all at once, each in a fresh process (installing npu is once per process) with no
+    NPUMEM_* or PYTORCH_NPU* variable but its own; returns each run's JSON, with ``json`` the
+    path it wrote."""
+    import json
+    import subprocess
+    import sys
+
+    path = tmp / "program.py"
+    path.write_text(program)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("NPUMEM_", "PYTORCH_NPU"))}
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, str(path), str(tmp / f"{name}.json")],
+            env={**clean, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, env in envs.items()
+    }
+    results = {}
+    for name, proc in procs.items():
+        _, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err
+        results[name] = {**json.loads((tmp / f"{name}.json").read_text()), "json": str(tmp / f"{name}.json")}
+    return results

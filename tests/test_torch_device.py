@@ -200,10 +200,12 @@ def test_memory_fraction_caps_the_device(npu):
 @pytest.mark.parametrize(
     ("kwargs", "env", "match"),
     [
-        ({"mode": "shape"}, {}, r"mode='shape': shape mode .* is not available yet"),
+        ({"mode": "shape", "backend": "host"}, {}, r"backend='host' with mode='shape'.*needs backend='sim'"),
+        ({"mode": "shape", "capacity": "2TiB"}, {}, r"capacity='2TiB' with devices=1: .*at most 1 TiB per device"),
         ({"mode": "fast"}, {}, r"mode='fast': expected one of host, shape"),
         ({"backend": "sim"}, {}, r"backend='sim' with mode='host'.*needs backend='host'"),
-        ({"devices": 2}, {}, r"devices=2: the npu device has one device"),
+        ({"devices": 65}, {}, r"devices=65: expected a number of devices from 1 to 64"),
+        ({"devices": 8, "mode": "shape", "capacity": "256GiB"}, {}, r"capacity='256GiB' with devices=8: .*128 GiB"),
         ({"devices": 0}, {}, r"devices=0: expected a number of devices from 1 to 64"),
         ({"capacity": "lots"}, {}, r"capacity='lots': expected a size"),
         ({"allocator": "tcmalloc"}, {}, r"allocator='tcmalloc': expected one of npumem, direct, pytorch, torch_npu"),
@@ -238,3 +240,33 @@ def test_settings_come_from_the_arguments_then_the_variables_then_the_defaults()
         == "max_split_size_mb:32"
     )
     assert settings.resolve(environ={}).capacity is None  # host memory available
+    shape = settings.resolve(environ={"NPUMEM_TORCH_MODE": "shape"})
+    assert (shape.mode, shape.backend, shape.capacity) == ("shape", "sim", 64 << 30)  # the simulator's default
+
+
+def test_streams_are_npumem_streams_and_pick_the_stream_allocations_are_made_on(npu):
+    s = torch.npu.Stream()
+    assert isinstance(s, torch.Stream) and s.device == torch.device("npu:0") and s.stream_id > 0
+    assert torch.npu.current_stream() == torch.npu.default_stream() and torch.npu.default_stream().stream_id == 0
+    with torch.npu.stream(s):
+        assert torch.npu.current_stream().stream_id == s.stream_id
+        on_s = torch.empty(1000, device="npu")
+    outside = torch.empty(1000, device="npu")
+    assert npu.allocation(on_s.data_ptr())["stream"] == s.stream_id
+    assert npu.allocation(outside.data_ptr())["stream"] != s.stream_id
+    outside.record_stream(s)  # npumem's Device.record_stream: the block is in use on s too
+    del outside
+    torch.npu.set_stream(s)
+    try:
+        current = torch.empty(10, device="npu")
+        assert npu.allocation(current.data_ptr())["stream"] == s.stream_id
+    finally:
+        torch.npu.set_stream(torch.npu.default_stream())
+    s.synchronize()
+    assert s.query() and s.wait_stream(torch.npu.default_stream()) is None
+    with pytest.raises(TypeError, match=r"stream='x': expected an npu stream"):
+        torch.npu.set_stream("x")
+    with pytest.raises(ValueError, match=r"device=3: no such npu device"):
+        torch.npu.Stream(3)
+    with pytest.raises(ValueError, match=r"record_stream: stream .* is not a stream of the tensor's device"):
+        on_s.record_stream(torch.Stream(stream_id=s.stream_id, device_index=1, device_type=s.device_type))

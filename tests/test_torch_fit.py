@@ -4,15 +4,18 @@ line is wrong (one line, exit 2)."""
 
 from __future__ import annotations
 
+import io
 import json
 import pickle
 import subprocess
 import sys
 import textwrap
+import time
 
+import pytest
 from conftest import require_torch
 
-require_torch()
+torch = require_torch()
 
 SCRIPT = textwrap.dedent(
     """
@@ -44,9 +47,11 @@ def test_a_script_that_runs_out_of_memory_does_not_fit_at_its_own_line(tmp_path)
 
 
 def test_a_script_that_fits_reports_its_peaks_as_json_and_writes_the_snapshot(tmp_path):
-    snap = tmp_path / "snap.pickle"
+    snap, png = tmp_path / "snap.pickle", tmp_path / "timeline.png"
     out = _fit(
-        tmp_path, "--capacity", "256MiB", "--allocator", "pytorch", "--json", "--snapshot", str(snap), "SCRIPT", "1000"
+        tmp_path,
+        *("--capacity", "256MiB", "--allocator", "pytorch", "--json", "--snapshot", str(snap), "--plot", str(png)),
+        *("SCRIPT", "1000"),
     )
     assert out.returncode == 0, out.stderr
     answer = json.loads(out.stdout)
@@ -57,14 +62,41 @@ def test_a_script_that_fits_reports_its_peaks_as_json_and_writes_the_snapshot(tm
     assert answer["peak_reserved"] >= answer["peak_allocated"]
     with open(snap, "rb") as f:
         assert any(e["action"] == "alloc" for e in pickle.load(f)["device_traces"][0])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000  # matplotlib's timeline
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_the_progress_line_is_rewritten_on_a_terminal_and_throttled_elsewhere(npu, monkeypatch, tty):
+    from npumem.torch import timeline
+
+    monkeypatch.setattr(timeline, "TTY_EVERY_S" if tty else "PLAIN_EVERY_S", 0.01)
+    out = _Terminal() if tty else io.StringIO()
+    keep = torch.empty(1000, device="npu")
+    progress = timeline.Progress([npu], out)
+    progress.begin()
+    time.sleep(0.1)
+    progress.stop()
+    text = out.getvalue()
+    line = f"npumem fit: 0 s, allocated {timeline.format_size(npu.memory_allocated())}, reserved "
+    if tty:  # rewritten in place, and cleared at the end
+        assert text.startswith("\r\x1b[K" + line) and text.endswith("\r\x1b[K") and "\n" not in text
+    else:
+        assert text.startswith(line) and text.endswith(")\n") and "\r" not in text
+    del keep
 
 
 def test_bad_options_are_one_line_and_exit_status_2(tmp_path):
     for args, message in [
         (["--capacity", "lots", "SCRIPT"], "npumem fit: --capacity 'lots': expected a size"),
-        (["--mode", "shape", "SCRIPT"], "npumem fit: --mode 'shape': shape mode"),
-        (["--devices", "2", "SCRIPT"], "npumem fit: --devices '2': the npu device has one device"),
+        (["--mode", "meta", "SCRIPT"], "npumem fit: --mode 'meta': expected one of host, shape"),
+        (["--devices", "65", "SCRIPT"], "npumem fit: --devices 65: expected a number of devices from 1 to 64"),
         (["missing.py"], "npumem fit: missing.py: no such file"),
+        (["--plot", "/no/such/dir/t.png", "SCRIPT"], "npumem fit: --plot"),
     ]:
         out = _fit(tmp_path, *args)
         assert out.returncode == 2, (args, out.stderr)

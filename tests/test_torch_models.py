@@ -207,3 +207,55 @@ def test_autocast_on_npu_runs_and_casts_nothing(npu):
         y = model.npu()(x.npu())
     assert y.dtype == torch.float32  # documented: no per-op cast policy is registered
     torch.testing.assert_close(y.cpu(), model.cpu()(x), rtol=0, atol=0)
+
+
+def _subsequence(small: list[int], big: list[int]) -> bool:
+    it = iter(big)
+    return all(any(x == y for y in it) for x in small)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "transformer"])
+def test_allocations_follow_a_cpu_profiler_trace_of_the_same_program(npu, kind, tmp_path):
+    """The sizes and order of npu allocations are the CPU profiler's (profile_memory=True, read
+    by npumem's importer), as torch_npu's allocator rounds them. The CPU run's extra entries are
+    memory the CPU kernels take inside one op and CPU scalars the optimizer makes: CPU memory in
+    the npu run too."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from npumem import formats
+
+    torch.manual_seed(5)
+    if kind == "mlp":
+        cpu_model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 10))
+    else:
+        layer = nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=0.0, batch_first=True)
+        encoder = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+        cpu_model = nn.Sequential(nn.Linear(16, 32), encoder, nn.Linear(32, 10))
+    npu_model = copy.deepcopy(cpu_model).npu()
+    x, y = torch.randn(4, 5, 16), torch.randint(0, 10, (4, 5))
+
+    def program(model, x, y):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=False)
+        for _ in range(2):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
+            opt.step()
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof, sdpa_kernel(SDPBackend.MATH):
+        program(cpu_model, x, y)
+    prof.export_chrome_trace(str(tmp_path / "cpu.json"))
+    trace = formats.load(str(tmp_path / "cpu.json"))
+    on_cpu = [_block(int(size)) for alloc, size in zip(trace.is_alloc, trace.sizes, strict=True) if alloc]
+    xn, yn = x.npu(), y.npu()
+    npu.record_memory_history(True)
+    try:
+        program(npu_model, xn, yn)
+        on_npu = [e["size"] for e in npu.memory_snapshot()["device_traces"][0] if e["action"] == "alloc"]
+    finally:
+        npu.record_memory_history(False)
+    assert len(on_npu) > 30
+    assert _subsequence(on_npu, on_cpu), (on_npu, on_cpu)
+    if kind == "mlp":  # no kernel scratch: the same allocations, then the optimizer's CPU scalars
+        assert on_cpu[: len(on_npu)] == on_npu and len(on_cpu) - len(on_npu) == 2 * 4
+    else:
+        assert len(on_npu) >= 0.7 * len(on_cpu)

@@ -60,7 +60,10 @@ def test_a_script_runs_on_npu_with_its_arguments_exit_status_and_the_environment
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"NPUMEM_TORCH_MODE": "shape"}, "npumem.torch: NPUMEM_TORCH_MODE='shape': shape mode"),
+        (
+            {"NPUMEM_TORCH_MODE": "shape", "NPUMEM_BACKEND": "host"},
+            "npumem.torch: NPUMEM_BACKEND='host' with mode='shape': shape mode has no bytes",
+        ),
         ({"NPUMEM_ALLOC_CONF": "nonsense"}, "npumem.torch: NPUMEM_ALLOC_CONF='nonsense'"),
     ],
 )

@@ -5,7 +5,9 @@
 ``torch.npu.memory_summary()`` work as with torch_npu, and every ``npu`` storage is an allocation
 of an npumem :class:`~npumem.Device` with the chosen allocator (torch_npu's by default). In
 ``host`` mode the memory is real (the host backend) and ops run PyTorch's CPU kernels on it, so
-results equal a CPU run's.
+results equal a CPU run's; in ``shape`` mode the memory is a simulated device's and ops run meta
+kernels (shapes only), so a model far larger than the machine takes its steps in seconds, with
+the allocations host mode would make.
 
 Rules:
 - Installing is once per process: a second ``install`` with the same settings returns the same
@@ -18,9 +20,10 @@ PrivateUse1 storages (:mod:`.storage`), ``torch.library`` registers the allocati
 metadata kernels and a fallback that runs CPU kernels on the same memory (:mod:`.kernels`), and
 PyTorch's Python-backend hooks and device guard stand for C++. No compiler is needed and the
 allocator is the very npumem ``Device`` Python holds, so snapshots, summaries and the
-fragmentation view come from it. The cost: about 0.1 ms of Python per op, one device
-(PyTorch's Python device guard knows one), no streams, and ``torch.accelerator.memory_*`` (which
-needs a C++ ``DeviceAllocator``) does not answer.
+fragmentation view come from it. The cost: about 0.1 ms of Python per op, autograd on
+``npu:0`` only (PyTorch's Python device guard reports one device; :mod:`.engine`), no streams,
+and ``torch.accelerator.memory_*`` (which needs a C++ ``DeviceAllocator``) does not answer. The
+devices are ``npumem.acl``'s (:mod:`.system`); shape mode's kernels are :mod:`.shape`.
 """
 
 from __future__ import annotations
@@ -30,10 +33,20 @@ from typing import Any
 from .._optional import require
 from ..acl._config import ConfigError
 from . import runtime
-from .errors import InstallError
+from .engine import DeviceAutogradError
+from .errors import InstallError, ShapeModeError
 from .settings import Settings, resolve
 
-__all__ = ["ConfigError", "InstallError", "Settings", "device", "install", "installed"]
+__all__ = [
+    "ConfigError",
+    "DeviceAutogradError",
+    "InstallError",
+    "Settings",
+    "ShapeModeError",
+    "device",
+    "install",
+    "installed",
+]
 
 
 def installed() -> Settings | None:
@@ -56,12 +69,13 @@ def install(
 ) -> Settings:
     """Registers the ``npu`` device and returns its settings.
 
-    ``capacity`` (bytes or a size such as ``"16GiB"``; default: the host memory available),
-    ``allocator`` (``torch_npu`` by default, ``pytorch``, ``npumem``, ``direct``), ``alloc_conf``
-    (``PYTORCH_NPU_ALLOC_CONF``'s grammar), ``mode`` (``host``), ``devices`` (1) and ``backend``
-    (``host``, the one host mode runs on). An argument left ``None`` comes from its ``NPUMEM_*``
-    variable (``NPUMEM_TORCH_MODE`` for the mode; ``PYTORCH_NPU_ALLOC_CONF`` when
-    ``NPUMEM_ALLOC_CONF`` is unset), then the default.
+    ``capacity`` (bytes or a size such as ``"16GiB"``; default: the host memory available, 64
+    GiB in shape mode), ``allocator`` (``torch_npu`` by default, ``pytorch``, ``npumem``,
+    ``direct``), ``alloc_conf`` (``PYTORCH_NPU_ALLOC_CONF``'s grammar), ``mode`` (``host`` by
+    default: real memory, CPU kernels; ``shape``: simulated memory, meta kernels), ``devices``
+    (1) and ``backend`` (the mode's: ``host`` for host mode, ``sim`` for shape mode). An
+    argument left ``None`` comes from its ``NPUMEM_*`` variable (``NPUMEM_TORCH_MODE`` for the
+    mode; ``PYTORCH_NPU_ALLOC_CONF`` when ``NPUMEM_ALLOC_CONF`` is unset), then the default.
     """
     settings = resolve(capacity, allocator, alloc_conf, mode, devices, backend)
     if runtime.RUNTIME is not None:
@@ -75,18 +89,12 @@ def install(
     from . import registration
 
     registration.check_free(torch)
-    from .. import Device
+    from . import system
 
-    made = [
-        Device(
-            settings.capacity, backend=settings.backend, allocator=settings.allocator, alloc_conf=settings.alloc_conf
-        )
-        for _ in range(settings.devices)
-    ]
-    rt = runtime.Runtime(settings, made)
+    rt = runtime.Runtime(settings, system.devices(settings))
     runtime.RUNTIME = rt
     try:
-        rt.libraries = registration.register(torch)
+        rt.libraries = registration.register(torch, settings.mode, settings.devices)
     except BaseException:
         runtime.RUNTIME = None
         raise

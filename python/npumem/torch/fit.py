@@ -2,19 +2,25 @@
 an NPU of this size?
 
 Runs the script in this process with its ``npu`` device served by npumem (host mode: real
-memory, PyTorch's CPU kernels) and answers "fits: peak reserved X of Y, peak allocated Z,
+memory, PyTorch's CPU kernels; shape mode: a simulated device, ops compute shapes only, so a
+model far larger than the machine takes its step in seconds) and answers "fits: peak reserved X of Y, peak allocated Z,
 fragmentation F" (exit 0) or "does not fit: out of memory at file:line, tried to allocate S with
 R reserved" (exit 1), the line being the user's own frame, not PyTorch's or npumem's.
 
 Rules:
 - Options come before the script; everything after it is the script's. They are checked
-  before torch is imported or the script starts: a bad one is one line and exit status 2 (as are
-  ``--mode shape``, not available yet, and ``--devices`` other than 1).
+  before torch is imported or the script starts: a bad one is one line and exit status 2.
+- With ``--devices N`` the answer is npu:0's, then each other device's peaks (``devices`` in
+  ``--json``); out of memory on any device does not fit.
 - The script sees ``sys.argv`` as ``[script, args...]`` and ``import torch_npu`` resolves to
   npumem's stand-in, as under ``python -m npumem.torch``. An exception of the script's own (not
   out of memory) is its traceback and exit status 2; its ``sys.exit(n)`` with ``n`` not 0 is
-  exit status 2 too, since the run did not finish.
-- ``--snapshot`` is written whatever the answer (memory history is recorded from the start).
+  exit status 2 too, since the run did not finish. A read of values in shape mode
+  (:class:`~npumem.torch.ShapeModeError`) is one line naming the script's line and the op, exit
+  status 2.
+- ``--snapshot`` and ``--plot`` are written whatever the answer (memory history is recorded from
+  the start); a plot asked for without matplotlib is a hint and exit status 3, after the answer.
+- While the script runs, a progress line on stderr (:mod:`.timeline`).
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ import sys
 import traceback
 from typing import Any
 
-from .._cli_base import EXIT_NO, EXIT_OK, EXIT_USAGE, UsageError, _output_path
+from .._cli_base import EXIT_MISSING_DEPENDENCY, EXIT_NO, EXIT_OK, EXIT_USAGE, UsageError, _output_path
+from .._optional import MissingDependencyError
 
 
 def add_parser(sub: Any) -> None:
@@ -36,27 +43,35 @@ def add_parser(sub: Any) -> None:
         "fit",
         help="run a PyTorch script on an npu device of a given size: does it fit?",
         description="Runs the script with its npu device served by npumem (host mode: real memory, PyTorch's "
-        "CPU kernels) and says whether it fits: peak reserved and allocated, or where it ran out of memory.",
-        epilog="Exit status: 0 fits, 1 does not fit, 2 a bad option or the script failed for another reason.",
+        "CPU kernels; shape mode: simulated memory, ops compute shapes only) and says whether it fits: peak "
+        "reserved and allocated, or where it ran out of memory.",
+        epilog="Exit status: 0 fits, 1 does not fit, 2 a bad option or the script failed for another reason, "
+        "3 --plot without matplotlib.",
     )
     f.add_argument("script", help="the PyTorch program (run as __main__)")
     f.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments (everything after the script)")
     f.add_argument("--capacity", default="64GiB", help="the device's memory (default 64GiB)")
     f.add_argument("--allocator", default="torch_npu", help="torch_npu (default), pytorch, npumem, direct")
     f.add_argument("--alloc-conf", default=None, help="PYTORCH_NPU_ALLOC_CONF-style settings (default: the variable)")
-    f.add_argument("--mode", default="host", help="host (default); shape is not available yet")
-    f.add_argument("--devices", default="1", help="number of devices (1)")
+    f.add_argument(
+        "--mode",
+        default="host",
+        help="host (default: real memory, CPU kernels) or shape (simulated memory, shapes only)",
+    )
+    f.add_argument("--devices", default="1", help="number of devices, npu:0 .. npu:N-1 (default 1)")
     f.add_argument("--snapshot", default=None, help="write the memory snapshot (memory_viz's pickle) here")
+    f.add_argument("--plot", default=None, help="draw each device's allocated and reserved memory here (a PNG)")
     f.add_argument("--json", action="store_true", help="print the answer as one JSON object")
     f.set_defaults(run=run)
 
 
-def _user_frame(tb: Any, script: str) -> tuple[str, int]:
-    """The innermost frame of the script itself, else the innermost outside torch and npumem."""
+def _user_frame(tb: Any, script: str, shown: str) -> tuple[str, int]:
+    """The innermost frame of the script itself (named ``shown``, as the command line gave it),
+    else the innermost outside torch and npumem."""
     frames = traceback.extract_tb(tb)
     for fr in reversed(frames):
         if os.path.abspath(fr.filename) == script:
-            return fr.filename, fr.lineno or 0
+            return shown, fr.lineno or 0
     skip = (os.sep + "torch" + os.sep, os.sep + "npumem" + os.sep)
     for fr in reversed(frames):
         if not any(s in fr.filename for s in skip):
@@ -66,7 +81,7 @@ def _user_frame(tb: Any, script: str) -> tuple[str, int]:
 
 
 def run(args: Any) -> int:
-    from . import ConfigError, InstallError, install
+    from . import ConfigError, InstallError, ShapeModeError, install
     from .__main__ import stand_in_torch_npu
     from .settings import resolve
 
@@ -75,6 +90,8 @@ def run(args: Any) -> int:
         raise UsageError(f"{args.script}: no such file")
     if args.snapshot:
         _output_path(args.snapshot, "--snapshot")
+    if args.plot:
+        _output_path(args.plot, "--plot")
     try:
         settings = resolve(args.capacity, args.allocator, args.alloc_conf, args.mode, args.devices)
     except (ConfigError, TypeError) as e:
@@ -88,25 +105,34 @@ def run(args: Any) -> int:
         raise UsageError(str(e)) from None
     import torch
 
-    from . import runtime
+    from . import runtime, timeline
 
     dev = runtime.device(0)
-    dev.record_memory_history(True)
+    for d in runtime.get().devices:
+        d.record_memory_history(True)
+    count = settings.devices
     stand_in_torch_npu()
+    where = "npu:0" if count == 1 else f"npu:0..npu:{count - 1}, each"
     print(
-        f"npumem fit: running {args.script} on npu:0 ({_gib(dev.capacity)}, {dev.allocator} allocator)",
+        f"npumem fit: running {args.script} on {where} ({_gib(dev.capacity)}, {dev.allocator} allocator)",
         file=sys.stderr,
     )
     oom: dict[str, Any] | None = None
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [args.script, *args.script_args]
     sys.path.insert(0, os.path.dirname(script))
+    progress = timeline.Progress(runtime.get().devices)
+    progress.begin()
     try:
         runpy.run_path(script, run_name="__main__")
     except torch.OutOfMemoryError as e:
-        file, line = _user_frame(e.__traceback__, script)
-        tried, reserved = runtime.LAST_OOM or (0, dev.memory_reserved())
-        oom = {"file": file, "line": line, "tried_to_allocate": tried, "reserved": reserved}
+        file, line = _user_frame(e.__traceback__, script, args.script)
+        tried, reserved, index = runtime.LAST_OOM or (0, dev.memory_reserved(), 0)
+        oom = {"file": file, "line": line, "tried_to_allocate": tried, "reserved": reserved, "device": index}
+    except ShapeModeError as e:  # the script read a value in shape mode: where, in one line
+        file, line = _user_frame(e.__traceback__, script, args.script)
+        print(f"npumem fit: {file}:{line}: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except SystemExit as e:
         if e.code not in (None, 0):
             print(f"npumem fit: {args.script} exited with status {e.code!r} before finishing", file=sys.stderr)
@@ -116,9 +142,17 @@ def run(args: Any) -> int:
         print(f"npumem fit: {args.script} failed (its traceback above); no answer", file=sys.stderr)
         return EXIT_USAGE
     finally:
+        progress.stop()
         sys.argv, sys.path[:] = saved_argv, saved_path
     if args.snapshot:
         dev.dump_snapshot(args.snapshot)
+    missing = None
+    if args.plot:
+        try:
+            title = f"npumem fit {os.path.basename(args.script)} ({dev.allocator} allocator, {settings.mode} mode)"
+            timeline.plot(runtime.get().devices, args.plot, title, None if oom is None else oom["device"])
+        except MissingDependencyError as e:
+            missing = f"npumem fit: no plot: {e}"
     frag = dev.fragmentation()
     answer = {
         "fits": oom is None,
@@ -129,20 +163,32 @@ def run(args: Any) -> int:
         "allocator": dev.allocator,
         "alloc_conf": dev.alloc_conf,
         "out_of_memory": oom,
+        "devices": [
+            {"peak_reserved": d.max_memory_reserved(), "peak_allocated": d.max_memory_allocated()}
+            for d in runtime.get().devices
+        ],
     }
+    others = "".join(
+        f"; npu:{i} peak reserved {_gib(d['peak_reserved'])}, peak allocated {_gib(d['peak_allocated'])}"
+        for i, d in enumerate(answer["devices"])
+        if i
+    )
     if args.json:
         print(json.dumps(answer))
     elif oom is None:
         print(
             f"fits: peak reserved {_gib(answer['peak_reserved'])} of {_gib(dev.capacity)}, peak allocated "
             f"{_gib(answer['peak_allocated'])}, fragmentation {frag['external']:.1%} of the free reserved "
-            "memory at the end"
+            f"memory at the end{others}"
         )
     else:
         print(
             f"does not fit: out of memory at {oom['file']}:{oom['line']}, tried to allocate "
             f"{_gib(oom['tried_to_allocate'])} with {_gib(oom['reserved'])} reserved (of {_gib(dev.capacity)})"
         )
+    if missing:
+        print(missing, file=sys.stderr)
+        return EXIT_MISSING_DEPENDENCY
     return EXIT_OK if oom is None else EXIT_NO
 
 

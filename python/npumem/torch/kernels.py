@@ -28,22 +28,36 @@ from typing import Any
 import torch
 
 from ..errors import OutOfMemoryError as _NpumemOOM
-from . import oom, runtime, storage
+from . import oom, peer, runtime, storage
 
-_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _CPU = torch.device("cpu")
 _aten = torch.ops.aten
 
 
-def _map(fn: Any, x: Any) -> Any:
+def map_leaves(fn: Any, x: Any) -> Any:
     """``fn`` on every leaf of ``x`` (an op's arguments or results: values, lists and tuples of
     them); the containers are rebuilt as they were."""
     if isinstance(x, (list, tuple)):
-        items = [_map(fn, v) for v in x]
+        items = [map_leaves(fn, v) for v in x]
         if type(x) in (list, tuple):
             return type(x)(items)
         return type(x)(*items) if hasattr(type(x), "_fields") else type(x)(items)  # namedtuple, structseq
     return fn(x)
+
+
+def map_args(args: tuple, kwargs: dict, tensor_fn: Any, device: torch.device) -> tuple[tuple, dict]:
+    """An op's arguments with every ``npu`` tensor replaced by ``tensor_fn(tensor)`` and every
+    ``npu`` ``torch.device`` by ``device``."""
+
+    def one(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.device.type == "npu":
+            return tensor_fn(x)
+        if isinstance(x, torch.device) and x.type == "npu":
+            return device
+        return x
+
+    return map_leaves(one, args), ({k: map_leaves(one, v) for k, v in kwargs.items()} if kwargs else kwargs)
 
 
 def _nbytes(size: Any, stride: Any, itemsize: int) -> int:
@@ -61,15 +75,16 @@ def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory
     nbytes = _nbytes(size, stride, dtype.itemsize)
     dev = runtime.device(index)
     direct = storage.has_dl_type(dtype)
+    stream = runtime.stream_of(index)
     try:
         if direct:
-            return storage.new_tensor(dev, nbytes, size, stride, dtype, index)
-        base = storage.new_tensor(dev, nbytes, [nbytes], [1], torch.uint8, index)
+            return storage.new_tensor(dev, nbytes, size, stride, dtype, index, stream)
+        base = storage.new_tensor(dev, nbytes, [nbytes], [1], torch.uint8, index, stream)
     except _NpumemOOM as e:
-        runtime.LAST_OOM = (nbytes, dev.memory_reserved())
+        runtime.LAST_OOM = (nbytes, dev.memory_reserved(), index)
         raise torch.OutOfMemoryError(oom.message(dev, index, nbytes, e)) from None
-    typed = _aten.view.dtype.redispatch(_CPU_KEYS, base, dtype)
-    return _aten.as_strided.default.redispatch(_CPU_KEYS, typed, size, stride, 0)
+    typed = _aten.view.dtype.redispatch(CPU_KEYS, base, dtype)
+    return _aten.as_strided.default.redispatch(CPU_KEYS, typed, size, stride, 0)
 
 
 def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
@@ -94,41 +109,69 @@ def _alias(t: Any) -> Any:
 
 def copy_from(src, dst, non_blocking=False):
     """``_copy_from``: any copy with an ``npu`` side (dtype conversion and broadcasting are the
-    CPU kernel's)."""
+    CPU kernel's); between two ``npu`` devices, the peer path (:mod:`.peer`)."""
+    if src.device != dst.device and src.device.type == dst.device.type:
+        return peer.copy(src, dst, move_bytes=True)
     _alias(dst).copy_(_alias(src))
     return dst
 
 
-def _move_onto(t: torch.Tensor, size, stride, offset: int, nbytes: int) -> None:
+def set_geometry(t: torch.Tensor, size, stride, offset: int) -> None:
+    """Gives ``t`` this geometry on its own storage (CPU's metadata kernel, no bytes moved)."""
+    _aten.as_strided_.default.redispatch(CPU_KEYS, t, list(size), list(stride), offset)
+
+
+def share(base: torch.Tensor, dtype: Any, size, stride, offset: int) -> torch.Tensor:
+    """An ``npu`` tensor of ``dtype`` over ``base``'s storage with this geometry (``offset`` in
+    elements of ``dtype``): a view, made without ``base``'s Python storage object where the
+    dtype is the same (see :mod:`.storage`)."""
+    if dtype == base.dtype:
+        return _aten.as_strided.default.redispatch(CPU_KEYS, base, list(size), list(stride), offset)
+    fresh = empty_strided([0], [1], dtype, device=base.device)
+    return _aten.set_.source_Storage_storage_offset.redispatch(
+        CPU_KEYS, fresh, base.untyped_storage(), offset, list(size), list(stride)
+    )
+
+
+def move_onto(t: torch.Tensor, size, stride, offset: int, nbytes: int, keep_bytes: bool = True) -> None:
     """Puts ``t`` on a fresh allocation of ``nbytes`` with the given geometry, keeping the
-    bytes its old storage had (up to the smaller size)."""
-    old = t.untyped_storage()
+    bytes its old storage had (up to the smaller size) when ``keep_bytes`` (host mode)."""
+    old_ptr, old_nbytes = storage.storage_ptr(t), storage.storage_nbytes(t)
     fresh = empty_strided([nbytes], [1], torch.uint8, device=t.device)
-    keep = min(old.nbytes(), nbytes)
+    keep = min(old_nbytes, nbytes) if keep_bytes else 0
     if keep:
         old_bytes = torch.empty(0, dtype=torch.uint8).set_(
-            torch._C._construct_storage_from_data_pointer(old.data_ptr(), _CPU, old.nbytes()), 0, [keep], [1]
+            torch._C._construct_storage_from_data_pointer(old_ptr, _CPU, old_nbytes), 0, [keep], [1]
         )
         storage.host_alias(fresh)[:keep].copy_(old_bytes)
-    _aten.set_.source_Storage_storage_offset.redispatch(
-        _CPU_KEYS, t, fresh.untyped_storage(), offset, list(size), list(stride)
-    )
+    if t.dtype == torch.uint8:
+        _aten.set_.source_Tensor.redispatch(CPU_KEYS, t, fresh)
+    else:  # set_ takes a tensor of its own dtype: the bytes seen as that dtype
+        _aten.set_.source_Tensor.redispatch(CPU_KEYS, t, _aten.view.dtype.redispatch(CPU_KEYS, fresh, t.dtype))
+    set_geometry(t, size, stride, offset)
+
+
+def resize_strides(size: list[int], memory_format: Any) -> list[int]:
+    """The strides ``resize_(size, memory_format=...)`` gives."""
+    if memory_format in (None, torch.contiguous_format, torch.preserve_format):
+        return _contiguous(size)
+    return list(torch.empty(size, device="meta", memory_format=memory_format).stride())
+
+
+def resize_geometry(size: list[int], stride: list[int], offset: int, itemsize: int) -> int:
+    """The storage bytes a tensor of this geometry at element ``offset`` needs."""
+    return _nbytes(size, stride, itemsize) + (offset * itemsize if math.prod(size) else 0)
 
 
 def resize_(self, size, memory_format=None):
     size = list(size)
-    if memory_format in (None, torch.contiguous_format, torch.preserve_format):
-        stride = _contiguous(size)
-    else:
-        stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
+    stride = resize_strides(size, memory_format)
     offset = self.storage_offset()
-    needed = _nbytes(size, stride, self.dtype.itemsize) + (offset * self.dtype.itemsize if math.prod(size) else 0)
-    if needed > self.untyped_storage().nbytes():
-        _move_onto(self, size, stride, offset, needed)
+    needed = resize_geometry(size, stride, offset, self.dtype.itemsize)
+    if needed > storage.storage_nbytes(self):
+        move_onto(self, size, stride, offset, needed)
     else:
-        _aten.set_.source_Storage_storage_offset.redispatch(
-            _CPU_KEYS, self, self.untyped_storage(), offset, size, list(stride)
-        )
+        set_geometry(self, size, stride, offset)
     return self
 
 
@@ -142,9 +185,9 @@ def local_scalar_dense(self):
     return storage.host_alias(self).item()
 
 
-def _redispatch_to_cpu(op: Any) -> Any:
+def redispatch_to_cpu(op: Any) -> Any:
     def kernel(*args, **kwargs):
-        return op.redispatch(_CPU_KEYS, *args, **kwargs)
+        return op.redispatch(CPU_KEYS, *args, **kwargs)
 
     return kernel
 
@@ -169,29 +212,24 @@ def fallback(op, *args, **kwargs):
     by_alias: dict[int, torch.Tensor] = {}
     storages: dict[int, torch.Tensor] = {}
 
-    def to_host(x: Any) -> Any:
-        if isinstance(x, torch.Tensor) and x.device.type == "npu":
-            ptr = x.untyped_storage().data_ptr()
-            # A storage of no bytes is an out= tensor to be resized (at::empty({0}) then op_out):
-            # the CPU kernel gets a resizable CPU tensor, moved onto npu memory afterwards.
-            alias = storage.host_alias(x) if ptr else torch.empty_strided(x.size(), x.stride(), dtype=x.dtype)
-            inputs.append((x, alias, ptr))
-            by_alias[id(alias)] = x
-            if ptr:
-                storages.setdefault(ptr, x)
-            return alias
-        if isinstance(x, torch.device) and x.type == "npu":
-            return _CPU
-        return x
+    def to_host(x: torch.Tensor) -> torch.Tensor:
+        ptr = storage.storage_ptr(x)
+        # A storage of no bytes is an out= tensor to be resized (at::empty({0}) then op_out):
+        # the CPU kernel gets a resizable CPU tensor, moved onto npu memory afterwards.
+        alias = storage.host_alias(x) if ptr else torch.empty_strided(x.size(), x.stride(), dtype=x.dtype)
+        inputs.append((x, alias, ptr))
+        by_alias[id(alias)] = x
+        if ptr:
+            storages.setdefault(ptr, x)
+        return alias
 
-    host_args = _map(to_host, args)
-    host_kwargs = {k: _map(to_host, v) for k, v in kwargs.items()} if kwargs else kwargs
+    host_args, host_kwargs = map_args(args, kwargs, to_host, _CPU)
     out = op(*host_args, **host_kwargs)
     # An argument the CPU kernel resized (an out= tensor) moved onto CPU memory: give it npu memory.
     for t, alias, ptr in inputs:
-        if alias.untyped_storage().data_ptr() != ptr and alias.untyped_storage().nbytes():
+        if storage.storage_ptr(alias) != ptr and alias.untyped_storage().nbytes():
             moved = alias.untyped_storage()
-            _move_onto(t, alias.size(), alias.stride(), alias.storage_offset(), moved.nbytes())
+            move_onto(t, alias.size(), alias.stride(), alias.storage_offset(), moved.nbytes())
             storage.host_alias(t).copy_(alias)
             by_alias[id(alias)] = t
 
@@ -201,23 +239,16 @@ def fallback(op, *args, **kwargs):
         same = by_alias.get(id(o))
         if same is not None:
             return same
-        ptr = o.untyped_storage().data_ptr()
+        ptr = storage.storage_ptr(o)
         base = storages.get(ptr) if ptr else None
         if base is not None:  # a view of an argument's storage
-            return _aten.set_.source_Storage_storage_offset.redispatch(
-                _CPU_KEYS,
-                empty_strided([0], [1], o.dtype, device=base.device),
-                base.untyped_storage(),
-                o.storage_offset(),
-                list(o.size()),
-                list(o.stride()),
-            )
+            return share(base, o.dtype, o.size(), o.stride(), o.storage_offset())
         fresh = empty_strided(list(o.size()), list(o.stride()), o.dtype, device=_device_of(inputs))
         if o.numel():
             storage.host_alias(fresh).copy_(o)
         return fresh
 
-    return _map(to_device, out)
+    return map_leaves(to_device, out)
 
 
 def _device_of(inputs: list[tuple[torch.Tensor, torch.Tensor, int]]) -> torch.device:
@@ -229,7 +260,7 @@ def _device_of(inputs: list[tuple[torch.Tensor, torch.Tensor, int]]) -> torch.de
 _DEVICE_PATH_OPS = ("convolution", "convolution_backward")
 
 
-def _cpu_kernel_ops() -> list[str]:
+def cpu_kernel_ops() -> list[str]:
     """Every aten op (``name.overload``) that has a CPU kernel and no npu kernel yet, and the
     device-path composites.
 
@@ -249,8 +280,9 @@ def _cpu_kernel_ops() -> list[str]:
     return names + list(_DEVICE_PATH_OPS)
 
 
-def _on_cpu(name: str) -> Any:
-    """The fallback for the op ``name`` (``add.Tensor``), its OpOverload looked up on first call."""
+def on_cpu(name: str, every_op: Any) -> Any:
+    """``every_op`` (the mode's fallback) for the op ``name`` (``add.Tensor``), its OpOverload
+    looked up on first call."""
     base, _, overload = name.partition(".")
     op = None
 
@@ -258,31 +290,15 @@ def _on_cpu(name: str) -> Any:
         nonlocal op
         if op is None:
             op = getattr(getattr(_aten, base), overload or "default")
-        return fallback(op, *args, **kwargs)
+        return every_op(op, *args, **kwargs)
 
     return kernel
 
 
-def register() -> list[Any]:
-    """Registers the kernels; returns the libraries, which must be kept alive (a registration
-    lives as long as its library)."""
-    impl = torch.library.Library("aten", "IMPL")
-    for name, fn in (
-        ("empty_strided", empty_strided),
-        ("empty.memory_format", empty_memory_format),
-        ("_copy_from", copy_from),
-        ("_copy_from_and_resize", copy_from_and_resize),
-        ("resize_", resize_),
-        ("_local_scalar_dense", local_scalar_dense),
-    ):
-        impl.impl(name, fn, "PrivateUse1")
-    for name in METADATA_OPS:
-        base, _, overload = name.partition(".")
-        impl.impl(name, _redispatch_to_cpu(getattr(getattr(_aten, base), overload or "default")), "PrivateUse1")
-    for name in _cpu_kernel_ops():
-        impl.impl(name, _on_cpu(name), "PrivateUse1")
-    every = torch.library.Library("_", "IMPL")
-    every.fallback(fallback, dispatch_key="PrivateUse1")
-    # torch.autocast("npu") passes ops through unchanged (no per-op cast policy).
-    every.fallback(torch.library.fallthrough_kernel, dispatch_key="AutocastPrivateUse1")
-    return [impl, every]
+#: Host mode's kernels beside the fallback (shape mode has its own, :data:`.shape.KERNELS`).
+KERNELS = {
+    "_copy_from": copy_from,
+    "_copy_from_and_resize": copy_from_and_resize,
+    "resize_": resize_,
+    "_local_scalar_dense": local_scalar_dense,
+}

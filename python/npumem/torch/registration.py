@@ -42,10 +42,13 @@ def check_free(torch: Any) -> None:
         )
 
 
-def register(torch: Any) -> list[Any]:
-    """Registers everything; returns what must stay alive (the hooks, the guard, the
-    torch.library objects)."""
-    from . import kernels, npu
+def register(torch: Any, mode: str, devices: int = 1) -> list[Any]:
+    """Registers everything, with the kernels of ``mode``; returns what must stay alive (the
+    hooks, the guard, the torch.library objects)."""
+    from . import engine, npu
+
+    if devices > 1:
+        engine.install(torch)
 
     class Hooks(torch._C._acc.PrivateUse1Hooks):
         def is_available(self) -> bool:
@@ -68,4 +71,37 @@ def register(torch: Any) -> list[Any]:
     hooks, guard = Hooks(), Guard()
     torch._C._acc.register_python_privateuseone_hook(hooks)
     torch._C._acc.register_python_privateuseone_device_guard(guard)
-    return [hooks, guard, *kernels.register()]
+    return [hooks, guard, *_kernels(torch, mode)]
+
+
+def _kernels(torch: Any, mode: str) -> list[Any]:
+    """Registers the kernels of ``mode`` (``host``: CPU kernels on real memory, :mod:`.kernels`;
+    ``shape``: meta kernels, :mod:`.shape`); returns the libraries, which must be kept alive (a
+    registration lives as long as its library)."""
+    from . import kernels
+
+    table, every_op, kept = kernels.KERNELS, kernels.fallback, []
+    if mode == "shape":
+        from . import meta, shape
+
+        table, every_op = shape.KERNELS, shape.fallback
+        kept = meta.activate_cpp_meta()
+    aten = torch.ops.aten
+    impl = torch.library.Library("aten", "IMPL")
+    from .npu import streams
+
+    table = {"empty_strided": kernels.empty_strided, "empty.memory_format": kernels.empty_memory_format, **table}
+    table["record_stream"] = streams.record_stream
+    for name, fn in table.items():
+        impl.impl(name, fn, "PrivateUse1")
+    for name in kernels.METADATA_OPS:
+        base, _, overload = name.partition(".")
+        op = getattr(getattr(aten, base), overload or "default")
+        impl.impl(name, kernels.redispatch_to_cpu(op), "PrivateUse1")
+    for name in kernels.cpu_kernel_ops():
+        impl.impl(name, kernels.on_cpu(name, every_op), "PrivateUse1")
+    every = torch.library.Library("_", "IMPL")
+    every.fallback(every_op, dispatch_key="PrivateUse1")
+    # torch.autocast("npu") passes ops through unchanged (no per-op cast policy).
+    every.fallback(torch.library.fallthrough_kernel, dispatch_key="AutocastPrivateUse1")
+    return [impl, every, *kept]

@@ -22,11 +22,14 @@ class Runtime:
     current: int = 0
     #: The torch.library registrations: alive as long as the runtime.
     libraries: list[Any] = field(default_factory=list)
+    #: Device index -> its current npumem stream (absent or 0: the default stream).
+    streams: dict[int, int] = field(default_factory=dict)
 
 
 RUNTIME: Runtime | None = None
-#: The last failed allocation: (bytes asked for, bytes reserved then), for ``npumem fit``.
-LAST_OOM: tuple[int, int] | None = None
+#: The last failed allocation: (bytes asked for, bytes reserved then, device index), for
+#: ``npumem fit``.
+LAST_OOM: tuple[int, int, int] | None = None
 
 
 def get() -> Runtime:
@@ -62,6 +65,11 @@ def index_of(device: Any) -> int:
     if not isinstance(device, torch.device) or device.type != "npu":
         raise ValueError(f"device={device!r}: expected an npu device (npu, npu:0, 0)")
     return rt.current if device.index is None else check_index(device.index, str(device))
+
+
+def stream_of(index: int) -> int | None:
+    """The npumem stream new storages of ``npu:index`` are allocated on (None: the default)."""
+    return get().streams.get(index) or None
 
 
 def current_index() -> int:

@@ -24,12 +24,14 @@ from ..acl._config import ConfigError
 MODE = "NPUMEM_TORCH_MODE"
 TORCH_ALLOC_CONF = "PYTORCH_NPU_ALLOC_CONF"
 
-#: ``host``: real memory, PyTorch's CPU kernels. ``shape`` (simulated memory, meta kernels) is
-#: named so that asking for it gets a clear refusal rather than an unknown-value error.
+#: ``host``: real memory, PyTorch's CPU kernels. ``shape``: simulated memory, meta kernels.
 MODES = ("host", "shape")
-SUPPORTED_MODES = ("host",)
 #: Where each mode's memory is (npumem's ``Device(backend=...)``).
 BACKEND_OF_MODE = {"host": "host", "shape": "sim"}
+WHY_BACKEND = {
+    "host": "host mode runs PyTorch's CPU kernels on the device's memory",
+    "shape": "shape mode has no bytes behind its memory (a simulated device)",
+}
 #: torch_npu's own caching allocator: what a torch_npu program gets by default.
 DEFAULT_ALLOCATOR = "torch_npu"
 
@@ -73,32 +75,20 @@ def resolve(
 
     mode = pick(mode, "mode", MODE)
     mode = "host" if mode is None else _config._choice(mode, names["mode"], MODES)
-    if mode not in SUPPORTED_MODES:
-        raise ConfigError(
-            f"{names['mode']}={mode!r}: shape mode (simulated memory, meta kernels) is not available yet; "
-            f"use one of {', '.join(SUPPORTED_MODES)}"
-        )
     backend = pick(backend, "backend", _config.BACKEND)
     wanted = BACKEND_OF_MODE[mode]
     if backend is not None and _config._choice(backend, names["backend"], _config.BACKENDS) != wanted:
         raise ConfigError(
-            f"{names['backend']}={backend!r} with mode={mode!r}: {mode} mode runs PyTorch's CPU kernels on the "
-            f"device's memory, which needs backend={wanted!r}"
+            f"{names['backend']}={backend!r} with mode={mode!r}: {WHY_BACKEND[mode]}, which needs backend={wanted!r}"
         )
     devices = pick(devices, "devices", _config.DEVICES)
     count = 1 if devices is None else _config._devices(devices, names["devices"])
-    if count != 1:
-        raise ConfigError(
-            f"{names['devices']}={devices!r}: the npu device has one device (npu:0) for now; "
-            "PyTorch's Python-backend device guard knows a single device"
-        )
     capacity = pick(capacity, "capacity", _config.CAPACITY)
-    size = None if capacity is None else _config._capacity(capacity, names["capacity"])
     allocator = pick(allocator, "allocator", _config.ALLOCATOR)
     allocator = (
         DEFAULT_ALLOCATOR if allocator is None else _config._choice(allocator, names["allocator"], _config.ALLOCATORS)
     )
     alloc_conf = pick(alloc_conf, "alloc_conf", _config.ALLOC_CONF, TORCH_ALLOC_CONF)
     # The pyACL layer's checks: the allocator accepts its settings, the capacity fits the window.
-    checked = _config.make(1, size, wanted, allocator, alloc_conf, names=names)
+    checked = _config.make(count, capacity, wanted, allocator, alloc_conf, names=names)
     return Settings(mode, wanted, checked.capacity, checked.allocator, checked.alloc_conf, count)

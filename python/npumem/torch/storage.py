@@ -8,6 +8,11 @@ Rules:
   :data:`_LIVE` keeps each capsule's C structures alive until then.
 - :func:`host_alias` views an ``npu`` tensor's bytes as a CPU tensor without copying; it is
   valid only on the host backend (real pointers) and only while the ``npu`` tensor lives.
+- Nothing here asks an ``npu`` tensor for its Python storage object (``untyped_storage()``):
+  PyTorch keeps such an object alive with the storage, which raises the storage's use count, and
+  autograd accumulates a gradient in place only when that count is 1. :func:`storage_ptr` and
+  :func:`storage_nbytes` answer from the tensor and :data:`_NBYTES`, so the allocations are a
+  device's, op for op.
 
 Note [DLPack storages]: ``torch.from_dlpack`` maps ``kDLExtDev`` to PrivateUse1 and builds the
 tensor with ``at::from_blob`` and a deleter that calls the capsule's, so the tensor's data
@@ -62,6 +67,8 @@ _capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
 
 #: Capsule key -> (managed tensor, its shape array, device, pointer): alive until PyTorch's deleter.
 _LIVE: dict[int, tuple[Any, Any, Any, int]] = {}
+#: Pointer of a live npu storage -> its bytes.
+_NBYTES: dict[int, int] = {}
 _LOCK = threading.Lock()
 _KEYS = itertools.count(1)
 
@@ -71,6 +78,8 @@ def _delete(managed: Any) -> None:
     key = managed.contents.manager_ctx
     with _LOCK:
         entry = _LIVE.pop(key, None)
+        if entry is not None:
+            _NBYTES.pop(entry[3], None)
     if entry is not None and entry[3]:
         entry[2].free(entry[3])
 
@@ -100,12 +109,12 @@ def has_dl_type(dtype: torch.dtype) -> bool:
 
 
 def new_tensor(
-    device: Any, nbytes: int, size: list[int], stride: list[int], dtype: Any, index: int = 0
+    device: Any, nbytes: int, size: list[int], stride: list[int], dtype: Any, index: int = 0, stream: int | None = None
 ) -> torch.Tensor:
     """An ``npu:index`` tensor of ``size``, ``stride`` and ``dtype`` (one DLPack names) over a
     fresh npumem allocation of ``nbytes`` (the storage those need) from ``device``, which raises
-    npumem's ``OutOfMemoryError`` when it cannot."""
-    ptr = device.malloc(nbytes) if nbytes else 0
+    npumem's ``OutOfMemoryError`` when it cannot; on the npumem ``stream`` (None: the default)."""
+    ptr = device.malloc(nbytes, stream=stream) if nbytes else 0
     ndim = len(size)
     dims = (ctypes.c_int64 * (2 * ndim))(*size, *stride)
     managed = _DLManagedTensor()
@@ -121,11 +130,14 @@ def new_tensor(
     managed.deleter = _delete
     with _LOCK:
         _LIVE[key] = (managed, dims, device, ptr)
+        if ptr:
+            _NBYTES[ptr] = nbytes
     try:
         return torch._C._from_dlpack(_capsule_new(ctypes.addressof(managed), b"dltensor", None))
     except BaseException:
         with _LOCK:
             _LIVE.pop(key, None)
+            _NBYTES.pop(ptr, None)
         if ptr:
             device.free(ptr)
         raise
@@ -140,9 +152,22 @@ def live_allocations() -> int:
 _CPU = torch.device("cpu")
 
 
+def storage_ptr(tensor: torch.Tensor) -> int:
+    """The address of the tensor's storage (0 for a storage of no bytes)."""
+    return tensor.data_ptr() - tensor.storage_offset() * tensor.element_size()
+
+
+def storage_nbytes(tensor: torch.Tensor) -> int:
+    """The bytes of an ``npu`` tensor's storage."""
+    ptr = storage_ptr(tensor)
+    return _NBYTES.get(ptr, 0) if ptr else 0
+
+
 def host_alias(tensor: torch.Tensor) -> torch.Tensor:
     """A CPU tensor over the same bytes as the ``npu`` ``tensor`` (same dtype, sizes, strides,
     offset): no copy."""
-    storage = tensor.untyped_storage()
-    cpu = torch._C._construct_storage_from_data_pointer(storage.data_ptr(), _CPU, storage.nbytes())
-    return torch.empty(0, dtype=tensor.dtype).set_(cpu, tensor.storage_offset(), tensor.size(), tensor.stride())
+    offset, item = tensor.storage_offset(), tensor.element_size()
+    reach = 1 + sum((s - 1) * st for s, st in zip(tensor.size(), tensor.stride(), strict=True))
+    nbytes = (offset + reach) * item if tensor.numel() else 0
+    cpu = torch._C._construct_storage_from_data_pointer(storage_ptr(tensor), _CPU, nbytes)
+    return torch.empty(0, dtype=tensor.dtype).set_(cpu, offset, tensor.size(), tensor.stride())

@@ -2,8 +2,9 @@
 :func:`npumem.torch.install`).
 
 Rules:
-- Names and signatures are torch_npu's; only what npumem can answer truthfully is here. Streams,
-  events, RNG state per device and ``torch.accelerator``'s memory calls are not (the Python
+- Names and signatures are torch_npu's; only what npumem can answer truthfully is here. Streams
+  are npumem's (:mod:`.streams`: they pick the allocator's pool; ops do not run on them). Events,
+  RNG state per device and ``torch.accelerator``'s memory calls are not here (the Python
   PrivateUse1 route has no C++ device allocator or stream guard).
 - ``npu`` random numbers come from PyTorch's CPU generator (the kernels are CPU's), so
   ``torch.manual_seed`` seeds them and a seeded CPU run draws the same numbers.
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 
 from .. import runtime
-from . import memory
+from . import memory, streams
 from .memory import (
     _dump_snapshot,
     _record_memory_history,
@@ -35,13 +36,17 @@ from .memory import (
     reset_peak_memory_stats,
     set_per_process_memory_fraction,
 )
+from .streams import Stream, current_stream, default_stream, set_stream, stream
 
 __all__ = [
     "OutOfMemoryError",
+    "Stream",
     "_dump_snapshot",
     "_record_memory_history",
     "_snapshot",
     "current_device",
+    "current_stream",
+    "default_stream",
     "device_count",
     "empty_cache",
     "get_amp_supported_dtype",
@@ -64,6 +69,9 @@ __all__ = [
     "reset_peak_memory_stats",
     "set_device",
     "set_per_process_memory_fraction",
+    "set_stream",
+    "stream",
+    "streams",
     "synchronize",
 ]
 
