@@ -1,6 +1,7 @@
 //! `Tlb`: a translation lookaside buffer hierarchy over any page-table walk (a function from a
 //! virtual address to a [`Translation`]; npumem-core's `vm::PageTable` in the device). It depends
-//! on npumem-base only, so nothing of the device stack can reach it.
+//! on npumem-base (and raw-cpuid, to read the machine's geometry: [`cpuid`]) only, so nothing of
+//! the device stack can reach it.
 //!
 //! A hierarchy has levels (L1, L2, ...); each level holds one or more arrays — one unified array
 //! for every page size, or arrays split by page size (as Intel's L1 DTLB). An array is
@@ -37,6 +38,7 @@ mod array;
 mod batch;
 mod chain;
 mod config;
+pub mod cpuid;
 mod fixed;
 mod memo;
 pub mod reference;

@@ -293,3 +293,39 @@ fn host_fields_are_checked() {
     cfg.source_kind = "rumour".into();
     assert!(Tlb::new(cfg).unwrap_err().to_string().contains("source_kind \"rumour\""));
 }
+
+/// CPUID leaves of this project's machines (a Firecracker KVM guest on AMD Zen 4).
+const ZEN4_GUEST: [(u32, [u32; 4]); 8] = [
+    (0x0000_0000, [0x0000_001c, 0x6874_7541, 0x444d_4163, 0x6974_6e65]),
+    (0x0000_0001, [0x00a1_0f11, 0x0002_0800, 0xfffa_3203, 0x178b_fbff]),
+    (0x4000_0000, [0x4000_0001, 0x4b4d_564b, 0x564b_4d56, 0x0000_004d]),
+    (0x8000_0000, [0x8000_0021, 0x6874_7541, 0x444d_4163, 0x6974_6e65]),
+    (0x8000_0001, [0x00a1_0f11, 0x4000_0000, 0x0040_03f3, 0x2fd3_fbff]),
+    (0x8000_0005, [0xff48_ff40, 0xff48_ff40, 0x2008_0140, 0x2008_0140]),
+    (0x8000_0006, [0x5c00_2200, 0x6c00_4200, 0x0400_6140, 0x0a00_9140]),
+    (0x8000_0019, [0, 0, 0, 0]),
+];
+
+fn recorded(leaf: u32, _sub: u32) -> raw_cpuid::CpuIdResult {
+    let r = ZEN4_GUEST.iter().find(|(l, _)| *l == leaf).map_or([0; 4], |(_, r)| *r);
+    raw_cpuid::CpuIdResult { eax: r[0], ebx: r[1], ecx: r[2], edx: r[3] }
+}
+
+#[test]
+fn cpuid_of_the_zen4_guest_gives_the_published_zen4_geometry() {
+    let cpuid = raw_cpuid::CpuId::with_cpuid_reader(recorded);
+    let c = cpuid::from_reader(&cpuid, Some(PageSize::Size4K)).unwrap();
+    assert_eq!(c.source_kind, "CPUID");
+    assert!(c.source.contains("AuthenticAMD family 0x19 model 0x11"), "{}", c.source);
+    let l1 = &c.levels[0];
+    assert_eq!(l1.len(), 1, "4 KiB and 2 MiB share the 72-entry L1");
+    assert_eq!((l1[0].entries, l1[0].ways), (72, 72));
+    assert_eq!(l1[0].page_sizes, vec![PageSize::Size4K, PageSize::Size64K, PageSize::Size2M]);
+    let l2 = &c.levels[1];
+    assert_eq!((l2.len(), l2[0].entries, l2[0].ways), (1, 3072, 8));
+    assert_eq!(c.host.as_ref().map(|h| h.page_size), Some(PageSize::Size4K));
+    // Without a host page the guest is modelled native, and says so.
+    let native = cpuid::from_reader(&cpuid, None).unwrap();
+    assert!(native.host.is_none() && native.source.contains("modelled native"));
+    Tlb::new(c).unwrap();
+}
