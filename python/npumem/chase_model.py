@@ -1,0 +1,232 @@
+"""The pointer-chase cost model: nanoseconds per access of a chase touching one 64-byte line in
+each 4 KiB page of a footprint, the pages in one random cycle, predicted from the TLB model's
+counters (:func:`predict_chase`) with cost constants fitted to measured points (:func:`fit_chase`).
+
+Rules:
+
+- The counters come from the TLB model (a preset, or ``"cpuid"``: this machine's geometry) on the
+  same chase over a simulated device mapped with ``page_size`` pages (one lap warms, two count);
+  ``host_page_size`` makes it a guest over host pages of that size (two-dimensional walks, an
+  entry maps the smaller page).
+- An access costs its data load, ``l2_tlb_ns`` for each L1 TLB miss (the L2 lookup), and each walk
+  read by its tier. Two tiers per read: near (walk-cache, L1 or L2 data-cache resident:
+  ``near_ns``; ``base_ns`` while L1-resident) and beyond (``far_ns``).
+- Residency: upper-level walk reads touch a handful of lines and are L1-resident. The data line
+  and the leaf reads (a guest PTE each walk, a host PTE each host walk; eight entries a line)
+  share the data caches: a lap touches ``W`` lines, and a line is L1-resident with probability
+  min(1, L1 lines / W) and L2-resident with min(1, L2 lines / W).
+- Three cost constants are fitted (``l2_tlb_ns``, ``near_ns``, ``far_ns``, non-negative least
+  squares); ``base_ns`` is the chase's floor: the mean of the measured points the model gives no
+  L1 TLB miss and L1-resident data.
+- What it does not represent: prefetchers, the data caches' replacement (the residency above is a
+  capacity ratio), memory-level parallelism (a chase has none), and DRAM pages. Data-cache effects
+  take over where the lap's lines leave L1 (32 KiB: 512 lines, a 2 MiB footprint on Zen 4) and L2
+  (1 MiB: 16,384 lines, a 64 MiB footprint): there the load, not the translation, sets the step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import _args
+from .device import Device
+from .enums import Policy
+from .errors import invalid_param
+from .patterns import pointer_chase
+
+LINE = 64
+PAGE = 4096
+#: The cost constants a prediction needs (ns); the last three are fitted.
+COST_KEYS = ("base_ns", "l2_tlb_ns", "near_ns", "far_ns")
+#: Guest page size -> the malloc policy mapping a footprint with it.
+PAGE_POLICIES = {4096: Policy.NORMAL_ONLY, 2 << 20: Policy.HUGE_ONLY, 1 << 30: Policy.HUGE1G_ONLY}
+#: The largest footprint a prediction models.
+MAX_FOOTPRINT = 4 << 30
+#: Laps of the chase the model counts (after one warming lap).
+LAPS = 2
+
+
+def data_caches() -> tuple[int, int]:
+    """(L1 data, L2) cache bytes of this machine's CPU 0 from sysfs; Zen 4's (32 KiB, 1 MiB)
+    where sysfs does not say."""
+    found: dict[int, int] = {}
+    for i in range(8):
+        base = f"/sys/devices/system/cpu/cpu0/cache/index{i}/"
+        try:
+            with open(base + "level") as f:
+                level = int(f.read())
+            with open(base + "type") as f:
+                kind = f.read().strip()
+            with open(base + "size") as f:
+                text = f.read().strip()
+        except (OSError, ValueError):
+            continue
+        if kind in ("Data", "Unified") and text.endswith("K") and level not in found:
+            found[level] = int(text[:-1]) * 1024
+    return found.get(1, 32 << 10), found.get(2, 1 << 20)
+
+
+def _footprints(footprints: Any) -> list[int]:
+    if isinstance(footprints, (str, bytes)) or not isinstance(footprints, Iterable):
+        raise _args.type_error("footprints", footprints, "a list of sizes")
+    out = [_args.size(f, f"footprints[{i}]", PAGE, MAX_FOOTPRINT) for i, f in enumerate(footprints)]
+    if not out:
+        raise invalid_param("footprints is empty; give at least one size")
+    return out
+
+
+def _guest_page(page_size: Any) -> int:
+    size = _args.size(page_size, "page_size")
+    if size not in PAGE_POLICIES:
+        raise invalid_param(f"page_size {_args.show(page_size)} is not a guest page: use 4096, 2MiB or 1GiB")
+    return size
+
+
+def _costs(costs: Any) -> dict[str, float]:
+    c = _args.mapping(costs, "costs")
+    missing = [k for k in COST_KEYS if k not in c]
+    unknown = [k for k in c if k not in COST_KEYS]
+    if missing or unknown:
+        raise invalid_param(
+            f"costs must hold exactly {', '.join(COST_KEYS)} (ns); missing {missing or 'none'}, unknown {unknown or 'none'}"
+        )
+    return {k: _args.real(c[k], f"costs[{k!r}]", 0.0, 1e6, unit="ns") for k in COST_KEYS}
+
+
+def chase_features(
+    footprints: Sequence[int],
+    page_size: int = PAGE,
+    *,
+    host_page_size: int | None = None,
+    preset: str = "cpuid",
+    caches: tuple[int, int] | None = None,
+) -> list[dict[str, float]]:
+    """Per footprint, what an access does in the model: ``l1_miss`` (L1 TLB misses), ``walks``,
+    upper and leaf walk reads, and the lines a lap touches, each per access; then the weights of
+    each cost constant (``w_base``, ``w_l2_tlb``, ``w_near``, ``w_far``)."""
+    from .tlb import Tlb, host_page
+
+    footprints = _footprints(footprints)
+    page_size = _guest_page(page_size)
+    host = None if host_page_size is None else host_page(host_page_size, "host_page_size")
+    preset = _args.text(preset, "preset")
+    l1_bytes, l2_bytes = caches if caches is not None else data_caches()
+    c1, c2 = l1_bytes / LINE, l2_bytes / LINE
+    biggest = max(footprints)
+    giants = -(-biggest // (1 << 30)) if page_size == 1 << 30 else 0
+    span = -(-biggest // page_size) * page_size
+    dev = Device(span + giants * (1 << 30) + (64 << 20), giant_frames=giants, allocator="direct")
+    rows = []
+    for fp in footprints:
+        ptr = dev.malloc(fp, PAGE_POLICIES[page_size])
+        pages = fp // PAGE
+        tlb = Tlb.preset(preset, dev, host_page_size=host) if host else Tlb.preset(preset, dev)
+        laps = pointer_chase(ptr, fp, (1 + LAPS) * pages, seed=1)
+        tlb.run(laps[:pages])
+        tlb.reset_stats()
+        st = tlb.run(laps[pages:])
+        dev.free(ptr)
+        n = max(st.accesses, 1)
+        l1_miss = st.levels[0].misses / n
+        walks = st.walks / n
+        leaf = (st.walks + st.nested_walks) / n
+        upper = (st.walk_steps + st.nested_steps) / n - leaf
+        # Leaf entries of the footprint, eight a line: the guest's, and the host's of the data.
+        pte_lines = fp / page_size / 8 + (fp / host / 8 if host else 0)
+        lines = pages + min(1.0, walks) * pte_lines
+        h1, h2 = min(1.0, c1 / lines), min(1.0, c2 / lines)
+        tiers = (1 + leaf) * np.array([h1, h2 - h1, 1 - h2])  # the load and the leaf reads
+        rows.append(
+            {
+                "footprint": fp,
+                "l1_miss": l1_miss,
+                "walks": walks,
+                "upper_reads": upper,
+                "leaf_reads": leaf,
+                "lines": lines,
+                "w_base": float(tiers[0] + upper),
+                "w_l2_tlb": l1_miss,
+                "w_near": float(tiers[1]),
+                "w_far": float(tiers[2]),
+            }
+        )
+    return rows
+
+
+def _predict(rows: list[dict[str, float]], c: Mapping[str, float]) -> list[float]:
+    return [
+        r["w_base"] * c["base_ns"] + r["w_l2_tlb"] * c["l2_tlb_ns"] + r["w_near"] * c["near_ns"] + r["w_far"] * c["far_ns"]
+        for r in rows
+    ]
+
+
+def predict_chase(
+    footprints: Sequence[int],
+    page_size: int = PAGE,
+    *,
+    host_page_size: int | None = None,
+    preset: str = "cpuid",
+    costs: Mapping[str, float],
+    caches: tuple[int, int] | None = None,
+) -> list[float]:
+    """Nanoseconds per access the model predicts for a chase of each footprint (one 64-byte line
+    in each 4 KiB page, the pages in one random cycle) over ``page_size`` guest pages;
+    ``host_page_size`` (4096, 2 MiB or 1 GiB) makes the machine a guest over host pages of that
+    size, ``preset`` names the geometry (``"cpuid"``: this machine's), ``costs`` holds base_ns,
+    l2_tlb_ns, near_ns and far_ns (as :func:`fit_chase` returns), ``caches`` the (L1 data, L2)
+    bytes (this machine's by default)."""
+    c = _costs(costs)
+    rows = chase_features(footprints, page_size, host_page_size=host_page_size, preset=preset, caches=caches)
+    return _predict(rows, c)
+
+
+def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares ``y ~ x @ c`` with every coefficient >= 0 (the best fit over the subsets of
+    columns whose coefficients come out non-negative)."""
+    best, best_err = np.zeros(x.shape[1]), float(np.sum(y**2))
+    for mask in range(1, 1 << x.shape[1]):
+        cols = [i for i in range(x.shape[1]) if mask >> i & 1]
+        c, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
+        if (c >= 0).all():
+            err = float(np.sum((x[:, cols] @ c - y) ** 2))
+            if err < best_err:
+                best, best_err = np.zeros(x.shape[1]), err
+                best[cols] = c
+    return best
+
+
+def fit_chase(
+    footprints: Sequence[int],
+    ns: Sequence[float],
+    *,
+    page_size: int = PAGE,
+    host_page_size: int | None = None,
+    preset: str = "cpuid",
+    caches: tuple[int, int] | None = None,
+) -> dict[str, float]:
+    """The ``costs`` (base_ns, l2_tlb_ns, near_ns, far_ns) that fit measured ``ns`` per access at
+    ``footprints`` best: base_ns the mean of the points with no L1 TLB miss and L1-resident data
+    in the model (the smallest point where there is none), the other three by non-negative
+    least squares on relative errors (every point weighs alike)."""
+    footprints = _footprints(footprints)
+    if isinstance(ns, (str, bytes)) or not isinstance(ns, Iterable):
+        raise _args.type_error("ns", ns, "a list of nanoseconds")
+    y = np.array([_args.real(v, f"ns[{i}]", 0.0, 1e6, unit="ns") for i, v in enumerate(ns)])
+    if len(y) != len(footprints):
+        raise invalid_param(f"ns holds {len(y)} values for {len(footprints)} footprints; give one per footprint")
+    rows = chase_features(footprints, page_size, host_page_size=host_page_size, preset=preset, caches=caches)
+    floor = [i for i, r in enumerate(rows) if r["w_l2_tlb"] == 0 and r["w_near"] == 0 and r["w_far"] == 0]
+    base = float(np.mean(y[floor])) if floor else float(y[int(np.argmin(footprints))])
+    w = np.array([[r["w_l2_tlb"], r["w_near"], r["w_far"]] for r in rows])
+    rest = y - base * np.array([r["w_base"] for r in rows])
+    scale = 1 / np.maximum(y, 1e-9)
+    c = _nonnegative_fit(w * scale[:, None], rest * scale)
+    out = {"base_ns": base, "l2_tlb_ns": float(c[0]), "near_ns": float(c[1]), "far_ns": float(c[2])}
+    return {k: (round(v, 4) if math.isfinite(v) else v) for k, v in out.items()}
+
+
+__all__ = ["COST_KEYS", "chase_features", "data_caches", "fit_chase", "predict_chase"]
