@@ -11,10 +11,10 @@ Rules:
 - An access costs its data load, ``l2_tlb_ns`` for each L1 TLB miss (the L2 lookup), and each walk
   read by its tier. Two tiers per read: near (walk-cache, L1 or L2 data-cache resident:
   ``near_ns``; ``base_ns`` while L1-resident) and beyond (``far_ns``).
-- Residency: upper-level walk reads touch a handful of lines and are L1-resident. The data line
-  and the leaf reads (a guest PTE each walk, a host PTE each host walk; eight entries a line)
-  share the data caches: a lap touches ``W`` lines, and a line is L1-resident with probability
-  min(1, L1 lines / W) and L2-resident with min(1, L2 lines / W).
+- Residency: upper-level walk reads and the host walks of guest table pages touch a handful of
+  lines and are near. The data line and the leaf reads (a guest PTE each walk, a host PTE of the
+  data each walk) share the data caches (reuse distance against capacity, see ``_weights``); a walk
+  read is near or beyond, the data load L1-resident (``base_ns``), near or beyond.
 - Three cost constants are fitted (``l2_tlb_ns``, ``near_ns``, ``far_ns``, non-negative least
   squares); ``base_ns`` is the chase's floor: the mean of the measured points the model gives no
   L1 TLB miss and L1-resident data.
@@ -106,8 +106,8 @@ def chase_features(
     caches: tuple[int, int] | None = None,
 ) -> list[dict[str, float]]:
     """Per footprint, what an access does in the model: ``l1_miss`` (L1 TLB misses), ``walks``,
-    upper and leaf walk reads, and the lines a lap touches, each per access; then the weights of
-    each cost constant (``w_base``, ``w_l2_tlb``, ``w_near``, ``w_far``)."""
+    walk ``reads`` (both dimensions) per access and the ``lines`` a lap touches; then the weight
+    of each cost constant (``w_base``, ``w_l2_tlb``, ``w_near``, ``w_far``)."""
     from .tlb import Tlb, host_page
 
     footprints = _footprints(footprints)
@@ -133,28 +133,58 @@ def chase_features(
         n = max(st.accesses, 1)
         l1_miss = st.levels[0].misses / n
         walks = st.walks / n
-        leaf = (st.walks + st.nested_walks) / n
-        upper = (st.walk_steps + st.nested_steps) / n - leaf
-        # Leaf entries of the footprint, eight a line: the guest's, and the host's of the data.
-        pte_lines = fp / page_size / 8 + (fp / host / 8 if host else 0)
-        lines = pages + min(1.0, walks) * pte_lines
-        h1, h2 = min(1.0, c1 / lines), min(1.0, c2 / lines)
-        tiers = (1 + leaf) * np.array([h1, h2 - h1, 1 - h2])  # the load and the leaf reads
-        rows.append(
-            {
-                "footprint": fp,
-                "l1_miss": l1_miss,
-                "walks": walks,
-                "upper_reads": upper,
-                "leaf_reads": leaf,
-                "lines": lines,
-                "w_base": float(tiers[0] + upper),
-                "w_l2_tlb": l1_miss,
-                "w_near": float(tiers[1]),
-                "w_far": float(tiers[2]),
-            }
-        )
+        # A guest leaf read each walk, and (with a host) a host leaf read of the data each walk;
+        # host walks beyond those are of guest table pages, whose host entries are few and hot.
+        host_data = walks if host else 0.0
+        table_host = max(0.0, st.nested_walks / n - host_data)
+        upper = (st.walk_steps + st.nested_steps) / n - walks - host_data - table_host
+        rows.append(_weights(fp, page_size, host, l1_miss, walks, host_data, upper + table_host, c1, c2))
     return rows
+
+
+def _weights(
+    fp: int,
+    page_size: int,
+    host: int | None,
+    l1_miss: float,
+    walks: float,
+    host_data: float,
+    hot_reads: float,
+    c1: float,
+    c2: float,
+) -> dict[str, float]:
+    """The weight of each cost constant in one access of a chase of ``fp`` bytes.
+
+    Lines a lap touches: the data's (one a page), the guest's leaf entries (eight a line) and
+    the host's leaf entries of the data: eight a line under a 2 MiB or 1 GiB guest page (its
+    frames are contiguous), one a line under 4 KiB guest pages (a guest's 4 KiB frames lie
+    scattered). A line touched k times a lap is reused after W/k of the lap's W lines: resident
+    in a cache of C lines with probability min(1, C·k/W)."""
+    pages = fp / PAGE
+    guest_lines = max(1.0, fp / page_size / 8)
+    host_lines = 0.0 if not host else pages if page_size == PAGE else max(1.0, fp / host / 8)
+    touches = walks * pages
+    lines = pages + min(guest_lines, touches) + (min(host_lines, touches) if host else 0.0)
+
+    def resident(k: float, cap: float) -> float:
+        return min(1.0, cap * k / lines)
+
+    d1, d2 = resident(1, c1), resident(1, c2)
+    g2 = resident(touches / guest_lines, c2) if walks else 1.0
+    h2 = resident(touches / host_lines, c2) if host_data else 1.0
+    near = (d2 - d1) + hot_reads + walks * g2 + host_data * h2
+    far = (1 - d2) + walks * (1 - g2) + host_data * (1 - h2)
+    return {
+        "footprint": fp,
+        "l1_miss": l1_miss,
+        "walks": walks,
+        "reads": hot_reads + walks + host_data,
+        "lines": lines,
+        "w_base": d1,
+        "w_l2_tlb": l1_miss,
+        "w_near": near,
+        "w_far": far,
+    }
 
 
 def _predict(rows: list[dict[str, float]], c: Mapping[str, float]) -> list[float]:

@@ -181,13 +181,14 @@ def measure(
 
 def knees(footprints: Sequence[int], ns: Sequence[float]) -> tuple[int | None, int | None]:
     """The L1 knee (the first footprint at twice the smallest one's time) and the L2 onset (the
-    first footprint from four times the L1 knee at 1.25 times the lowest time since then)."""
+    first footprint from sixteen times the L1 knee, past the data's L1-cache step, at 1.25 times
+    the lowest time since then)."""
     l1 = next((f for f, y in zip(footprints, ns, strict=True) if y >= 2 * ns[0]), None)
     if l1 is None:
         return None, None
     low = math.inf
     for f, y in zip(footprints, ns, strict=True):
-        if f < 4 * l1:
+        if f < 16 * l1:
             continue
         low = min(low, y)
         if y >= 1.25 * low:
@@ -215,6 +216,12 @@ def validate(
         raise invalid_param("footprints is empty; give at least one size")
     footprints = sorted(set(footprints))
     rounds = _args.integer(rounds, "rounds", 1, 1000)
+    from .device import Device
+    from .tlb import Tlb, host_page
+
+    # The geometry and host are checked before anything is measured.
+    host_page_size = None if host_page_size is None else host_page(host_page_size, "host_page_size")
+    Tlb.preset(_args.text(preset, "preset"), Device("64MiB"), host_page_size=host_page_size)
     load_before = os.getloadavg()
     biggest = -(-max(footprints) // HUGE) * HUGE
     series = [small_series(biggest), thp_series(biggest)]
@@ -246,7 +253,7 @@ def validate(
             "page_size": s.page_size,
             "measured_ns": [round(v, 3) for v in meas],
             "predicted_ns": [round(v, 3) for v in pred],
-            "reads_per_access": [round(r["upper_reads"] + r["leaf_reads"], 3) for r in feats],
+            "reads_per_access": [round(r["reads"], 3) for r in feats],
             "knees_measured": knees(footprints, meas),
             "knees_predicted": knees(footprints, pred),
             "within": [_within(p, m, POINT_TOL, POINT_FLOOR_NS) for p, m in zip(pred, meas, strict=True)],
