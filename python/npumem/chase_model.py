@@ -209,6 +209,7 @@ def predict_chase(
     size, ``preset`` names the geometry (``"cpuid"``: this machine's), ``costs`` holds base_ns,
     l2_tlb_ns, near_ns and far_ns (as :func:`fit_chase` returns), ``caches`` the (L1 data, L2)
     bytes (this machine's by default)."""
+    footprints, page_size = _footprints(footprints), _guest_page(page_size)
     c = _costs(costs)
     rows = chase_features(footprints, page_size, host_page_size=host_page_size, preset=preset, caches=caches)
     return _predict(rows, c)
