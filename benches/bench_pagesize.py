@@ -430,7 +430,7 @@ def run(
     measured = measure_chase(regions, footprints, rounds, seed)
     print(f"(chase measured in {time.perf_counter() - t0:.0f} s)")
 
-    # Calibrated geometry, as validate_tlb.py does: the TLB levels end where the 4 KiB series
+    # Calibrated geometry: the TLB levels end where the 4 KiB series
     # steps up (the first knee, and the first one at least 16x further: the knee in between is
     # the data leaving the L1 cache).
     steps = knees([(fp, measured[small.label, fp]) for fp in footprints])
