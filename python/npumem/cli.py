@@ -151,7 +151,7 @@ def _parser() -> argparse.ArgumentParser:
     va.add_argument("--no-hugetlb", action="store_true", help="skip the hugetlb series even where pages are free")
     va.add_argument("--json", default=None, help="also write the result as JSON to this path")
     va.add_argument("--plot", default=None, help="also draw measured vs model into this PNG (needs matplotlib)")
-    va.add_argument("--strict", action="store_true", help="exit 1 when a check of the issue's bounds fails")
+    va.add_argument("--strict", action="store_true", help="exit 1 when a check of the validation's bounds fails")
     va.set_defaults(run=_tlb_validate)
 
     pl = sub.add_parser(

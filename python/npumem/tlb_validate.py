@@ -41,7 +41,7 @@ MADV_COLLAPSE = 25  # linux/mman.h (Linux 6.1)
 MAP_HUGETLB = 0x40000  # linux/mman.h (x86, Arm)
 #: Timed steps of one sample; short, so that some samples of a loaded machine run undisturbed.
 SAMPLE_STEPS = 200_000
-#: Error bounds the issue sets: every point, and the 4K-2M difference from 12 MiB.
+#: The validation's bounds: every point, and the 4K-2M difference from 12 MiB.
 POINT_TOL, POINT_FLOOR_NS = 0.15, 0.5
 DIFF_TOL, DIFF_FLOOR_NS, DIFF_FROM = 0.25, 2.0, 12 << 20
 
@@ -210,7 +210,7 @@ def validate(
     hugetlb: bool = True,
 ) -> dict[str, Any]:
     """Measures the chase over every series, fits the costs on the 4 KiB one, predicts every
-    point, and checks the issue's bounds; returns a JSON-able dict (see :func:`format_table`)."""
+    point, and checks the validation's bounds; returns a JSON-able dict (see :func:`format_table`)."""
     footprints = grid() if footprints is None else [_args.size(f, "footprints", PAGE, 1 << 30) for f in footprints]
     if not footprints:
         raise invalid_param("footprints is empty; give at least one size")
@@ -263,7 +263,7 @@ def validate(
 
 
 def _checks(out: dict[str, Any]) -> dict[str, bool]:
-    """The issue's bounds: knees in the same grid interval, every point within ±15% (±0.5 ns),
+    """The validation's bounds: knees in the same grid interval, every point within ±15% (±0.5 ns),
     the 4K-2M difference within ±25% (±2 ns) from 12 MiB."""
     fps = out["footprints"]
     checks = {}
