@@ -118,7 +118,10 @@ def nesting(dev: npumem.Device, base: int, n: int, rounds: int) -> None:
     for label in hosts:
         rate = n / best[label] / 1e6
         w, r = walks[label]
-        print(f"{label:<10} {rate:8.1f}  {best['native'] / best[label]:5.2f}x native  walks/access {w:.3f}  reads/walk {r:.2f}")
+        print(
+            f"{label:<10} {rate:8.1f}  {best['native'] / best[label]:5.2f}x native  "
+            f"walks/access {w:.3f}  reads/walk {r:.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -238,7 +238,14 @@ def test_the_answer_says_when_the_host_limits_the_gain():
     from npumem.report import answer
 
     rows = [
-        {"preset": p, "page": page, "pattern": "gemm", "footprint": 64 << 20, "cycles_per_access": c, "internal_waste": 0}
+        {
+            "preset": p,
+            "page": page,
+            "pattern": "gemm",
+            "footprint": 64 << 20,
+            "cycles_per_access": c,
+            "internal_waste": 0,
+        }
         for p in ("zen4", "zen4_kvm")
         for page, c in (("4KiB", 2.0), ("2MiB", 0.1 if p == "zen4" else 1.99))
     ]

@@ -92,7 +92,8 @@ def _costs(costs: Any) -> dict[str, float]:
     unknown = [k for k in c if k not in COST_KEYS]
     if missing or unknown:
         raise invalid_param(
-            f"costs must hold exactly {', '.join(COST_KEYS)} (ns); missing {missing or 'none'}, unknown {unknown or 'none'}"
+            f"costs must hold exactly {', '.join(COST_KEYS)} (ns); "
+            f"missing {missing or 'none'}, unknown {unknown or 'none'}"
         )
     return {k: _args.real(c[k], f"costs[{k!r}]", 0.0, 1e6, unit="ns") for k in COST_KEYS}
 
@@ -189,7 +190,10 @@ def _weights(
 
 def _predict(rows: list[dict[str, float]], c: Mapping[str, float]) -> list[float]:
     return [
-        r["w_base"] * c["base_ns"] + r["w_l2_tlb"] * c["l2_tlb_ns"] + r["w_near"] * c["near_ns"] + r["w_far"] * c["far_ns"]
+        r["w_base"] * c["base_ns"]
+        + r["w_l2_tlb"] * c["l2_tlb_ns"]
+        + r["w_near"] * c["near_ns"]
+        + r["w_far"] * c["far_ns"]
         for r in rows
     ]
 

@@ -138,7 +138,8 @@ def _parser() -> argparse.ArgumentParser:
     sw.set_defaults(run=_tlb_sweep)
     va = tsub.add_parser(
         "validate",
-        help="this machine's pointer chase (4 KiB pages, 2 MiB THP) beside the model's prediction, costs fitted on 4 KiB",
+        help="this machine's pointer chase (4 KiB pages, 2 MiB THP) beside the model's prediction "
+        "(costs fitted on 4 KiB)",
     )
     va.add_argument("--max-footprint", default="64MiB", help="largest footprint (64KiB-1GiB; default 64MiB)")
     va.add_argument("--min-footprint", default="64KiB", help="smallest footprint (default 64KiB)")

@@ -424,7 +424,7 @@ def _study_html(tlb: list[dict[str, Any]], host: dict[str, Any] | None, host_sou
         "<p>Translation cycles per access in the TLB model for each page size, and the internal waste of "
         "mapping the footprint with it. The winner, highlighted, is the smallest page size whose cycles are "
         f"within {100 * TIE:.0f}% or {TIE_CYCLES} cycles per access of the best: beyond that point a larger "
-        "page only wastes more memory.</p>"
+        "page only wastes more memory.</p>",
     ]
     for pattern, title in STUDY_PATTERNS.items():
         sel = [r for r in rows if r["pattern"] == pattern]

@@ -23,13 +23,13 @@ import numpy as np
 
 from . import _args, _files, _native
 from ._optional import require
+
+# The chase cost model over this module's Tlb: ``npumem.tlb.predict_chase`` / ``fit_chase``.
+from .chase_model import fit_chase, predict_chase
 from .device import Device
 from .enums import Policy
 from .errors import OutOfMemoryError, invalid_param
 from .patterns import conv_nc1hwc0, gather, gemm, gemm_fractal, pointer_chase, sequential, strided, uniform
-
-# The chase cost model over this module's Tlb: ``npumem.tlb.predict_chase`` / ``fit_chase``.
-from .chase_model import fit_chase, predict_chase  # noqa: E402  (it imports Tlb lazily)
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,9 @@ def host_page(value: Any, name: str) -> int:
     """A host page size: 4096, 2 MiB or 1 GiB, as an int or a size string ("2MiB")."""
     size = _args.size(value, name)
     if size not in HOST_PAGE_SIZES:
-        raise invalid_param(f"{name} {_args.show(value)} is not a host page: use 4096, 2097152 (2MiB) or 1073741824 (1GiB)")
+        raise invalid_param(
+            f"{name} {_args.show(value)} is not a host page: use 4096, 2097152 (2MiB) or 1073741824 (1GiB)"
+        )
     return size
 
 

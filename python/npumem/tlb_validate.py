@@ -283,7 +283,13 @@ def _checks(out: dict[str, Any]) -> dict[str, bool]:
 
 
 def _fmt(n: int) -> str:
-    return f"{n >> 20} MiB" if n >= 1 << 20 and n % (1 << 20) == 0 else f"{n / (1 << 20):.2f} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+    return (
+        f"{n >> 20} MiB"
+        if n >= 1 << 20 and n % (1 << 20) == 0
+        else f"{n / (1 << 20):.2f} MiB"
+        if n >= 1 << 20
+        else f"{n >> 10} KiB"
+    )
 
 
 def rows(result: dict[str, Any]) -> Iterator[list[str]]:

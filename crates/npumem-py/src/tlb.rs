@@ -287,7 +287,9 @@ fn host_page(py: Python<'_>, key: &str, value: &Bound<'_, PyAny>) -> PyResult<Pa
         Some(p) if p != PageSize::Size64K => Ok(p),
         _ => Err(to_py(
             py,
-            AclError::invalid_param(format!("TLB {key} = {bytes} is not a host page: accepted 4096, 2097152 or 1073741824")),
+            AclError::invalid_param(format!(
+                "TLB {key} = {bytes} is not a host page: accepted 4096, 2097152 or 1073741824"
+            )),
         )),
     }
 }

@@ -10,8 +10,8 @@
 
 use std::ops::RangeInclusive;
 
-use npumem_base::{PageSize, Translation};
 use npumem_base::error::{AclError, Result};
+use npumem_base::{PageSize, Translation};
 
 /// The accepted range of every size and cycle count of a [`TlbConfig`].
 pub mod limits {

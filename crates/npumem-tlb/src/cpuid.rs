@@ -71,11 +71,11 @@ fn level_arrays(level: usize, fields: &[(PageSize, Option<Field>)], hit_cycles: 
 
 /// The geometry `cpuid` reports, over `host_page` host pages when it reports a hypervisor.
 pub fn from_reader<R: CpuIdReader>(cpuid: &CpuId<R>, host_page: Option<PageSize>) -> Result<TlbConfig> {
-    let unsupported = |why: &str| AclError::new(ErrorCode::FeatureUnsupported, format!("TLB geometry from CPUID: {why}"));
+    let unsupported =
+        |why: &str| AclError::new(ErrorCode::FeatureUnsupported, format!("TLB geometry from CPUID: {why}"));
     let vendor = cpuid.get_vendor_info().ok_or_else(|| unsupported("no vendor leaf"))?;
     let features = cpuid.get_feature_info().ok_or_else(|| unsupported("no leaf 1"))?;
-    let ident =
-        format!("{} family {:#x} model {:#x}", vendor.as_str(), features.family_id(), features.model_id());
+    let ident = format!("{} family {:#x} model {:#x}", vendor.as_str(), features.family_id(), features.model_id());
     let (l1, l2, preset, leaves) = match vendor.as_str() {
         "AuthenticAMD" | "HygonGenuine" => {
             let a = cpuid.get_l1_cache_and_tlb_info().ok_or_else(|| unsupported("no leaf 0x80000005"))?;
@@ -175,7 +175,10 @@ impl TlbConfig {
         #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
         {
             let _ = host_page;
-            Err(AclError::new(ErrorCode::FeatureUnsupported, "TLB geometry from CPUID: this machine is not x86".to_string()))
+            Err(AclError::new(
+                ErrorCode::FeatureUnsupported,
+                "TLB geometry from CPUID: this machine is not x86".to_string(),
+            ))
         }
     }
 }

@@ -17,9 +17,9 @@
 //! - Every read taken costs `walk_step_cycles`; with no host this is the native walk, bit for
 //!   bit.
 
+use crate::TlbStats;
 use crate::array::Array;
 use crate::config::HostConfig;
-use crate::TlbStats;
 
 /// The VA bits below each walk cache's tag (table levels 0, 1, 2).
 pub(crate) const WALK_CACHE_SHIFT: [u32; 3] = [39, 30, 21];
@@ -120,10 +120,7 @@ pub(crate) struct Walker {
 
 impl Walker {
     pub(crate) fn new(walk_cache_entries: [usize; 3], host: Option<&HostConfig>) -> Self {
-        Walker {
-            caches: walk_cache_entries.map(|n| (n > 0).then(|| Array::walk_cache(n))),
-            host: host.map(Host::new),
-        }
+        Walker { caches: walk_cache_entries.map(|n| (n > 0).then(|| Array::walk_cache(n))), host: host.map(Host::new) }
     }
 
     /// Every entry of each guest walk cache, then (with a host) of the nested TLB and each host
