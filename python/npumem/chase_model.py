@@ -219,7 +219,7 @@ def predict_chase(
     return _predict(rows, c)
 
 
-def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Least squares ``y ~ x @ c`` with every coefficient >= 0 (the best fit over the subsets of
     columns whose coefficients come out non-negative)."""
     best, best_err = np.zeros(x.shape[1]), float(np.sum(y**2))
@@ -259,9 +259,9 @@ def fit_chase(
     w = np.array([[r["w_l2_tlb"], r["w_near"], r["w_far"]] for r in rows])
     rest = y - base * np.array([r["w_base"] for r in rows])
     scale = 1 / np.maximum(y, 1e-9)
-    c = _nonnegative_fit(w * scale[:, None], rest * scale)
+    c = nonnegative_fit(w * scale[:, None], rest * scale)
     out = {"base_ns": base, "l2_tlb_ns": float(c[0]), "near_ns": float(c[1]), "far_ns": float(c[2])}
     return {k: (round(v, 4) if math.isfinite(v) else v) for k, v in out.items()}
 
 
-__all__ = ["COST_KEYS", "chase_features", "data_caches", "fit_chase", "predict_chase"]
+__all__ = ["COST_KEYS", "chase_features", "data_caches", "fit_chase", "nonnegative_fit", "predict_chase"]
