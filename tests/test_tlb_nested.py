@@ -165,3 +165,14 @@ def test_cli_validate_refuses_bad_values_without_a_traceback(args, words):
     )
     assert r.returncode == 2, r.stderr
     assert words in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_presets_prints_a_source_column():
+    r = subprocess.run([sys.executable, "-m", "npumem", "tlb", "presets"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    head, *lines = r.stdout.strip().splitlines()
+    assert "source kind" in head and head.rstrip().endswith("source")
+    assert len(lines) == len(Tlb.presets())
+    kvm = next(line for line in lines if line.startswith("zen4_kvm"))
+    assert "4 KiB x 4 levels" in kvm and "vendor manual" in kvm
+    assert "guess" in next(line for line in lines if line.startswith("ascend_like"))

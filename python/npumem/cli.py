@@ -136,6 +136,9 @@ def _parser() -> argparse.ArgumentParser:
         "--plot", default=None, help="output PNG (default tlb_sweep.png when matplotlib is installed; '' for none)"
     )
     sw.set_defaults(run=_tlb_sweep)
+    pr = tsub.add_parser("presets", help="the TLB presets: geometry, host, and the source of every figure")
+    pr.add_argument("--cpuid", action="store_true", help="add this machine's geometry read from CPUID")
+    pr.set_defaults(run=_tlb_presets)
     va = tsub.add_parser(
         "validate",
         help="this machine's pointer chase (4 KiB pages, 2 MiB THP) beside the model's prediction "
@@ -321,6 +324,21 @@ def _tlb_sweep(args: argparse.Namespace) -> int:
         print(f"plots -> {plot}, {tradeoff}")
 
     return EXIT_MISSING_DEPENDENCY if _try_plot(draw, args.plot is not None) else EXIT_OK
+
+
+# -- tlb presets ------------------------------------------------------------------------------
+
+
+def _tlb_presets(args: argparse.Namespace) -> int:
+    from . import tlb
+
+    rows = tlb.preset_table(cpuid=args.cpuid)
+    keys = ("name", "levels", "walk caches", "host", "source kind")
+    widths = {k: max(len(k), *(len(r[k]) for r in rows)) for k in keys}
+    print("  ".join(k.ljust(widths[k]) for k in keys) + "  source")
+    for r in rows:
+        print("  ".join(r[k].ljust(widths[k]) for k in keys) + "  " + r["source"])
+    return EXIT_OK
 
 
 # -- tlb validate -----------------------------------------------------------------------------

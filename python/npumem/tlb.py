@@ -239,6 +239,30 @@ class Tlb:
         return self._tlb.nominal_reach(_args.size(page_size, "page_size", 1, 1 << 40))
 
 
+def preset_table(cpuid: bool = False) -> list[dict[str, str]]:
+    """One row per preset (and, with ``cpuid``, this machine's geometry from CPUID): name, its
+    levels (entries/ways per array), walk caches, host, the kind of its source (vendor manual,
+    CPUID, simulator config, microbenchmark paper, guess) and the source itself."""
+    dev = Device("64MiB")
+    names = [*Tlb.presets(), *(["cpuid"] if _args.flag(cpuid, "cpuid") else [])]
+    rows = []
+    for name in names:
+        c = (Tlb.from_cpuid(dev) if name == "cpuid" else Tlb(name, dev)).config
+        levels = " | ".join(", ".join(f"{a['entries']}/{a['ways']}" for a in level) for level in c["levels"])
+        h = c["host"]
+        rows.append(
+            {
+                "name": name,
+                "levels": levels,
+                "walk caches": "/".join(map(str, c["walk_cache_entries"])),
+                "host": "native" if h is None else f"{h['page_size'] >> 10} KiB x {h['levels']} levels",
+                "source kind": c["source_kind"],
+                "source": c["source"],
+            }
+        )
+    return rows
+
+
 #: The largest footprint :func:`sweep` maps (the simulated device keeps page tables for it).
 MAX_FOOTPRINT = 64 << 30
 
@@ -492,6 +516,7 @@ __all__ = [
     "plot",
     "plot_tradeoff",
     "predict_chase",
+    "preset_table",
     "sequential",
     "strided",
     "sweep",

@@ -253,7 +253,7 @@ impl TlbConfig {
                 vec![vec![array("L1", 72, 72, &[], Lru, 0)], vec![array("L2", 3072, 12, &[], Lru, 7)]],
                 [8, 16, 64],
                 20,
-                "AMD Zen 4: 72-entry fully associative L1, 3072-entry L2 (AMD Zen 4 Software Optimization Guide; CPUID 0x80000005/6 agree); L2 latency a guess from Zen 2",
+                "AMD Zen 4: 72-entry fully associative L1, 3072-entry L2 (AMD Zen 4 Software Optimization Guide; CPUID 0x80000005/6 give the same entry counts, the L2 as 8-way); L2 latency a guess from Zen 2",
                 "vendor manual",
             ),
             "zen5" => c(
