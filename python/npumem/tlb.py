@@ -204,7 +204,7 @@ class Tlb:
         """The geometry of the machine this runs on, from its CPUID leaves (x86: AMD 0x80000005/6/19,
         Intel 0x18); ``config["source"]`` gives the origin of every number. Where CPUID reports a
         hypervisor, the guest runs over ``host_page_size`` host pages (CPUID cannot see them;
-        None: modelled native). Elsewhere an ``UnsupportedFeatureError``-style error says why."""
+        None: modelled native). Off x86, :class:`npumem.UnsupportedError` says why."""
         return cls("cpuid", device, model=model, host_page_size=host_page_size, **overrides)
 
     @staticmethod

@@ -73,9 +73,9 @@ impl HostConfig {
         HostConfig { page_size, levels: 4, nested_tlb_entries, walk_cache_entries }
     }
 
-    /// The nested-TLB and host walk-cache sizes of the nested MMU Bhargava et al. evaluate (a
-    /// 16-entry nested TLB; host walk caches as large as the guest's 2D PWC: 8, 16, 64 here);
-    /// no vendor publishes its own.
+    /// A 16-entry nested TLB and host walk caches as large as the `zen4` preset's guest ones (8,
+    /// 16, 64): a guess after the nested MMU of Bhargava et al. (ASPLOS 2008); no vendor
+    /// publishes these sizes.
     pub fn published() -> (usize, [usize; 3]) {
         (16, [8, 16, 64])
     }
@@ -322,7 +322,7 @@ impl TlbConfig {
                 let mut guest = Self::preset("zen4")?;
                 guest.name = name.to_string();
                 guest.source = format!(
-                    "{}; as a KVM guest over 4 KiB host pages (this project's Firecracker machines); nested TLB and host walk caches after Bhargava et al. (ASPLOS 2008)",
+                    "{}; as a KVM guest over 4 KiB host pages (this project's Firecracker machines); nested TLB and host walk caches a guess after Bhargava et al. (ASPLOS 2008)",
                     guest.source
                 );
                 guest.host = Some(HostConfig::with_page(Size4K));

@@ -11,6 +11,11 @@
 //! tagged with (page size, virtual page number), so what the allocator mapped — 4 KiB, 64 KiB,
 //! 2 MiB or 1 GiB pages — is exactly what the TLB caches.
 //!
+//! With a host ([`TlbConfig::host`]) it is a guest of a virtual machine: an entry maps the smaller
+//! of the guest's and the host's page, and a walk is two-dimensional, each guest table read and
+//! the data's page translated through the host's nested TLB and page table ([`walk`]). Presets
+//! carry their sources; [`cpuid`] reads the geometry of the machine it runs on.
+//!
 //! Speed: a lookup costs O(1) at any associativity (narrow sets compare fingerprints of all
 //! ways at once and keep LRU as a 4-bit-a-way recency order, wide ones and the walk caches are
 //! hashed: [`array`]); `run` remembers the translations it has asked for ([`memo`]), counts a run

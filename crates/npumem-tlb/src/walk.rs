@@ -22,7 +22,7 @@ use crate::array::Array;
 use crate::config::HostConfig;
 
 /// The VA bits below each walk cache's tag (table levels 0, 1, 2).
-pub(crate) const WALK_CACHE_SHIFT: [u32; 3] = [39, 30, 21];
+const WALK_CACHE_SHIFT: [u32; 3] = [39, 30, 21];
 
 /// Guest-physical frames of the guest's page tables: above any data address (a 57-bit VA).
 const TABLES: u64 = 1 << 62;
