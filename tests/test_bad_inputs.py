@@ -880,6 +880,13 @@ CASES = [
         "ns",
         "2 footprints",
     ),
+    case(
+        "fit_chase-ns-0",
+        lambda c: tlb_mod.fit_chase([1 << 20], [0.0], preset="zen4"),
+        InvalidParamError,
+        "ns[0]",
+        "0.0",
+    ),
     case("fit_chase-ns-str", lambda c: tlb_mod.fit_chase([1 << 20], "1", preset="zen4"), TypeError, "ns", "'1'"),
     case("sweep-presets-str", lambda c: tlb_mod.sweep(presets="zen4"), TypeError, "presets", "'zen4'"),
     case("sweep-page", lambda c: tlb_mod.sweep(pages=["8KiB"]), InvalidParamError, "pages[0]", "'8KiB'"),

@@ -250,7 +250,7 @@ def fit_chase(
     footprints = _footprints(footprints)
     if isinstance(ns, (str, bytes)) or not isinstance(ns, Iterable):
         raise _args.type_error("ns", ns, "a list of nanoseconds")
-    y = np.array([_args.real(v, f"ns[{i}]", 0.0, 1e6, unit="ns") for i, v in enumerate(ns)])
+    y = np.array([_args.real(v, f"ns[{i}]", 1e-3, 1e6, unit="ns") for i, v in enumerate(ns)])
     if len(y) != len(footprints):
         raise invalid_param(f"ns holds {len(y)} values for {len(footprints)} footprints; give one per footprint")
     rows = chase_features(footprints, page_size, host_page_size=host_page_size, preset=preset, caches=caches)
