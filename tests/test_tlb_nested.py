@@ -58,6 +58,8 @@ def test_nested_walks_read_more_and_report_it(dev):
     assert guest.walks == native.walks > 0
     assert guest.nested_walks >= guest.walks  # the data's page at least, every walk
     assert 1.0 <= native.reads_per_walk < guest.reads_per_walk
+    assert native.nested_reads_per_walk == 0
+    assert guest.nested_reads_per_walk == pytest.approx(guest.reads_per_walk - guest.walk_steps / guest.walks)
     # Every cache of the host dimension off: each guest read taken adds a 4-read host walk.
     bare = chase_stats(
         dev,

@@ -95,6 +95,11 @@ class TlbStats:
         return (self.walk_steps + self.nested_steps) / self.walks if self.walks else 0.0
 
     @property
+    def nested_reads_per_walk(self) -> float:
+        """Of those, the host dimension's (0.0 without walks or without a host)."""
+        return self.nested_steps / self.walks if self.walks else 0.0
+
+    @property
     def walk_cache_hit_rate(self) -> float:
         """Share of walk steps the page-walk caches saved."""
         total = self.walk_steps + self.walk_steps_skipped

@@ -100,6 +100,11 @@ impl TlbStats {
     pub fn reads_per_walk(&self) -> f64 {
         if self.walks == 0 { 0.0 } else { (self.walk_steps + self.nested_steps) as f64 / self.walks as f64 }
     }
+
+    /// Of those, the host dimension's (0 without walks or without a host).
+    pub fn nested_reads_per_walk(&self) -> f64 {
+        if self.walks == 0 { 0.0 } else { self.nested_steps as f64 / self.walks as f64 }
+    }
 }
 
 #[derive(Debug)]

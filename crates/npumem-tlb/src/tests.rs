@@ -235,6 +235,7 @@ fn nested_walks_read_n_m_plus_n_plus_m_with_caches_off() {
         let s = tlb.stats();
         assert_eq!(s.walks, 8);
         assert_eq!(s.reads_per_walk(), f64::from(reads), "{guest:?} over {host:?}");
+        assert_eq!(s.nested_reads_per_walk(), f64::from(reads - depth), "{guest:?} over {host:?}");
         assert_eq!(s.cycles, 8 * reads as u64 * tlb.config().walk_step_cycles);
         assert_eq!(s.nested_walks, 8 * (depth as u64 + 1));
     }
