@@ -9,12 +9,11 @@ Rules:
   ``host_page_size`` makes it a guest over host pages of that size (two-dimensional walks, an
   entry maps the smaller page).
 - An access costs its data load, ``l2_tlb_ns`` for each L1 TLB miss (the L2 lookup), and each walk
-  read by its tier. Two tiers per read: near (walk-cache, L1 or L2 data-cache resident:
-  ``near_ns``; ``base_ns`` while L1-resident) and beyond (``far_ns``).
+  read by its tier: L1-resident (``base_ns``), near (L2-resident, ``near_ns``) or beyond
+  (``far_ns``). Reads the walk caches skip cost nothing.
 - Residency: upper-level walk reads and the host walks of guest table pages touch a handful of
   lines and are near. The data line and the leaf reads (a guest PTE each walk, a host PTE of the
-  data each walk) share the data caches (reuse distance against capacity, see ``_weights``); a walk
-  read is near or beyond, the data load L1-resident (``base_ns``), near or beyond.
+  data each walk) share the data caches: reuse distance against capacity (see ``_weights``).
 - Three cost constants are fitted (``l2_tlb_ns``, ``near_ns``, ``far_ns``, non-negative least
   squares); ``base_ns`` is the chase's floor: the mean of the measured points the model gives no
   L1 TLB miss and L1-resident data.
@@ -160,31 +159,35 @@ def _weights(
     the host's leaf entries of the data: eight a line under a 2 MiB or 1 GiB guest page (its
     frames are contiguous), one a line under 4 KiB guest pages (a guest's 4 KiB frames lie
     scattered). A line touched k times a lap is reused after W/k of the lap's W lines: resident
-    in a cache of C lines with probability min(1, C·k/W)."""
+    in a cache of C lines with probability min(1, C·k/W). The load and the leaf reads cost
+    ``base_ns`` when L1-resident, ``near_ns`` when L2-resident, ``far_ns`` beyond; the other walk
+    reads (upper levels, host walks of guest table pages) ``near_ns``."""
     pages = fp / PAGE
     guest_lines = max(1.0, fp / page_size / 8)
     host_lines = 0.0 if not host else pages if page_size == PAGE else max(1.0, fp / host / 8)
     touches = walks * pages
     lines = pages + min(guest_lines, touches) + (min(host_lines, touches) if host else 0.0)
 
-    def resident(k: float, cap: float) -> float:
-        return min(1.0, cap * k / lines)
+    def tiers(k: float) -> np.ndarray:
+        """(L1, L2, beyond) shares of a line touched ``k`` times a lap."""
+        h1, h2 = min(1.0, c1 * k / lines), min(1.0, c2 * k / lines)
+        return np.array([h1, h2 - h1, 1 - h2])
 
-    d1, d2 = resident(1, c1), resident(1, c2)
-    g2 = resident(touches / guest_lines, c2) if walks else 1.0
-    h2 = resident(touches / host_lines, c2) if host_data else 1.0
-    near = (d2 - d1) + hot_reads + walks * g2 + host_data * h2
-    far = (1 - d2) + walks * (1 - g2) + host_data * (1 - h2)
+    w = tiers(1) + np.array([0.0, hot_reads, 0.0])
+    if walks:
+        w += walks * tiers(touches / guest_lines)
+    if host_data:
+        w += host_data * tiers(touches / host_lines)
     return {
         "footprint": fp,
         "l1_miss": l1_miss,
         "walks": walks,
         "reads": hot_reads + walks + host_data,
         "lines": lines,
-        "w_base": d1,
+        "w_base": float(w[0]),
         "w_l2_tlb": l1_miss,
-        "w_near": near,
-        "w_far": far,
+        "w_near": float(w[1]),
+        "w_far": float(w[2]),
     }
 
 
