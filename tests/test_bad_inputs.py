@@ -874,6 +874,19 @@ CASES = [
         "8192",
     ),
     case(
+        "predict_chase-caches",
+        lambda c: tlb_mod.predict_chase(
+            [1 << 20],
+            4096,
+            preset="zen4",
+            costs=dict.fromkeys(("base_ns", "l2_tlb_ns", "near_ns", "far_ns"), 1.0),
+            caches=(1.5, 2),
+        ),
+        TypeError,
+        "caches[0]",
+        "1.5",
+    ),
+    case(
         "fit_chase-length",
         lambda c: tlb_mod.fit_chase([1 << 20, 2 << 20], [1.0], preset="zen4"),
         InvalidParamError,

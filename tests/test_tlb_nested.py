@@ -110,7 +110,7 @@ FOOTPRINTS = grid(64 << 10, 32 * MiB, 2)
 
 
 def test_fit_recovers_the_costs_it_predicted_from():
-    kw = {"page_size": 4096, "host_page_size": 4096, "preset": "zen4", "caches": (32 << 10, 1 << 20)}
+    kw = {"page_size": 4096, "host_page_size": 4096, "preset": "zen4", "caches": ((32 << 10, 8), (1 << 20, 8))}
     ns = predict_chase(FOOTPRINTS, kw["page_size"], **{k: v for k, v in kw.items() if k != "page_size"}, costs=COSTS)
     assert ns[0] == pytest.approx(COSTS["base_ns"])
     assert ns == sorted(ns)  # a larger footprint never costs less here
@@ -119,14 +119,14 @@ def test_fit_recovers_the_costs_it_predicted_from():
 
 
 def test_huge_guest_pages_predict_shorter_walks_not_later_knees():
-    kw = {"host_page_size": 4096, "preset": "zen4", "costs": COSTS, "caches": (32 << 10, 1 << 20)}
+    kw = {"host_page_size": 4096, "preset": "zen4", "costs": COSTS, "caches": ((32 << 10, 8), (1 << 20, 8))}
     small = predict_chase(FOOTPRINTS, 4096, **kw)
     huge = predict_chase(FOOTPRINTS, 2 * MiB, **kw)
     assert knees(FOOTPRINTS, small) == knees(FOOTPRINTS, huge)
     gain = np.array(small) - np.array(huge)
     assert (gain >= -1e-9).all() and gain[-1] > 0
     # Native, 2 MiB entries reach 144 MiB: no L1 TLB miss at any of these footprints.
-    native = chase_features(FOOTPRINTS, 2 * MiB, preset="zen4", caches=(32 << 10, 1 << 20))
+    native = chase_features(FOOTPRINTS, 2 * MiB, preset="zen4", caches=((32 << 10, 8), (1 << 20, 8)))
     assert all(r["l1_miss"] == 0 for r in native)
 
 

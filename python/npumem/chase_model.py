@@ -13,12 +13,13 @@ Rules:
   (``far_ns``). Reads the walk caches skip cost nothing.
 - Residency: upper-level walk reads and the host walks of guest table pages touch a handful of
   lines and are near. The data line and the leaf reads (a guest PTE each walk, a host PTE of the
-  data each walk) share the data caches: reuse distance against capacity (see ``_weights``).
+  data each walk) share the data caches, set-associative with lines in random sets (see
+  ``_weights``).
 - Three cost constants are fitted (``l2_tlb_ns``, ``near_ns``, ``far_ns``, non-negative least
   squares); ``base_ns`` is the chase's floor: the mean of the measured points the model gives no
   L1 TLB miss and L1-resident data.
-- What it does not represent: prefetchers, the data caches' replacement (the residency above is a
-  capacity ratio), memory-level parallelism (a chase has none), and DRAM pages. Data-cache effects
+- What it does not represent: prefetchers, the data caches' replacement and index hashing (the
+  residency above is random placement), memory-level parallelism (a chase has none), and DRAM pages. Data-cache effects
   take over where the lap's lines leave L1 (32 KiB: 512 lines, a 2 MiB footprint on Zen 4) and L2
   (1 MiB: 16,384 lines, a 64 MiB footprint): there the load, not the translation, sets the step.
 """
@@ -49,10 +50,14 @@ MAX_FOOTPRINT = 4 << 30
 LAPS = 2
 
 
-def data_caches() -> tuple[int, int]:
-    """(L1 data, L2) cache bytes of this machine's CPU 0 from sysfs; Zen 4's (32 KiB, 1 MiB)
-    where sysfs does not say."""
-    found: dict[int, int] = {}
+#: A data cache: (bytes, ways).
+Cache = tuple[int, int]
+
+
+def data_caches() -> tuple[Cache, Cache]:
+    """The (bytes, ways) of this machine's L1 data and L2 caches (CPU 0, from sysfs); Zen 4's
+    (32 KiB 8-way, 1 MiB 8-way) where sysfs does not say."""
+    found: dict[int, Cache] = {}
     for i in range(8):
         base = f"/sys/devices/system/cpu/cpu0/cache/index{i}/"
         try:
@@ -62,11 +67,33 @@ def data_caches() -> tuple[int, int]:
                 kind = f.read().strip()
             with open(base + "size") as f:
                 text = f.read().strip()
+            with open(base + "ways_of_associativity") as f:
+                ways = int(f.read())
         except (OSError, ValueError):
             continue
-        if kind in ("Data", "Unified") and text.endswith("K") and level not in found:
-            found[level] = int(text[:-1]) * 1024
-    return found.get(1, 32 << 10), found.get(2, 1 << 20)
+        if kind in ("Data", "Unified") and text.endswith("K") and level not in found and ways > 0:
+            found[level] = (int(text[:-1]) * 1024, ways)
+    return found.get(1, (32 << 10, 8)), found.get(2, (1 << 20, 8))
+
+
+def _caches(caches: Any) -> tuple[Cache, Cache]:
+    """``caches``: None (this machine's), or (L1, L2), each bytes (8-way) or (bytes, ways)."""
+    if caches is None:
+        return data_caches()
+    if isinstance(caches, (str, bytes)) or not isinstance(caches, Sequence) or len(caches) != 2:
+        raise _args.type_error("caches", caches, "(L1 data, L2): each bytes or (bytes, ways)")
+    out = []
+    for name, c in zip(("caches[0]", "caches[1]"), caches, strict=True):
+        if _args.is_int(c) or isinstance(c, str):
+            size, ways = c, 8
+        elif isinstance(c, Sequence) and len(c) == 2:
+            size, ways = c
+        else:
+            raise _args.type_error(name, c, "bytes or (bytes, ways)")
+        size = _args.size(size, name, LINE, 1 << 40)
+        ways = _args.integer(ways, f"{name} ways", 1, size // LINE)
+        out.append((size, ways))
+    return out[0], out[1]
 
 
 def _footprints(footprints: Any) -> list[int]:
@@ -103,7 +130,7 @@ def chase_features(
     *,
     host_page_size: int | None = None,
     preset: str = "cpuid",
-    caches: tuple[int, int] | None = None,
+    caches: tuple[Any, Any] | None = None,
 ) -> list[dict[str, float]]:
     """Per footprint, what an access does in the model: ``l1_miss`` (L1 TLB misses), ``walks``,
     walk ``reads`` (both dimensions) per access and the ``lines`` a lap touches; then the weight
@@ -114,8 +141,7 @@ def chase_features(
     page_size = _guest_page(page_size)
     host = None if host_page_size is None else host_page(host_page_size, "host_page_size")
     preset = _args.text(preset, "preset")
-    l1_bytes, l2_bytes = caches if caches is not None else data_caches()
-    c1, c2 = l1_bytes / LINE, l2_bytes / LINE
+    c1, c2 = _caches(caches)
     biggest = max(footprints)
     giants = -(-biggest // (1 << 30)) if page_size == 1 << 30 else 0
     span = -(-biggest // page_size) * page_size
@@ -150,16 +176,17 @@ def _weights(
     walks: float,
     host_data: float,
     hot_reads: float,
-    c1: float,
-    c2: float,
+    c1: Cache,
+    c2: Cache,
 ) -> dict[str, float]:
     """The weight of each cost constant in one access of a chase of ``fp`` bytes.
 
     Lines a lap touches: the data's (one a page), the guest's leaf entries (eight a line) and
     the host's leaf entries of the data: eight a line under a 2 MiB or 1 GiB guest page (its
     frames are contiguous), one a line under 4 KiB guest pages (a guest's 4 KiB frames lie
-    scattered). A line touched k times a lap is reused after W/k of the lap's W lines: resident
-    in a cache of C lines with probability min(1, C·k/W). The load and the leaf reads cost
+    scattered). Lines land in random sets: a cache of S sets of A ways holding W/k lines (a line
+    touched k times a lap counts 1/k) keeps E[min(L, A)] / λ of them, L ~ Poisson(λ = W/(k·S)).
+    The load and the leaf reads cost
     ``base_ns`` when L1-resident, ``near_ns`` when L2-resident, ``far_ns`` beyond; the other walk
     reads (upper levels, host walks of guest table pages) ``near_ns``."""
     pages = fp / PAGE
@@ -170,7 +197,8 @@ def _weights(
 
     def tiers(k: float) -> np.ndarray:
         """(L1, L2, beyond) shares of a line touched ``k`` times a lap."""
-        h1, h2 = min(1.0, c1 * k / lines), min(1.0, c2 * k / lines)
+        h2 = _resident(lines / k, c2)
+        h1 = min(_resident(lines / k, c1), h2)
         return np.array([h1, h2 - h1, 1 - h2])
 
     w = tiers(1) + np.array([0.0, hot_reads, 0.0])
@@ -191,6 +219,20 @@ def _weights(
     }
 
 
+def _resident(lines: float, cache: Cache) -> float:
+    """The share of ``lines`` lines, placed in random sets, that ``cache`` holds."""
+    size, ways = cache
+    lam = lines / (size / LINE / ways)
+    if lam <= 0:
+        return 1.0
+    p, tail, kept = math.exp(-lam), 1.0, 0.0
+    for load in range(ways):
+        kept += load * p
+        tail -= p
+        p *= lam / (load + 1)
+    return min(1.0, (kept + ways * max(tail, 0.0)) / lam)
+
+
 def _predict(rows: list[dict[str, float]], c: Mapping[str, float]) -> list[float]:
     return [
         r["w_base"] * c["base_ns"]
@@ -208,14 +250,14 @@ def predict_chase(
     host_page_size: int | None = None,
     preset: str = "cpuid",
     costs: Mapping[str, float],
-    caches: tuple[int, int] | None = None,
+    caches: tuple[Any, Any] | None = None,
 ) -> list[float]:
     """Nanoseconds per access the model predicts for a chase of each footprint (one 64-byte line
     in each 4 KiB page, the pages in one random cycle) over ``page_size`` guest pages;
     ``host_page_size`` (4096, 2 MiB or 1 GiB) makes the machine a guest over host pages of that
     size, ``preset`` names the geometry (``"cpuid"``: this machine's), ``costs`` holds base_ns,
     l2_tlb_ns, near_ns and far_ns (as :func:`fit_chase` returns), ``caches`` the (L1 data, L2)
-    bytes (this machine's by default)."""
+    caches, each bytes (8-way) or (bytes, ways) (this machine's by default)."""
     footprints, page_size = _footprints(footprints), _guest_page(page_size)
     c = _costs(costs)
     rows = chase_features(footprints, page_size, host_page_size=host_page_size, preset=preset, caches=caches)
@@ -244,7 +286,7 @@ def fit_chase(
     page_size: int = PAGE,
     host_page_size: int | None = None,
     preset: str = "cpuid",
-    caches: tuple[int, int] | None = None,
+    caches: tuple[Any, Any] | None = None,
 ) -> dict[str, float]:
     """The ``costs`` (base_ns, l2_tlb_ns, near_ns, far_ns) that fit measured ``ns`` per access at
     ``footprints`` best: base_ns the mean of the points with no L1 TLB miss and L1-resident data
