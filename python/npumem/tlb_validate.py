@@ -9,9 +9,9 @@ Rules:
   transparent huge pages made synchronous with ``MADV_COLLAPSE`` (no hugetlb reservation), and
   hugetlb pages (``MAP_HUGETLB``) where the kernel has enough free. What backs each mapping is
   read from ``/proc/self/smaps``; a series whose pages are not what it says is refused.
-- Rounds interleave every footprint and series; each point is the quickest sample of all
-  rounds (a shared machine's slow spells hit every series alike). The load average is read
-  before and after.
+- Rounds interleave every footprint and series, each round over fresh mappings; each point is
+  the quickest sample of all rounds (a shared machine's slow spells hit every series alike, and
+  the best placement of frames counts). The load average is read before and after.
 - The costs are fitted on the 4 KiB series only (:func:`npumem.tlb.fit_chase`); every other point
   is a prediction (:func:`npumem.tlb.predict_chase`) with the geometry from CPUID.
 """
@@ -24,7 +24,7 @@ import mmap
 import os
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,13 +164,28 @@ def _cycle(s: Series, footprint: int, seed: int) -> tuple[np.ndarray, int]:
     return nxt, int(idx[0])
 
 
+def make_series(nbytes: int, hugetlb: bool = True) -> list[Series]:
+    """Fresh mappings of ``nbytes`` for every series: 4 KiB pages, 2 MiB THP, and 2 MiB hugetlb
+    pages where ``hugetlb`` and the kernel has them free."""
+    series = [small_series(nbytes), thp_series(nbytes)]
+    extra = hugetlb_series(nbytes) if hugetlb else None
+    return series if extra is None else [*series, extra]
+
+
 def measure(
-    series: Sequence[Series], footprints: Sequence[int], rounds: int, seed: int = 0, samples: int = 3
-) -> dict[str, list[float]]:
+    make: Callable[[], list[Series]], footprints: Sequence[int], rounds: int, seed: int = 0, samples: int = 3
+) -> tuple[dict[str, list[float]], list[Series]]:
     """ns per access of each series at each footprint: the quickest sample of ``rounds``
-    interleaved rounds (every footprint, every series, in turn), ``samples`` samples a visit."""
-    best = {s.label: [math.inf] * len(footprints) for s in series}
+    interleaved rounds (every footprint, every series, in turn), ``samples`` samples a visit.
+    Every round maps its series afresh (``make``): which physical frames back the chase and its
+    page tables changes a walk's data-cache conflicts, so the best of the rounds is also the best
+    of that many placements. Returns the times and the last round's series."""
+    best: dict[str, list[float]] = {}
+    series: list[Series] = []
     for _ in range(rounds):
+        series = make()
+        for s in series:
+            best.setdefault(s.label, [math.inf] * len(footprints))
         for i, fp in enumerate(footprints):
             for s in series:
                 nxt, at = _cycle(s, fp, seed)
@@ -178,7 +193,7 @@ def measure(
                 for _ in range(samples):
                     at, ns = _native.chase(nxt, max(SAMPLE_STEPS, fp // PAGE), at)
                     best[s.label][i] = min(best[s.label][i], ns)
-    return best
+    return best, series
 
 
 def knees(footprints: Sequence[int], ns: Sequence[float]) -> tuple[int | None, int | None]:
@@ -226,12 +241,9 @@ def validate(
     Tlb.preset(_args.text(preset, "preset"), Device("64MiB"), host_page_size=host_page_size)
     load_before = os.getloadavg()
     biggest = -(-max(footprints) // HUGE) * HUGE
-    series = [small_series(biggest), thp_series(biggest)]
-    extra = hugetlb_series(biggest) if hugetlb else None
-    if extra is not None:
-        series.append(extra)
     t0 = time.perf_counter()
-    measured = measure(series, footprints, rounds, seed)
+    measured, series = measure(lambda: make_series(biggest, hugetlb), footprints, rounds, seed)
+    series = [s for s in series if all(math.isfinite(v) for v in measured[s.label])]
     elapsed = time.perf_counter() - t0
     load_after = os.getloadavg()
     costs = fit_chase(footprints, measured["4KiB"], page_size=PAGE, host_page_size=host_page_size, preset=preset)
@@ -386,4 +398,15 @@ def plot(result: dict[str, Any], path: str) -> None:
     plt.close(fig)
 
 
-__all__ = ["format_table", "grid", "knees", "measure", "plot", "smaps_backing", "summary", "validate", "write_json"]
+__all__ = [
+    "format_table",
+    "grid",
+    "knees",
+    "make_series",
+    "measure",
+    "plot",
+    "smaps_backing",
+    "summary",
+    "validate",
+    "write_json",
+]
