@@ -11,7 +11,7 @@ Rules:
   read from ``/proc/self/smaps``; a series whose pages are not what it says is refused.
 - Rounds interleave every footprint and series, each round over fresh mappings; each point is
   the quickest sample of all rounds (a shared machine's slow spells hit every series alike, and
-  the best placement of frames counts). The load average is read before and after.
+  no one placement of frames decides). The load average is read before and after.
 - The costs are fitted on the 4 KiB series only (:func:`npumem.tlb.fit_chase`); every other point
   is a prediction (:func:`npumem.tlb.predict_chase`) with the geometry from CPUID.
 """
@@ -177,9 +177,8 @@ def measure(
 ) -> tuple[dict[str, list[float]], list[Series]]:
     """ns per access of each series at each footprint: the quickest sample of ``rounds``
     interleaved rounds (every footprint, every series, in turn), ``samples`` samples a visit.
-    Every round maps its series afresh (``make``): which physical frames back the chase and its
-    page tables changes a walk's data-cache conflicts, so the best of the rounds is also the best
-    of that many placements. Returns the times and the last round's series."""
+    Every round maps its series afresh (``make``), so no one placement of physical frames decides
+    a point. Returns the times and the last round's series."""
     best: dict[str, list[float]] = {}
     series: list[Series] = []
     for _ in range(rounds):
