@@ -61,6 +61,7 @@ import numpy as np
 
 import npumem
 from npumem import Policy
+from npumem.chase_model import nonnegative_fit
 from npumem.errors import OutOfMemoryError
 from npumem.kernels import chase, gemm_tiled
 from npumem.patterns import pointer_chase
@@ -248,21 +249,6 @@ def model_run(preset: str, region: Region, addresses: np.ndarray, overrides: dic
     return tlb.run(addrs)
 
 
-def nonnegative_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, ...]:
-    """Least squares ``y ~ x @ c`` with every coefficient >= 0 (the best of the fits on each
-    subset of the columns whose coefficients come out non-negative)."""
-    best, best_err = np.zeros(x.shape[1]), float(np.sum(y**2))
-    for mask in range(1, 1 << x.shape[1]):
-        cols = [i for i in range(x.shape[1]) if mask >> i & 1]
-        c, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
-        if (c >= 0).all():
-            err = float(np.sum((x[:, cols] @ c - y) ** 2))
-            if err < best_err:
-                best, best_err = np.zeros(x.shape[1]), err
-                best[cols] = c
-    return tuple(float(v) for v in best)
-
-
 def calibrated_costs(preset: str, l2_ns: float, step_ns: float, ghz: float) -> dict:
     """Overrides that give every L2 array the fitted hit cost and walks the fitted step cost."""
     cfg = Tlb.preset(preset, npumem.Device("64MiB")).config
@@ -430,7 +416,7 @@ def run(
     measured = measure_chase(regions, footprints, rounds, seed)
     print(f"(chase measured in {time.perf_counter() - t0:.0f} s)")
 
-    # Calibrated geometry, as validate_tlb.py does: the TLB levels end where the 4 KiB series
+    # Calibrated geometry: the TLB levels end where the 4 KiB series
     # steps up (the first knee, and the first one at least 16x further: the knee in between is
     # the data leaving the L1 cache).
     steps = knees([(fp, measured[small.label, fp]) for fp in footprints])
@@ -452,7 +438,7 @@ def run(
             feats["cal", r.label, fp] = features(model_run(preset, r, addrs, geometry))
     dx = np.array([np.subtract(feats["cal", small.label, fp], feats["cal", big.label, fp]) for fp in footprints])
     dy = np.array([measured[small.label, fp] - measured[big.label, fp] for fp in footprints])
-    l2_ns, step_ns = nonnegative_fit(dx, dy)
+    l2_ns, step_ns = (float(v) for v in nonnegative_fit(dx, dy))
     cal = {**geometry, **calibrated_costs(preset, l2_ns, step_ns, ghz)}
     print(f"calibrated {preset}: {cal}")
 

@@ -225,3 +225,31 @@ def test_a_table_that_is_not_the_sweeps_is_exit_2(swept, tmp_path, capsys):
     assert main(["report", str(bad), "--out", str(tmp_path / "r.html")]) == 2  # alloc.csv alone
     assert "ran without pyarrow" in capsys.readouterr().err
     assert not (tmp_path / "r.html").exists()
+
+
+def test_the_report_leads_with_the_answer(page):
+    _, text = page
+    lead = text.index("Which page size wins:")
+    assert lead < text.index("<h2>TLB model")
+    assert "gemm on " in text[lead : lead + 2000]
+
+
+def test_the_answer_says_when_the_host_limits_the_gain():
+    from npumem.report import answer
+
+    rows = [
+        {
+            "preset": p,
+            "page": page,
+            "pattern": "gemm",
+            "footprint": 64 << 20,
+            "cycles_per_access": c,
+            "internal_waste": 0,
+        }
+        for p in ("zen4", "zen4_kvm")
+        for page, c in (("4KiB", 2.0), ("2MiB", 0.1 if p == "zen4" else 1.99))
+    ]
+    text = answer(rows)
+    assert "gemm on zen4: 2MiB from 64MiB" in text, text
+    assert "gemm on zen4_kvm: 4 KiB pages at every footprint" in text, text
+    assert "limit the gain for zen4_kvm (host 4KiB pages)" in text, text

@@ -180,6 +180,9 @@ class DeviceBuffer(Buffer):
     def nbytes(self) -> int: ...
 
 class Tlb:
+    # preset: a name of presets() or "cpuid" (this machine's geometry); overrides may also hold
+    # "host" (None or a dict of page_size, levels, nested_tlb_entries, walk_cache_entries) and
+    # "host_page_size" (4096, 2097152 or 1073741824).
     def __new__(
         cls, preset: str, device: Device, overrides: dict[str, Any] | None = None, model: str = "fast"
     ) -> Tlb: ...

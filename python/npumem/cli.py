@@ -1,5 +1,6 @@
 """The ``npumem`` command line (also ``python -m npumem``): ``npumem demo`` runs the main job on
-the simulated device, ``npumem tlb sweep`` tabulates the TLB model, ``npumem plan`` plans a
+the simulated device, ``npumem tlb sweep`` tabulates the TLB model, ``npumem tlb validate``
+holds it against this machine's pointer chase, ``npumem plan`` plans a
 problem CSV or a saved graph, ``npumem replay`` replays a trace file on allocator families side
 by side, ``npumem sweep`` runs a sweep config on Dask, ``npumem report`` makes a self-contained HTML
 report of its results, and ``npumem stress`` searches for the workload that fragments an allocator
@@ -135,6 +136,27 @@ def _parser() -> argparse.ArgumentParser:
         "--plot", default=None, help="output PNG (default tlb_sweep.png when matplotlib is installed; '' for none)"
     )
     sw.set_defaults(run=_tlb_sweep)
+    pr = tsub.add_parser("presets", help="the TLB presets: geometry, host, and the source of every figure")
+    pr.add_argument("--cpuid", action="store_true", help="add this machine's geometry read from CPUID")
+    pr.set_defaults(run=_tlb_presets)
+    va = tsub.add_parser(
+        "validate",
+        help="this machine's pointer chase (4 KiB pages, 2 MiB THP) beside the model's prediction "
+        "(costs fitted on 4 KiB)",
+    )
+    va.add_argument("--max-footprint", default="64MiB", help="largest footprint (64KiB-1GiB; default 64MiB)")
+    va.add_argument("--min-footprint", default="64KiB", help="smallest footprint (default 64KiB)")
+    va.add_argument("--per-octave", type=int, default=4, help="footprints an octave (default 4)")
+    va.add_argument("--rounds", type=int, default=5, help="interleaved rounds; each point is the best (default 5)")
+    va.add_argument(
+        "--host-page-size", default="4KiB", help="the host's page (4KiB, 2MiB, 1GiB) or 'none' for a native machine"
+    )
+    va.add_argument("--preset", default="cpuid", help="geometry: 'cpuid' (this machine's) or a preset name")
+    va.add_argument("--no-hugetlb", action="store_true", help="skip the hugetlb series even where pages are free")
+    va.add_argument("--json", default=None, help="also write the result as JSON to this path")
+    va.add_argument("--plot", default=None, help="also draw measured vs model into this PNG (needs matplotlib)")
+    va.add_argument("--strict", action="store_true", help="exit 1 when a check of the validation's bounds fails")
+    va.set_defaults(run=_tlb_validate)
 
     pl = sub.add_parser(
         "plan", help="static memory planning of a MiniMalloc CSV (id,lower,upper,size) or an npumem graph (.json[.gz])"
@@ -302,6 +324,58 @@ def _tlb_sweep(args: argparse.Namespace) -> int:
         print(f"plots -> {plot}, {tradeoff}")
 
     return EXIT_MISSING_DEPENDENCY if _try_plot(draw, args.plot is not None) else EXIT_OK
+
+
+# -- tlb presets ------------------------------------------------------------------------------
+
+
+def _tlb_presets(args: argparse.Namespace) -> int:
+    from . import tlb
+
+    rows = tlb.preset_table(cpuid=args.cpuid)
+    keys = ("name", "levels", "walk caches", "host", "source kind")
+    widths = {k: max(len(k), *(len(r[k]) for r in rows)) for k in keys}
+    print("  ".join(k.ljust(widths[k]) for k in keys) + "  source")
+    for r in rows:
+        print("  ".join(r[k].ljust(widths[k]) for k in keys) + "  " + r["source"])
+    return EXIT_OK
+
+
+# -- tlb validate -----------------------------------------------------------------------------
+
+
+def _tlb_validate(args: argparse.Namespace) -> int:
+    from . import _args, tlb, tlb_validate
+
+    lo = _args.size(args.min_footprint, "--min-footprint", 4096, 1 << 30)
+    hi = _args.size(args.max_footprint, "--max-footprint", lo, 1 << 30)
+    per_octave = _args.integer(args.per_octave, "--per-octave", 1, 64)
+    host = None if args.host_page_size.lower() == "none" else tlb.host_page(args.host_page_size, "--host-page-size")
+    for path, flag in ((args.json, "--json"), (args.plot, "--plot")):
+        if path:
+            _output_path(path, flag)
+    result = tlb_validate.validate(
+        tlb_validate.grid(lo, hi, per_octave),
+        rounds=args.rounds,
+        host_page_size=host,
+        preset=args.preset,
+        hugetlb=not args.no_hugetlb,
+    )
+    print(tlb_validate.format_table(result))
+    if args.json:
+        tlb_validate.write_json(result, args.json)
+        print(f"json -> {args.json}")
+    missing = False
+    if args.plot:
+
+        def draw() -> None:
+            tlb_validate.plot(result, args.plot)
+            print(f"plot -> {args.plot}")
+
+        missing = _try_plot(draw, True)
+    if missing:
+        return EXIT_MISSING_DEPENDENCY
+    return EXIT_NO if args.strict and not all(result["checks"].values()) else EXIT_OK
 
 
 # -- plan -------------------------------------------------------------------------------------

@@ -368,6 +368,46 @@ def study(tlb: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def answer(tlb: list[dict[str, Any]]) -> str:
+    """The study's answer in one paragraph: per pattern and preset, from which footprint a page
+    larger than 4 KiB wins, and, for presets that model a guest over small host pages, that the
+    host's pages limit the gain (an entry maps the host's page whatever the guest maps)."""
+    from .device import Device
+    from .errors import AclError
+    from .tlb import Tlb
+
+    rows = study(tlb)
+    if not rows:
+        return ""
+    said = []
+    for pattern in STUDY_PATTERNS:
+        for preset in sorted({r["preset"] for r in rows if r["pattern"] == pattern}):
+            runs = [r for r in rows if (r["pattern"], r["preset"]) == (pattern, preset)]
+            big = next((r for r in runs if r["winner"] != "4KiB"), None)
+            said.append(
+                f"{pattern} on {preset}: "
+                + (f"{big['winner']} from {fmt(big['footprint'])}" if big else "4 KiB pages at every footprint")
+            )
+    limited = []
+    for preset in sorted({r["preset"] for r in rows}):
+        try:
+            host = Tlb.preset(preset, Device("64MiB")).config["host"]
+        except AclError:  # a preset this build does not know: nothing to say of its host
+            continue
+        if host and host["page_size"] < (2 << 20):
+            limited.append(f"{preset} (host {fmt(host['page_size'])} pages)")
+    text = "Which page size wins: " + "; ".join(said) + "."
+    if limited:
+        text += (
+            " The host's pages limit the gain for "
+            + ", ".join(limited)
+            + ": a guest's huge page is cached as the host's small pages, so it only shortens the walk."
+        )
+    else:
+        text += " No preset here models a guest over small host pages, so nothing limits the gain but the TLB."
+    return text
+
+
 def _as_good(cycles: dict[str, float]) -> list[str]:
     """The page sizes (in size order) whose cycles are within TIE or TIE_CYCLES of the best."""
     pages = _pages([{"page": p} for p in cycles])
@@ -380,10 +420,11 @@ def _study_html(tlb: list[dict[str, Any]], host: dict[str, Any] | None, host_sou
     if not rows:
         return '<p class="note">The sweep has none of the study\'s patterns (gemm, conv, gather) in a [tlb] grid.</p>'
     parts = [
+        f"<p><b>{html.escape(answer(tlb))}</b></p>",
         "<p>Translation cycles per access in the TLB model for each page size, and the internal waste of "
         "mapping the footprint with it. The winner, highlighted, is the smallest page size whose cycles are "
         f"within {100 * TIE:.0f}% or {TIE_CYCLES} cycles per access of the best: beyond that point a larger "
-        "page only wastes more memory.</p>"
+        "page only wastes more memory.</p>",
     ]
     for pattern, title in STUDY_PATTERNS.items():
         sel = [r for r in rows if r["pattern"] == pattern]
@@ -531,6 +572,9 @@ def render(
         f"{len(m.get('failed', {}))} failed) on {html.escape(str(m.get('cluster', '?')))}, "
         f"{m.get('seconds', 0):.1f} s, finished {html.escape(str(m.get('finished', '')))}.</p>"
     )
+    lead = answer(tlb) if tlb else ""
+    if lead:
+        body.append(f'<p class="lead"><b>{html.escape(lead)}</b></p>')
     if tlb:
         body.append("<h2>TLB model</h2>")
         body.append("<h3>Page walks per 1000 accesses vs footprint</h3>")

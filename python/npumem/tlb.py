@@ -23,6 +23,9 @@ import numpy as np
 
 from . import _args, _files, _native
 from ._optional import require
+
+# The chase cost model over this module's Tlb: ``npumem.tlb.predict_chase`` / ``fit_chase``.
+from .chase_model import fit_chase, predict_chase
 from .device import Device
 from .enums import Policy
 from .errors import OutOfMemoryError, invalid_param
@@ -78,6 +81,23 @@ class TlbStats:
     walk_steps_skipped: int
     cycles: int
     levels: list[LevelStats]
+    #: With a host: host translations the nested TLB answered and missed, host walks, and the
+    #: host table reads taken and skipped by the host walk caches.
+    nested_tlb_hits: int = 0
+    nested_tlb_misses: int = 0
+    nested_walks: int = 0
+    nested_steps: int = 0
+    nested_steps_skipped: int = 0
+
+    @property
+    def reads_per_walk(self) -> float:
+        """Memory reads of the average walk, both dimensions (0.0 without walks)."""
+        return (self.walk_steps + self.nested_steps) / self.walks if self.walks else 0.0
+
+    @property
+    def nested_reads_per_walk(self) -> float:
+        """Of those, the host dimension's (0.0 without walks or without a host)."""
+        return self.nested_steps / self.walks if self.walks else 0.0
 
     @property
     def walk_cache_hit_rate(self) -> float:
@@ -95,12 +115,64 @@ class TlbStats:
         return cls(**{k: v for k, v in d.items() if k != "levels"}, levels=levels)
 
 
-class Tlb:
-    """A TLB hierarchy over a device's page table."""
+#: Host page sizes a nested translation accepts (bytes).
+HOST_PAGE_SIZES = (4096, 2 << 20, 1 << 30)
 
-    def __init__(self, preset: str, device: Device, *, model: str = "fast", **overrides: Any) -> None:
+_KEEP: Any = object()
+
+
+def _host_args(host_page_size: Any, host: Any) -> dict[str, Any]:
+    """The native overrides of ``host=`` (None, or a dict of page_size, levels,
+    nested_tlb_entries, walk_cache_entries) and ``host_page_size=`` (None keeps the preset's)."""
+    out: dict[str, Any] = {}
+    if host is not _KEEP:
+        if host is not None:
+            host = dict(_args.mapping(host, "host"))
+            for key, value in host.items():
+                if key == "walk_cache_entries":
+                    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+                        raise _args.type_error("host['walk_cache_entries']", value, "a list of 3 ints")
+                    host[key] = [_args.integer(v, f"host['walk_cache_entries'][{i}]") for i, v in enumerate(value)]
+                elif key == "page_size":
+                    host[key] = host_page(value, "host['page_size']")
+                elif key in ("levels", "nested_tlb_entries"):
+                    host[key] = _args.integer(value, f"host[{key!r}]")
+        out["host"] = host
+    if host_page_size is not None:
+        out["host_page_size"] = host_page(host_page_size, "host_page_size")
+    return out
+
+
+def host_page(value: Any, name: str) -> int:
+    """A host page size: 4096, 2 MiB or 1 GiB, as an int or a size string ("2MiB")."""
+    size = _args.size(value, name)
+    if size not in HOST_PAGE_SIZES:
+        raise invalid_param(
+            f"{name} {_args.show(value)} is not a host page: use 4096, 2097152 (2MiB) or 1073741824 (1GiB)"
+        )
+    return size
+
+
+class Tlb:
+    """A TLB hierarchy over a device's page table; with a host (``host_page_size=`` or
+    ``host=``), a guest of a virtual machine: every walk is two-dimensional and an entry maps the
+    smaller of the guest's and the host's page."""
+
+    def __init__(
+        self,
+        preset: str,
+        device: Device,
+        *,
+        model: str = "fast",
+        host_page_size: int | None = None,
+        host: Any = _KEEP,
+        **overrides: Any,
+    ) -> None:
         """``model="reference"`` runs the model as first written (linear scans): bit-identical
-        results, many times slower; for cross-checks and before/after benchmarks."""
+        results, many times slower; for cross-checks and before/after benchmarks.
+        ``host_page_size`` (4096, 2 MiB or 1 GiB) makes it a guest over host pages of that size
+        (keeping the preset's host otherwise); ``host=None`` makes it native, ``host={...}``
+        sets page_size, levels (4 or 5), nested_tlb_entries and walk_cache_entries."""
         preset = _args.text(preset, "preset")
         model = _args.choice(model, "model", ("fast", "reference"))
         if not isinstance(device, _native.Device):
@@ -110,14 +182,35 @@ class Tlb:
                 _args.integer(value, key)  # counts and cycles are ints from 0 to 2**64-1
             elif isinstance(value, (bool, np.bool_)):
                 raise _args.type_error(key, value, "an int or a str")
+        overrides = {**_host_args(host_page_size, host), **overrides}
         self._tlb = _native.Tlb(preset, device, overrides or None, model)
         self.device = device
 
     @classmethod
-    def preset(cls, name: str, device: Device, *, model: str = "fast", **overrides: Any) -> Tlb:
+    def preset(
+        cls,
+        name: str,
+        device: Device,
+        *,
+        model: str = "fast",
+        host_page_size: int | None = None,
+        host: Any = _KEEP,
+        **overrides: Any,
+    ) -> Tlb:
         """A preset geometry (``Tlb.presets()``); overrides as ``walk_step_cycles=...`` or
-        ``**{"1.0.entries": 4096}`` (level 1, array 0)."""
-        return cls(name, device, model=model, **overrides)
+        ``**{"1.0.entries": 4096}`` (level 1, array 0); ``host_page_size``/``host`` as for
+        :class:`Tlb`."""
+        return cls(name, device, model=model, host_page_size=host_page_size, host=host, **overrides)
+
+    @classmethod
+    def from_cpuid(
+        cls, device: Device, *, host_page_size: int | None = 4096, model: str = "fast", **overrides: Any
+    ) -> Tlb:
+        """The geometry of the machine this runs on, from its CPUID leaves (x86: AMD 0x80000005/6/19,
+        Intel 0x18); ``config["source"]`` gives the origin of every number. Where CPUID reports a
+        hypervisor, the guest runs over ``host_page_size`` host pages (CPUID cannot see them;
+        None: modelled native). Off x86, :class:`npumem.UnsupportedError` says why."""
+        return cls("cpuid", device, model=model, host_page_size=host_page_size, **overrides)
 
     @staticmethod
     def presets() -> list[str]:
@@ -149,6 +242,30 @@ class Tlb:
     def nominal_reach(self, page_size: int) -> list[int]:
         """Bytes each level maps when every entry holds a page of ``page_size``."""
         return self._tlb.nominal_reach(_args.size(page_size, "page_size", 1, 1 << 40))
+
+
+def preset_table(cpuid: bool = False) -> list[dict[str, str]]:
+    """One row per preset (and, with ``cpuid``, this machine's geometry from CPUID): name, its
+    levels (entries/ways per array), walk caches, host, the kind of its source (vendor manual,
+    CPUID, simulator config, microbenchmark paper, guess) and the source itself."""
+    dev = Device("64MiB")
+    names = [*Tlb.presets(), *(["cpuid"] if _args.flag(cpuid, "cpuid") else [])]
+    rows = []
+    for name in names:
+        c = (Tlb.from_cpuid(dev) if name == "cpuid" else Tlb(name, dev)).config
+        levels = " | ".join(", ".join(f"{a['entries']}/{a['ways']}" for a in level) for level in c["levels"])
+        h = c["host"]
+        rows.append(
+            {
+                "name": name,
+                "levels": levels,
+                "walk caches": "/".join(map(str, c["walk_cache_entries"])),
+                "host": "native" if h is None else f"{h['page_size'] >> 10} KiB x {h['levels']} levels",
+                "source kind": c["source_kind"],
+                "source": c["source"],
+            }
+        )
+    return rows
 
 
 #: The largest footprint :func:`sweep` maps (the simulated device keeps page tables for it).
@@ -392,15 +509,19 @@ def plot_tradeoff(rows: Iterable[dict[str, Any]], path: str) -> None:
 
 
 __all__ = [
+    "HOST_PAGE_SIZES",
     "PAGE_POLICIES",
     "PATTERNS",
     "ArrayStats",
     "LevelStats",
     "Tlb",
     "TlbStats",
+    "fit_chase",
     "huge_frame_rates",
     "plot",
     "plot_tradeoff",
+    "predict_chase",
+    "preset_table",
     "sequential",
     "strided",
     "sweep",

@@ -7,7 +7,7 @@
 
 use npumem_core::units::{GIB, KIB, MIB};
 use npumem_core::vm::tlb::reference::ReferenceTlb;
-use npumem_core::vm::tlb::{ArrayConfig, Replacement};
+use npumem_core::vm::tlb::{ArrayConfig, HostConfig, Replacement};
 use npumem_core::vm::{PageSize, PageTable, Tlb, TlbConfig, Translation};
 use proptest::prelude::*;
 
@@ -49,6 +49,8 @@ fn tlb_config() -> impl Strategy<Value = TlbConfig> {
             walk_step_cycles,
             source: "proptest".into(),
             coalesce: 1 << c,
+            source_kind: "guess".into(),
+            host: None,
         })
 }
 
@@ -75,8 +77,31 @@ fn kernel_config() -> impl Strategy<Value = TlbConfig> {
             walk_step_cycles,
             source: "proptest".into(),
             coalesce: 1 << c,
+            source_kind: "guess".into(),
+            host: None,
         },
     )
+}
+
+/// A host dimension (any host page, 4 or 5 levels, any nested-TLB and host walk-cache sizes).
+fn host_config() -> impl Strategy<Value = HostConfig> {
+    (0usize..3, 4u32..=5, 0usize..40, [0usize..40, 0usize..40, 0usize..40]).prop_map(
+        |(p, levels, nested_tlb_entries, walk_cache_entries)| HostConfig {
+            page_size: [PageSize::Size4K, PageSize::Size2M, PageSize::Size1G][p],
+            levels,
+            nested_tlb_entries,
+            walk_cache_entries,
+        },
+    )
+}
+
+/// `configs`, a quarter of them as guests over a host (the rest native: the model without a host
+/// is checked exactly as before).
+fn with_host(configs: impl Strategy<Value = TlbConfig>) -> impl Strategy<Value = TlbConfig> {
+    (configs, prop::option::weighted(0.25, host_config())).prop_map(|(mut c, host)| {
+        c.host = host;
+        c
+    })
 }
 
 /// Which pages of each region are mapped, and whether small pages get contiguous frames.
@@ -193,10 +218,10 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
     /// Random hierarchies, and as often hierarchies the run kernel takes (chained, narrow LRU),
-    /// which random ones rarely are.
+    /// which random ones rarely are; native, and as guests over a host.
     #[test]
     fn fast_model_is_bit_identical_to_the_reference(
-        config in prop_oneof![tlb_config(), kernel_config()],
+        config in with_host(prop_oneof![tlb_config(), kernel_config()]),
         first in layout(),
         second in layout(),
         runs in prop::collection::vec(prop::collection::vec(address(), 0..400), 1..4),
@@ -341,6 +366,8 @@ fn fixed_config() -> impl Strategy<Value = TlbConfig> {
             walk_step_cycles,
             source: "proptest".into(),
             coalesce: 1 << c,
+            source_kind: "guess".into(),
+            host: None,
         },
     )
 }
@@ -367,7 +394,7 @@ proptest! {
     /// reference.
     #[test]
     fn fixed_loops_are_bit_identical_to_the_reference(
-        config in fixed_config(),
+        config in with_host(fixed_config()),
         first in layout(),
         second in layout(),
         runs in prop::collection::vec(home_stream(), 1..4),

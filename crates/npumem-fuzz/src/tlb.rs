@@ -89,6 +89,8 @@ fn config(input: &Input) -> Option<TlbConfig> {
             walk_step_cycles: *walk_step_cycles,
             source: "fuzz".into(),
             coalesce: *coalesce,
+            source_kind: "guess".into(),
+            host: None,
         },
     };
     for o in input.overrides.iter().take(8) {

@@ -2,7 +2,7 @@
 
 use npumem_core::AclError;
 use npumem_core::vm::tlb::reference::ReferenceTlb;
-use npumem_core::vm::tlb::{self, ArrayConfig, Replacement, Tlb, TlbConfig, TlbStats, field_range};
+use npumem_core::vm::tlb::{self, ArrayConfig, HostConfig, Replacement, Tlb, TlbConfig, TlbStats, field_range};
 use npumem_core::vm::{PageSize, Translation};
 use numpy::PyReadonlyArray1;
 use parking_lot::Mutex;
@@ -98,10 +98,23 @@ impl PyTlb {
                 AclError::invalid_param(format!("TLB model must be \"fast\" or \"reference\", got {model:?}")),
             ));
         }
-        let mut config = TlbConfig::preset(preset).map_err(|e| to_py(py, e))?;
+        let mut config = if preset == "cpuid" {
+            // CPUID cannot see a host: its page comes with the call (used where CPUID reports a
+            // hypervisor).
+            let page = match overrides.map(|o| o.get_item("host_page_size")).transpose()?.flatten() {
+                Some(v) if !v.is_none() => Some(host_page(py, "host_page_size", &v)?),
+                _ => None,
+            };
+            TlbConfig::from_cpuid(page).map_err(|e| to_py(py, e))?
+        } else {
+            TlbConfig::preset(preset).map_err(|e| to_py(py, e))?
+        };
         if let Some(o) = overrides {
             for (k, v) in o.iter() {
                 let key: String = k.extract()?;
+                if preset == "cpuid" && key == "host_page_size" {
+                    continue;
+                }
                 apply_override(py, &mut config, &key, &v)?;
             }
         }
@@ -125,6 +138,18 @@ impl PyTlb {
         let d = PyDict::new(py);
         d.set_item("name", &c.name)?;
         d.set_item("source", &c.source)?;
+        d.set_item("source_kind", &c.source_kind)?;
+        match &c.host {
+            Some(h) => {
+                let hd = PyDict::new(py);
+                hd.set_item("page_size", h.page_size.bytes())?;
+                hd.set_item("levels", h.levels)?;
+                hd.set_item("nested_tlb_entries", h.nested_tlb_entries)?;
+                hd.set_item("walk_cache_entries", h.walk_cache_entries.to_vec())?;
+                d.set_item("host", hd)?;
+            }
+            None => d.set_item("host", py.None())?,
+        }
         let levels = PyList::empty(py);
         for level in &c.levels {
             let arrays = PyList::empty(py);
@@ -178,6 +203,11 @@ impl PyTlb {
             ("walk_steps", s.walk_steps),
             ("walk_steps_skipped", s.walk_steps_skipped),
             ("cycles", s.cycles),
+            ("nested_tlb_hits", s.nested_tlb_hits),
+            ("nested_tlb_misses", s.nested_tlb_misses),
+            ("nested_walks", s.nested_walks),
+            ("nested_steps", s.nested_steps),
+            ("nested_steps_skipped", s.nested_steps_skipped),
         ] {
             d.set_item(k, v)?;
         }
@@ -245,33 +275,109 @@ fn size_override(key: &str, field: &str, value: &Bound<'_, PyAny>) -> PyResult<u
     int_override(key, field, value).map(|v| usize::try_from(v).unwrap_or(usize::MAX))
 }
 
+/// A host page size in bytes: 4096, 2097152 or 1073741824.
+fn host_page(py: Python<'_>, key: &str, value: &Bound<'_, PyAny>) -> PyResult<PageSize> {
+    let bytes = value.extract::<u64>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "TLB {key} must be an int (bytes), got {}",
+            value.repr().map_or_else(|_| "?".into(), |r| r.to_string())
+        ))
+    })?;
+    match PageSize::from_bytes(bytes) {
+        Some(p) if p != PageSize::Size64K => Ok(p),
+        _ => Err(to_py(
+            py,
+            AclError::invalid_param(format!(
+                "TLB {key} = {bytes} is not a host page: accepted 4096, 2097152 or 1073741824"
+            )),
+        )),
+    }
+}
+
+/// The `host` override: None (native translation) or a dict of page_size, levels,
+/// nested_tlb_entries, walk_cache_entries (each optional; the rest from the preset's host or
+/// [`HostConfig::with_page`] of 4 KiB).
+fn apply_host(py: Python<'_>, config: &mut TlbConfig, value: &Bound<'_, PyAny>) -> PyResult<()> {
+    if value.is_none() {
+        config.host = None;
+        return Ok(());
+    }
+    let d = value.cast::<PyDict>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "TLB override host must be None or a dict (page_size, levels, nested_tlb_entries, walk_cache_entries), got {}",
+            value.repr().map_or_else(|_| "?".into(), |r| r.to_string())
+        ))
+    })?;
+    let mut host = config.host.clone().unwrap_or_else(|| HostConfig::with_page(PageSize::Size4K));
+    for (k, v) in d.iter() {
+        let field: String = k.extract()?;
+        let key = format!("host.{field}");
+        match field.as_str() {
+            "page_size" => host.page_size = host_page(py, &key, &v)?,
+            "levels" => {
+                let n = int_override(&key, "levels", &v)?;
+                host.levels = u32::try_from(n).map_err(|_| out_of_range(py, &key, "levels", n))?;
+            }
+            "nested_tlb_entries" => host.nested_tlb_entries = size_override(&key, "nested_tlb_entries", &v)?,
+            "walk_cache_entries" => host.walk_cache_entries = three_sizes(py, &key, &v)?,
+            other => {
+                return Err(to_py(
+                    py,
+                    AclError::invalid_param(format!(
+                        "unknown TLB host field {other:?}; use page_size, levels, nested_tlb_entries or walk_cache_entries"
+                    )),
+                ));
+            }
+        }
+    }
+    config.host = Some(host);
+    Ok(())
+}
+
+/// Three walk-cache sizes (table levels 0, 1, 2).
+fn three_sizes(py: Python<'_>, key: &str, value: &Bound<'_, PyAny>) -> PyResult<[usize; 3]> {
+    let items: Vec<Bound<'_, PyAny>> = value
+        .extract()
+        .map_err(|_| PyTypeError::new_err(format!("TLB override {key} must be a list of 3 ints, got {value}")))?;
+    if items.len() != 3 {
+        return Err(to_py(
+            py,
+            AclError::invalid_param(format!(
+                "TLB override {key} must hold 3 ints (table levels 0, 1, 2), got {}",
+                items.len()
+            )),
+        ));
+    }
+    let mut out = [0; 3];
+    for (i, item) in items.iter().enumerate() {
+        out[i] = size_override(&format!("{key}[{i}]"), "walk_cache_entries", item)?;
+    }
+    Ok(out)
+}
+
 fn apply_override(py: Python<'_>, config: &mut TlbConfig, key: &str, value: &Bound<'_, PyAny>) -> PyResult<()> {
     let bad = |msg: String| to_py(py, AclError::invalid_param(msg));
     match key {
+        "host" => apply_host(py, config, value)?,
+        "host_page_size" => {
+            if !value.is_none() {
+                let page = host_page(py, key, value)?;
+                let mut host = config.host.clone().unwrap_or_else(|| HostConfig::with_page(page));
+                host.page_size = page;
+                config.host = Some(host);
+            }
+        }
         "walk_step_cycles" => config.walk_step_cycles = int_override(key, key, value)?,
         "coalesce" => {
             let v = int_override(key, key, value)?;
             config.coalesce = u32::try_from(v).map_err(|_| out_of_range(py, key, key, v))?;
         }
-        "walk_cache_entries" => {
-            let items: Vec<Bound<'_, PyAny>> = value.extract().map_err(|_| {
-                PyTypeError::new_err(format!("TLB override walk_cache_entries must be a list of 3 ints, got {value}"))
-            })?;
-            if items.len() != 3 {
-                return Err(bad(format!(
-                    "TLB override walk_cache_entries must hold 3 ints (table levels 0, 1, 2), got {}",
-                    items.len()
-                )));
-            }
-            for (i, item) in items.iter().enumerate() {
-                config.walk_cache_entries[i] = size_override(&format!("walk_cache_entries[{i}]"), key, item)?;
-            }
-        }
+        "walk_cache_entries" => config.walk_cache_entries = three_sizes(py, key, value)?,
         _ => {
             let parts: Vec<&str> = key.split('.').collect();
             let [level, array, field] = parts[..] else {
                 return Err(bad(format!(
-                    "unknown TLB override {key:?}; use walk_step_cycles, walk_cache_entries, coalesce or \"<level>.<array>.<field>\""
+                    "unknown TLB override {key:?}; use walk_step_cycles, walk_cache_entries, coalesce, host, host_page_size or \"<level>.<array>.<field>\""
                 )));
             };
             let (l, a): (usize, usize) = (

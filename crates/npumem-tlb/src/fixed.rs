@@ -26,7 +26,8 @@
 use super::array::{Array, fingerprint};
 use super::chain::{Cursor, PAGE_SHIFT, Tally, stretch};
 use super::memo::{DENSE_KNOWN, DenseTable, FAULT};
-use super::{Tlb, TlbStats, walk};
+use super::walk::Walker;
+use super::{Tlb, TlbStats};
 
 /// What the kernel hands a fixed loop: from index `start` of `addresses`, the accesses whose
 /// translation packs to `bits` (as [`super::memo::Known::pack`]), through `table`.
@@ -96,12 +97,12 @@ pub(super) fn wide_isa() -> bool {
     false
 }
 
-/// [`walk`], kept out of the loop (rare on the paths the loops are for, and its registers
+/// [`Walker::walk`], kept out of the loop (rare on the paths the loops are for, and its registers
 /// would crowd the loop's).
 #[cold]
 #[inline(never)]
-fn cold_walk(caches: &mut [Option<Array>; 3], stats: &mut TlbStats, step_cycles: u64, va: u64, depth: u32) {
-    walk(caches, stats, step_cycles, va, depth);
+fn cold_walk(walker: &mut Walker, stats: &mut TlbStats, step_cycles: u64, va: u64, depth: u32) {
+    walker.walk(stats, step_cycles, va, depth);
 }
 
 /// [`stretch`], kept out of the loop (once a stretch; inlined, it costs the loop registers).
@@ -173,7 +174,7 @@ fn fixed_body<const W1: usize, const W2: usize, const AVX2: bool>(
     let (first, second) = (tlb.chains.of[p][0] as usize, tlb.chains.of[p][1] as usize);
     let l1_mask = tlb.plans[p].l1_mask;
     let step_cycles = tlb.config.walk_step_cycles;
-    let Tlb { arrays, walk_caches, stats, .. } = &mut *tlb;
+    let Tlb { arrays, walker, stats, .. } = &mut *tlb;
     let (a1, a2) = two_mut(arrays, first, second);
     let l1_full = a1.full();
     let (Some(mut l1), Some(mut l2)) = (a1.ways_mut::<W1>(), a2.ways_mut::<W2>()) else {
@@ -219,7 +220,7 @@ fn fixed_body<const W1: usize, const W2: usize, const AVX2: bool>(
         }
         if !l2.lookup::<AVX2>(tag, vpn, fp) {
             empty_fills[1] += u64::from(!l2.fill(tag, vpn, fp));
-            cold_walk(walk_caches, stats, step_cycles, va, depth);
+            cold_walk(walker, stats, step_cycles, va, depth);
         }
         l1.fill(tag, vpn, fp);
     }

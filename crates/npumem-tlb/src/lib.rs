@@ -1,6 +1,7 @@
 //! `Tlb`: a translation lookaside buffer hierarchy over any page-table walk (a function from a
 //! virtual address to a [`Translation`]; npumem-core's `vm::PageTable` in the device). It depends
-//! on npumem-base only, so nothing of the device stack can reach it.
+//! on npumem-base (and raw-cpuid, to read the machine's geometry: [`cpuid`]) only, so nothing of
+//! the device stack can reach it.
 //!
 //! A hierarchy has levels (L1, L2, ...); each level holds one or more arrays — one unified array
 //! for every page size, or arrays split by page size (as Intel's L1 DTLB). An array is
@@ -9,6 +10,11 @@
 //! page table; page-walk caches per table level let a walk skip the upper steps. Entries are
 //! tagged with (page size, virtual page number), so what the allocator mapped — 4 KiB, 64 KiB,
 //! 2 MiB or 1 GiB pages — is exactly what the TLB caches.
+//!
+//! With a host ([`TlbConfig::host`]) it is a guest of a virtual machine: an entry maps the smaller
+//! of the guest's and the host's page, and a walk is two-dimensional, each guest table read and
+//! the data's page translated through the host's nested TLB and page table ([`walk`]). Presets
+//! carry their sources; [`cpuid`] reads the geometry of the machine it runs on.
 //!
 //! Speed: a lookup costs O(1) at any associativity (narrow sets compare fingerprints of all
 //! ways at once and keep LRU as a 4-bit-a-way recency order, wide ones and the walk caches are
@@ -37,11 +43,14 @@ mod array;
 mod batch;
 mod chain;
 mod config;
+pub mod cpuid;
 mod fixed;
 mod memo;
 pub mod reference;
+mod walk;
 
-pub use config::{ArrayConfig, Replacement, TlbConfig, field_range, limits, out_of_range};
+pub use config::{ArrayConfig, HostConfig, Replacement, SOURCE_KINDS, TlbConfig, field_range, limits, out_of_range};
+pub use walk::table_gpa;
 
 use rustc_hash::FxHashMap;
 
@@ -49,6 +58,7 @@ use self::array::{Array, EMPTY, size_bit};
 use self::batch::{Access, Batch};
 use self::chain::Chains;
 use self::memo::{Known, Memo};
+use self::walk::Walker;
 use npumem_base::error::Result;
 use npumem_base::{PageSize, Translation};
 
@@ -73,8 +83,28 @@ pub struct TlbStats {
     /// Walk steps skipped thanks to the walk caches, and steps taken.
     pub walk_steps_skipped: u64,
     pub walk_steps: u64,
-    /// Translation cycles: hit costs beyond L1 plus walk steps (saturating at `u64::MAX`).
+    /// Translation cycles: hit costs beyond L1 plus walk reads of both dimensions (saturating at
+    /// `u64::MAX`).
     pub cycles: u64,
+    /// With a host: host translations the nested TLB answered and missed, host walks, and the
+    /// host table reads taken and skipped by the host walk caches.
+    pub nested_tlb_hits: u64,
+    pub nested_tlb_misses: u64,
+    pub nested_walks: u64,
+    pub nested_steps: u64,
+    pub nested_steps_skipped: u64,
+}
+
+impl TlbStats {
+    /// Memory reads of the average walk, both dimensions (0 without walks).
+    pub fn reads_per_walk(&self) -> f64 {
+        if self.walks == 0 { 0.0 } else { (self.walk_steps + self.nested_steps) as f64 / self.walks as f64 }
+    }
+
+    /// Of those, the host dimension's (0 without walks or without a host).
+    pub fn nested_reads_per_walk(&self) -> f64 {
+        if self.walks == 0 { 0.0 } else { self.nested_steps as f64 / self.walks as f64 }
+    }
 }
 
 #[derive(Debug)]
@@ -90,8 +120,9 @@ pub struct Tlb {
     /// one of them (then the arrays take a batch one after the other).
     level_arrays: Vec<std::ops::Range<usize>>,
     split: Vec<bool>,
-    /// Page-walk caches of table levels 0, 1, 2 (none where the configuration has 0 entries).
-    walk_caches: [Option<Array>; 3],
+    /// Page-walk caches of table levels 0, 1, 2 (none where the configuration has 0 entries),
+    /// and the host dimension's nested TLB and walk caches.
+    walker: Walker,
     stats: TlbStats,
     rng: u64,
     /// The tag of the previous access and the L1 arrays that hold it: another access to the
@@ -136,15 +167,12 @@ impl Plan {
     }
 }
 
-/// The VA bits below each walk cache's tag (table levels 0, 1, 2).
-const WALK_CACHE_SHIFT: [u32; 3] = [39, 30, 21];
-
 impl Tlb {
     pub fn new(config: TlbConfig) -> Result<Self> {
         config.validate()?;
         let arrays: Vec<Array> = config.levels.iter().flatten().cloned().map(Array::new).collect();
         let plans = PageSize::ALL.map(|p| Plan::new(&config, |i| arrays[i].sizes_mask & size_bit(p) != 0));
-        let walk_caches = config.walk_cache_entries.map(|n| (n > 0).then(|| Array::walk_cache(n)));
+        let walker = Walker::new(config.walk_cache_entries, config.host.as_ref());
         let mut level_arrays = Vec::new();
         for level in &config.levels {
             let start = level_arrays.last().map_or(0, |r: &std::ops::Range<usize>| r.end);
@@ -177,7 +205,7 @@ impl Tlb {
             plans,
             level_arrays,
             split,
-            walk_caches,
+            walker,
             stats,
             rng: 0x9E37_79B9_7F4A_7C15,
             last: None,
@@ -215,6 +243,7 @@ impl Tlb {
 
     /// Simulates one access of the translation `t` of `va` (one page per entry).
     pub fn access(&mut self, va: u64, t: Translation) {
+        let t = self.config.host.as_ref().map_or(t, |h| h.splinter(t));
         if let Some(access) = self.admit(va, t.page_size, t.depth, 1) {
             self.simulate(access);
         }
@@ -302,36 +331,11 @@ impl Tlb {
         }
     }
 
-    /// A page walk of `depth` descriptor reads; the walk caches skip the upper ones.
+    /// A page walk of `depth` guest descriptor reads ([`walk`]).
     #[inline]
     fn walk(&mut self, va: u64, depth: u32) {
-        walk(&mut self.walk_caches, &mut self.stats, self.config.walk_step_cycles, va, depth);
+        self.walker.walk(&mut self.stats, self.config.walk_step_cycles, va, depth);
     }
-}
-
-/// A page walk of `depth` descriptor reads through `caches` (the walk caches skip the upper
-/// ones), counted in `stats` at `step_cycles` a step read.
-#[inline]
-fn walk(caches: &mut [Option<Array>; 3], stats: &mut TlbStats, step_cycles: u64, va: u64, depth: u32) {
-    stats.walks += 1;
-    // Table levels above the leaf: depth 4 → tables 0,1,2; depth 3 → 0,1; depth 2 → 0.
-    let tables = (depth as usize).saturating_sub(1).min(3);
-    let mut probe = |level: usize| caches[level].as_mut().is_some_and(|c| c.lookup_fill(va >> WALK_CACHE_SHIFT[level]));
-    let mut skipped = 0;
-    for level in (0..tables).rev() {
-        if probe(level) {
-            skipped = level as u64 + 1;
-            break;
-        }
-    }
-    // Fill the caches of the levels below the hit too (the walk read them).
-    for level in skipped as usize..tables {
-        probe(level);
-    }
-    let steps = depth as u64 - skipped;
-    stats.walk_steps_skipped += skipped;
-    stats.walk_steps += steps;
-    stats.cycles = stats.cycles.saturating_add(steps * step_cycles);
 }
 
 impl Tlb {
@@ -345,6 +349,14 @@ impl Tlb {
     /// [`batch`]): every array's state depends only on the accesses that reach its level, in
     /// order, so this gives exactly the result of simulating them one by one.
     pub fn run(&mut self, addresses: &[u64], translate: impl Fn(u64) -> Option<Translation>) {
+        match self.config.host.clone() {
+            Some(host) => self.run_native(addresses, |va| translate(va).map(|t| host.splinter(t))),
+            None => self.run_native(addresses, translate),
+        }
+    }
+
+    /// [`Tlb::run`] over translations as the TLB caches them.
+    fn run_native(&mut self, addresses: &[u64], translate: impl Fn(u64) -> Option<Translation>) {
         let mut memo = self.memo.take().unwrap_or_else(|| Box::new(Memo::new()));
         memo.start_run();
         let mut pages =
@@ -447,12 +459,11 @@ impl Tlb {
     }
 
     /// The tag of every entry, per level and array in slot order (set by set, way by way; `u64::MAX`
-    /// for an empty one), then of every walk cache: the whole state two models must share.
+    /// for an empty one), then of every walk cache (the host's nested TLB and walk caches after the
+    /// guest's): the whole state two models must share.
     pub fn contents(&self) -> (Vec<Vec<Vec<u64>>>, Vec<Vec<u64>>) {
         let arrays = self.levels().map(|l| l.iter().map(|a| a.tags().collect()).collect()).collect();
-        let caches =
-            self.walk_caches.iter().map(|c| c.as_ref().map_or_else(Vec::new, |c| c.tags().collect())).collect();
-        (arrays, caches)
+        (arrays, self.walker.contents())
     }
 
     /// The largest footprint the entries of each level could map if every entry held a page of

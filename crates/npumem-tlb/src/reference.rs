@@ -13,7 +13,7 @@
 //! than `ways` entries; fills are inclusive; hits + misses = lookups per array; the cycle counter
 //! saturates).
 
-use super::{ArrayConfig, ArrayStats, Replacement, TlbConfig, TlbStats, coalescible};
+use super::{ArrayConfig, ArrayStats, HostConfig, Replacement, TlbConfig, TlbStats, coalescible, table_gpa};
 use npumem_base::error::Result;
 use npumem_base::{PageSize, Translation};
 
@@ -163,11 +163,66 @@ impl WalkCache {
     }
 }
 
+/// The host dimension: a nested TLB over host pages and host walk caches, each probe stamped by
+/// its own clock (one access probes a host cache many times).
+#[derive(Debug)]
+struct Host {
+    config: HostConfig,
+    tlb: WalkCache,
+    caches: Vec<WalkCache>,
+    now: u64,
+}
+
+impl Host {
+    fn new(config: &HostConfig) -> Self {
+        let cache = |shift, n| WalkCache { shift, entries: vec![Entry { tag: EMPTY, stamp: 0 }; n] };
+        Host {
+            tlb: cache(config.page_size.bytes().trailing_zeros(), config.nested_tlb_entries),
+            caches: [39u32, 30, 21].iter().zip(config.walk_cache_entries).map(|(&s, n)| cache(s, n)).collect(),
+            config: config.clone(),
+            now: 0,
+        }
+    }
+
+    /// Host reads to translate `gpa`: none on a nested-TLB hit, else a host walk whose upper
+    /// steps the host walk caches skip.
+    fn translate(&mut self, stats: &mut TlbStats, gpa: u64) -> u64 {
+        if !self.tlb.entries.is_empty() {
+            self.now += 1;
+            if self.tlb.lookup_fill(gpa, self.now) {
+                stats.nested_tlb_hits += 1;
+                return 0;
+            }
+            stats.nested_tlb_misses += 1;
+        }
+        stats.nested_walks += 1;
+        let depth = self.config.depth();
+        let tables = (depth as usize).saturating_sub(1).min(3);
+        let mut skipped = 0;
+        for level in (0..tables).rev() {
+            self.now += 1;
+            if self.caches[level].lookup_fill(gpa, self.now) {
+                skipped = level as u64 + 1;
+                break;
+            }
+        }
+        for level in skipped as usize..tables {
+            self.now += 1;
+            self.caches[level].lookup_fill(gpa, self.now);
+        }
+        let steps = u64::from(depth) - skipped;
+        stats.nested_steps_skipped += skipped;
+        stats.nested_steps += steps;
+        steps
+    }
+}
+
 #[derive(Debug)]
 pub struct ReferenceTlb {
     config: TlbConfig,
     levels: Vec<Vec<Array>>,
     walk_caches: Vec<WalkCache>,
+    host: Option<Host>,
     stats: TlbStats,
     now: u64,
     rng: u64,
@@ -190,7 +245,8 @@ impl ReferenceTlb {
             arrays: config.levels.iter().map(|l| vec![ArrayStats::default(); l.len()]).collect(),
             ..Default::default()
         };
-        Ok(ReferenceTlb { config, levels, walk_caches, stats, now: 0, rng: 0x9E37_79B9_7F4A_7C15, last: None })
+        let host = config.host.as_ref().map(Host::new);
+        Ok(ReferenceTlb { config, levels, walk_caches, host, stats, now: 0, rng: 0x9E37_79B9_7F4A_7C15, last: None })
     }
 
     pub fn config(&self) -> &TlbConfig {
@@ -219,6 +275,8 @@ impl ReferenceTlb {
     /// Simulates one access whose entry covers `group` contiguous pages (a power of two).
     fn access_group(&mut self, va: u64, t: Translation, group: u32) {
         self.stats.accesses += 1;
+        // The entry maps the smaller of the guest's and the host's page.
+        let t = self.config.host.as_ref().map_or(t, |h| h.splinter(t));
         let page = t.page_size;
         // The entry's unit: `group` pages; the tag packs the unit number, log2(group) and the size.
         let vpn = va / page.bytes() / group as u64;
@@ -293,13 +351,24 @@ impl ReferenceTlb {
         let steps = depth as u64 - skipped;
         self.stats.walk_steps_skipped += skipped;
         self.stats.walk_steps += steps;
-        self.stats.cycles = self.stats.cycles.saturating_add(steps * self.config.walk_step_cycles);
+        let mut reads = steps;
+        if let Some(host) = &mut self.host {
+            // Each guest table read taken, then the data's page (its guest-physical address is
+            // its VA), through the host dimension.
+            for level in skipped as u32..depth {
+                reads += host.translate(&mut self.stats, table_gpa(level, va));
+            }
+            reads += host.translate(&mut self.stats, va);
+        }
+        self.stats.cycles = self.stats.cycles.saturating_add(reads * self.config.walk_step_cycles);
     }
 
     /// Runs `addresses` through the TLB, translating each through `translate` (the device's page
     /// table); unmapped addresses count as faults. Consecutive accesses to one page reuse its
     /// translation.
     pub fn run(&mut self, addresses: &[u64], translate: impl Fn(u64) -> Option<Translation>) {
+        let host = self.config.host.clone();
+        let translate = move |va| translate(va).map(|t| host.as_ref().map_or(t, |h| h.splinter(t)));
         // (page start, page end, translation, pages its entry covers)
         let mut last: Option<(u64, u64, Translation, u32)> = None;
         let mut groups: std::collections::HashMap<(u64, PageSize), u32> = std::collections::HashMap::new();
@@ -381,8 +450,12 @@ impl ReferenceTlb {
     /// for an empty one), then of every walk cache: the whole state two models must share.
     pub fn contents(&self) -> (Vec<Vec<Vec<u64>>>, Vec<Vec<u64>>) {
         let arrays = self.levels.iter().map(|l| l.iter().map(|a| a.entries.iter().map(|e| e.tag).collect()).collect());
-        let caches = self.walk_caches.iter().map(|c| c.entries.iter().map(|e| e.tag).collect());
-        (arrays.collect(), caches.collect())
+        let mut caches: Vec<Vec<u64>> =
+            self.walk_caches.iter().map(|c| c.entries.iter().map(|e| e.tag).collect()).collect();
+        if let Some(h) = &self.host {
+            caches.extend(std::iter::once(&h.tlb).chain(&h.caches).map(|c| c.entries.iter().map(|e| e.tag).collect()));
+        }
+        (arrays.collect(), caches)
     }
 
     /// The largest footprint the entries of each level could map if every entry held a page of
