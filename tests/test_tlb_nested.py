@@ -13,9 +13,8 @@ import pytest
 
 import npumem
 from npumem import Policy
-from npumem.chase_model import chase_features
 from npumem.patterns import pointer_chase
-from npumem.tlb import Tlb, fit_chase, predict_chase
+from npumem.tlb import Tlb, chase_features, fit_chase, predict_chase
 from npumem.tlb_validate import grid, knees
 
 MiB = 1 << 20

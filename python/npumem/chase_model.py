@@ -1,6 +1,7 @@
 """The pointer-chase cost model: nanoseconds per access of a chase touching one 64-byte line in
 each 4 KiB page of a footprint, the pages in one random cycle, predicted from the TLB model's
-counters (:func:`predict_chase`) with cost constants fitted to measured points (:func:`fit_chase`).
+counters (:func:`npumem.tlb.predict_chase`, which runs the model) with cost constants fitted to
+measured points (:func:`npumem.tlb.fit_chase`). This module holds the arithmetic; it uses no TLB.
 
 Rules:
 
@@ -33,10 +34,8 @@ from typing import Any
 import numpy as np
 
 from . import _args
-from .device import Device
 from .enums import Policy
 from .errors import invalid_param
-from .patterns import pointer_chase
 
 LINE = 64
 PAGE = 4096
@@ -124,51 +123,7 @@ def _costs(costs: Any) -> dict[str, float]:
     return {k: _args.real(c[k], f"costs[{k!r}]", 0.0, 1e6, unit="ns") for k in COST_KEYS}
 
 
-def chase_features(
-    footprints: Sequence[int],
-    page_size: int = PAGE,
-    *,
-    host_page_size: int | None = None,
-    preset: str = "cpuid",
-    caches: tuple[Any, Any] | None = None,
-) -> list[dict[str, float]]:
-    """Per footprint, what an access does in the model: ``l1_miss`` (L1 TLB misses), ``walks``,
-    walk ``reads`` (both dimensions) per access and the ``lines`` a lap touches; then the weight
-    of each cost constant (``w_base``, ``w_l2_tlb``, ``w_near``, ``w_far``)."""
-    from .tlb import Tlb, host_page
-
-    footprints = _footprints(footprints)
-    page_size = _guest_page(page_size)
-    host = None if host_page_size is None else host_page(host_page_size, "host_page_size")
-    preset = _args.text(preset, "preset")
-    c1, c2 = _caches(caches)
-    biggest = max(footprints)
-    giants = -(-biggest // (1 << 30)) if page_size == 1 << 30 else 0
-    span = -(-biggest // page_size) * page_size
-    dev = Device(span + giants * (1 << 30) + (64 << 20), giant_frames=giants, allocator="direct")
-    rows = []
-    for fp in footprints:
-        ptr = dev.malloc(fp, PAGE_POLICIES[page_size])
-        pages = fp // PAGE
-        tlb = Tlb.preset(preset, dev, host_page_size=host) if host else Tlb.preset(preset, dev)
-        laps = pointer_chase(ptr, fp, (1 + LAPS) * pages, seed=1)
-        tlb.run(laps[:pages])
-        tlb.reset_stats()
-        st = tlb.run(laps[pages:])
-        dev.free(ptr)
-        n = max(st.accesses, 1)
-        l1_miss = st.levels[0].misses / n
-        walks = st.walks / n
-        # A guest leaf read each walk, and (with a host) a host leaf read of the data each walk;
-        # host walks beyond those are of guest table pages, whose host entries are few and hot.
-        host_data = walks if host else 0.0
-        table_host = max(0.0, st.nested_walks / n - host_data)
-        upper = (st.walk_steps + st.nested_steps) / n - walks - host_data - table_host
-        rows.append(_weights(fp, page_size, host, l1_miss, walks, host_data, upper + table_host, c1, c2))
-    return rows
-
-
-def _weights(
+def chase_weights(
     fp: int,
     page_size: int,
     host: int | None,
@@ -233,7 +188,7 @@ def _resident(lines: float, cache: Cache) -> float:
     return min(1.0, (kept + ways * max(tail, 0.0)) / lam)
 
 
-def _predict(rows: list[dict[str, float]], c: Mapping[str, float]) -> list[float]:
+def predict_ns(rows: list[dict[str, float]], c: Mapping[str, float]) -> list[float]:
     return [
         r["w_base"] * c["base_ns"]
         + r["w_l2_tlb"] * c["l2_tlb_ns"]
@@ -241,27 +196,6 @@ def _predict(rows: list[dict[str, float]], c: Mapping[str, float]) -> list[float
         + r["w_far"] * c["far_ns"]
         for r in rows
     ]
-
-
-def predict_chase(
-    footprints: Sequence[int],
-    page_size: int = PAGE,
-    *,
-    host_page_size: int | None = None,
-    preset: str = "cpuid",
-    costs: Mapping[str, float],
-    caches: tuple[Any, Any] | None = None,
-) -> list[float]:
-    """Nanoseconds per access the model predicts for a chase of each footprint (one 64-byte line
-    in each 4 KiB page, the pages in one random cycle) over ``page_size`` guest pages;
-    ``host_page_size`` (4096, 2 MiB or 1 GiB) makes the machine a guest over host pages of that
-    size, ``preset`` names the geometry (``"cpuid"``: this machine's), ``costs`` holds base_ns,
-    l2_tlb_ns, near_ns and far_ns (as :func:`fit_chase` returns), ``caches`` the (L1 data, L2)
-    caches, each bytes (8-way) or (bytes, ways) (this machine's by default)."""
-    footprints, page_size = _footprints(footprints), _guest_page(page_size)
-    c = _costs(costs)
-    rows = chase_features(footprints, page_size, host_page_size=host_page_size, preset=preset, caches=caches)
-    return _predict(rows, c)
 
 
 def nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -279,34 +213,4 @@ def nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best
 
 
-def fit_chase(
-    footprints: Sequence[int],
-    ns: Sequence[float],
-    *,
-    page_size: int = PAGE,
-    host_page_size: int | None = None,
-    preset: str = "cpuid",
-    caches: tuple[Any, Any] | None = None,
-) -> dict[str, float]:
-    """The ``costs`` (base_ns, l2_tlb_ns, near_ns, far_ns) that fit measured ``ns`` per access at
-    ``footprints`` best: base_ns the mean of the points with no L1 TLB miss and L1-resident data
-    in the model (the smallest point where there is none), the other three by non-negative
-    least squares on relative errors (every point weighs alike)."""
-    footprints = _footprints(footprints)
-    if isinstance(ns, (str, bytes)) or not isinstance(ns, Iterable):
-        raise _args.type_error("ns", ns, "a list of nanoseconds")
-    y = np.array([_args.real(v, f"ns[{i}]", 1e-3, 1e6, unit="ns") for i, v in enumerate(ns)])
-    if len(y) != len(footprints):
-        raise invalid_param(f"ns holds {len(y)} values for {len(footprints)} footprints; give one per footprint")
-    rows = chase_features(footprints, page_size, host_page_size=host_page_size, preset=preset, caches=caches)
-    floor = [i for i, r in enumerate(rows) if r["w_l2_tlb"] == 0 and r["w_near"] == 0 and r["w_far"] == 0]
-    base = float(np.mean(y[floor])) if floor else float(y[int(np.argmin(footprints))])
-    w = np.array([[r["w_l2_tlb"], r["w_near"], r["w_far"]] for r in rows])
-    rest = y - base * np.array([r["w_base"] for r in rows])
-    scale = 1 / np.maximum(y, 1e-9)
-    c = nonnegative_fit(w * scale[:, None], rest * scale)
-    out = {"base_ns": base, "l2_tlb_ns": float(c[0]), "near_ns": float(c[1]), "far_ns": float(c[2])}
-    return {k: (round(v, 4) if math.isfinite(v) else v) for k, v in out.items()}
-
-
-__all__ = ["COST_KEYS", "chase_features", "data_caches", "fit_chase", "nonnegative_fit", "predict_chase"]
+__all__ = ["COST_KEYS", "chase_weights", "data_caches", "nonnegative_fit", "predict_ns"]

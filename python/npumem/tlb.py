@@ -15,17 +15,14 @@ from __future__ import annotations
 import csv
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from . import _args, _files, _native
+from . import _args, _files, _native, chase_model
 from ._optional import require
-
-# The chase cost model over this module's Tlb: ``npumem.tlb.predict_chase`` / ``fit_chase``.
-from .chase_model import fit_chase, predict_chase
 from .device import Device
 from .enums import Policy
 from .errors import OutOfMemoryError, invalid_param
@@ -508,6 +505,103 @@ def plot_tradeoff(rows: Iterable[dict[str, Any]], path: str) -> None:
     _panels(rows, path, draw, "internal waste of the mapping (bytes)", "translation cycles per access")
 
 
+# -- The pointer-chase cost model over this module's Tlb (the arithmetic: chase_model) --------
+
+
+def chase_features(
+    footprints: Sequence[int],
+    page_size: int = chase_model.PAGE,
+    *,
+    host_page_size: int | None = None,
+    preset: str = "cpuid",
+    caches: tuple[Any, Any] | None = None,
+) -> list[dict[str, float]]:
+    """Per footprint, what an access does in the model: ``l1_miss`` (L1 TLB misses), ``walks``,
+    walk ``reads`` (both dimensions) per access and the ``lines`` a lap touches; then the weight
+    of each cost constant (``w_base``, ``w_l2_tlb``, ``w_near``, ``w_far``)."""
+    footprints = chase_model._footprints(footprints)
+    page_size = chase_model._guest_page(page_size)
+    host = None if host_page_size is None else host_page(host_page_size, "host_page_size")
+    preset = _args.text(preset, "preset")
+    c1, c2 = chase_model._caches(caches)
+    biggest = max(footprints)
+    giants = -(-biggest // (1 << 30)) if page_size == 1 << 30 else 0
+    span = -(-biggest // page_size) * page_size
+    dev = Device(span + giants * (1 << 30) + (64 << 20), giant_frames=giants, allocator="direct")
+    rows = []
+    for fp in footprints:
+        ptr = dev.malloc(fp, chase_model.PAGE_POLICIES[page_size])
+        pages = fp // chase_model.PAGE
+        tlb = Tlb.preset(preset, dev, host_page_size=host) if host else Tlb.preset(preset, dev)
+        laps = pointer_chase(ptr, fp, (1 + chase_model.LAPS) * pages, seed=1)
+        tlb.run(laps[:pages])
+        tlb.reset_stats()
+        st = tlb.run(laps[pages:])
+        dev.free(ptr)
+        n = max(st.accesses, 1)
+        l1_miss = st.levels[0].misses / n
+        walks = st.walks / n
+        # A guest leaf read each walk, and (with a host) a host leaf read of the data each walk;
+        # host walks beyond those are of guest table pages, whose host entries are few and hot.
+        host_data = walks if host else 0.0
+        table_host = max(0.0, st.nested_walks / n - host_data)
+        upper = (st.walk_steps + st.nested_steps) / n - walks - host_data - table_host
+        hot = upper + table_host
+        rows.append(chase_model.chase_weights(fp, page_size, host, l1_miss, walks, host_data, hot, c1, c2))
+    return rows
+
+
+def predict_chase(
+    footprints: Sequence[int],
+    page_size: int = chase_model.PAGE,
+    *,
+    host_page_size: int | None = None,
+    preset: str = "cpuid",
+    costs: Mapping[str, float],
+    caches: tuple[Any, Any] | None = None,
+) -> list[float]:
+    """Nanoseconds per access the model predicts for a chase of each footprint (one 64-byte line
+    in each 4 KiB page, the pages in one random cycle) over ``page_size`` guest pages;
+    ``host_page_size`` (4096, 2 MiB or 1 GiB) makes the machine a guest over host pages of that
+    size, ``preset`` names the geometry (``"cpuid"``: this machine's), ``costs`` holds base_ns,
+    l2_tlb_ns, near_ns and far_ns (as :func:`fit_chase` returns), ``caches`` the (L1 data, L2)
+    caches, each bytes (8-way) or (bytes, ways) (this machine's by default)."""
+    footprints, page_size = chase_model._footprints(footprints), chase_model._guest_page(page_size)
+    c = chase_model._costs(costs)
+    rows = chase_features(footprints, page_size, host_page_size=host_page_size, preset=preset, caches=caches)
+    return chase_model.predict_ns(rows, c)
+
+
+def fit_chase(
+    footprints: Sequence[int],
+    ns: Sequence[float],
+    *,
+    page_size: int = chase_model.PAGE,
+    host_page_size: int | None = None,
+    preset: str = "cpuid",
+    caches: tuple[Any, Any] | None = None,
+) -> dict[str, float]:
+    """The ``costs`` (base_ns, l2_tlb_ns, near_ns, far_ns) that fit measured ``ns`` per access at
+    ``footprints`` best: base_ns the mean of the points with no L1 TLB miss and L1-resident data
+    in the model (the smallest point where there is none), the other three by non-negative
+    least squares on relative errors (every point weighs alike)."""
+    footprints = chase_model._footprints(footprints)
+    if isinstance(ns, (str, bytes)) or not isinstance(ns, Iterable):
+        raise _args.type_error("ns", ns, "a list of nanoseconds")
+    y = np.array([_args.real(v, f"ns[{i}]", 1e-3, 1e6, unit="ns") for i, v in enumerate(ns)])
+    if len(y) != len(footprints):
+        raise invalid_param(f"ns holds {len(y)} values for {len(footprints)} footprints; give one per footprint")
+    rows = chase_features(footprints, page_size, host_page_size=host_page_size, preset=preset, caches=caches)
+    floor = [i for i, r in enumerate(rows) if r["w_l2_tlb"] == 0 and r["w_near"] == 0 and r["w_far"] == 0]
+    base = float(np.mean(y[floor])) if floor else float(y[int(np.argmin(footprints))])
+    w = np.array([[r["w_l2_tlb"], r["w_near"], r["w_far"]] for r in rows])
+    rest = y - base * np.array([r["w_base"] for r in rows])
+    scale = 1 / np.maximum(y, 1e-9)
+    c = chase_model.nonnegative_fit(w * scale[:, None], rest * scale)
+    out = {"base_ns": base, "l2_tlb_ns": float(c[0]), "near_ns": float(c[1]), "far_ns": float(c[2])}
+    return {k: (round(v, 4) if math.isfinite(v) else v) for k, v in out.items()}
+
+
 __all__ = [
     "HOST_PAGE_SIZES",
     "PAGE_POLICIES",
@@ -516,6 +610,7 @@ __all__ = [
     "LevelStats",
     "Tlb",
     "TlbStats",
+    "chase_features",
     "fit_chase",
     "huge_frame_rates",
     "plot",

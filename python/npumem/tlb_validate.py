@@ -32,9 +32,10 @@ import numpy as np
 
 from . import _args, _files, _native
 from ._optional import require
-from .chase_model import PAGE, chase_features, fit_chase, predict_chase
+from .chase_model import PAGE
 from .errors import invalid_param
 from .patterns import pointer_chase
+from .tlb import chase_features, fit_chase, predict_chase
 
 HUGE = 2 << 20
 MADV_COLLAPSE = 25  # linux/mman.h (Linux 6.1)
