@@ -14,6 +14,7 @@ mod graph_plan;
 mod improve;
 mod limit;
 mod problem;
+mod schedule;
 mod shared;
 mod strategy;
 
@@ -21,4 +22,5 @@ pub use graph::{Graph, GraphBuffer, Liveness, Op, Role, Tensor};
 pub use graph_plan::{GraphOptions, GraphPlan};
 pub use limit::{Move, MoveKind, MoveOptions, Reduced, reduce};
 pub use problem::{Buffer, Problem};
+pub use schedule::{Candidate, DEFAULT_SCHEDULE_WORK, Schedule, ScheduleOptions, Scheduler};
 pub use strategy::{ExactOutcome, Plan, PlanOptions, Strategy};
