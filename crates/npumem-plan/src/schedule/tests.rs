@@ -159,7 +159,8 @@ fn xlas_own_counterexample_is_solved_optimally() {
     assert!(s.exact);
     assert_eq!(best(&s), opt);
     assert_eq!(s.bound, opt);
-    assert!(list.peak(&xla_list) > opt, "the list scheduler is above the optimum here");
+    // With inputs live during their reader (the arena's model) both orders peak at 5 units.
+    assert_eq!(list.peak(&xla_list), opt);
 }
 
 #[test]
