@@ -19,7 +19,7 @@ mod shared;
 mod strategy;
 
 pub use graph::{Graph, GraphBuffer, Liveness, Op, Role, Tensor};
-pub use graph_plan::{GraphOptions, GraphPlan};
+pub use graph_plan::{GraphOptions, GraphPlan, ScheduledOrder};
 pub use limit::{Move, MoveKind, MoveOptions, Reduced, reduce};
 pub use problem::{Buffer, Problem};
 pub use schedule::{Candidate, DEFAULT_SCHEDULE_WORK, Schedule, ScheduleOptions, Scheduler};

@@ -127,6 +127,7 @@ impl Dag {
     }
 
     /// Whether `order` lists every op once and respects every edge.
+    #[cfg(test)]
     pub fn is_order(&self, order: &[usize]) -> bool {
         if order.len() != self.n {
             return false;

@@ -117,8 +117,10 @@ fn random_graph(seed: u64, ops: usize) -> Graph {
 }
 
 fn check(g: &Graph, s: &Schedule, align: u64) {
+    let d = Dag::new(g, align);
     for c in &s.candidates {
         assert!(valid(g, &c.order), "{:?} order {:?} is not valid", c.scheduler, c.order);
+        assert!(d.is_order(&c.order));
         assert_eq!(c.bound, pipeline_bound(g, &c.order, align), "{:?}", c.scheduler);
         assert!(c.bound >= s.bound, "{:?}: {} below the proven bound {}", c.scheduler, c.bound, s.bound);
     }
