@@ -10,7 +10,8 @@ use super::dag::Dag;
 
 pub(crate) const MAX_OPS: usize = 10_000;
 
-pub(crate) fn any_order_bound(d: &Dag) -> u64 {
+/// Each op's floor: the memory at its step in every order.
+pub(crate) fn floors(d: &Dag) -> Vec<u64> {
     let n = d.n;
     let mut floor: Vec<u64> =
         (0..n).map(|o| d.ws[o] + d.touch[o].iter().map(|&c| d.size[c as usize]).sum::<u64>()).collect();
@@ -64,5 +65,10 @@ pub(crate) fn any_order_bound(d: &Dag) -> u64 {
             }
         }
     }
-    floor.into_iter().max().unwrap_or(0).max(d.untouched)
+    floor
+}
+
+/// The largest floor: no order needs less.
+pub(crate) fn any_order_bound(floor: &[u64], d: &Dag) -> u64 {
+    floor.iter().copied().max().unwrap_or(0).max(d.untouched)
 }

@@ -116,13 +116,14 @@ impl Graph {
         if matches!(options.scheduler, Scheduler::Inductor | Scheduler::Npumem) {
             candidates.push(cand(Scheduler::Inductor, anchors::inductor(&d)));
         }
-        let mut bound = bound::any_order_bound(&d);
+        let floor = bound::floors(&d);
+        let mut bound = bound::any_order_bound(&floor, &d);
         let (mut exact, mut work) = (false, 0);
         if options.scheduler == Scheduler::Npumem && options.work_limit > 0 {
             let upper = candidates.iter().map(|c| c.bound).min().unwrap_or(0);
             if upper > bound {
                 let width = width(options.work_limit, d.n);
-                let found = search::search(&d, upper, width, options.work_limit);
+                let found = search::search(&d, upper, &floor, width, options.work_limit);
                 work = found.work;
                 exact = found.exact;
                 bound = bound.max(found.bound);

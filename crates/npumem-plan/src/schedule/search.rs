@@ -4,12 +4,18 @@
 //! peak so far survives) and pruned when its peak so far exceeds an order already known.
 //!
 //! Rules:
+//! - a pass keeps only states whose peak so far, and whose floor for the ops still to run (the
+//!   must-live floor of each, valid in every order), stay below the best order known: it looks
+//!   for a strict improvement;
 //! - a level is exact while it holds every surviving state; the least peak so far over an exact
-//!   level is a lower bound for every order (each order passes through one of its states);
-//! - the search is bounded by work, never by time: `width` states per level (the rest, ranked
-//!   by peak so far, then bytes live, then discovery, are dropped: the search becomes a beam
-//!   search and no longer proves anything) and `work` transitions in all (past it, one state
-//!   per level: a greedy finish). The same graph and limits give the same order on every run.
+//!   level (or the best known peak, for the states pruned) is a lower bound for every order, as
+//!   each order passes through one state of every level. A pass that stays exact to its end
+//!   proves its result (or, when every state was pruned, the best known order) optimal;
+//! - a first, narrow pass (a beam search) finds a good order cheaply, so the exact pass prunes
+//!   hard; the search is bounded by work, never by time: `width` states per level (the rest,
+//!   ranked by their floor, then bytes live, then discovery, are dropped and the pass no longer
+//!   proves anything) and `work` transitions in all (past it, one state per level: a greedy
+//!   finish). The same graph and limits give the same order on every run.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -89,8 +95,37 @@ fn has(set: &[u64], o: u32) -> bool {
     set[o as usize / 64] >> (o % 64) & 1 == 1
 }
 
-/// Searches for an order with a peak of at most `upper` (the best known order's).
-pub(crate) fn search(d: &Dag, upper: u64, width: usize, work: u64) -> Found {
+/// A narrow pass, then an exact one as wide as the work left allows, each looking for an order
+/// below the best known (`upper`, the heuristics' best); `floor[o]` bounds the memory at `o`'s
+/// step in every order.
+pub(crate) fn search(d: &Dag, upper: u64, floor: &[u64], width: usize, work: u64) -> Found {
+    let narrow = run(d, upper, floor, NARROW.min(width), work / 8);
+    let (mut best, mut order) = (upper, None);
+    if let Some(o) = narrow.order {
+        (best, order) = (narrow.peak, Some(o));
+    }
+    if narrow.exact {
+        return Found { order, peak: best, exact: true, bound: best, work: narrow.work };
+    }
+    let wide = run(d, best, floor, width, work.saturating_sub(narrow.work));
+    let spent = narrow.work + wide.work;
+    match wide.order {
+        Some(o) => Found { order: Some(o), peak: wide.peak, ..wide }.with_work(spent),
+        None => Found { order, peak: best, exact: wide.exact, bound: wide.bound, work: spent },
+    }
+}
+
+/// States per level of the first pass.
+const NARROW: usize = 32;
+
+impl Found {
+    fn with_work(self, work: u64) -> Found {
+        Found { work, ..self }
+    }
+}
+
+/// One pass: the best order strictly below `upper`, if it finds one.
+fn run(d: &Dag, upper: u64, floor: &[u64], width: usize, work: u64) -> Found {
     let n = d.n;
     let words = n.div_ceil(64).max(1);
     let mut level = Level::new(words);
@@ -122,7 +157,7 @@ pub(crate) fn search(d: &Dag, upper: u64, width: usize, work: u64) -> Found {
                 }
                 let during = level.live[s] + born + d.ws[o as usize] + if step == 0 { d.untouched } else { 0 };
                 let peak = level.peak[s].max(during);
-                if peak > upper {
+                if peak >= upper {
                     continue;
                 }
                 scratch.copy_from_slice(set);
@@ -141,6 +176,12 @@ pub(crate) fn search(d: &Dag, upper: u64, width: usize, work: u64) -> Found {
                     }
                 }
                 ready.sort_unstable();
+                // The ops still to run each need their floor: a state that cannot beat `upper`
+                // is dropped before it spreads.
+                let ahead = (0..n as u32).filter(|&x| !has(&scratch, x)).map(|x| floor[x as usize]).max().unwrap_or(0);
+                if ahead >= upper {
+                    continue;
+                }
                 index.insert(scratch.clone().into_boxed_slice(), next.len() as u32);
                 next.bits.extend_from_slice(&scratch);
                 next.live.push(level.live[s] + born - dies);
@@ -150,6 +191,7 @@ pub(crate) fn search(d: &Dag, upper: u64, width: usize, work: u64) -> Found {
             }
         }
         if next.len() == 0 {
+            // Every order is at or above `upper`: proven when no level was cut.
             return Found { order: None, peak: upper, exact, bound: if exact { upper } else { bound }, work: spent };
         }
         let cap = if spent >= work { 1 } else { width.max(1) };
@@ -161,7 +203,8 @@ pub(crate) fn search(d: &Dag, upper: u64, width: usize, work: u64) -> Found {
             next = next.select(&rank);
         }
         if exact {
-            bound = bound.max(next.peak.iter().copied().min().unwrap_or(0));
+            // Pruned states were at or above `upper`, kept ones below it.
+            bound = bound.max(next.peak.iter().copied().min().unwrap_or(upper));
         }
         trail.push(next.from.clone());
         level = next;
