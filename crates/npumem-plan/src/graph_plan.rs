@@ -5,8 +5,9 @@
 //! Invariants: every arena buffer gets an offset that `Problem::validate` accepts; `resident`
 //! counts weights that stay on the device, graph inputs and outputs (aligned); with a limit,
 //! `fits` is `resident + plan.peak <= limit`. With a schedule, the order comes before the moves
-//! (a better order may need none), each candidate order is planned in full and the lowest total
-//! wins (ties: the lower order bound, then the earlier candidate); steps and op indices in
+//! (a better order may need none), each candidate order is planned in full and the one that fits
+//! with the fewest bytes moved wins, then the lowest total, the lower order bound, the earlier
+//! candidate; steps and op indices in
 //! `liveness` and `reduced` are then those of the reordered graph (`order[k]` ran at step `k`).
 
 use super::graph::{Graph, Liveness, Role};
@@ -70,7 +71,7 @@ impl Graph {
         };
         Problem::new(Vec::new(), options.alignment)?;
         let schedule = self.schedule(options.alignment, sched);
-        let mut best: Option<((bool, u64, u64, usize), GraphPlan)> = None;
+        let mut best: Option<((bool, u64, u64, u64, usize), GraphPlan)> = None;
         let mut arenas = Vec::with_capacity(schedule.candidates.len());
         for (i, c) in schedule.candidates.iter().enumerate() {
             // Portfolios often agree: an order already planned is not planned again.
@@ -81,12 +82,15 @@ impl Graph {
             let gp = self.reordered(&c.order)?.plan_in_order(options)?;
             let total = gp.weights + gp.inputs + gp.outputs + gp.plan.peak;
             arenas.push(gp.plan.peak);
-            let key = (!gp.fits, total, c.bound, i);
+            // What fits with the fewest bytes moved, then the lowest total: an order that needs
+            // no moves beats one that fits only by copying or recomputing.
+            let moved = gp.reduced.moves.iter().map(|m| m.bytes).fold(0u64, u64::saturating_add);
+            let key = (!gp.fits, moved, total, c.bound, i);
             if best.as_ref().is_none_or(|(k, _)| key < *k) {
                 best = Some((key, gp));
             }
         }
-        let Some(((_, _, _, chosen), mut gp)) = best else {
+        let Some(((_, _, _, _, chosen), mut gp)) = best else {
             return self.plan_in_order(options);
         };
         let order = schedule.candidates[chosen].order.clone();
