@@ -61,6 +61,9 @@ pub struct GraphPlan {
     pub schedule: Option<ScheduledOrder>,
 }
 
+/// How scheduled candidates compare: misses the limit, bytes moved, total, order bound, index.
+type Rank = (bool, u64, u64, u64, usize);
+
 /// Rounds of "plan, then tighten the target by the fragmentation" under a limit.
 const ROUNDS: usize = 8;
 
@@ -71,7 +74,7 @@ impl Graph {
         };
         Problem::new(Vec::new(), options.alignment)?;
         let schedule = self.schedule(options.alignment, sched);
-        let mut best: Option<((bool, u64, u64, u64, usize), GraphPlan)> = None;
+        let mut best: Option<(Rank, GraphPlan)> = None;
         let mut arenas = Vec::with_capacity(schedule.candidates.len());
         for (i, c) in schedule.candidates.iter().enumerate() {
             // Portfolios often agree: an order already planned is not planned again.

@@ -40,9 +40,7 @@ fn defined_and_uses(d: &Dag) -> (Vec<u64>, Vec<Vec<u32>>) {
 }
 
 fn uses_count(d: &Dag) -> Vec<u32> {
-    (0..d.size.len())
-        .map(|c| d.touchers[c].iter().filter(|&&o| d.definer[c] != Some(o)).count() as u32)
-        .collect()
+    (0..d.size.len()).map(|c| d.touchers[c].iter().filter(|&&o| d.definer[c] != Some(o)).count() as u32).collect()
 }
 
 /// XLA `ListScheduler::CreateSchedule`.
@@ -57,11 +55,9 @@ pub(crate) fn xla_list(d: &Dag) -> Vec<usize> {
         let freed: u64 = uses[o].iter().filter(|&&c| unscheduled[c as usize] == 1).map(|&c| d.size[c as usize]).sum();
         (freed as i128 - defined[o] as i128, d.succs[o].len())
     };
-    for o in 0..d.n {
-        if preds_left[o] == 0 {
-            ready.push((o, priority(o, &unscheduled), seq));
-            seq += 1;
-        }
+    for o in (0..d.n).filter(|&o| d.preds[o].is_empty()) {
+        ready.push((o, priority(o, &unscheduled), seq));
+        seq += 1;
     }
     let mut order = Vec::with_capacity(d.n);
     while !ready.is_empty() {
@@ -145,10 +141,8 @@ pub(crate) fn xla_dfs(d: &Dag) -> Vec<usize> {
         v.sort_by_key(|&o| key(o));
         v
     };
-    let roots: Vec<usize> = sorted(&sinks(d).iter().map(|&o| o as u32).collect::<Vec<_>>())
-        .into_iter()
-        .map(|o| o as usize)
-        .collect();
+    let roots: Vec<usize> =
+        sorted(&sinks(d).iter().map(|&o| o as u32).collect::<Vec<_>>()).into_iter().map(|o| o as usize).collect();
     post_order(d, &roots, sorted)
 }
 
@@ -232,10 +226,8 @@ pub(crate) fn inductor_bfs(d: &Dag) -> Vec<usize> {
         p
     };
     let mut heap: BinaryHeap<Reverse<(Vec<usize>, usize)>> = BinaryHeap::new();
-    for o in 0..d.n {
-        if indegree[o] == 0 {
-            heap.push(Reverse((Vec::new(), o)));
-        }
+    for o in (0..d.n).filter(|&o| d.preds[o].is_empty()) {
+        heap.push(Reverse((Vec::new(), o)));
     }
     let mut order = Vec::with_capacity(d.n);
     while let Some(Reverse((_, o))) = heap.pop() {
@@ -270,10 +262,7 @@ pub(crate) fn inductor_dfs(d: &Dag) -> Vec<usize> {
 /// Inductor's portfolio: (order, name) of the lowest estimated peak.
 pub(crate) fn inductor(d: &Dag) -> (Vec<usize>, &'static str) {
     let given = (0..d.n).collect();
-    best(
-        d,
-        vec![(given, "baseline"), (inductor_lpmf(d), "lpmf"), (inductor_bfs(d), "bfs"), (inductor_dfs(d), "dfs")],
-    )
+    best(d, vec![(given, "baseline"), (inductor_lpmf(d), "lpmf"), (inductor_bfs(d), "bfs"), (inductor_dfs(d), "dfs")])
 }
 
 /// The candidate with the least [`Dag::peak`], the first on a tie.

@@ -128,7 +128,12 @@ impl Graph {
                 exact = found.exact;
                 bound = bound.max(found.bound);
                 if let Some(order) = found.order {
-                    candidates.push(Candidate { scheduler: Scheduler::Npumem, detail: "search", order, bound: found.peak });
+                    candidates.push(Candidate {
+                        scheduler: Scheduler::Npumem,
+                        detail: "search",
+                        order,
+                        bound: found.peak,
+                    });
                 }
             } else {
                 exact = true; // a heuristic reached the floor
