@@ -58,7 +58,9 @@ def main() -> None:
         ]
         print("| " + " | ".join(cells) + " |")
     print()
-    print(f"MiniMalloc A-K, solve(capacity=1048576), defaults (work limit {DEFAULT_WORK_LIMIT:,} nodes, no time limit):")
+    print(
+        f"MiniMalloc A-K, solve(capacity=1048576), defaults (work limit {DEFAULT_WORK_LIMIT:,} nodes, no time limit):"
+    )
     print("| input | outcome | nodes | s |")
     print("|---|---|---|---|")
     for path in sorted(glob.glob(os.path.join(ROOT, "benches", "dsa", "minimalloc", "*.csv"))):

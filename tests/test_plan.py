@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from npumem import InvalidParamError, cli
-from npumem.plan import DEFAULT_WORK_LIMIT, DEFAULT_STRATEGY, STRATEGIES, Problem, solve
+from npumem.plan import DEFAULT_STRATEGY, DEFAULT_WORK_LIMIT, STRATEGIES, Problem, solve
 
 DSA = os.path.join(os.path.dirname(__file__), "..", "benches", "dsa")
 CHALLENGING = sorted(glob.glob(os.path.join(DSA, "minimalloc", "*.csv")))

@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from models import InceptionNet, RandWire, SmallCNN, UNet  # noqa: E402
+from models import InceptionNet, RandWire, SmallCNN, UNet
 
-from npumem.torch_graphs import from_export, from_training  # noqa: E402
+from npumem.torch_graphs import from_export, from_training
 
 
 def main() -> None:
@@ -31,7 +31,9 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).parent))
     out = Path(ap.parse_args().out)
     torch.manual_seed(0)
-    graphs = {f"randwire_s{s}": lambda s=s: from_export(RandWire(seed=s), (torch.randn(1, 3, 32, 32),)) for s in range(3)}
+    graphs = {
+        f"randwire_s{s}": lambda s=s: from_export(RandWire(seed=s), (torch.randn(1, 3, 32, 32),)) for s in range(3)
+    }
     graphs["inception"] = lambda: from_export(InceptionNet(), (torch.randn(1, 3, 28, 28),))
     graphs["unet"] = lambda: from_export(UNet(), (torch.randn(1, 3, 128, 128),))
     graphs["cnn_train_sgd"] = lambda: from_training(SmallCNN(), torch.randn(8, 3, 32, 32), lr=0.01)

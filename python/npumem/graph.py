@@ -297,8 +297,8 @@ class Graph:
         then (over ``mem_limit``) offload / recompute moves, then offsets for the activation
         arena with ``strategy`` (``time_limit`` and ``work_limit`` bound its exact search as in
         :meth:`npumem.plan.Problem.solve`). With a scheduler that compares orders, each is
-        planned and the one that fits with the fewest bytes moved wins, then the lowest total. Transfer and recompute times use the ``preset`` cost
-        model of :class:`npumem.Device`."""
+        planned and the one that fits with the fewest bytes moved wins, then the lowest total.
+        Transfer and recompute times use the ``preset`` cost model of :class:`npumem.Device`."""
         strategy = _args.choice(strategy, "strategy", STRATEGIES)
         time_limit, work_limit = _limits(time_limit, work_limit)
         if schedule is True:
