@@ -37,11 +37,15 @@ def main() -> None:
     graphs["inception"] = lambda: from_export(InceptionNet(), (torch.randn(1, 3, 28, 28),))
     graphs["unet"] = lambda: from_export(UNet(), (torch.randn(1, 3, 128, 128),))
     graphs["cnn_train_sgd"] = lambda: from_training(SmallCNN(), torch.randn(8, 3, 32, 32), lr=0.01)
+    sizes = {}
     for name, build in graphs.items():
         g = build()
         g.save(out / f"{name}.json.gz")
-        print(f"{name}: {len(g)} tensors, {len(g.ops)} ops -> {out / name}.json.gz")
-    print(f"torch {torch.__version__}")
+        sizes[name] = (len(g), len(g.ops))
+    print(
+        f"torch {torch.__version__} -> {out}: "
+        + ", ".join(f"{n} ({t} tensors, {o} ops)" for n, (t, o) in sizes.items())
+    )
 
 
 if __name__ == "__main__":
