@@ -137,6 +137,9 @@ fn run(d: &Dag, upper: u64, floor: &[u64], width: usize, work: u64) -> Found {
     let mut trail: Vec<Vec<(u32, u32)>> = Vec::with_capacity(n);
     let (mut exact, mut bound, mut spent) = (true, 0u64, 0u64);
     let mut scratch = vec![0u64; words];
+    // Ops by falling floor: the first one not yet run has the largest floor still ahead.
+    let mut by_floor: Vec<u32> = (0..n as u32).collect();
+    by_floor.sort_by_key(|&o| (std::cmp::Reverse(floor[o as usize]), o));
     for step in 0..n {
         let mut next = Level::new(words);
         let mut index: HashMap<Box<[u64]>, u32, BuildHasherDefault<Fx>> = HashMap::default();
@@ -178,7 +181,7 @@ fn run(d: &Dag, upper: u64, floor: &[u64], width: usize, work: u64) -> Found {
                 ready.sort_unstable();
                 // The ops still to run each need their floor: a state that cannot beat `upper`
                 // is dropped before it spreads.
-                let ahead = (0..n as u32).filter(|&x| !has(&scratch, x)).map(|x| floor[x as usize]).max().unwrap_or(0);
+                let ahead = by_floor.iter().find(|&&x| !has(&scratch, x)).map_or(0, |&x| floor[x as usize]);
                 if ahead >= upper {
                     continue;
                 }
