@@ -145,7 +145,8 @@ impl Dag {
     /// The largest memory live at one step when the ops run in `order` (a valid order).
     pub fn peak(&self, order: &[usize]) -> u64 {
         let mut left: Vec<u32> = self.touchers.iter().map(|t| t.len() as u32).collect();
-        let (mut live, mut peak) = (0u64, 0u64);
+        // Untouched classes are live at step 0 (and in the arena even with no op at all).
+        let (mut live, mut peak) = (0u64, self.untouched);
         for (step, &o) in order.iter().enumerate() {
             let (during, after) = self.step(&left, live, o);
             peak = peak.max(during + if step == 0 { self.untouched } else { 0 });

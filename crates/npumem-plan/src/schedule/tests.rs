@@ -210,6 +210,19 @@ fn a_tiny_work_limit_still_gives_a_valid_order_and_is_deterministic() {
 }
 
 #[test]
+fn tensors_no_op_touches_count_at_step_zero_even_without_ops() {
+    let lonely = vec![t(48, Role::Activation), t(8, Role::Input), t(16, Role::Activation)];
+    let with_op = Graph::new(lonely.clone(), vec![op(&[1], &[2], 0)]).unwrap();
+    let s = with_op.schedule(16, ALL);
+    check(&with_op, &s, 16);
+    assert_eq!(s.given_bound, 64);
+    let no_ops = Graph::new(lonely, vec![]).unwrap();
+    let s = no_ops.schedule(16, ALL);
+    check(&no_ops, &s, 16);
+    assert_eq!((s.given_bound, s.bound), (64, 64));
+}
+
+#[test]
 fn names_round_trip() {
     for s in Scheduler::ALL {
         assert_eq!(Scheduler::parse(s.name()).unwrap(), s);
