@@ -137,6 +137,7 @@ fn run(d: &Dag, upper: u64, floor: &[u64], width: usize, work: u64) -> Found {
     let mut trail: Vec<Vec<(u32, u32)>> = Vec::with_capacity(n);
     let (mut exact, mut bound, mut spent) = (true, 0u64, 0u64);
     let mut scratch = vec![0u64; words];
+    let mut moves: Vec<(u32, u64, u64, u64)> = Vec::new();
     // Ops by falling floor: the first one not yet run has the largest floor still ahead.
     let mut by_floor: Vec<u32> = (0..n as u32).collect();
     by_floor.sort_by_key(|&o| (std::cmp::Reverse(floor[o as usize]), o));
@@ -145,6 +146,8 @@ fn run(d: &Dag, upper: u64, floor: &[u64], width: usize, work: u64) -> Found {
         let mut index: HashMap<Box<[u64]>, u32, BuildHasherDefault<Fx>> = HashMap::default();
         for s in 0..level.len() {
             let set = level.set(s);
+            // (op, bytes live during it, bytes it frees net of what it creates)
+            moves.clear();
             for &o in &level.ready[s] {
                 spent += 1;
                 let (mut born, mut dies) = (0u64, 0u64);
@@ -159,6 +162,17 @@ fn run(d: &Dag, upper: u64, floor: &[u64], width: usize, work: u64) -> Found {
                     }
                 }
                 let during = level.live[s] + born + d.ws[o as usize] + if step == 0 { d.untouched } else { 0 };
+                moves.push((o, during, born, dies));
+            }
+            // Dominance: an op that frees at least what it creates, without rising above the
+            // peak so far, can run first in some best completion (moving it before the ops
+            // that preceded it only shortens lifetimes), so it is the only move tried.
+            let forced = moves.iter().position(|&(_, during, born, dies)| born <= dies && during <= level.peak[s]);
+            let tried = match forced {
+                Some(i) => i..i + 1,
+                None => 0..moves.len(),
+            };
+            for &(o, during, born, dies) in &moves[tried] {
                 let peak = level.peak[s].max(during);
                 if peak >= upper {
                     continue;
