@@ -11,6 +11,9 @@
 //!   level (or the best known peak, for the states pruned) is a lower bound for every order, as
 //!   each order passes through one state of every level. A pass that stays exact to its end
 //!   proves its result (or, when every state was pruned, the best known order) optimal;
+//! - dominance: from a state, a ready op that frees at least the bytes it creates and stays at or
+//!   below the peak so far is the only move tried (in any best completion it can be moved to
+//!   the front: that only shortens lifetimes), which collapses chains of ops to one path;
 //! - a first, narrow pass (a beam search) finds a good order cheaply, so the exact pass prunes
 //!   hard; the search is bounded by work, never by time: `width` states per level (the rest,
 //!   ranked by their floor, then bytes live, then discovery, are dropped and the pass no longer
