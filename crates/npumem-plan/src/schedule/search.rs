@@ -9,14 +9,14 @@
 //!   for a strict improvement;
 //! - a level is exact while it holds every surviving state; the least peak so far over an exact
 //!   level (or the best known peak, for the states pruned) is a lower bound for every order, as
-//!   each order passes through one state of every level. A pass that stays exact to its end
+//!   each order has one at least as good through a state of every level. A pass that stays exact to its end
 //!   proves its result (or, when every state was pruned, the best known order) optimal;
 //! - dominance: from a state, a ready op that frees at least the bytes it creates and stays at or
 //!   below the peak so far is the only move tried (in any best completion it can be moved to
 //!   the front: that only shortens lifetimes), which collapses chains of ops to one path;
 //! - a first, narrow pass (a beam search) finds a good order cheaply, so the exact pass prunes
 //!   hard; the search is bounded by work, never by time: `width` states per level (the rest,
-//!   ranked by their floor, then bytes live, then discovery, are dropped and the pass no longer
+//!   ranked by peak so far, then bytes live, then discovery, are dropped and the pass no longer
 //!   proves anything) and `work` transitions in all (past it, one state per level: a greedy
 //!   finish). The same graph and limits give the same order on every run.
 
