@@ -112,20 +112,16 @@ pub(crate) fn search(d: &Dag, upper: u64, floor: &[u64], width: usize, work: u64
     }
     let wide = run(d, best, floor, width, work.saturating_sub(narrow.work));
     let spent = narrow.work + wide.work;
+    // Both passes' exact levels bound every order.
+    let bound = narrow.bound.max(wide.bound);
     match wide.order {
-        Some(o) => Found { order: Some(o), peak: wide.peak, ..wide }.with_work(spent),
-        None => Found { order, peak: best, exact: wide.exact, bound: wide.bound, work: spent },
+        Some(o) => Found { order: Some(o), peak: wide.peak, exact: wide.exact, bound, work: spent },
+        None => Found { order, peak: best, exact: wide.exact, bound, work: spent },
     }
 }
 
 /// States per level of the first pass.
 const NARROW: usize = 32;
-
-impl Found {
-    fn with_work(self, work: u64) -> Found {
-        Found { work, ..self }
-    }
-}
 
 /// One pass: the best order strictly below `upper`, if it finds one.
 fn run(d: &Dag, upper: u64, floor: &[u64], width: usize, work: u64) -> Found {
@@ -149,7 +145,7 @@ fn run(d: &Dag, upper: u64, floor: &[u64], width: usize, work: u64) -> Found {
         let mut index: HashMap<Box<[u64]>, u32, BuildHasherDefault<Fx>> = HashMap::default();
         for s in 0..level.len() {
             let set = level.set(s);
-            // (op, bytes live during it, bytes it frees net of what it creates)
+            // (op, bytes live during it, bytes it creates, bytes it frees)
             moves.clear();
             for &o in &level.ready[s] {
                 spent += 1;
