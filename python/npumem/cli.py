@@ -170,7 +170,7 @@ def _parser() -> argparse.ArgumentParser:
         "--work-limit",
         type=int,
         default=None,
-        help="search nodes for the exact search (per portfolio thread; default 30000) and, with --schedule, "
+        help="search nodes for the exact search (per portfolio thread; default 40000) and, with --schedule, "
         "transitions for the order search (default 2000000): the same plan on every run, however busy the machine",
     )
     pl.add_argument(

@@ -36,9 +36,10 @@ SHARED_OBJECT = ("tflite_greedy_by_breadth",)
 #: plan is the same on a busy machine as on a quiet one.
 DEFAULT_TIME_LIMIT: float | None = None
 #: Search nodes (per portfolio thread) the exact search may visit by default: enough for every
-#: MiniMalloc A-K instance at capacity (the most, A, takes 18,777), and the search only runs when
-#: the greedy plan misses the bound or the capacity.
-DEFAULT_WORK_LIMIT = 30_000
+#: MiniMalloc A-K instance at capacity (the most, A, takes 18,777) and, without a capacity, for
+#: the first try at the bound (it gets half) to prove A, B, C, E-I and K optimal. The search only
+#: runs when the greedy plan misses the bound or the capacity.
+DEFAULT_WORK_LIMIT = 40_000
 
 
 def _limits(time_limit: float | None, work_limit: int | None) -> tuple[float, int | None]:
