@@ -9,6 +9,8 @@ import json
 import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from npumem import InvalidParamError, cli
 from npumem.graph import SCHEDULERS, Graph
@@ -189,3 +191,45 @@ def test_training_step_with_sgd_from_torch_keeps_updates_after_reads():
     check(g.to_dict(), p.to_json())
     with pytest.raises(InvalidParamError, match="lr"):
         from_training(net, torch.randn(4, 16), lr=-1.0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 2**32), st.integers(1, 12), st.sampled_from([1, 64]))
+def test_random_graphs_give_plans_the_checker_accepts(seed, n_ops, alignment):
+    import random
+
+    rng = random.Random(seed)
+    g = Graph(alignment=alignment)
+    readable = [g.input("x", rng.randint(1, 500)), g.weight("w", rng.randint(1, 500))]
+    for k in range(n_ops):
+        ins = list(dict.fromkeys(rng.choice(readable) for _ in range(rng.randint(1, 3))))
+        acts = [t for t in ins if g.role(t) == "activation"]
+        if acts and rng.random() < 0.25:
+            outs = [g.alias(f"a{k}", acts[0])]  # in place over an activation it reads
+        else:
+            outs = [(f"t{k}_{j}", rng.randint(1, 900)) for j in range(rng.randint(1, 2))]
+        first = g.op(f"op{k}", ins, outs, workspace=rng.choice([0, 0, rng.randint(1, 300)]))
+        readable += [first] + [o[0] for o in outs[1:] if isinstance(o, tuple)]
+    g.mark_output(readable[-1])
+    for scheduler in SCHEDULERS:
+        p = g.plan(schedule=scheduler, schedule_work=5_000)
+        assert check(g.to_dict(), p.to_json()) == p.arena.peak
+        assert p.schedule.bound <= p.arena.peak
+
+
+def test_the_checker_rejects_broken_plans():
+    graph = load_dict(path("randwire_s1"))
+    good = Graph.load(path("randwire_s1")).plan(schedule=True).to_json()
+    check(graph, good)
+    swapped = json.loads(json.dumps(good))
+    swapped["order"][0], swapped["order"][-1] = swapped["order"][-1], swapped["order"][0]
+    with pytest.raises(AssertionError, match="runs before the producer|program order"):
+        check(graph, swapped)
+    overlapping = json.loads(json.dumps(good))
+    placed = [t for t, v in overlapping["tensors"].items() if v["placements"] and v["alias_of"] is None]
+    for t in placed:  # every class at offset 0: two live at one step collide
+        for v in overlapping["tensors"].values():
+            if v["placements"] == good["tensors"][t]["placements"]:
+                v["placements"] = [[*v["placements"][0][:2], 0]]
+    with pytest.raises(AssertionError, match="overlap"):
+        check(graph, overlapping)
