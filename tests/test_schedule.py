@@ -223,7 +223,7 @@ def test_the_checker_rejects_broken_plans():
     check(graph, good)
     swapped = json.loads(json.dumps(good))
     swapped["order"][0], swapped["order"][-1] = swapped["order"][-1], swapped["order"][0]
-    with pytest.raises(AssertionError, match="runs before the producer|program order"):
+    with pytest.raises(AssertionError, match=r"runs before the producer|program order"):
         check(graph, swapped)
     overlapping = json.loads(json.dumps(good))
     placed = [t for t, v in overlapping["tensors"].items() if v["placements"] and v["alias_of"] is None]
