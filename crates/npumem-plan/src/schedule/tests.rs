@@ -1,3 +1,6 @@
+//! Tests of the schedulers: every order valid (checked apart from `Dag`), every bound the
+//! pipeline's own, and the search equal to brute force over all orders of small random graphs.
+
 use super::super::graph::{Op, Role, Tensor};
 use super::super::{Buffer, Problem};
 use super::*;
