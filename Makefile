@@ -103,7 +103,7 @@ miri:
 # says what each measures, the peers it runs beside, and where its figures are in
 # docs/benchmarks.md. `make bench B=list` (or an unknown name) prints the names.
 B ?= malloc
-BENCHES := malloc replay replay-speed flat-latency buffer streams fastpath pools plan tlb \
+BENCHES := malloc replay replay-speed flat-latency buffer streams fastpath pools plan schedule tlb \
 	validate-tlb host pagesize sweep workloads stress pyacl memory-viz gpu torch-device \
 	snapshot-pickle torch-shape
 .PHONY: $(addprefix bench/,$(BENCHES) list unknown)
@@ -150,6 +150,9 @@ bench/fastpath: build
 
 bench/pools:
 	cargo bench -p npumem-hostpool --bench pools
+
+bench/schedule: build
+	python benches/bench_schedule.py
 
 bench/plan: build
 	python benches/bench_plan.py

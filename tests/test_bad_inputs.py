@@ -504,7 +504,7 @@ CASES = [
     ),
     case(
         "solve-no-limit",
-        lambda c: plan.Problem.from_buffers([(0, 1, 8)]).solve(time_limit=None),
+        lambda c: plan.Problem.from_buffers([(0, 1, 8)]).solve(time_limit=None, work_limit=None),
         InvalidParamError,
         "time_limit None",
         "work_limit",

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from npumem import InvalidParamError, cli
-from npumem.plan import DEFAULT_STRATEGY, STRATEGIES, Problem, solve
+from npumem.plan import DEFAULT_STRATEGY, DEFAULT_WORK_LIMIT, STRATEGIES, Problem, solve
 
 DSA = os.path.join(os.path.dirname(__file__), "..", "benches", "dsa")
 CHALLENGING = sorted(glob.glob(os.path.join(DSA, "minimalloc", "*.csv")))
@@ -62,9 +62,10 @@ def test_challenging_instances_every_strategy_valid(path):
     best_baseline = min(plan.peak for s, plan in plans.items() if s != "npumem")
     assert plans["npumem"].peak < best_baseline
     assert 0.05 <= plans["npumem"].gap <= 0.36
-    # The exact search places every instance within MiniMalloc's capacity (well under a second
-    # each; bounded by work, so the outcome does not depend on the machine's load).
-    exact = p.solve(capacity=CAPACITY, **WORK)
+    # With the defaults (no time limit, DEFAULT_WORK_LIMIT nodes), the exact search places every
+    # instance within MiniMalloc's capacity: the same answer on a loaded machine as on a quiet one.
+    exact = p.solve(capacity=CAPACITY)
+    assert 0 < exact.search_nodes <= DEFAULT_WORK_LIMIT
     check(p, exact)
     assert exact.peak <= CAPACITY and exact.fits
     assert exact.exact == "reached capacity"
@@ -72,9 +73,10 @@ def test_challenging_instances_every_strategy_valid(path):
 
 @pytest.mark.parametrize("name", ["A", "C"])
 def test_exact_search_proves_optimality_without_a_capacity(name):
-    # A's bound equals the capacity; C's bound (1,039,360) is below it and is reached too.
+    # A's bound equals the capacity; C's bound (1,039,360) is below it and is reached too; the
+    # default work limit suffices (A's proof at the bound takes 18,777 nodes of its half).
     p = Problem.from_csv(next(c for c in CHALLENGING if os.path.basename(c)[0] == name))
-    plan = p.solve(**WORK)
+    plan = p.solve()
     check(p, plan)
     assert plan.optimal and plan.exact == "optimal"
     assert plan.peak == plan.bound == p.lower_bound
@@ -91,7 +93,7 @@ def test_exact_search_outcomes_and_bad_limits():
         with pytest.raises(InvalidParamError, match="time_limit"):
             p.solve(time_limit=bad)
     with pytest.raises(InvalidParamError, match=r"time_limit None .* needs a work_limit"):
-        p.solve(time_limit=None)
+        p.solve(time_limit=None, work_limit=None)
     with pytest.raises(InvalidParamError, match="work_limit"):
         p.solve(work_limit=-1)
     with pytest.raises(InvalidParamError, match="capacity"):

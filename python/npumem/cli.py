@@ -166,7 +166,18 @@ def _parser() -> argparse.ArgumentParser:
         help="problem CSV: id,lower,upper,size (half-open lifetimes [lower, upper)); or a graph saved by "
         "npumem.graph.Graph.save (.json / .json.gz)",
     )
-    pl.add_argument("--strategy", default="npumem", help="a strategy name, or 'all' to compare every one")
+    pl.add_argument(
+        "--strategy",
+        default="npumem",
+        help="a strategy name, or 'all' to compare every one; with --schedule, the scheduler: given, xla, "
+        "inductor or npumem (the default: compares them all and keeps the lowest arena)",
+    )
+    pl.add_argument(
+        "--schedule",
+        action="store_true",
+        help="graphs: choose the order of the ops too (reports the given order's bound, each scheduler's "
+        "arena and a bound no order beats; --json adds the order and every tensor's offset)",
+    )
     pl.add_argument(
         "--capacity", default=None, help="CSV problems: arena size the plan must fit (e.g. 1048576 or 64MiB)"
     )
@@ -174,15 +185,15 @@ def _parser() -> argparse.ArgumentParser:
         "--time-limit",
         type=float,
         default=None,
-        help="seconds for the exact search of the npumem strategy (default 1, or none with --work-limit; "
+        help="seconds for the exact search of the npumem strategy (default: none, the work limit alone; "
         "0 = greedy only)",
     )
     pl.add_argument(
         "--work-limit",
         type=int,
         default=None,
-        help="search nodes for the exact search (per portfolio thread): the same plan on every run, however "
-        "busy the machine",
+        help="search nodes for the exact search (per portfolio thread; default 40000) and, with --schedule, "
+        "transitions for the order search (default 2000000): the same plan on every run, however busy the machine",
     )
     pl.add_argument(
         "--mem-limit",
@@ -382,13 +393,11 @@ def _tlb_validate(args: argparse.Namespace) -> int:
 
 
 def _limits(args: argparse.Namespace) -> tuple[float | None, int | None]:
-    """--time-limit and --work-limit: with only a work limit, there is no time limit (the plan is
-    then the same on every run)."""
-    from .plan import DEFAULT_TIME_LIMIT
+    """--time-limit and --work-limit: the work limit always applies (its default without the
+    option), so the plan is the same on every run; a time limit only adds to it."""
+    from .plan import DEFAULT_WORK_LIMIT
 
-    if args.time_limit is None:
-        return (None if args.work_limit is not None else DEFAULT_TIME_LIMIT), args.work_limit
-    return args.time_limit, args.work_limit
+    return args.time_limit, DEFAULT_WORK_LIMIT if args.work_limit is None else args.work_limit
 
 
 def _strategies(name: str) -> tuple[str, ...]:
@@ -412,7 +421,14 @@ def _plan(args: argparse.Namespace) -> int:
         )
     if not graph and args.mem_limit is not None:
         raise UsageError("--mem-limit applies to graphs (.json / .json.gz); a CSV problem has --capacity")
-    names = _strategies(args.strategy)
+    if args.schedule:
+        if not graph:
+            raise UsageError("--schedule applies to graphs (.json / .json.gz); a CSV problem has fixed lifetimes")
+        from .graph import SCHEDULERS
+
+        if args.strategy not in (*SCHEDULERS, "all"):
+            raise UsageError(f"--strategy {args.strategy!r} with --schedule is not one of {', '.join(SCHEDULERS)}")
+    names = ("npumem",) if args.schedule else _strategies(args.strategy)
     time_limit, work_limit = _limits(args)
     _args.optional_integer(work_limit, "--work-limit")
     if time_limit is not None:
@@ -473,6 +489,8 @@ def _plan_graph(
 
     limit = _bytes_option(args.mem_limit, "--mem-limit")
     graph = Graph.load(args.file)
+    if args.schedule:
+        return _plan_scheduled(args, graph, limit, time_limit, work_limit)
     plans = [graph.plan(s, mem_limit=limit, time_limit=time_limit, work_limit=work_limit) for s in names]
     best = min(plans, key=lambda p: (p.peak_memory, p.arena.strategy != "npumem"))
     if args.json:
@@ -492,6 +510,42 @@ def _plan_graph(
             verdict = "fits" if best.fits else f"does NOT fit: peak {best.peak_memory:,} B is {over:,} B over"
             print(f"mem_limit {limit:,} B: {verdict}")
     return _plan_outputs(args, best.arena, best.fits)
+
+
+def _plan_scheduled(
+    args: argparse.Namespace, graph: Any, limit: int | None, time_limit: float | None, work_limit: int | None
+) -> int:
+    import json
+
+    from .graph import DEFAULT_SCHEDULE_WORK
+
+    scheduler = "npumem" if args.strategy == "all" else args.strategy
+    work = DEFAULT_SCHEDULE_WORK if args.work_limit is None else work_limit
+    p = graph.plan(
+        mem_limit=limit, time_limit=time_limit, work_limit=work_limit, schedule=scheduler, schedule_work=work
+    )
+    s = p.schedule
+    assert s is not None
+    if args.json:
+        print(json.dumps(p.to_json(), indent=1))
+    else:
+        print(f"{args.file}: {len(graph)} tensors, {len(graph.ops)} ops")
+        print(f"  {'scheduler':<10} {'portfolio member':<16} {'order bound':>16} {'arena':>16}")
+        for c in s.candidates:
+            mark = "  <- chosen" if c.order == s.order and c.scheduler == s.scheduler else ""
+            print(f"  {c.scheduler:<10} {c.detail:<16} {c.bound:>16,} {c.arena:>16,}{mark}")
+        proof = "optimal (proven)" if s.optimal else f"{100 * (p.arena.peak / s.bound - 1):+.2f}% vs the bound"
+        search = "exact" if s.exact else "bounded"
+        print(
+            f"given order bound {s.given_bound:,} B; any order needs >= {s.bound:,} B; arena {p.arena.peak:,} B: "
+            f"{proof} ({search} search, {s.work:,} transitions)"
+        )
+        print(p.table())
+        if limit is not None:
+            over = p.peak_memory - limit
+            verdict = "fits" if p.fits else f"does NOT fit: peak {p.peak_memory:,} B is {over:,} B over"
+            print(f"mem_limit {limit:,} B: {verdict}")
+    return _plan_outputs(args, p.arena, p.fits)
 
 
 def _plan_outputs(args: argparse.Namespace, best: Any, fits: bool) -> int:

@@ -19,6 +19,11 @@ the last step; a workspace for its op's step. Aliases share one buffer (the hull
 lifetimes, the largest size). Weights, inputs and outputs are resident; activations and
 workspaces are planned into one arena with any strategy of :mod:`npumem.plan`.
 
+With ``schedule=True`` (or a scheduler name, see :data:`SCHEDULERS`) the planner first chooses
+the order of the ops — any order that keeps data dependencies, and every in-place write or view
+in program order relative to the other ops touching its buffer — and reports the given order's
+bound, each scheduler's order and arena, and a bound no order can beat (:class:`Schedule`).
+
 With ``mem_limit``, when weights + I/O + arena exceed it, the planner moves things out: weights
 offloaded to host and prefetched before each use, activations offloaded across their longest
 idle gap, or recomputed by re-running their producer — greedily, fewest bytes moved per byte
@@ -41,9 +46,15 @@ import numpy as np
 
 from . import _args, _files, _native
 from .errors import AclError, InvalidParamError, invalid_param
-from .plan import DEFAULT_STRATEGY, DEFAULT_TIME_LIMIT, STRATEGIES, Plan, Problem, _limits
+from .plan import DEFAULT_STRATEGY, DEFAULT_TIME_LIMIT, DEFAULT_WORK_LIMIT, STRATEGIES, Plan, Problem, _limits
 
 ROLES = ("activation", "weight", "input", "output")
+#: Who chooses the op order with ``plan(schedule=...)``: the given order, XLA's
+#: DefaultMemoryScheduler portfolio, PyTorch Inductor's reorder_for_peak_memory portfolio, or
+#: npumem (the best of those and an exact search over ready sets; the default).
+SCHEDULERS: tuple[str, ...] = tuple(_native.plan_schedulers()[0])
+#: Transitions (one op tried from one state) the npumem order search may evaluate by default.
+DEFAULT_SCHEDULE_WORK: int = _native.plan_schedulers()[1]
 
 
 @dataclass
@@ -277,14 +288,26 @@ class Graph:
         offload_activations: bool = True,
         recompute: bool = True,
         preset: str = "ascend910b",
-        work_limit: int | None = None,
+        work_limit: int | None = DEFAULT_WORK_LIMIT,
+        schedule: bool | str = False,
+        schedule_work: int = DEFAULT_SCHEDULE_WORK,
     ) -> GraphPlan:
-        """Liveness, then (over ``mem_limit``) offload / recompute moves, then offsets for the
-        activation arena with ``strategy`` (``time_limit`` and ``work_limit`` bound its exact
-        search as in :meth:`npumem.plan.Problem.solve`). Transfer and recompute times use the
-        ``preset`` cost model of :class:`npumem.Device`."""
+        """Optionally an op order (``schedule``: True for ``"npumem"``, or one of
+        :data:`SCHEDULERS`; its search bounded by ``schedule_work`` transitions), then liveness,
+        then (over ``mem_limit``) offload / recompute moves, then offsets for the activation
+        arena with ``strategy`` (``time_limit`` and ``work_limit`` bound its exact search as in
+        :meth:`npumem.plan.Problem.solve`). With a scheduler that compares orders, each is
+        planned and the one that fits with the fewest bytes moved wins, then the lowest total.
+        Transfer and recompute times use the ``preset`` cost model of :class:`npumem.Device`."""
         strategy = _args.choice(strategy, "strategy", STRATEGIES)
         time_limit, work_limit = _limits(time_limit, work_limit)
+        if schedule is True:
+            schedule = "npumem"
+        if schedule is not False:
+            if not isinstance(schedule, str):
+                raise _args.type_error("schedule", schedule, f"a bool or one of {', '.join(SCHEDULERS)}")
+            schedule = _args.choice(schedule, "schedule", SCHEDULERS)
+        schedule_work = _args.integer(schedule_work, "schedule_work")
         mem_limit = _args.optional_integer(mem_limit, "mem_limit")
         offload_weights = _args.flag(offload_weights, "offload_weights")
         offload_activations = _args.flag(offload_activations, "offload_activations")
@@ -304,6 +327,8 @@ class Graph:
                 offload_activations,
                 recompute,
                 per_transfer,
+                None if schedule is False else schedule,
+                schedule_work,
             )
         except AclError as e:
             # Name tensors and ops, not indices.
@@ -326,6 +351,8 @@ class Graph:
         offload_activations: bool,
         recompute: bool,
         per_transfer: int,
+        scheduler: str | None,
+        schedule_work: int,
     ) -> dict[str, Any]:
         index = {n: i for i, n in enumerate(names)}
         tensors = list(self._tensors.values())
@@ -356,6 +383,52 @@ class Graph:
             bool(recompute),
             per_transfer,
             work_limit,
+            scheduler,
+            schedule_work,
+        )
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One scheduler's order: its max-live bound and the arena planned for it."""
+
+    scheduler: str  # "given", "xla", "inductor" or "npumem" (its search)
+    detail: str  # the portfolio member that won ("list", "dfs", "lpmf", "baseline", "search", ...)
+    order: tuple[str, ...]  # op names in execution order
+    bound: int  # the order's max-live bound (aligned bytes)
+    arena: int  # the arena planned for it
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The order a plan runs its ops in and what is proven about it."""
+
+    scheduler: str  # the chosen candidate's
+    order: tuple[str, ...]
+    given_bound: int  # the given order's max-live bound
+    bound: int  # no valid order's arena is below this (proven)
+    exact: bool  # the search finished: no order has a lower max-live bound than the best found
+    work: int  # transitions the search evaluated
+    candidates: tuple[Candidate, ...]
+    optimal: bool  # the planned arena equals ``bound``: no order and no placement does better
+
+    @classmethod
+    def _build(cls, graph: Graph, s: dict[str, Any], arena: int) -> Schedule:
+        names = [o.name for o in graph._ops]
+        cands = tuple(
+            Candidate(c["scheduler"], c["detail"], tuple(names[k] for k in c["order"].tolist()), c["bound"], c["arena"])
+            for c in s["candidates"]
+        )
+        chosen = cands[s["chosen"]]
+        return cls(
+            scheduler=chosen.scheduler,
+            order=chosen.order,
+            given_bound=s["given_bound"],
+            bound=s["bound"],
+            exact=s["exact"],
+            work=s["work"],
+            candidates=cands,
+            optimal=arena == s["bound"],
         )
 
 
@@ -391,6 +464,8 @@ class GraphPlan:
     _buffer_of: dict[str, int]
     _pieces: dict[int, list[tuple[int, int, int]]]  # graph buffer -> (lower, upper, offset)
     _resident: frozenset[int]  # graph buffers that stay in device memory outside the arena
+    _workspaces: dict[str, int]  # op name -> its workspace's graph buffer
+    schedule: Schedule | None = None  # with plan(schedule=...): the order and its bounds
 
     @classmethod
     def _build(cls, graph: Graph, names: list[str], r: dict[str, Any], mem_limit: int | None, cost: dict) -> GraphPlan:
@@ -448,11 +523,13 @@ class GraphPlan:
             steps=r["steps"],
             _buffer_of=dict(zip(names, r["buffer_of"].tolist(), strict=True)),
             _pieces=pieces,
+            _workspaces={graph._ops[rep[b]].name: b for b, role in enumerate(roles) if role == "workspace"},
             _resident=frozenset(
                 b
                 for b, role in enumerate(roles)
                 if role in ("weight", "input", "output") and b not in {m["buffer"] for m in r["moves"]}
             ),
+            schedule=None if "schedule" not in r else Schedule._build(graph, r["schedule"], r["peak"]),
         )
 
     @property
@@ -514,7 +591,38 @@ class GraphPlan:
             "recomputed_bytes": sum(m.bytes for m in by_kind["recompute"]),
             "transfer_seconds": sum((m.seconds for m in self.moves if m.kind != "recompute"), 0.0),
             "recompute_seconds": sum((m.seconds for m in by_kind["recompute"]), 0.0),
+            **self._schedule_report(),
         }
+
+    def _schedule_report(self) -> dict[str, Any]:
+        s = self.schedule
+        if s is None:
+            return {}
+        out: dict[str, Any] = {"scheduler": s.scheduler, "given_order_bound": s.given_bound}
+        for c in s.candidates:
+            out[f"{c.scheduler}_order_arena"] = c.arena
+        out.update(any_order_bound=s.bound, schedule_optimal=s.optimal, schedule_work=s.work)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan in a form anyone can check without npumem: the report, the op order (op
+        names), and for every tensor its size, role and arena placements ``[lower, upper,
+        offset]`` in steps of that order (none when resident), and every workspace's
+        placements by op name."""
+        steps = list(self.schedule.order) if self.schedule else self.graph.ops
+        tensors = {}
+        for name, t in self.graph._tensors.items():
+            placed = [] if self.resident(name) else [list(p) for p in self.placements(name)]
+            tensors[name] = {"size": t.size, "role": t.role, "alias_of": t.alias_of, "placements": placed}
+        workspaces = {op: [list(p) for p in sorted(self._pieces.get(b, []))] for op, b in self._workspaces.items()}
+        out: dict[str, Any] = {"report": self.report(), "alignment": self.graph.alignment, "order": steps}
+        if self.schedule:
+            out["candidates"] = [
+                {"scheduler": c.scheduler, "detail": c.detail, "bound": c.bound, "arena": c.arena}
+                for c in self.schedule.candidates
+            ]
+        out.update(tensors=tensors, workspaces=workspaces)
+        return out
 
     def table(self) -> str:
         """The report as aligned ``name  value`` lines."""
@@ -568,4 +676,4 @@ def _op_seconds(graph: Graph, op: _Op, cost: dict) -> float:
     return touched / cost["hbm_bandwidth"] + cost["launch_ns"] * 1e-9
 
 
-__all__ = ["ROLES", "Graph", "GraphPlan", "Move"]
+__all__ = ["DEFAULT_SCHEDULE_WORK", "ROLES", "SCHEDULERS", "Candidate", "Graph", "GraphPlan", "Move", "Schedule"]

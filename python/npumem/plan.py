@@ -32,9 +32,14 @@ STRATEGIES: tuple[str, ...] = tuple(_native.plan_strategies())
 DEFAULT_STRATEGY = "npumem"
 #: Strategies that assign tensors to shared objects (their bound is ``Problem.positional_bound``).
 SHARED_OBJECT = ("tflite_greedy_by_breadth",)
-#: Seconds the exact search may take by default (it only runs when the greedy plan misses the
-#: bound or the capacity, and stops as soon as it proves optimality).
-DEFAULT_TIME_LIMIT = 1.0
+#: No time limit by default: the exact search is bounded by work (:data:`DEFAULT_WORK_LIMIT`), so a
+#: plan is the same on a busy machine as on a quiet one.
+DEFAULT_TIME_LIMIT: float | None = None
+#: Search nodes (per portfolio thread) the exact search may visit by default: enough for every
+#: MiniMalloc A-K instance at capacity (the most, A, takes 18,777) and, without a capacity, for
+#: the first try at the bound (it gets half) to prove A, B, C, E-I and K optimal. The search only
+#: runs when the greedy plan misses the bound or the capacity.
+DEFAULT_WORK_LIMIT = 40_000
 
 
 def _limits(time_limit: float | None, work_limit: int | None) -> tuple[float, int | None]:
@@ -235,7 +240,7 @@ class Problem:
         *,
         capacity: int | None = None,
         time_limit: float | None = DEFAULT_TIME_LIMIT,
-        work_limit: int | None = None,
+        work_limit: int | None = DEFAULT_WORK_LIMIT,
     ) -> Plan:
         """Assigns offsets with ``strategy`` (one of :data:`STRATEGIES`).
 
@@ -245,8 +250,8 @@ class Problem:
         capacity it stops at the first plan that fits; a capacity that it proves infeasible (or
         that is below the max-live bound) is reported as such, and the search goes on lowering
         the peak; without a capacity it searches for the optimum and stops once it is proven.
-        ``time_limit=0`` or ``work_limit=0`` disables it; ``time_limit=None`` leaves only the
-        work limit, which gives the same plan on a busy machine as on a quiet one.
+        ``time_limit=0`` or ``work_limit=0`` disables it. By default there is no time limit, only
+        :data:`DEFAULT_WORK_LIMIT`: the same plan on a busy machine as on a quiet one.
         ``Plan.exact`` says how it ended, ``Plan.search_nodes`` what it cost."""
         strategy = _args.choice(strategy, "strategy", STRATEGIES)
         capacity = _args.optional_integer(capacity, "capacity")
@@ -401,7 +406,7 @@ def solve(
     *,
     capacity: int | None = None,
     time_limit: float | None = DEFAULT_TIME_LIMIT,
-    work_limit: int | None = None,
+    work_limit: int | None = DEFAULT_WORK_LIMIT,
 ) -> Plan:
     """``problem.solve(strategy, capacity=capacity, time_limit=time_limit, work_limit=work_limit)``."""
     if not isinstance(problem, Problem):
@@ -409,4 +414,4 @@ def solve(
     return problem.solve(strategy, capacity=capacity, time_limit=time_limit, work_limit=work_limit)
 
 
-__all__ = ["DEFAULT_STRATEGY", "DEFAULT_TIME_LIMIT", "STRATEGIES", "Plan", "Problem", "solve"]
+__all__ = ["DEFAULT_STRATEGY", "DEFAULT_TIME_LIMIT", "DEFAULT_WORK_LIMIT", "STRATEGIES", "Plan", "Problem", "solve"]

@@ -8,7 +8,8 @@ dependency: it is imported only when one of these functions is called.
   (transformers' BERT); parameters and buffers become weights.
 - :func:`from_training`: ``make_fx`` of one training step (forward, a scalar loss, and
   ``torch.autograd.grad`` for every parameter) with fake tensors: the joint forward + backward
-  graph; gradients are graph outputs.
+  graph; gradients are graph outputs. With ``lr``, the step ends with SGD's in-place update of
+  every parameter (``p -= lr * grad``): writes to the weights, kept after their last read.
 
 In every graph the nodes keep their execution order; view ops (view, reshape, transpose,
 permute, expand, slice, select, squeeze, split, getitem, ...) and in-place ops alias their base,
@@ -232,11 +233,15 @@ def from_export(model: Any, args: tuple = (), kwargs: dict | None = None, *, ali
     return _walk(ep.graph_module, weights=weights, alignment=alignment, fuse=False)
 
 
-def from_training(model: Any, *example_inputs: Any, loss: Any = None, alignment: int = 512) -> Graph:
+def from_training(
+    model: Any, *example_inputs: Any, loss: Any = None, alignment: int = 512, lr: float | None = None
+) -> Graph:
     """The joint forward + backward graph of one training step, traced with fake tensors.
     ``loss(output)`` makes the scalar (default: ``output.float().square().mean()``); every
-    parameter's gradient is a graph output."""
+    parameter's gradient is a graph output. ``lr`` adds the SGD update of every parameter."""
     alignment = _alignment(alignment)
+    if lr is not None:
+        lr = _args.real(lr, "lr", 0.0, 1e9)
     if loss is not None and not callable(loss):
         raise _args.type_error("loss", loss, "a function of the model's output, or None")
     torch = require("torch", "npumem.torch_graphs.from_training")
@@ -250,7 +255,12 @@ def from_training(model: Any, *example_inputs: Any, loss: Any = None, alignment:
 
     def step(params: dict, buffers: dict, *inputs: Any) -> Any:
         out = functional_call(model, (params, buffers), inputs)
-        return torch.autograd.grad(loss_fn(out), list(params.values()))
+        grads = torch.autograd.grad(loss_fn(out), list(params.values()))
+        if lr is not None:
+            with torch.no_grad():
+                for p, g in zip(params.values(), grads, strict=True):
+                    p.sub_(g, alpha=lr)
+        return grads
 
     trainable = {k: v.requires_grad_(True) for k, v in params.items()}
     gm = make_fx(step, tracing_mode="fake")(trainable, buffers, *example_inputs)

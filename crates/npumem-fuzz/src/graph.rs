@@ -1,5 +1,6 @@
 //! Graph planning on arbitrary graphs: `plan::Graph::new` (the graph reader's checks), its
-//! liveness, and `Graph::plan` with every strategy, alignment, memory limit and move option.
+//! liveness, and `Graph::plan` with every strategy, scheduler, alignment, memory limit and move
+//! option.
 //!
 //! Checked: no panic (a bad graph or option is an error); liveness gives every tensor a buffer
 //! that is live at each step where an op reads or writes it, with non-empty lifetimes and
@@ -8,7 +9,9 @@
 //! add up to the resident total.
 
 use arbitrary::{Arbitrary, Unstructured};
-use npumem_core::plan::{Graph, GraphOptions, MoveOptions, Op, Problem, Role, Strategy, Tensor};
+use npumem_core::plan::{
+    Graph, GraphOptions, MoveOptions, Op, Problem, Role, ScheduleOptions, Scheduler, Strategy, Tensor,
+};
 
 use crate::plan::{Alignment, Num};
 
@@ -89,6 +92,11 @@ pub fn run(data: &[u8]) {
             recompute: input.allow.2,
             per_transfer: input.per_transfer.value(),
         },
+        // Half the inputs choose the order first, with every scheduler and a small search.
+        schedule: (input.strategy & 0x80 != 0).then(|| ScheduleOptions {
+            scheduler: Scheduler::ALL[usize::from(input.strategy >> 3) % Scheduler::ALL.len()],
+            work_limit: 500,
+        }),
     };
     let Ok(gp) = graph.plan(options) else {
         return;
@@ -99,4 +107,8 @@ pub fn run(data: &[u8]) {
     assert_eq!(gp.fits, gp.reduced.resident.saturating_add(gp.plan.peak) <= limit, "fits");
     let by_role = u128::from(gp.weights) + u128::from(gp.inputs) + u128::from(gp.outputs);
     assert_eq!(by_role, u128::from(gp.reduced.resident), "resident bytes by role");
+    if let Some(s) = &gp.schedule {
+        let reordered = graph.reordered(&s.order).expect("the chosen order is a permutation of the ops");
+        assert_eq!(reordered.liveness().buffers, gp.liveness.buffers, "the plan's liveness is the order's");
+    }
 }

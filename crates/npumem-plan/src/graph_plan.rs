@@ -1,13 +1,18 @@
-//! Planning a whole graph: liveness, then (under a memory limit) offload and recompute moves,
-//! then offsets for the activation arena with any strategy.
+//! Planning a whole graph: optionally an order of its ops first, then liveness, then (under a
+//! memory limit) offload and recompute moves, then offsets for the activation arena with any
+//! strategy.
 //!
 //! Invariants: every arena buffer gets an offset that `Problem::validate` accepts; `resident`
 //! counts weights that stay on the device, graph inputs and outputs (aligned); with a limit,
-//! `fits` is `resident + plan.peak <= limit`.
+//! `fits` is `resident + plan.peak <= limit`. With a schedule, the order comes before the moves
+//! (a better order may need none), each candidate order is planned in full and the one that fits
+//! with the fewest bytes moved wins, then the lowest total, the lower order bound, the earlier
+//! candidate; steps and op indices in
+//! `liveness` and `reduced` are then those of the reordered graph (`order[k]` ran at step `k`).
 
 use super::graph::{Graph, Liveness, Role};
 use super::limit::{MoveOptions, Reduced, reduce};
-use super::{Plan, PlanOptions, Problem, Strategy};
+use super::{Plan, PlanOptions, Problem, Schedule, ScheduleOptions, Strategy};
 use npumem_base::error::{AclError, Result};
 
 /// Options of [`Graph::plan`].
@@ -22,6 +27,20 @@ pub struct GraphOptions {
     /// Device bytes for weights + graph I/O + arena; moves are chosen when over it.
     pub mem_limit: Option<u64>,
     pub allow: MoveOptions,
+    /// Choose the order of the ops first (None: the given order, as listed).
+    pub schedule: Option<ScheduleOptions>,
+}
+
+/// The order a scheduled plan runs its ops in, and the candidates it was chosen from.
+#[derive(Clone, Debug)]
+pub struct ScheduledOrder {
+    /// Original op indices in execution order.
+    pub order: Vec<usize>,
+    /// Index of the chosen candidate in `schedule.candidates`.
+    pub chosen: usize,
+    pub schedule: Schedule,
+    /// The planned arena of each candidate (same index).
+    pub arenas: Vec<u64>,
 }
 
 /// A planned graph.
@@ -38,13 +57,51 @@ pub struct GraphPlan {
     pub outputs: u64,
     /// Whether `resident + arena` is within the limit (true without one).
     pub fits: bool,
+    /// With `GraphOptions::schedule`: the order chosen.
+    pub schedule: Option<ScheduledOrder>,
 }
+
+/// How scheduled candidates compare: misses the limit, bytes moved, total, order bound, index.
+type Rank = (bool, u64, u64, u64, usize);
 
 /// Rounds of "plan, then tighten the target by the fragmentation" under a limit.
 const ROUNDS: usize = 8;
 
 impl Graph {
     pub fn plan(&self, options: GraphOptions) -> Result<GraphPlan> {
+        let Some(sched) = options.schedule else {
+            return self.plan_in_order(options);
+        };
+        Problem::new(Vec::new(), options.alignment)?;
+        let schedule = self.schedule(options.alignment, sched);
+        let mut best: Option<(Rank, GraphPlan)> = None;
+        let mut arenas = Vec::with_capacity(schedule.candidates.len());
+        for (i, c) in schedule.candidates.iter().enumerate() {
+            // Portfolios often agree: an order already planned is not planned again.
+            if let Some(j) = schedule.candidates[..i].iter().position(|p| p.order == c.order) {
+                arenas.push(arenas[j]);
+                continue;
+            }
+            let gp = self.reordered(&c.order)?.plan_in_order(options)?;
+            let total = gp.weights + gp.inputs + gp.outputs + gp.plan.peak;
+            arenas.push(gp.plan.peak);
+            // What fits with the fewest bytes moved, then the lowest total: an order that needs
+            // no moves beats one that fits only by copying or recomputing.
+            let moved = gp.reduced.moves.iter().map(|m| m.bytes).fold(0u64, u64::saturating_add);
+            let key = (!gp.fits, moved, total, c.bound, i);
+            if best.as_ref().is_none_or(|(k, _)| key < *k) {
+                best = Some((key, gp));
+            }
+        }
+        let Some(((_, _, _, _, chosen), mut gp)) = best else {
+            return self.plan_in_order(options);
+        };
+        let order = schedule.candidates[chosen].order.clone();
+        gp.schedule = Some(ScheduledOrder { order, chosen, schedule, arenas });
+        Ok(gp)
+    }
+
+    fn plan_in_order(&self, options: GraphOptions) -> Result<GraphPlan> {
         let align = options.alignment;
         // The moves add sizes rounded to the alignment (resident bytes, bytes live at a step)
         // before any problem checks them: check the alignment, and that all the graph's buffers
@@ -88,7 +145,7 @@ impl Graph {
                 _ => {}
             }
         }
-        GraphPlan { liveness: live, reduced, plan, weights, inputs, outputs, fits }
+        GraphPlan { liveness: live, reduced, plan, weights, inputs, outputs, fits, schedule: None }
     }
 }
 
@@ -125,6 +182,7 @@ mod tests {
             work_limit: None,
             mem_limit: None,
             allow: none,
+            schedule: None,
         };
         let free = g.plan(opts).unwrap();
         assert!(free.fits && free.reduced.moves.is_empty());

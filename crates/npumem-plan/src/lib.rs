@@ -14,11 +14,13 @@ mod graph_plan;
 mod improve;
 mod limit;
 mod problem;
+mod schedule;
 mod shared;
 mod strategy;
 
 pub use graph::{Graph, GraphBuffer, Liveness, Op, Role, Tensor};
-pub use graph_plan::{GraphOptions, GraphPlan};
+pub use graph_plan::{GraphOptions, GraphPlan, ScheduledOrder};
 pub use limit::{Move, MoveKind, MoveOptions, Reduced, reduce};
 pub use problem::{Buffer, Problem};
+pub use schedule::{Candidate, DEFAULT_SCHEDULE_WORK, Schedule, ScheduleOptions, Scheduler};
 pub use strategy::{ExactOutcome, Plan, PlanOptions, Strategy};

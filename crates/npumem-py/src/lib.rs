@@ -34,7 +34,8 @@ mod _native {
 
     #[pymodule_export]
     use crate::plan::{
-        plan_graph, plan_lower_bound, plan_offsets, plan_positional_bound, plan_strategies, plan_validate,
+        plan_graph, plan_lower_bound, plan_offsets, plan_positional_bound, plan_schedulers, plan_strategies,
+        plan_validate,
     };
 
     #[pymodule_export]

@@ -4,7 +4,8 @@
 
 use npumem_core::AclError;
 use npumem_core::plan::{
-    Buffer, Graph, GraphBuffer, GraphOptions, MoveOptions, Op, PlanOptions, Problem, Role, Strategy, Tensor,
+    Buffer, DEFAULT_SCHEDULE_WORK, Graph, GraphBuffer, GraphOptions, MoveOptions, Op, PlanOptions, Problem, Role,
+    ScheduleOptions, Scheduler, Strategy, Tensor,
 };
 use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
@@ -127,6 +128,12 @@ pub fn plan_strategies() -> Vec<&'static str> {
     Strategy::ALL.iter().map(|s| s.name()).collect()
 }
 
+/// The scheduler names, default last; and the search's default work limit.
+#[pyfunction]
+pub fn plan_schedulers() -> (Vec<&'static str>, u64) {
+    (Scheduler::ALL.iter().map(|s| s.name()).collect(), DEFAULT_SCHEDULE_WORK)
+}
+
 fn slice<'a>(a: &'a PyReadonlyArray1<'_, u64>, what: &str) -> Result<&'a [u64], AclError> {
     a.as_slice().map_err(|_| AclError::invalid_param(format!("{what} must be a contiguous uint64 array")))
 }
@@ -147,9 +154,12 @@ fn csr(ptr: &[u64], idx: &[u64], ops: usize, what: &str) -> Result<Vec<Vec<usize
 
 /// Plans a graph given as arrays (tensors: size, role code 0-3, alias_of or -1; ops: CSR input
 /// and output lists and workspace bytes). Returns the liveness, the moves under `mem_limit`, and
-/// the arena's plan as a dict.
+/// the arena's plan as a dict. With `scheduler` ("given", "xla", "inductor" or "npumem") the
+/// order is chosen first (its search bounded by `schedule_work` transitions) and the dict's
+/// "schedule" entry holds the orders (original op indices) and bounds; steps are then positions
+/// in the chosen order, and workspace owners and recompute ops stay original op indices.
 #[pyfunction]
-#[pyo3(signature = (sizes, roles, alias_of, in_ptr, in_idx, out_ptr, out_idx, workspace, alignment, strategy, time_limit, mem_limit, offload_weights, offload_activations, recompute, per_transfer=0, work_limit=None))]
+#[pyo3(signature = (sizes, roles, alias_of, in_ptr, in_idx, out_ptr, out_idx, workspace, alignment, strategy, time_limit, mem_limit, offload_weights, offload_activations, recompute, per_transfer=0, work_limit=None, scheduler=None, schedule_work=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn plan_graph<'py>(
     py: Python<'py>,
@@ -170,6 +180,8 @@ pub fn plan_graph<'py>(
     recompute: bool,
     per_transfer: u64,
     work_limit: Option<u64>,
+    scheduler: Option<&str>,
+    schedule_work: Option<u64>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let built = (|| -> Result<(Graph, GraphOptions), AclError> {
         let sizes = slice(&sizes, "sizes")?;
@@ -197,7 +209,14 @@ pub fn plan_graph<'py>(
         }
         let allow = MoveOptions { weights: offload_weights, activations: offload_activations, recompute, per_transfer };
         let strategy = Strategy::parse(strategy)?;
-        let options = GraphOptions { alignment, strategy, time_limit, work_limit, mem_limit, allow };
+        let schedule = match scheduler {
+            None => None,
+            Some(name) => Some(ScheduleOptions {
+                scheduler: Scheduler::parse(name)?,
+                work_limit: schedule_work.unwrap_or(DEFAULT_SCHEDULE_WORK),
+            }),
+        };
+        let options = GraphOptions { alignment, strategy, time_limit, work_limit, mem_limit, allow, schedule };
         Ok((Graph::new(tensors, ops)?, options))
     })();
     let (graph, options) = built.map_err(|e| to_py(py, e))?;
@@ -209,7 +228,10 @@ pub fn plan_graph<'py>(
     d.set_item("buffer_lower", PyArray1::from_vec(py, col(&|b| b.buffer.lower)))?;
     d.set_item("buffer_upper", PyArray1::from_vec(py, col(&|b| b.buffer.upper)))?;
     d.set_item("buffer_size", PyArray1::from_vec(py, col(&|b| b.buffer.size)))?;
-    d.set_item("buffer_owner", PyArray1::from_vec(py, col(&|b| b.owner as u64)))?;
+    // Op indices of the reordered graph back to the caller's.
+    let original = |k: usize| gp.schedule.as_ref().map_or(k, |s| s.order[k]) as u64;
+    let owners = live.buffers.iter().map(|b| if b.role.is_none() { original(b.owner) } else { b.owner as u64 });
+    d.set_item("buffer_owner", PyArray1::from_vec(py, owners.collect()))?;
     let roles: Vec<&str> = live.buffers.iter().map(|b| b.role.map_or("workspace", |r| r.name())).collect();
     d.set_item("buffer_role", roles)?;
     let arena = &gp.reduced.arena;
@@ -240,9 +262,31 @@ pub fn plan_graph<'py>(
         md.set_item("bytes", m.bytes)?;
         md.set_item("transfers", m.transfers)?;
         md.set_item("gap", m.gap)?;
-        md.set_item("op", m.op)?;
+        md.set_item("op", m.op.map(original))?;
         moves.append(md)?;
     }
     d.set_item("moves", moves)?;
+    if let Some(s) = &gp.schedule {
+        let sd = PyDict::new(py);
+        let to_u64 = |o: &[usize]| PyArray1::from_vec(py, o.iter().map(|&k| k as u64).collect());
+        sd.set_item("order", to_u64(&s.order))?;
+        sd.set_item("chosen", s.chosen)?;
+        sd.set_item("given_bound", s.schedule.given_bound)?;
+        sd.set_item("bound", s.schedule.bound)?;
+        sd.set_item("exact", s.schedule.exact)?;
+        sd.set_item("work", s.schedule.work)?;
+        let cands = PyList::empty(py);
+        for (c, arena) in s.schedule.candidates.iter().zip(&s.arenas) {
+            let cd = PyDict::new(py);
+            cd.set_item("scheduler", c.scheduler.name())?;
+            cd.set_item("detail", c.detail)?;
+            cd.set_item("order", to_u64(&c.order))?;
+            cd.set_item("bound", c.bound)?;
+            cd.set_item("arena", *arena)?;
+            cands.append(cd)?;
+        }
+        sd.set_item("candidates", cands)?;
+        d.set_item("schedule", sd)?;
+    }
     Ok(d)
 }
