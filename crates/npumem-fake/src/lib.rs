@@ -93,7 +93,7 @@ impl Runtime {
         Runtime {
             flavor,
             memory: Mutex::new(Memory::new(window, config.capacity)),
-            streams: Streams::new(config.delay_us),
+            streams: Streams::new(config.delay_us, flavor == Flavor::Cuda),
             faults,
             config,
         }

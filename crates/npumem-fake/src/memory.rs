@@ -45,6 +45,13 @@ pub struct Physical {
     freed: bool,
 }
 
+impl Physical {
+    /// Live mappings of this allocation.
+    pub fn mapped(&self) -> u32 {
+        self.mapped
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 pub struct Mapping {
     pub handle: u64,

@@ -13,22 +13,25 @@
 //! are the backend's [`RuntimeStreams`].
 //!
 //! Memory: physical allocations of normal, huge and giant pages are `ACL_MEM_NORMAL`,
-//! `ACL_MEM_HUGE` and `ACL_MEM_HUGE1G` on the device, their page sizes the runtime's minimum
-//! granularity; VA comes from `aclrtReserveMemAddress` (alignment 0, as the runtime requires;
+//! `ACL_MEM_HUGE` and `ACL_MEM_HUGE1G` on the device (CANN 8.5 on), or `ACL_HBM_MEM_NORMAL`,
+//! `ACL_HBM_MEM_HUGE` and `ACL_HBM_MEM_HUGE1G` on a release that refuses the first as an invalid
+//! parameter (before 8.5), their page sizes the runtime's minimum granularity; VA comes from `aclrtReserveMemAddress` (alignment 0, as the runtime requires;
 //! see `DriverBackend` for alignment the runtime did not give); bytes move with `aclrtMemcpy`
-//! and `aclrtMemset`. The device is `aclrtSetDevice(device)` on each thread that calls.
+//! and `aclrtMemset`. Each call makes the device current on the calling thread
+//! (`aclrtSetDevice`) and the thread's own device current again after ([`super::current`]).
 //!
 //! Errors: every non-zero `aclError` becomes an `AclError` with that code when npumem's
 //! [`ErrorCode`] has it, else with the nearest one, the runtime's number and name kept in the
 //! message (`aclrtCreateStream returned 207008 (ACL_ERROR_RT_NO_STREAM_RESOURCE)`).
 //!
-//! Invariants: every call is made with the backend's device current on the calling thread; a
-//! runtime error changes nothing in npumem's books (see `DriverBackend`).
+//! Invariants: every call is made with the backend's device current on the calling thread, and
+//! leaves the thread's current device as it found it; a runtime error changes nothing in npumem's books (see `DriverBackend`).
 
 use std::ffi::c_void;
 
 use npumem_ffi::acl::*;
 
+use super::current::{Bound, ThreadCurrent};
 use super::driver::{Driver, DriverBackend, RawHandle};
 use super::ffi::{self, Candidate, api};
 use crate::acl::{MemAttr, MemScope, MemcpyKind};
@@ -169,16 +172,27 @@ impl AclRuntime {
         &self.path
     }
 
-    /// Makes `device` current on the calling thread (unless it is already).
+    /// Makes `device` current on the calling thread (unless it is already), and keeps it
+    /// current (see [`AclRuntime::on_device`] for one call).
     pub fn use_device(&self, device: i32) -> Result<()> {
-        let mut current = -1;
-        // SAFETY: a valid out-pointer; without a current device the call fails and `current`
-        // stays -1.
-        if unsafe { (self.api.aclrtGetDevice)(&mut current) } == 0 && current == device {
+        if self.current_device() == Some(device) {
             return Ok(());
         }
         // SAFETY: a plain call with a device id.
         check(unsafe { (self.api.aclrtSetDevice)(device) }, || format!("aclrtSetDevice({device})"))
+    }
+
+    /// The calling thread's current device (`aclrtGetDevice`), `None` when it has none.
+    pub fn current_device(&self) -> Option<i32> {
+        let mut current = -1;
+        // SAFETY: a valid out-pointer; without a current device the call fails.
+        (unsafe { (self.api.aclrtGetDevice)(&mut current) } == ACL_SUCCESS && current >= 0).then_some(current)
+    }
+
+    /// `device` current on the calling thread while the guard lives, the thread's own device
+    /// current again after.
+    pub fn on_device(&'static self, device: i32) -> Result<Bound<AclRuntime>> {
+        Bound::new(self, device as u64)
     }
 
     fn prop(attr: MemAttr, device: i32) -> aclrtPhysicalMemProp {
@@ -293,6 +307,24 @@ impl AclRuntime {
     }
 }
 
+impl ThreadCurrent for AclRuntime {
+    fn current(&self) -> Option<u64> {
+        self.current_device().map(|d| d as u64)
+    }
+
+    fn make_current(&self, target: u64) -> Result<()> {
+        self.use_device(target as i32)
+    }
+
+    fn restore(&self, previous: Option<u64>) {
+        // (No call clears a thread's device without releasing it: see `current`.)
+        if let Some(device) = previous {
+            // SAFETY: a plain call with the device the thread had.
+            unsafe { (self.api.aclrtSetDevice)(device as i32) };
+        }
+    }
+}
+
 /// The runtime's streams and events, handles as integers (0: the default stream); the device
 /// must be current on the calling thread.
 impl AclRuntime {
@@ -385,19 +417,20 @@ impl AclRuntime {
     }
 }
 
-/// The AscendCL attribute of physical memory of `kind`.
-fn attr(kind: PageKind) -> MemAttr {
-    match kind {
-        PageKind::Normal => MemAttr::MemNormal,
-        PageKind::Huge => MemAttr::MemHuge,
-        PageKind::Giant => MemAttr::MemHuge1g,
-    }
-}
+/// The attributes of physical memory of each `PageKind` (normal, huge, giant) from CANN 8.5
+/// (ACL 1.16) on.
+const MEM_ATTRS_8_5: [MemAttr; 3] = [MemAttr::MemNormal, MemAttr::MemHuge, MemAttr::MemHuge1g];
+
+/// The same before CANN 8.5, whose `aclrtMallocPhysical` and `aclrtMemGetAllocationGranularity`
+/// take only these (and return `ACL_ERROR_INVALID_PARAM` for the others).
+const MEM_ATTRS_HBM: [MemAttr; 3] = [MemAttr::HbmNormal, MemAttr::HbmHuge, MemAttr::HbmHuge1g];
 
 /// AscendCL on one device, for a [`DriverBackend`].
 pub struct AclDriver {
     rt: &'static AclRuntime,
     device: i32,
+    /// The runtime's attribute of physical memory of each `PageKind`.
+    attrs: [MemAttr; 3],
 }
 
 impl AclDriver {
@@ -407,9 +440,21 @@ impl AclDriver {
     }
 
     /// `rt` on `device`.
+    /// `rt` on `device`, with the memory attributes of the runtime's release: those of CANN 8.5
+    /// where the runtime knows them, else the `ACL_HBM_MEM_*` set of earlier releases.
     pub fn new(rt: &'static AclRuntime, device: i32) -> Result<AclDriver> {
-        rt.use_device(device)?;
-        Ok(AclDriver { rt, device })
+        let bound = rt.on_device(device)?;
+        let attrs = match bound.granularity(MEM_ATTRS_8_5[0], device) {
+            Ok(_) => MEM_ATTRS_8_5,
+            Err(e) if e.code == ErrorCode::InvalidParam => MEM_ATTRS_HBM,
+            Err(e) => return Err(e),
+        };
+        Ok(AclDriver { rt, device, attrs })
+    }
+
+    /// The attribute physical memory of `kind` is allocated with.
+    pub fn attr(&self, kind: PageKind) -> MemAttr {
+        self.attrs[kind as usize]
     }
 
     pub fn runtime(&self) -> &'static AclRuntime {
@@ -420,9 +465,9 @@ impl AclDriver {
         self.device
     }
 
-    fn bound(&self) -> Result<&'static AclRuntime> {
-        self.rt.use_device(self.device)?;
-        Ok(self.rt)
+    /// The runtime with the driver's device current for one call.
+    fn bound(&self) -> Result<Bound<AclRuntime>> {
+        self.rt.on_device(self.device)
     }
 }
 
@@ -432,7 +477,7 @@ impl Driver for AclDriver {
     }
 
     fn granularity(&self, kind: PageKind) -> Result<u64> {
-        self.bound()?.granularity(attr(kind), self.device)
+        self.bound()?.granularity(self.attr(kind), self.device)
     }
 
     fn window(&self) -> (u64, u64) {
@@ -452,7 +497,7 @@ impl Driver for AclDriver {
     }
 
     fn create(&self, size: u64, kind: PageKind) -> Result<RawHandle> {
-        self.bound()?.malloc_physical(size, attr(kind), self.device)
+        self.bound()?.malloc_physical(size, self.attr(kind), self.device)
     }
 
     fn free(&self, handle: RawHandle) -> Result<()> {
@@ -505,6 +550,10 @@ impl Driver for AclDriver {
 
     fn free_host(&self, addr: u64) -> Result<()> {
         self.bound()?.free_host(addr)
+    }
+
+    fn fresh_event_complete(&self) -> bool {
+        false
     }
 }
 

@@ -16,21 +16,23 @@
 //! page, huge pages are 2 MiB and giant pages 1 GiB (sizes that are multiples of it). On a GPU
 //! whose granularity is 2 MiB, normal pages are 2 MiB: a physical allocation smaller than that
 //! is refused (`ACL_ERROR_INVALID_PARAM`), as the driver would. A mapping is made readable and
-//! writable with `cuMemSetAccess` right after `cuMemMap` (undone if that fails). The device's
-//! primary context is made current on each thread that calls.
+//! writable with `cuMemSetAccess` right after `cuMemMap` (undone if that fails). Each call
+//! makes the device's primary context current on the calling thread and the thread's own
+//! context (or none) current again after ([`super::current`]).
 //!
 //! Errors: a `CUresult` becomes the nearest AscendCL code with the driver's name of the error
 //! in the message (`CUDA_ERROR_OUT_OF_MEMORY` → 207001, `CUDA_ERROR_INVALID_VALUE` → 107000,
 //! `CUDA_ERROR_INVALID_HANDLE` → 107017, `CUDA_ERROR_NOT_SUPPORTED` → 200006, ...; see
 //! [`nearest`]).
 //!
-//! Invariants: every call is made with the backend's context current on the calling thread; a
-//! driver error changes nothing in npumem's books (see `DriverBackend`).
+//! Invariants: every call is made with the backend's context current on the calling thread, and
+//! leaves the thread's current context as it found it; a driver error changes nothing in npumem's books (see `DriverBackend`).
 
 use std::ffi::{CStr, c_char, c_void};
 
 use npumem_ffi::cuda::*;
 
+use super::current::{Bound, ThreadCurrent};
 use super::driver::{Driver, DriverBackend, RawHandle};
 use super::ffi::{self, Candidate, api};
 use crate::acl::MemScope;
@@ -176,15 +178,28 @@ impl CudaRuntime {
         Ok(ctx.addr() as u64)
     }
 
-    /// Makes `context` current on the calling thread (unless it is already).
+    /// Makes `context` current on the calling thread (unless it is already), and keeps it
+    /// current (see [`CudaRuntime::in_context`] for one call).
     pub fn use_context(&self, context: u64) -> Result<()> {
-        let mut current = std::ptr::null_mut();
-        // SAFETY: a valid out-pointer.
-        if unsafe { (self.api.cuCtxGetCurrent)(&mut current) } == CUDA_SUCCESS && current.addr() as u64 == context {
+        if self.current_context() == Some(context) {
             return Ok(());
         }
         // SAFETY: a context the driver gave.
         self.check(unsafe { (self.api.cuCtxSetCurrent)(ptr(context)) }, || format!("cuCtxSetCurrent({context:#x})"))
+    }
+
+    /// The calling thread's current context (`cuCtxGetCurrent`), `None` when it has none.
+    pub fn current_context(&self) -> Option<u64> {
+        let mut current = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        let r = unsafe { (self.api.cuCtxGetCurrent)(&mut current) };
+        (r == CUDA_SUCCESS && !current.is_null()).then(|| current.addr() as u64)
+    }
+
+    /// `context` current on the calling thread while the guard lives, the thread's own context
+    /// (or none) current again after.
+    pub fn in_context(&'static self, context: u64) -> Result<Bound<CudaRuntime>> {
+        Bound::new(self, context)
     }
 
     fn prop(device: i32) -> CUmemAllocationProp {
@@ -272,16 +287,29 @@ impl CudaRuntime {
         self.check(r, || format!("cuMemcpyHtoD({va:#x}, {} bytes)", data.len()))
     }
 
+    /// A device-to-device copy, complete when this returns.
     pub fn copy(&self, dst: u64, src: u64, count: u64) -> Result<()> {
         // SAFETY: device addresses, which the driver checks.
         let r = unsafe { (self.api.cuMemcpyDtoD)(dst, src, count as usize) };
-        self.check(r, || format!("cuMemcpyDtoD({dst:#x}, {src:#x}, {count} bytes)"))
+        self.check(r, || format!("cuMemcpyDtoD({dst:#x}, {src:#x}, {count} bytes)"))?;
+        self.finish_legacy(|| format!("cuMemcpyDtoD({dst:#x}, {src:#x}, {count} bytes)"))
     }
 
+    /// A memset of device memory, complete when this returns.
     pub fn memset(&self, va: u64, value: u8, count: u64) -> Result<()> {
         // SAFETY: a device address, which the driver checks.
         let r = unsafe { (self.api.cuMemsetD8)(va, value, count as usize) };
-        self.check(r, || format!("cuMemsetD8({va:#x}, {value}, {count} bytes)"))
+        self.check(r, || format!("cuMemsetD8({va:#x}, {value}, {count} bytes)"))?;
+        self.finish_legacy(|| format!("cuMemsetD8({va:#x}, {value}, {count} bytes)"))
+    }
+
+    /// Waits for the legacy default stream: `cuMemsetD8` and `cuMemcpyDtoD` run on it and may
+    /// return before they complete (`cuda.h`'s `\note_memset`; device-to-device copies do no
+    /// host synchronisation), and non-blocking streams (npumem's) do not wait for it.
+    fn finish_legacy(&self, call: impl FnOnce() -> String) -> Result<()> {
+        // SAFETY: the legacy default stream's handle, valid in every context.
+        let r = unsafe { (self.api.cuStreamSynchronize)(ptr(CU_STREAM_LEGACY as u64)) };
+        self.check(r, || format!("cuStreamSynchronize(CU_STREAM_LEGACY) after {}", call()))
     }
 
     pub fn mem_info(&self) -> Result<(u64, u64)> {
@@ -310,6 +338,21 @@ impl CudaRuntime {
     pub fn synchronize_context(&self) -> Result<()> {
         // SAFETY: a plain call.
         self.check(unsafe { (self.api.cuCtxSynchronize)() }, || "cuCtxSynchronize()".into())
+    }
+}
+
+impl ThreadCurrent for CudaRuntime {
+    fn current(&self) -> Option<u64> {
+        self.current_context()
+    }
+
+    fn make_current(&self, target: u64) -> Result<()> {
+        self.use_context(target)
+    }
+
+    fn restore(&self, previous: Option<u64>) {
+        // SAFETY: the context the thread had, or NULL (no context), both valid for the call.
+        unsafe { (self.api.cuCtxSetCurrent)(ptr(previous.unwrap_or(0))) };
     }
 }
 
@@ -416,14 +459,14 @@ impl CudaDriver {
     /// `rt` on `device` (its primary context), `capacity` as in [`CudaDriver::open`].
     pub fn new(rt: &'static CudaRuntime, device: i32, capacity: Option<u64>) -> Result<CudaDriver> {
         let context = rt.primary_context(device)?;
-        rt.use_context(context)?;
+        let rt_bound = rt.in_context(context)?;
         let capacity = match capacity {
             Some(c) => c,
-            None => rt.mem_info()?.1,
+            None => rt_bound.mem_info()?.1,
         };
         let mut size = super::host::window_size(capacity);
         loop {
-            match rt.reserve(size, GIB, Some(VA_WINDOW_START)) {
+            match rt_bound.reserve(size, GIB, Some(VA_WINDOW_START)) {
                 Ok(start) => return Ok(CudaDriver { rt, device, context, window: (start, start + size) }),
                 // Too large for the driver (out of memory, or an invalid value): a smaller one.
                 Err(e)
@@ -446,9 +489,9 @@ impl CudaDriver {
         self.rt
     }
 
-    fn bound(&self) -> Result<&'static CudaRuntime> {
-        self.rt.use_context(self.context)?;
-        Ok(self.rt)
+    /// The driver with the device's context current for one call.
+    fn bound(&self) -> Result<Bound<CudaRuntime>> {
+        self.rt.in_context(self.context)
     }
 }
 
@@ -540,6 +583,10 @@ impl Driver for CudaDriver {
 
     fn free_host(&self, addr: u64) -> Result<()> {
         self.bound()?.free_host(addr)
+    }
+
+    fn fresh_event_complete(&self) -> bool {
+        true
     }
 }
 

@@ -19,6 +19,7 @@
 pub mod acl;
 pub mod address_map;
 pub mod cuda;
+pub mod current;
 pub mod driver;
 pub mod faulty;
 pub mod ffi;
