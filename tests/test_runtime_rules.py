@@ -12,7 +12,8 @@ on"):
   `Device.memset` returns;
 - a never-recorded event reads as each runtime answers (AscendCL: not ready; CUDA: complete);
 - the stand-ins refuse count-0 copies as AscendCL does, and keep CUDA's legacy and per-thread
-  default streams apart.
+  default streams apart;
+- the CUDA backend's mappings are granted to the peers that can access the device's memory.
 """
 
 from __future__ import annotations
@@ -290,3 +291,21 @@ def test_cuda_legacy_and_per_thread_streams_are_distinct():
     finally:
         s.set_delay_us(0)
     d.free(p)
+
+
+PEERS = """
+import npumem
+d = npumem.Device("64MiB", backend="cuda", device_id=0)
+p = d.malloc(1 << 20)
+d.write(p, b"peer")
+rt.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]
+buf = ctypes.create_string_buffer(4)
+bind(1)  # a kernel or copy of device 1 on device 0's memory
+code = rt.cuMemcpyDtoH_v2(buf, p, 4)
+print(json.dumps({"code": code, "bytes": buf.raw.decode(errors="replace")}))
+"""
+
+
+def test_cuda_peers_are_granted_access_to_the_backends_mappings():
+    out = run(scenario("cuda", PEERS, report=""), env=two_devices("cuda"))
+    assert out == {"code": 0, "bytes": "peer"}, "device 1 (a peer) was not granted access"

@@ -310,8 +310,8 @@ fn cuda_calls_codes_and_async_streams() {
     expect_code(rt.create(MIB, 0), ErrorCode::RtParamInvalid, &["cuMemCreate"]);
     expect_code(rt.create(4 * 1024 * GIB, 0), ErrorCode::RtMemoryAllocation, &["CUDA_ERROR_OUT_OF_MEMORY (2)"]);
     let h = rt.create(2 * MIB, 0).unwrap();
-    rt.map(va, 2 * MIB, h, 0).unwrap();
-    rt.map(va + 4 * MIB, 2 * MIB, h, 0).unwrap();
+    rt.map(va, 2 * MIB, h, &[0]).unwrap();
+    rt.map(va + 4 * MIB, 2 * MIB, h, &[0]).unwrap();
     rt.write(va + 5, b"cuda").unwrap();
     let mut out = [0u8; 4];
     rt.read(va + 4 * MIB + 5, &mut out).unwrap();
@@ -334,7 +334,7 @@ fn cuda_calls_codes_and_async_streams() {
     let e = rt.create_event().unwrap();
     let va = rt.reserve(2 * MIB, 0, None).unwrap();
     let h = rt.create(2 * MIB, 0).unwrap();
-    rt.map(va, 2 * MIB, h, 0).unwrap();
+    rt.map(va, 2 * MIB, h, &[0]).unwrap();
     let src = vec![9u8; 4096];
     let mut dst = vec![0u8; 4096];
     // SAFETY: both host buffers outlive the synchronisations below.

@@ -16,7 +16,10 @@
 //!   `CUDA_ERROR_OUT_OF_MEMORY` when the configured capacity runs out;
 //! - `cuMemMap`: `offset` 0, `flags` 0, a size that is a multiple of the granularity and at most
 //!   the allocation's, inside one reservation and over nothing mapped; the mapping is not
-//!   accessible until `cuMemSetAccess` (`CUDA_ERROR_ILLEGAL_ADDRESS` for copies before it);
+//!   accessible until `cuMemSetAccess` (`CUDA_ERROR_ILLEGAL_ADDRESS` for copies before it), and
+//!   then only to the devices it names: a synchronous copy made in another device's context
+//!   is `CUDA_ERROR_ILLEGAL_ADDRESS` (as a peer's kernels would fault); `cuDeviceCanAccessPeer`
+//!   says yes for every pair of distinct devices;
 //! - `cuMemUnmap` takes ranges made of whole mappings; `cuMemRelease` of a mapped handle defers
 //!   the release to the last unmap; `cuMemAddressFree` with mappings in the range fails;
 //! - copies check their direction (`cuMemcpyHtoD` needs a device destination and a host source,
@@ -185,6 +188,19 @@ pub extern "C" fn cuDevicePrimaryCtxRetain(context: *mut *mut c_void, device: c_
     })
 }
 
+/// Every pair of distinct devices can access each other's memory (as on an NVLink system).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDeviceCanAccessPeer(can: *mut c_int, device: c_int, peer: c_int) -> CUresult {
+    run(false, |rt| {
+        let valid = |d: c_int| d >= 0 && (d as u32) < rt.config.devices;
+        if !valid(device) || !valid(peer) {
+            return Err(Fail::InvalidDevice);
+        }
+        // SAFETY: the caller passes NULL or a valid out-pointer.
+        unsafe { put(can, c_int::from(device != peer)) }
+    })
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn cuDevicePrimaryCtxRelease_v2(device: c_int) -> CUresult {
     run(false, |rt| if device < 0 || device as u32 >= rt.config.devices { Err(Fail::InvalidDevice) } else { Ok(()) })
@@ -318,11 +334,13 @@ pub extern "C" fn cuMemSetAccess(
         require(!desc.is_null() && count > 0)?;
         // SAFETY: the caller passes `count` descriptors at `desc`.
         let descs = unsafe { std::slice::from_raw_parts(desc, count) };
+        let mut devices = 0u64;
         for d in descs {
             check_location(&d.location)?;
             require(matches!(d.flags, CU_MEM_ACCESS_FLAGS_PROT_READ | CU_MEM_ACCESS_FLAGS_PROT_READWRITE))?;
+            devices |= 1u64.checked_shl(d.location.id as u32).unwrap_or(0);
         }
-        rt.memory.lock().set_access(ptr, size as u64)
+        rt.memory.lock().set_access(ptr, size as u64, devices)
     })
 }
 
@@ -332,6 +350,12 @@ fn host_copy(rt: &'static Runtime, dst: u64, src: u64, count: usize, want: (bool
         return Ok(());
     }
     rt.streams.synchronize(LEGACY)?;
+    let device = rt.current()?;
+    {
+        let m = rt.memory.lock();
+        m.check_granted(dst, count as u64, device)?;
+        m.check_granted(src, count as u64, device)?;
+    }
     rt.copy(dst, src, count as u64, Some(want))
 }
 
@@ -563,6 +587,7 @@ const _: PFN_cuInit = cuInit;
 const _: PFN_cuDriverGetVersion = cuDriverGetVersion;
 const _: PFN_cuDeviceGetCount = cuDeviceGetCount;
 const _: PFN_cuDeviceGet = cuDeviceGet;
+const _: PFN_cuDeviceCanAccessPeer = cuDeviceCanAccessPeer;
 const _: PFN_cuDevicePrimaryCtxRetain = cuDevicePrimaryCtxRetain;
 const _: PFN_cuDevicePrimaryCtxRelease_v2 = cuDevicePrimaryCtxRelease_v2;
 const _: PFN_cuCtxSetCurrent = cuCtxSetCurrent;

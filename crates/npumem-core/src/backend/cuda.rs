@@ -4,7 +4,8 @@
 //! The library is `NPUMEM_CUDA_LIB` (a path; when set, the only place looked), else
 //! `libcuda.so.1` on the loader path; a library that is missing or lacks one of the calls below
 //! is an `ACL_ERROR_FEATURE_UNSUPPORTED` (200006) error naming what was searched. Resolved up
-//! front: `cuInit`, `cuDeviceGet`, `cuDevicePrimaryCtxRetain`, `cuCtxGetCurrent`,
+//! front: `cuInit`, `cuDeviceGet`, `cuDeviceGetCount`, `cuDeviceCanAccessPeer`,
+//! `cuDevicePrimaryCtxRetain`, `cuCtxGetCurrent`,
 //! `cuCtxSetCurrent`, `cuCtxSynchronize`, the VMM calls (`cuMemAddressReserve`, `cuMemCreate`,
 //! `cuMemMap`, `cuMemSetAccess`, `cuMemUnmap`, `cuMemRelease`, `cuMemAddressFree`,
 //! `cuMemGetAllocationGranularity`), `cuMemcpyHtoD` / `DtoH` / `DtoD`, `cuMemsetD8`,
@@ -16,7 +17,9 @@
 //! page, huge pages are 2 MiB and giant pages 1 GiB (sizes that are multiples of it). On a GPU
 //! whose granularity is 2 MiB, normal pages are 2 MiB: a physical allocation smaller than that
 //! is refused (`ACL_ERROR_INVALID_PARAM`), as the driver would. A mapping is made readable and
-//! writable with `cuMemSetAccess` right after `cuMemMap` (undone if that fails). Each call
+//! writable with `cuMemSetAccess` right after `cuMemMap` (undone if that fails), for the device
+//! and each peer that can access it (`cuDeviceCanAccessPeer`): VMM memory is accessible only to
+//! the devices its mapping grants, whatever the contexts' peer access. Each call
 //! makes the device's primary context current on the calling thread and the thread's own
 //! context (or none) current again after ([`super::current`]).
 //!
@@ -47,6 +50,8 @@ api! {
     pub struct CudaApi {
         cuInit: PFN_cuInit = "cuInit",
         cuDeviceGet: PFN_cuDeviceGet = "cuDeviceGet",
+        cuDeviceGetCount: PFN_cuDeviceGetCount = "cuDeviceGetCount",
+        cuDeviceCanAccessPeer: PFN_cuDeviceCanAccessPeer = "cuDeviceCanAccessPeer",
         cuDevicePrimaryCtxRetain: PFN_cuDevicePrimaryCtxRetain = "cuDevicePrimaryCtxRetain",
         cuCtxGetCurrent: PFN_cuCtxGetCurrent = "cuCtxGetCurrent",
         cuCtxSetCurrent: PFN_cuCtxSetCurrent = "cuCtxSetCurrent",
@@ -178,6 +183,24 @@ impl CudaRuntime {
         Ok(ctx.addr() as u64)
     }
 
+    /// The other devices that can access `device`'s memory (`cuDeviceCanAccessPeer`), in order.
+    pub fn peers_of(&self, device: i32) -> Result<Vec<i32>> {
+        let mut count = 0;
+        // SAFETY: a valid out-pointer.
+        self.check(unsafe { (self.api.cuDeviceGetCount)(&mut count) }, || "cuDeviceGetCount()".into())?;
+        let mut peers = Vec::new();
+        for peer in (0..count).filter(|&p| p != device) {
+            let mut can = 0;
+            // SAFETY: a valid out-pointer; both ordinals are the driver's.
+            let r = unsafe { (self.api.cuDeviceCanAccessPeer)(&mut can, peer, device) };
+            self.check(r, || format!("cuDeviceCanAccessPeer({peer}, {device})"))?;
+            if can == 1 {
+                peers.push(peer);
+            }
+        }
+        Ok(peers)
+    }
+
     /// Makes `context` current on the calling thread (unless it is already), and keeps it
     /// current (see [`CudaRuntime::in_context`] for one call).
     pub fn use_context(&self, context: u64) -> Result<()> {
@@ -251,18 +274,21 @@ impl CudaRuntime {
         self.check(unsafe { (self.api.cuMemRelease)(handle) }, || format!("cuMemRelease({handle:#x})"))
     }
 
-    /// `cuMemMap` then `cuMemSetAccess` (read-write for `device`); the map is undone when the
-    /// access cannot be set.
-    pub fn map(&self, va: u64, size: u64, handle: RawHandle, device: i32) -> Result<()> {
+    /// `cuMemMap` then `cuMemSetAccess` (read-write for each of `devices`: the owner and the
+    /// peers that can access its memory); the map is undone when the access cannot be set.
+    pub fn map(&self, va: u64, size: u64, handle: RawHandle, devices: &[i32]) -> Result<()> {
         // SAFETY: the driver checks the range and the handle.
         let r = unsafe { (self.api.cuMemMap)(va, size as usize, 0, handle, 0) };
         self.check(r, || format!("cuMemMap({va:#x}, {}, handle {handle:#x})", format_size(size)))?;
-        let desc = CUmemAccessDesc {
-            location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: device },
-            flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
-        // SAFETY: one valid descriptor.
-        let r = unsafe { (self.api.cuMemSetAccess)(va, size as usize, &desc, 1) };
+        let descs: Vec<CUmemAccessDesc> = devices
+            .iter()
+            .map(|&id| CUmemAccessDesc {
+                location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id },
+                flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            })
+            .collect();
+        // SAFETY: `descs.len()` valid descriptors.
+        let r = unsafe { (self.api.cuMemSetAccess)(va, size as usize, descs.as_ptr(), descs.len()) };
         self.check(r, || format!("cuMemSetAccess({va:#x}, {})", format_size(size))).inspect_err(|_| {
             let _ = self.unmap(va, size);
         })
@@ -446,6 +472,9 @@ pub struct CudaDriver {
     device: i32,
     context: u64,
     window: (u64, u64),
+    /// The devices every mapping is made accessible to: this one, then its peers (peer access
+    /// to VMM memory is the mapping's `cuMemSetAccess` grant, not the context's).
+    access: Vec<i32>,
 }
 
 impl CudaDriver {
@@ -464,10 +493,14 @@ impl CudaDriver {
             Some(c) => c,
             None => rt_bound.mem_info()?.1,
         };
+        let access: Vec<i32> = std::iter::once(device).chain(rt.peers_of(device)?).collect();
         let mut size = super::host::window_size(capacity);
         loop {
             match rt_bound.reserve(size, GIB, Some(VA_WINDOW_START)) {
-                Ok(start) => return Ok(CudaDriver { rt, device, context, window: (start, start + size) }),
+                Ok(start) => {
+                    let window = (start, start + size);
+                    return Ok(CudaDriver { rt, device, context, window, access });
+                }
                 // Too large for the driver (out of memory, or an invalid value): a smaller one.
                 Err(e)
                     if size > 16 * GIB
@@ -550,7 +583,7 @@ impl Driver for CudaDriver {
     }
 
     fn map(&self, va: u64, size: u64, handle: RawHandle) -> Result<()> {
-        self.bound()?.map(va, size, handle, self.device)
+        self.bound()?.map(va, size, handle, &self.access)
     }
 
     fn unmap(&self, va: u64, size: u64) -> Result<()> {
