@@ -24,19 +24,18 @@ $(STAMP): requirements-dev.txt requirements-torch.txt
 	$(BIN)/python -m pip install -q -r requirements-torch.txt
 	touch $(STAMP)
 
-# Release build of the extension, installed into .venv (editable for the Python sources), and of
-# libnpumem (the C ABI, crates/npumem-capi) copied with its header into the package; `install`
-# replaces the file rather than rewriting it under a process that has it loaded. The stand-in
-# runtimes the tests load in place of AscendCL and the CUDA driver (crates/npumem-fake-*) go to
-# target/stand-ins (libascendcl.so, libcuda.so and the libcuda.so.1 the loader looks for).
+# Release build of the extension, installed into .venv (editable for the Python sources); its
+# build script (crates/npumem-py/build.rs) builds libnpumem (the C ABI, crates/npumem-capi) and
+# puts it with its header into the package, as it does for every wheel. The stand-in runtimes
+# the tests load in place of AscendCL and the CUDA driver (crates/npumem-fake-*) go to
+# target/stand-ins (libascendcl.so, libcuda.so and the libcuda.so.1 the loader looks for);
+# `install` replaces a file rather than rewriting it under a process that has it loaded.
 STAND_INS := target/stand-ins
 build: $(STAMP)
-	cargo build -p npumem-capi -p npumem-fake-acl -p npumem-fake-cuda --release -q
-	install -m 755 target/release/libnpumem.so python/npumem/libnpumem.so
+	cargo build -p npumem-fake-acl -p npumem-fake-cuda --release -q
 	install -D -m 755 target/release/libascendcl.so $(STAND_INS)/libascendcl.so
 	install -D -m 755 target/release/libcuda.so $(STAND_INS)/libcuda.so
 	ln -sf libcuda.so $(STAND_INS)/libcuda.so.1
-	install -m 644 crates/npumem-capi/include/npumem.h python/npumem/npumem.h
 	maturin develop --release -q
 
 # A wheel (in target/wheels) that carries libnpumem.so and npumem.h beside the extension.
