@@ -14,9 +14,22 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// Puts a copy of `from` at `to`, unless `to` already holds the same bytes (so that a build
+/// that changed nothing leaves the files, and the next build, alone).
 fn replace(from: &Path, to: &Path) {
+    let bytes = std::fs::read(from).unwrap_or_else(|e| panic!("cannot read {}: {e}", from.display()));
+    if std::fs::read(to).is_ok_and(|old| old == bytes) {
+        return;
+    }
     let staged = to.with_extension("staged");
-    std::fs::copy(from, &staged).unwrap_or_else(|e| panic!("cannot copy {} to {}: {e}", from.display(), staged.display()));
+    std::fs::write(&staged, &bytes).unwrap_or_else(|e| panic!("cannot write {}: {e}", staged.display()));
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = if to.extension().is_some_and(|e| e == "so") { 0o755 } else { 0o644 };
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(mode))
+            .unwrap_or_else(|e| panic!("cannot set the mode of {}: {e}", staged.display()));
+    }
     std::fs::rename(&staged, to).unwrap_or_else(|e| panic!("cannot move {} to {}: {e}", staged.display(), to.display()));
 }
 
