@@ -8,7 +8,7 @@ STAMP := $(VENV)/.deps-stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run test build wheel lint test-rust test-loom test-python browser fuzz miri bench clean
+.PHONY: run test build wheel lint test-rust test-loom test-python browser fuzz miri bench check-gpu clean
 
 run: build
 	npumem demo
@@ -216,6 +216,23 @@ bench/gpu: build
 	if [ -n "$$reason" ]; then echo "bench gpu: skipped: $$reason"; exit 0; fi; \
 	env -u NPUMEM_CUDA_LIB -u NPUMEM_ACL_LIB NPUMEM_CHECK_GPU=1 python -m pytest -q tests/test_gpu.py && \
 	env -u NPUMEM_CUDA_LIB -u NPUMEM_ACL_LIB python benches/bench_gpu.py
+
+# One prepared command for a machine with an NVIDIA GPU (about 3 minutes, within 8): the CUDA
+# backend's tests against the real driver (tests/test_gpu.py: the runtime rules, libnpumem from
+# several threads) and the benchmark (pooled malloc + free against cuMemAlloc / cuMemFree, the
+# map cost by page size), their output in target/check-gpu/, then one summary line. Without a
+# GPU and driver the line says so and the target succeeds.
+GPU_ENV := env -u NPUMEM_CUDA_LIB -u NPUMEM_ACL_LIB
+check-gpu: build
+	@mkdir -p target/check-gpu; \
+	reason=$$($(GPU_ENV) python benches/bench_gpu.py --probe); \
+	if [ -n "$$reason" ]; then echo "check-gpu: no GPU here ($$reason); nothing to check"; exit 0; fi; \
+	$(GPU_ENV) NPUMEM_CHECK_GPU=1 timeout 360 python -m pytest -q -p no:cacheprovider tests/test_gpu.py \
+		> target/check-gpu/tests.txt 2>&1; t=$$?; \
+	$(GPU_ENV) timeout 120 python benches/bench_gpu.py --quick > target/check-gpu/bench.txt 2>&1; b=$$?; \
+	tests=$$(tail -n 1 target/check-gpu/tests.txt); bench=$$(grep -m1 '^summary:' target/check-gpu/bench.txt); \
+	echo "check-gpu: tests: $$tests (exit $$t); bench (exit $$b): $${bench#summary: }; see target/check-gpu/"; \
+	[ $$t -eq 0 ] && [ $$b -eq 0 ]
 
 clean:
 	rm -rf $(VENV) target python/npumem/*.so python/npumem/npumem.h fuzz/target
