@@ -1,7 +1,7 @@
 """The CUDA backend on a real GPU (the AscendCL backend on a real NPU with NPUMEM_BACKEND=acl):
 run by `make check-gpu` and `make bench B=gpu` (NPUMEM_CHECK_GPU=1, the vendor library from the
-loader path), skipped in `make test`. Device memory is not the host's here: bytes go through write/read and the
-runtime's copies.
+loader path), skipped in `make test`. Device memory is not the host's here: bytes go through
+write/read and the runtime's copies.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from npumem import AclError, MemAttr
 
 BACKEND = os.environ.get("NPUMEM_BACKEND") or "cuda"
 
-pytestmark = pytest.mark.skipif(not REAL_DEVICE, reason="needs a GPU or NPU: run `make bench B=gpu`")
+pytestmark = pytest.mark.skipif(not REAL_DEVICE, reason="needs a GPU or NPU: run `make check-gpu`")
 
 FAMILIES = ("npumem", "pytorch", "torch_npu", "direct")
 

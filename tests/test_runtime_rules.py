@@ -90,7 +90,8 @@ for th in threads:
     th.join()
 """
 
-DEVICE_SCENARIO = """
+DEVICE_SCENARIO = (
+    """
 import npumem
 devices = [npumem.Device("64MiB", backend=BACKEND, device_id=i) for i in range(2)]
 
@@ -103,9 +104,12 @@ def WORK(device, i):
     d.free(p, stream=s)
     d.synchronize_stream(s)
     d.destroy_stream(s)
-""" + THREADS
+"""
+    + THREADS
+)
 
-CAPI_SCENARIO = """
+CAPI_SCENARIO = (
+    """
 lib.npumem_init(2); ok("init")
 
 def WORK(device, i):
@@ -113,7 +117,9 @@ def WORK(device, i):
     p = lib.npumem_malloc(n, device, NULL); ok("malloc")
     lib.npumem_free(p, n, device, NULL); ok("free")
     lib.npumem_empty_cache(); ok("empty_cache")
-""" + THREADS
+"""
+    + THREADS
+)
 
 
 def two_devices(backend: str) -> dict[str, str]:

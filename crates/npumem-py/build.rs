@@ -30,7 +30,8 @@ fn replace(from: &Path, to: &Path) {
         std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(mode))
             .unwrap_or_else(|e| panic!("cannot set the mode of {}: {e}", staged.display()));
     }
-    std::fs::rename(&staged, to).unwrap_or_else(|e| panic!("cannot move {} to {}: {e}", staged.display(), to.display()));
+    std::fs::rename(&staged, to)
+        .unwrap_or_else(|e| panic!("cannot move {} to {}: {e}", staged.display(), to.display()));
 }
 
 fn main() {

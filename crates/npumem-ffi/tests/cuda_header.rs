@@ -138,7 +138,8 @@ fn ours() -> Vec<(String, u64)> {
 fn program() -> String {
     let mut c = String::from("#include <cuda.h>\n#include <stddef.h>\n#include <stdio.h>\n\n");
     for (symbol, ty) in PROTOTYPES {
-        writeln!(c, "_Static_assert(__builtin_types_compatible_p(__typeof__(&{symbol}), {ty}), \"{symbol}\");").unwrap();
+        writeln!(c, "_Static_assert(__builtin_types_compatible_p(__typeof__(&{symbol}), {ty}), \"{symbol}\");")
+            .unwrap();
     }
     c.push_str("\nint main(void) {\n");
     for (name, _) in ours() {

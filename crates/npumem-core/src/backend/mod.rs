@@ -13,7 +13,8 @@
 //! Contract every backend keeps: a physical allocation is mapped whole (size equal to its size,
 //! offset 0) at a VA aligned to its page size inside a live reservation; a reservation is
 //! released only when nothing is mapped in it; freeing a still-mapped physical allocation defers
-//! the release of its memory until its last unmap (as `aclrtFreePhysical` does); byte access
+//! the release of its memory until its last unmap (the runtime's free is called only then:
+//! AscendCL requires a handle unmapped before `aclrtFreePhysical`); byte access
 //! touches only mapped addresses and fails, never crashes, elsewhere.
 
 pub mod acl;
