@@ -137,9 +137,10 @@ def two_devices(backend: str) -> dict[str, str]:
 REPORT = 'print(json.dumps({"errors": errors, "main": current()}))\n'
 
 
-def scenario(backend: str, body: str, report: str = REPORT) -> str:
+def scenario(backend: str, body: str, report: str = REPORT, helpers: bool = True) -> str:
     lib = STAND_INS / ("libascendcl.so" if backend == "acl" else "libcuda.so")
-    return f"LIB = {str(lib)!r}\nBACKEND = {backend!r}\n" + CURRENT[backend] + body + report
+    head = f"LIB = {str(lib)!r}\nBACKEND = {backend!r}\n" + (CURRENT[backend] if helpers else "")
+    return head + body + report
 
 
 @pytest.mark.parametrize("backend", ["acl", "cuda"])
@@ -315,3 +316,54 @@ print(json.dumps({"code": code, "bytes": buf.raw.decode(errors="replace")}))
 def test_cuda_peers_are_granted_access_to_the_backends_mappings():
     out = run(scenario("cuda", PEERS, report=""), env=two_devices("cuda"))
     assert out == {"code": 0, "bytes": "peer"}, "device 1 (a peer) was not granted access"
+
+
+PYACL = """
+import npumem.acl as acl
+import numpy as np
+assert acl.init() == 0
+n, ret = acl.rt.get_device_count()
+ptrs, errors = [], []
+for d in range(2):
+    assert acl.rt.set_device(d) == 0
+    p, ret = acl.rt.malloc(1 << 20, 0)
+    assert ret == 0, ret
+    src = np.full(1 << 20, 0x30 + d, np.uint8)
+    assert acl.rt.memcpy(p, 1 << 20, src.ctypes.data, 1 << 20, 1) == 0
+    ptrs.append(p)
+assert acl.rt.set_device(0) == 0
+out = np.zeros(4, np.uint8)
+assert acl.rt.memcpy(out.ctypes.data, 4, ptrs[1], 4, 2) == 0  # device 1's block, from device 0
+assert acl.rt.device_can_access_peer(0, 1) == (1, 0)
+assert acl.rt.device_enable_peer_access(1, 0) == 0
+code = acl.rt.memcpy(ptrs[0], 4, ptrs[1], 4, 3)  # a peer copy
+assert code == 0, (code, acl.get_recent_err_msg())
+back = np.zeros(4, np.uint8)
+assert acl.rt.memcpy(back.ctypes.data, 4, ptrs[0], 4, 2) == 0
+for d, p in enumerate(ptrs):
+    assert acl.rt.set_device(d) == 0
+    assert acl.rt.free(p) == 0
+assert acl.rt.reset_device(0) == 0 and acl.rt.reset_device(1) == 0
+assert acl.finalize() == 0
+print(json.dumps({"count": n, "read": out.tolist(), "peer": back.tolist(), "errors": errors}))
+"""
+
+
+#: Device 1 of a runtime that has one: the runtime itself refuses it.
+PYACL_ONE_DEVICE = """
+import npumem.acl as acl
+assert acl.init() == 0
+ret = acl.rt.set_device(1)
+print(json.dumps({"ret": ret, "message": acl.get_recent_err_msg()}))
+"""
+
+
+@pytest.mark.parametrize("backend", ["acl", "cuda"])
+def test_pyacl_on_the_runtime_backends_each_device_its_own(backend):
+    env = {**two_devices(backend), "NPUMEM_DEVICES": "2"}
+    out = run(scenario(backend, PYACL, report=""), env=env)
+    assert out == {"count": 2, "read": [0x31] * 4, "peer": [0x31] * 4, "errors": []}
+    env["NPUMEM_FAKE_DEVICES"] = "1"
+    out = run(scenario(backend, PYACL_ONE_DEVICE, report="", helpers=False), env=env)
+    runtime_says = "107001" if backend == "acl" else "CUDA_ERROR_INVALID_DEVICE"
+    assert out["ret"] != 0 and runtime_says in out["message"], out

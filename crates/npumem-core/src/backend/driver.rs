@@ -507,6 +507,14 @@ impl<D: Driver> Backend for DriverBackend<D> {
         (self.driver.owns_window() && (lo..hi).contains(&va)) || self.ledger.space.reserved(va)
     }
 
+    fn holds(&self, va: u64) -> bool {
+        if self.driver.holds_window() {
+            let (lo, hi) = self.driver.window();
+            return (lo..hi).contains(&va);
+        }
+        self.ledger.space.reserved(va)
+    }
+
     fn counters(&self) -> BackendCounters {
         self.ledger.counters
     }

@@ -121,6 +121,12 @@ pub trait Backend: Send {
         (start..end).contains(&va)
     }
 
+    /// Whether `va` is this backend's own, never another backend's of the same runtime: `owns`,
+    /// narrowed to its reservations where devices of one runtime share a window (AscendCL's).
+    fn holds(&self, va: u64) -> bool {
+        self.owns(va)
+    }
+
     fn counters(&self) -> BackendCounters;
 
     /// Physical allocations and frees (refused ones too), maps and unmaps so far: the calls the
