@@ -11,9 +11,10 @@ on"):
 - CUDA's synchronous memset is complete, for npumem's non-blocking streams too, when
   `Device.memset` returns;
 - a never-recorded event reads as each runtime answers (AscendCL: not ready; CUDA: complete);
-- the stand-ins refuse count-0 copies as AscendCL does, and keep CUDA's legacy and per-thread
-  default streams apart;
-- the CUDA backend's mappings are granted to the peers that can access the device's memory.
+- the stand-ins refuse count-0 copies as AscendCL does, keep CUDA's legacy and per-thread
+  default streams apart, and refuse a stream of another device;
+- the CUDA backend's mappings are granted to the peers that can access the device's memory;
+- `npumem.acl` runs on the `acl` and `cuda` backends, device i the runtime's device i.
 """
 
 from __future__ import annotations
@@ -367,3 +368,32 @@ def test_pyacl_on_the_runtime_backends_each_device_its_own(backend):
     out = run(scenario(backend, PYACL_ONE_DEVICE, report="", helpers=False), env=env)
     runtime_says = "107001" if backend == "acl" else "CUDA_ERROR_INVALID_DEVICE"
     assert out["ret"] != 0 and runtime_says in out["message"], out
+
+
+STREAMS_OF_A_DEVICE = """
+vp = ctypes.c_void_p
+if BACKEND == "acl":
+    assert rt.aclInit(None) in (0, 100002)
+    create = lambda out: rt.aclrtCreateStream(ctypes.byref(out))
+    sync, destroy = rt.aclrtSynchronizeStream, rt.aclrtDestroyStream
+else:
+    create = lambda out: rt.cuStreamCreate(ctypes.byref(out), 1)
+    sync, destroy = rt.cuStreamSynchronize, rt.cuStreamDestroy_v2
+sync.argtypes = destroy.argtypes = [vp]
+bind(0)
+s = vp()
+assert create(s) == 0
+bind(1)
+other = sync(s)
+bind(0)
+mine = sync(s)
+assert destroy(s) == 0
+print(json.dumps({"other": other, "mine": mine}))
+"""
+
+
+@pytest.mark.parametrize(("backend", "code"), [("acl", 107003), ("cuda", 201)])
+def test_a_stream_belongs_to_its_device(backend, code):
+    # ACL_ERROR_RT_STREAM_CONTEXT, CUDA_ERROR_INVALID_CONTEXT
+    out = run(scenario(backend, STREAMS_OF_A_DEVICE, report=""), env=two_devices(backend))
+    assert out == {"other": code, "mine": 0}

@@ -28,7 +28,8 @@
 //!   `count > destMax` is 107000; device bytes must be mapped (107000); `aclrtMemset(Async)`
 //!   likewise with `maxCount`;
 //! - streams and events as `npumem-fake`'s `streams` module runs them (NULL is the default
-//!   stream; an event never recorded is `ACL_EVENT_RECORDED_STATUS_NOT_READY`, as an event
+//!   stream; a stream, or an event's record, of another device than the current one is 107003
+//!   `ACL_ERROR_RT_STREAM_CONTEXT`; an event never recorded is `ACL_EVENT_RECORDED_STATUS_NOT_READY`, as an event
 //!   `aclrtCreateEvent` makes starts in its initial state); a queued operation that fails is
 //!   reported by the next synchronize (507899).
 //!
@@ -66,6 +67,7 @@ fn code(fail: Fail) -> aclError {
         Fail::InvalidHandle => ACL_ERROR_RT_INVALID_HANDLE,
         Fail::Unaligned => ACL_ERROR_RT_ADDR_UNALIGNED,
         Fail::NoContext => ACL_ERROR_RT_CONTEXT_NULL,
+        Fail::WrongDevice => ACL_ERROR_RT_STREAM_CONTEXT,
         Fail::NotInitialized => ACL_ERROR_UNINITIALIZE,
         Fail::InvalidDevice => ACL_ERROR_RT_INVALID_DEVICEID,
         Fail::Injected(FaultKind::Stream) => ACL_ERROR_RT_NO_STREAM_RESOURCE,

@@ -30,7 +30,8 @@
 //! - streams and events as `npumem-fake`'s `streams` module runs them (`cuEventQuery` returns
 //!   `CUDA_ERROR_NOT_READY` until the record completes, `CUDA_SUCCESS` for an event never
 //!   recorded; NULL and `CU_STREAM_LEGACY` are the legacy default stream, `CU_STREAM_PER_THREAD`
-//!   each thread's own default stream); a queued operation that fails is reported by the next
+//!   each thread's own default stream; a stream, or an event's record, of another context than
+//!   the current one is `CUDA_ERROR_INVALID_CONTEXT`); a queued operation that fails is reported by the next
 //!   synchronize (`CUDA_ERROR_ILLEGAL_ADDRESS`).
 //!
 //! Test-only exports as in the AscendCL stand-in (`npumem_fake_fail_next`: a physical
@@ -82,7 +83,7 @@ fn code(fail: Fail) -> CUresult {
         Fail::OutOfMemory | Fail::Injected(FaultKind::Physical | FaultKind::Host) => CUDA_ERROR_OUT_OF_MEMORY,
         Fail::InvalidHandle => CUDA_ERROR_INVALID_HANDLE,
         Fail::NoAccess | Fail::Async => CUDA_ERROR_ILLEGAL_ADDRESS,
-        Fail::NoContext => CUDA_ERROR_INVALID_CONTEXT,
+        Fail::NoContext | Fail::WrongDevice => CUDA_ERROR_INVALID_CONTEXT,
         Fail::NotInitialized => CUDA_ERROR_NOT_INITIALIZED,
         Fail::InvalidDevice => CUDA_ERROR_INVALID_DEVICE,
         Fail::Injected(_) | Fail::Internal => CUDA_ERROR_UNKNOWN,

@@ -53,6 +53,8 @@ pub enum Fail {
     InUse,
     /// No current device or context on the calling thread.
     NoContext,
+    /// A stream or event of another device than the calling thread's current one.
+    WrongDevice,
     /// The runtime is not initialised (`aclInit`, `cuInit`).
     NotInitialized,
     /// A device ordinal that does not exist.
@@ -80,6 +82,11 @@ pub const ACL_WINDOW: (u64, u64) = (0x1000_0000_0000, 0x1800_0000_0000);
 thread_local! {
     /// The device current on this thread (`aclrtSetDevice`, `cuCtxSetCurrent`).
     static CURRENT: Cell<Option<i32>> = const { Cell::new(None) };
+}
+
+/// The device current on the calling thread, if any (what streams and events belong to).
+pub fn current_device() -> Option<i32> {
+    CURRENT.get()
 }
 
 impl Runtime {

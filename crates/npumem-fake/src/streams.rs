@@ -13,6 +13,11 @@
 //! first use and not counted among the live streams; so is each thread's implicit per-thread
 //! stream ([`per_thread_key`], CUDA's `CU_STREAM_PER_THREAD`).
 //!
+//! Streams and events belong to the device current when they were made: using a stream, or
+//! recording an event, from a thread whose current device is another is an error
+//! ([`Fail::WrongDevice`]); an event may be queried, synchronized and waited on from any device,
+//! and a device's synchronize waits for its own streams.
+//!
 //! Invariants: a stream runs its operations one at a time in the order they were queued;
 //! `completed <= submitted`; an event's `completed <= recorded`; a wait names a record that
 //! was already queued when the wait was, so waits never form a cycle; the first failure of a
@@ -45,6 +50,8 @@ pub struct Stream {
     queue: Mutex<Queue>,
     changed: Condvar,
     worker: Mutex<Option<JoinHandle<()>>>,
+    /// The device current when it was made (none for the implicit streams).
+    device: Option<i32>,
 }
 
 #[derive(Default)]
@@ -52,6 +59,8 @@ pub struct Event {
     /// (records made, records completed).
     state: Mutex<(u64, u64)>,
     changed: Condvar,
+    /// The device current when it was made.
+    device: Option<i32>,
 }
 
 impl Event {
@@ -127,9 +136,13 @@ impl Streams {
         self.delay_us.store(us, Ordering::Relaxed);
     }
 
-    fn spawn(&self) -> Result<Arc<Stream>, Fail> {
-        let stream =
-            Arc::new(Stream { queue: Mutex::new(Queue::default()), changed: Condvar::new(), worker: Mutex::new(None) });
+    fn spawn(&self, device: Option<i32>) -> Result<Arc<Stream>, Fail> {
+        let stream = Arc::new(Stream {
+            queue: Mutex::new(Queue::default()),
+            changed: Condvar::new(),
+            worker: Mutex::new(None),
+            device,
+        });
         let (s, delay) = (stream.clone(), self.delay_us.clone());
         let worker = std::thread::Builder::new()
             .name("npumem-fake-stream".into())
@@ -139,8 +152,9 @@ impl Streams {
         Ok(stream)
     }
 
+    /// A stream of the calling thread's current device.
     pub fn create_stream(&self) -> Result<u64, Fail> {
-        let stream = self.spawn()?;
+        let stream = self.spawn(crate::current_device())?;
         let key = STREAM_BASE + self.next.fetch_add(1, Ordering::Relaxed);
         self.streams.lock().insert(key, stream);
         Ok(key)
@@ -154,22 +168,25 @@ impl Streams {
             if let Some(s) = implicit.get(&key) {
                 return Ok(s.clone());
             }
-            let s = self.spawn()?;
+            let s = self.spawn(None)?;
             implicit.insert(key, s.clone());
             return Ok(s);
         }
         if key == 0 {
             let mut default = self.default.lock();
             if default.is_none() {
-                *default = Some(self.spawn()?);
+                *default = Some(self.spawn(None)?);
             }
             return Ok(default.clone().expect("made above"));
         }
-        self.streams.lock().get(&key).cloned().ok_or(Fail::InvalidHandle)
+        let stream = self.streams.lock().get(&key).cloned().ok_or(Fail::InvalidHandle)?;
+        mine(stream.device)?;
+        Ok(stream)
     }
 
     /// Lets the stream's queued work finish, then ends its worker.
     pub fn destroy_stream(&self, key: u64) -> Result<(), Fail> {
+        self.stream(key)?;
         let stream = self.streams.lock().remove(&key).ok_or(Fail::InvalidHandle)?;
         {
             let mut q = stream.queue.lock();
@@ -210,9 +227,11 @@ impl Streams {
         Ok(q.completed == q.submitted)
     }
 
-    /// Synchronizes every stream (the device).
+    /// Synchronizes every stream of the calling thread's current device (and the implicit ones).
     pub fn synchronize_all(&self) -> Result<(), Fail> {
-        let mut keys: Vec<u64> = self.streams.lock().keys().copied().collect();
+        let current = crate::current_device();
+        let mut keys: Vec<u64> =
+            self.streams.lock().iter().filter(|(_, s)| s.device == current).map(|(&k, _)| k).collect();
         keys.extend(self.per_thread.lock().keys().copied());
         keys.push(0);
         keys.into_iter().try_for_each(|k| match self.synchronize(k) {
@@ -221,9 +240,10 @@ impl Streams {
         })
     }
 
+    /// An event of the calling thread's current device.
     pub fn create_event(&self) -> u64 {
         let key = EVENT_BASE + self.next.fetch_add(1, Ordering::Relaxed);
-        self.events.lock().insert(key, Arc::new(Event::default()));
+        self.events.lock().insert(key, Arc::new(Event { device: crate::current_device(), ..Event::default() }));
         key
     }
 
@@ -235,9 +255,11 @@ impl Streams {
         self.events.lock().remove(&key).map(|_| ()).ok_or(Fail::InvalidHandle)
     }
 
-    /// Records `event` on `stream`: it completes when the work queued before it has.
+    /// Records `event` (of the current device) on `stream`: it completes when the work queued
+    /// before it has.
     pub fn record(&self, event: u64, stream: u64) -> Result<(), Fail> {
         let ev = self.event(event)?;
+        mine(ev.device)?;
         let s = self.stream(stream)?;
         let mut q = s.queue.lock();
         let record = {
@@ -290,6 +312,12 @@ impl Streams {
     pub fn counts(&self) -> (u64, u64) {
         (self.streams.lock().len() as u64, self.events.lock().len() as u64)
     }
+}
+
+/// `Ok` when a stream or event of `device` may be used from the calling thread: its current
+/// device is that one.
+fn mine(device: Option<i32>) -> Result<(), Fail> {
+    if device == crate::current_device() { Ok(()) } else { Err(Fail::WrongDevice) }
 }
 
 /// A stream's worker: runs queued operations in order until the stream closes and drains.
