@@ -433,7 +433,7 @@ impl<D: Driver> Backend for DriverBackend<D> {
     fn unmap(&mut self, va: u64) -> Result<()> {
         let driver = &self.driver;
         let released = self.ledger.unmap(va, |mapping, _| driver.unmap(va, mapping.size))?;
-        // The last mapping of an allocation freed while mapped: the runtime frees it now.
+        // The last mapping of an allocation freed while mapped: the runtime frees it here.
         if let Some(p) = released
             && let Err(e) = self.driver.free(p.memory)
         {
