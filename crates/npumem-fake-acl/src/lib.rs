@@ -7,7 +7,9 @@
 //! copy and set"):
 //! - `aclInit` first (a repeat returns `ACL_ERROR_REPEAT_INITIALIZE` 100002); every device call
 //!   needs a device made current on the calling thread by `aclrtSetDevice`
-//!   (`ACL_ERROR_RT_CONTEXT_NULL` 107002); device ids past the count are 107001;
+//!   (`ACL_ERROR_RT_CONTEXT_NULL` 107002); device ids past the count are 107001; each device has
+//!   one (default) context, which `aclrtGetCurrentContext` / `aclrtSetCurrentContext` read and
+//!   make current with its device;
 //! - `aclrtReserveMemAddress`: size > 0 and a multiple of the normal granularity, `alignment` 0,
 //!   `flags` 0 or 1, `expectPtr` NULL or a free, aligned address in the 16–24 TiB window
 //!   (`ACL_ERROR_INVALID_PARAM` 100000 otherwise); reservations land in that window, aligned to
@@ -166,6 +168,31 @@ pub extern "C" fn aclrtResetDevice(device_id: i32) -> aclError {
 pub extern "C" fn aclrtGetDevice(device_id: *mut i32) -> aclError {
     // SAFETY: the caller passes NULL or a valid out-pointer.
     call(|rt| unsafe { put(device_id, rt.current()?) })
+}
+
+/// The default context of each device: this base plus the device id.
+const CONTEXT_BASE: usize = 0xAC00_0000;
+
+/// The default context of the current device.
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtGetCurrentContext(context: *mut *mut c_void) -> aclError {
+    // SAFETY: the caller passes NULL or a valid out-pointer.
+    call(|rt| unsafe { put(context, std::ptr::without_provenance_mut(CONTEXT_BASE + rt.current()? as usize)) })
+}
+
+/// Makes a device's default context (and so the device) current on the calling thread.
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtSetCurrentContext(context: *mut c_void) -> aclError {
+    guard(ACL_ERROR_RT_DRV_INTERNAL_ERROR, || {
+        if !INITIALIZED.load(Ordering::SeqCst) {
+            return ACL_ERROR_UNINITIALIZE;
+        }
+        let device = context.addr().checked_sub(CONTEXT_BASE).and_then(|d| i32::try_from(d).ok());
+        match device {
+            Some(d) if (d as u32) < RT.config.devices => RT.set_current(d).map_or_else(code, |()| ACL_SUCCESS),
+            _ => ACL_ERROR_INVALID_PARAM,
+        }
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -496,6 +523,8 @@ const _: PFN_aclrtSetDevice = aclrtSetDevice;
 const _: PFN_aclrtResetDevice = aclrtResetDevice;
 const _: PFN_aclrtGetDevice = aclrtGetDevice;
 const _: PFN_aclrtGetDeviceCount = aclrtGetDeviceCount;
+const _: PFN_aclrtGetCurrentContext = aclrtGetCurrentContext;
+const _: PFN_aclrtSetCurrentContext = aclrtSetCurrentContext;
 const _: PFN_aclrtSynchronizeDevice = aclrtSynchronizeDevice;
 const _: PFN_aclrtReserveMemAddress = aclrtReserveMemAddress;
 const _: PFN_aclrtReleaseMemAddress = aclrtReleaseMemAddress;

@@ -5,8 +5,8 @@
 //! library that is missing or lacks one of the calls below is an `ACL_ERROR_FEATURE_UNSUPPORTED`
 //! (200006) error naming what was searched. All calls are resolved when the library is first
 //! loaded: `aclInit` (a repeat's `ACL_ERROR_REPEAT_INITIALIZE` is fine), `aclrtSetDevice`,
-//! `aclrtGetDevice`, the VMM calls (`aclrtReserveMemAddress`, `aclrtReleaseMemAddress`,
-//! `aclrtMallocPhysical`, `aclrtFreePhysical`, `aclrtMapMem`, `aclrtUnmapMem`,
+//! `aclrtGetDevice`, `aclrtGetCurrentContext`, `aclrtSetCurrentContext`, the VMM calls
+//! (`aclrtReserveMemAddress`, `aclrtReleaseMemAddress`, `aclrtMallocPhysical`, `aclrtFreePhysical`, `aclrtMapMem`, `aclrtUnmapMem`,
 //! `aclrtMemGetAllocationGranularity`), `aclrtMemcpy`, `aclrtMemset`, `aclrtGetMemInfo`,
 //! `aclrtMallocHost` / `aclrtFreeHost` (the device's `malloc_host`), and the stream and event calls (`aclrtCreateStream`, `aclrtRecordEvent`, `aclrtQueryEventStatus`,
 //! `aclrtSynchronizeEvent`, `aclrtStreamWaitEvent`, `aclrtMemcpyAsync`, `aclrtMemsetAsync`, ...), which
@@ -17,8 +17,10 @@
 //! `ACL_HBM_MEM_HUGE` and `ACL_HBM_MEM_HUGE1G` on a release that refuses the first as an invalid
 //! parameter (before 8.5), their page sizes the runtime's minimum granularity; VA comes from `aclrtReserveMemAddress` (alignment 0, as the runtime requires;
 //! see `DriverBackend` for alignment the runtime did not give); bytes move with `aclrtMemcpy`
-//! and `aclrtMemset`. Each call makes the device current on the calling thread
-//! (`aclrtSetDevice`) and the thread's own device current again after ([`super::current`]).
+//! and `aclrtMemset`. The device's default context is taken once (`aclrtSetDevice`, whose
+//! reference the driver holds); each call makes it current on the calling thread
+//! (`aclrtSetCurrentContext`, which takes no reference) and the thread's own context current
+//! again after ([`super::current`]).
 //!
 //! Errors: every non-zero `aclError` becomes an `AclError` with that code when npumem's
 //! [`ErrorCode`] has it, else with the nearest one, the runtime's number and name kept in the
@@ -47,6 +49,8 @@ api! {
         aclInit: PFN_aclInit = "aclInit",
         aclrtSetDevice: PFN_aclrtSetDevice = "aclrtSetDevice",
         aclrtGetDevice: PFN_aclrtGetDevice = "aclrtGetDevice",
+        aclrtGetCurrentContext: PFN_aclrtGetCurrentContext = "aclrtGetCurrentContext",
+        aclrtSetCurrentContext: PFN_aclrtSetCurrentContext = "aclrtSetCurrentContext",
         aclrtSynchronizeDevice: PFN_aclrtSynchronizeDevice = "aclrtSynchronizeDevice",
         aclrtReserveMemAddress: PFN_aclrtReserveMemAddress = "aclrtReserveMemAddress",
         aclrtReleaseMemAddress: PFN_aclrtReleaseMemAddress = "aclrtReleaseMemAddress",
@@ -173,7 +177,7 @@ impl AclRuntime {
     }
 
     /// Makes `device` current on the calling thread (unless it is already), and keeps it
-    /// current (see [`AclRuntime::on_device`] for one call).
+    /// current (see [`AclRuntime::in_context`] for one call).
     pub fn use_device(&self, device: i32) -> Result<()> {
         if self.current_device() == Some(device) {
             return Ok(());
@@ -189,10 +193,41 @@ impl AclRuntime {
         (unsafe { (self.api.aclrtGetDevice)(&mut current) } == ACL_SUCCESS && current >= 0).then_some(current)
     }
 
-    /// `device` current on the calling thread while the guard lives, the thread's own device
-    /// current again after.
-    pub fn on_device(&'static self, device: i32) -> Result<Bound<AclRuntime>> {
-        Bound::new(self, device as u64)
+    /// The calling thread's current context (`aclrtGetCurrentContext`), `None` when it has none.
+    pub fn current_context(&self) -> Option<u64> {
+        let mut context = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; without a current context the call fails.
+        let ret = unsafe { (self.api.aclrtGetCurrentContext)(&mut context) };
+        (ret == ACL_SUCCESS && !context.is_null()).then(|| context.addr() as u64)
+    }
+
+    /// Makes `context` (and its device) current on the calling thread.
+    pub fn set_context(&self, context: u64) -> Result<()> {
+        // SAFETY: a context the runtime gave.
+        check(unsafe { (self.api.aclrtSetCurrentContext)(ptr(context)) }, || {
+            format!("aclrtSetCurrentContext({context:#x})")
+        })
+    }
+
+    /// The default context of `device` (`aclrtSetDevice`, one reference the caller keeps: the
+    /// device's resources stay while it is held), the calling thread's context left as it was.
+    pub fn default_context(&self, device: i32) -> Result<u64> {
+        let previous = self.current_context();
+        // SAFETY: a plain call with a device id.
+        check(unsafe { (self.api.aclrtSetDevice)(device) }, || format!("aclrtSetDevice({device})"))?;
+        let context = self.current_context();
+        if let Some(p) = previous {
+            self.set_context(p)?;
+        }
+        context.ok_or_else(|| {
+            AclError::internal(format!("aclrtSetDevice({device}) left no current context on the thread"))
+        })
+    }
+
+    /// `context` current on the calling thread while the guard lives, the thread's own context
+    /// current again after. Switching contexts, unlike `aclrtSetDevice`, takes no reference.
+    pub fn in_context(&'static self, context: u64) -> Result<Bound<AclRuntime>> {
+        Bound::new(self, context)
     }
 
     fn prop(attr: MemAttr, device: i32) -> aclrtPhysicalMemProp {
@@ -309,18 +344,18 @@ impl AclRuntime {
 
 impl ThreadCurrent for AclRuntime {
     fn current(&self) -> Option<u64> {
-        self.current_device().map(|d| d as u64)
+        self.current_context()
     }
 
     fn make_current(&self, target: u64) -> Result<()> {
-        self.use_device(target as i32)
+        self.set_context(target)
     }
 
     fn restore(&self, previous: Option<u64>) {
-        // (No call clears a thread's device without releasing it: see `current`.)
-        if let Some(device) = previous {
-            // SAFETY: a plain call with the device the thread had.
-            unsafe { (self.api.aclrtSetDevice)(device as i32) };
+        // (No call clears a thread's context without releasing its device: see `current`.)
+        if let Some(context) = previous {
+            // SAFETY: the context the thread had.
+            unsafe { (self.api.aclrtSetCurrentContext)(ptr(context)) };
         }
     }
 }
@@ -429,6 +464,8 @@ const MEM_ATTRS_HBM: [MemAttr; 3] = [MemAttr::HbmNormal, MemAttr::HbmHuge, MemAt
 pub struct AclDriver {
     rt: &'static AclRuntime,
     device: i32,
+    /// The device's default context (its reference held for the driver's life).
+    context: u64,
     /// The runtime's attribute of physical memory of each `PageKind`.
     attrs: [MemAttr; 3],
 }
@@ -443,13 +480,14 @@ impl AclDriver {
     /// `rt` on `device`, with the memory attributes of the runtime's release: those of CANN 8.5
     /// where the runtime knows them, else the `ACL_HBM_MEM_*` set of earlier releases.
     pub fn new(rt: &'static AclRuntime, device: i32) -> Result<AclDriver> {
-        let bound = rt.on_device(device)?;
+        let context = rt.default_context(device)?;
+        let bound = rt.in_context(context)?;
         let attrs = match bound.granularity(MEM_ATTRS_8_5[0], device) {
             Ok(_) => MEM_ATTRS_8_5,
             Err(e) if e.code == ErrorCode::InvalidParam => MEM_ATTRS_HBM,
             Err(e) => return Err(e),
         };
-        Ok(AclDriver { rt, device, attrs })
+        Ok(AclDriver { rt, device, context, attrs })
     }
 
     /// The attribute physical memory of `kind` is allocated with.
@@ -465,9 +503,9 @@ impl AclDriver {
         self.device
     }
 
-    /// The runtime with the driver's device current for one call.
+    /// The runtime with the driver's device (its default context) current for one call.
     fn bound(&self) -> Result<Bound<AclRuntime>> {
-        self.rt.on_device(self.device)
+        self.rt.in_context(self.context)
     }
 }
 
