@@ -38,9 +38,10 @@ build: $(STAMP)
 	ln -sf libcuda.so $(STAND_INS)/libcuda.so.1
 	maturin develop --release -q
 
-# A wheel (in target/wheels) that carries libnpumem.so and npumem.h beside the extension.
+# A wheel (in target/wheels) that carries libnpumem.so and npumem.h beside the extension (for
+# .venv's interpreter, so the artifacts of `build` are reused).
 wheel: build
-	maturin build --release
+	maturin build --release -i $(BIN)/python
 
 lint: $(STAMP)
 	cargo fmt --all --check
