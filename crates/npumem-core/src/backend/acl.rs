@@ -6,8 +6,9 @@
 //! (200006) error naming what was searched. All calls are resolved when the library is first
 //! loaded: `aclInit` (a repeat's `ACL_ERROR_REPEAT_INITIALIZE` is fine), `aclrtSetDevice`,
 //! `aclrtGetDevice`, `aclrtGetCurrentContext`, `aclrtSetCurrentContext`, the VMM calls
-//! (`aclrtReserveMemAddress`, `aclrtReleaseMemAddress`, `aclrtMallocPhysical`, `aclrtFreePhysical`, `aclrtMapMem`, `aclrtUnmapMem`,
-//! `aclrtMemGetAllocationGranularity`), `aclrtMemcpy`, `aclrtMemset`, `aclrtGetMemInfo`,
+//! (`aclrtReserveMemAddress`, `aclrtReleaseMemAddress`, `aclrtMallocPhysical`,
+//! `aclrtFreePhysical`, `aclrtMapMem`, `aclrtUnmapMem`, `aclrtMemGetAllocationGranularity`),
+//! `aclrtMemcpy`, `aclrtMemset`, `aclrtGetMemInfo`,
 //! `aclrtMallocHost` / `aclrtFreeHost` (the device's `malloc_host`), and the stream and event calls (`aclrtCreateStream`, `aclrtRecordEvent`, `aclrtQueryEventStatus`,
 //! `aclrtSynchronizeEvent`, `aclrtStreamWaitEvent`, `aclrtMemcpyAsync`, `aclrtMemsetAsync`, ...), which
 //! are the backend's [`RuntimeStreams`].
@@ -15,8 +16,9 @@
 //! Memory: physical allocations of normal, huge and giant pages are `ACL_MEM_NORMAL`,
 //! `ACL_MEM_HUGE` and `ACL_MEM_HUGE1G` on the device (CANN 8.5 on), or `ACL_HBM_MEM_NORMAL`,
 //! `ACL_HBM_MEM_HUGE` and `ACL_HBM_MEM_HUGE1G` on a release that refuses the first as an invalid
-//! parameter (before 8.5), their page sizes the runtime's minimum granularity; VA comes from `aclrtReserveMemAddress` (alignment 0, as the runtime requires;
-//! see `DriverBackend` for alignment the runtime did not give); bytes move with `aclrtMemcpy`
+//! parameter (before 8.5), their page sizes the runtime's minimum granularity; VA comes from
+//! `aclrtReserveMemAddress` (alignment 0, as the runtime requires; see `DriverBackend` for
+//! alignment the runtime did not give); bytes move with `aclrtMemcpy`
 //! and `aclrtMemset`. The device's default context is taken once (`aclrtSetDevice`, whose
 //! reference the driver holds); each call makes it current on the calling thread
 //! (`aclrtSetCurrentContext`, which takes no reference) and the thread's own context current
@@ -27,7 +29,8 @@
 //! message (`aclrtCreateStream returned 207008 (ACL_ERROR_RT_NO_STREAM_RESOURCE)`).
 //!
 //! Invariants: every call is made with the backend's device current on the calling thread, and
-//! leaves the thread's current device as it found it; a runtime error changes nothing in npumem's books (see `DriverBackend`).
+//! leaves the thread's current device as it found it; a runtime error changes nothing in npumem's
+//! books (see `DriverBackend`).
 
 use std::ffi::c_void;
 

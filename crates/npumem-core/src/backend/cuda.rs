@@ -29,7 +29,8 @@
 //! [`nearest`]).
 //!
 //! Invariants: every call is made with the backend's context current on the calling thread, and
-//! leaves the thread's current context as it found it; a driver error changes nothing in npumem's books (see `DriverBackend`).
+//! leaves the thread's current context as it found it; a driver error changes nothing in npumem's
+//! books (see `DriverBackend`).
 
 use std::ffi::{CStr, c_char, c_void};
 
