@@ -8,7 +8,7 @@ STAMP := $(VENV)/.deps-stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run test build wheel lint test-rust test-loom test-python browser fuzz miri bench clean
+.PHONY: run test build wheel lint test-rust test-loom test-python browser fuzz miri bench check-gpu clean
 
 # After the demo: a tiny PyTorch model on the npu device (host mode, 1 GiB), then whether a
 # 2-layer Llama-style training step fits 16 GiB (shape mode: shapes only, seconds).
@@ -29,24 +29,24 @@ $(STAMP): requirements-dev.txt requirements-torch.txt
 	$(BIN)/python -m pip install -q -r requirements-torch.txt
 	touch $(STAMP)
 
-# Release build of the extension, installed into .venv (editable for the Python sources), and of
-# libnpumem (the C ABI, crates/npumem-capi) copied with its header into the package; `install`
-# replaces the file rather than rewriting it under a process that has it loaded. The stand-in
-# runtimes the tests load in place of AscendCL and the CUDA driver (crates/npumem-fake-*) go to
-# target/stand-ins (libascendcl.so, libcuda.so and the libcuda.so.1 the loader looks for).
+# Release build of the extension, installed into .venv (editable for the Python sources); its
+# build script (crates/npumem-py/build.rs) builds libnpumem (the C ABI, crates/npumem-capi) and
+# puts it with its header into the package, as it does for every wheel. The stand-in runtimes
+# the tests load in place of AscendCL and the CUDA driver (crates/npumem-fake-*) go to
+# target/stand-ins (libascendcl.so, libcuda.so and the libcuda.so.1 the loader looks for);
+# `install` replaces a file rather than rewriting it under a process that has it loaded.
 STAND_INS := target/stand-ins
 build: $(STAMP)
-	cargo build -p npumem-capi -p npumem-fake-acl -p npumem-fake-cuda --release -q
-	install -m 755 target/release/libnpumem.so python/npumem/libnpumem.so
+	cargo build -p npumem-fake-acl -p npumem-fake-cuda --release -q
 	install -D -m 755 target/release/libascendcl.so $(STAND_INS)/libascendcl.so
 	install -D -m 755 target/release/libcuda.so $(STAND_INS)/libcuda.so
 	ln -sf libcuda.so $(STAND_INS)/libcuda.so.1
-	install -m 644 crates/npumem-capi/include/npumem.h python/npumem/npumem.h
 	maturin develop --release -q
 
-# A wheel (in target/wheels) that carries libnpumem.so and npumem.h beside the extension.
+# A wheel (in target/wheels) that carries libnpumem.so and npumem.h beside the extension (for
+# .venv's interpreter, so the artifacts of `build` are reused).
 wheel: build
-	maturin build --release
+	maturin build --release -i $(BIN)/python
 
 lint: $(STAMP)
 	cargo fmt --all --check
@@ -237,6 +237,23 @@ bench/gpu: build
 	if [ -n "$$reason" ]; then echo "bench gpu: skipped: $$reason"; exit 0; fi; \
 	env -u NPUMEM_CUDA_LIB -u NPUMEM_ACL_LIB NPUMEM_CHECK_GPU=1 python -m pytest -q tests/test_gpu.py && \
 	env -u NPUMEM_CUDA_LIB -u NPUMEM_ACL_LIB python benches/bench_gpu.py
+
+# One prepared command for a machine with an NVIDIA GPU (about 3 minutes, within 8): the CUDA
+# backend's tests against the real driver (tests/test_gpu.py: the runtime rules, libnpumem from
+# several threads) and the benchmark (pooled malloc + free against cuMemAlloc / cuMemFree, the
+# map cost by page size), their output in target/check-gpu/, then one summary line. Without a
+# GPU and driver the line says so and the target succeeds.
+GPU_ENV := env -u NPUMEM_CUDA_LIB -u NPUMEM_ACL_LIB
+check-gpu: build
+	@mkdir -p target/check-gpu; \
+	reason=$$($(GPU_ENV) python benches/bench_gpu.py --probe); \
+	if [ -n "$$reason" ]; then echo "check-gpu: no GPU here ($$reason); nothing to check"; exit 0; fi; \
+	$(GPU_ENV) NPUMEM_CHECK_GPU=1 timeout 360 python -m pytest -q -p no:cacheprovider tests/test_gpu.py \
+		> target/check-gpu/tests.txt 2>&1; t=$$?; \
+	$(GPU_ENV) timeout 120 python benches/bench_gpu.py --quick > target/check-gpu/bench.txt 2>&1; b=$$?; \
+	tests=$$(tail -n 1 target/check-gpu/tests.txt); bench=$$(grep -m1 '^summary:' target/check-gpu/bench.txt); \
+	echo "check-gpu: tests: $$tests (exit $$t); bench (exit $$b): $${bench#summary: }; see target/check-gpu/"; \
+	[ $$t -eq 0 ] && [ $$b -eq 0 ]
 
 clean:
 	rm -rf $(VENV) target python/npumem/*.so python/npumem/npumem.h fuzz/target

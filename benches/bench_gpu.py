@@ -106,10 +106,11 @@ def fmt(size: int) -> str:
     return f"{size // MiB} MiB" if size >= MiB else f"{size // KiB} KiB" if size >= KiB else f"{size} B"
 
 
-def bench_malloc(rt: Runtime, sizes: list[int], seconds: float) -> None:
+def bench_malloc(rt: Runtime, sizes: list[int], seconds: float) -> dict[int, dict[str, float]]:
     families = ("npumem", "pytorch", "direct")
     devices = {f: npumem.Device("4GiB", backend=BACKEND, allocator=f) for f in families}
     heads = (*families, rt.name)
+    out: dict[int, dict[str, float]] = {}
     print(f"malloc + free pairs on {BACKEND} (us per pair)")
     print(f"{'size':>8} " + " ".join(f"{c:>12}" for c in heads))
     for size in sizes:
@@ -118,11 +119,14 @@ def bench_malloc(rt: Runtime, sizes: list[int], seconds: float) -> None:
         n = {name: calls_for(fn, seconds) for name, fn in cases.items()}
         t = best_of(cases, n)
         print(f"{fmt(size):>8} " + " ".join(f"{t[c] * 1e6:>12.2f}" for c in cases))
+        out[size] = t
+    return out
 
 
-def bench_map(pages: list[int], total: int) -> None:
+def bench_map(pages: list[int], total: int) -> dict[int, float]:
     d = npumem.Device("4GiB", backend=BACKEND, allocator="direct")
     print(f"\nmap + unmap of {fmt(total)} by physical allocation size (ms; us per allocation)")
+    out: dict[int, float] = {}
     for page in pages:
         va = d.reserve_mem_address(total)
         handles = [d.malloc_physical(page, MemAttr.HBM_HUGE) for _ in range(total // page)]
@@ -135,9 +139,11 @@ def bench_map(pages: list[int], total: int) -> None:
 
         t = best_of({"cycle": cycle}, 1, rounds=3)["cycle"]
         print(f"{fmt(page):>8}: {t * 1e3:8.2f} ms  ({t / len(handles) * 1e6:8.1f} us per allocation)")
+        out[page] = t
         for h in handles:
             d.free_physical(h)
         d.release_mem_address(va)
+    return out
 
 
 def main() -> int:
@@ -154,8 +160,15 @@ def main() -> int:
         print(f"bench-gpu: skipped: {reason}")
         return 0
     seconds = 0.02 if args.quick else 0.1
-    bench_malloc(rt, [512, 64 * KiB, 2 * MiB, 32 * MiB], seconds)
-    bench_map([2 * MiB, 32 * MiB, 512 * MiB], 512 * MiB)
+    pairs = bench_malloc(rt, [512, 64 * KiB, 2 * MiB, 32 * MiB], seconds)
+    maps = bench_map([2 * MiB, 32 * MiB, 512 * MiB], 512 * MiB)
+    at = pairs[2 * MiB]
+    ours, theirs = at["npumem"], at[rt.name]
+    print(
+        f"summary: 2 MiB malloc+free npumem {ours * 1e6:.2f} us, {rt.name} {theirs * 1e6:.2f} us "
+        f"({theirs / ours:.1f}x); map+unmap of 512 MiB in 2 MiB pages {maps[2 * MiB] * 1e3:.1f} ms, "
+        f"in one 512 MiB allocation {maps[512 * MiB] * 1e3:.1f} ms"
+    )
     return 0
 
 

@@ -9,6 +9,7 @@ were one possible, out of the test runner).
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import json
 import os
 import re
@@ -117,7 +118,7 @@ static void (*const reset_fn)(void) = npumem_empty_cache;
 static void (*const npu_reset_fn)(bool) = npumem_reset;
 static void (*const fraction_fn)(double, int) = npumem_set_memory_fraction;
 static void (*const record_stream_fn)(void*, void*) = npumem_record_stream;
-static void (*const reset_peak_fn)(int) = npumem_reset_peak_stats;
+static void (*const reset_peak_fn)(int8_t) = npumem_reset_peak_stats;
 
 #define CHECK(cond) do { if (!(cond)) { printf("FAILED line %d: %s (%s)\n", __LINE__, #cond, \
     npumem_last_error() ? npumem_last_error() : "no error"); return 1; } } while (0)
@@ -163,10 +164,11 @@ int main(void) {
     }
     CHECK(st.allocated_bytes[NPUMEM_STAT_ALL].allocated >= (5 << 20));
     printf("{\"sizeof\": %zu, \"reserved_bytes\": %zu, \"num_alloc_retries\": %zu, \"oversize_segments\": %zu, "
-           "\"max_split_size\": %zu, \"num_cache_misses\": %zu}\n",
+           "\"num_oom_rejections\": %zu, \"max_split_size\": %zu, \"num_cache_misses\": %zu}\n",
            sizeof(npumem_device_stats_t), offsetof(npumem_device_stats_t, reserved_bytes),
            offsetof(npumem_device_stats_t, num_alloc_retries), offsetof(npumem_device_stats_t, oversize_segments),
-           offsetof(npumem_device_stats_t, max_split_size), offsetof(npumem_device_stats_t, num_cache_misses));
+           offsetof(npumem_device_stats_t, num_oom_rejections), offsetof(npumem_device_stats_t, max_split_size),
+           offsetof(npumem_device_stats_t, num_cache_misses));
     return 0;
 }
 """
@@ -193,8 +195,55 @@ def test_a_c_program_built_against_the_header_runs(tmp_path, compiler):
     layout = json.loads(proc.stdout.strip().splitlines()[-1])
     # The ctypes mirror (npumem.capi.DeviceStats) has the header's layout.
     assert layout["sizeof"] == ctypes.sizeof(capi.DeviceStats)
-    for field in ("reserved_bytes", "num_alloc_retries", "oversize_segments", "max_split_size", "num_cache_misses"):
+    fields = ("reserved_bytes", "num_alloc_retries", "oversize_segments", "num_oom_rejections", "max_split_size")
+    for field in (*fields, "num_cache_misses"):
         assert layout[field] == getattr(capi.DeviceStats, field).offset, field
+
+
+TORCH_BRIDGE = r"""
+#define NPUMEM_TORCH_DEVICE_STATS
+#include "npumem.h"
+#include <cstdio>
+
+int main() {
+    npumem_device_stats_t s{};
+    int64_t* all = reinterpret_cast<int64_t*>(&s);
+    for (size_t i = 0; i < sizeof s / sizeof(int64_t); i++) all[i] = 1000 + (int64_t)i;
+    c10::CachingDeviceAllocator::DeviceStats t = npumem_torch_device_stats(s);
+    std::printf("%lld %lld %lld %lld %lld %zu\n", (long long)t.allocation[0].current,
+                (long long)t.requested_bytes[2].freed, (long long)t.oversize_segments.peak,
+                (long long)t.num_oom_rejections, (long long)t.max_split_size, t.reserved_bytes_by_private_pools.size());
+}
+"""
+
+
+def test_the_header_fills_torchs_device_stats_field_by_field(tmp_path):
+    # torch (requirements-torch.txt) ships c10's headers: the bridge compiles against the torch
+    # the tests run with, and each field lands where its name says.
+    cc = shutil.which("g++")
+    if cc is None:
+        pytest.skip("g++ is not installed")
+    spec = importlib.util.find_spec("torch")
+    assert spec is not None and spec.submodule_search_locations, "torch is not installed"
+    torch_include = Path(next(iter(spec.submodule_search_locations))) / "include"
+    source = tmp_path / "bridge.cpp"
+    source.write_text(TORCH_BRIDGE)
+    header_dir = str(Path(capi.header_path()).parent)
+    exe = tmp_path / "bridge"
+    command = [cc, "-std=c++17", "-Wall", "-Wextra", "-Werror", f"-I{header_dir}", f"-I{torch_include}"]
+    build = subprocess.run([*command, str(source), "-o", str(exe)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=30, check=True).stdout.split()
+    offset = {name: getattr(capi.DeviceStats, name).offset // 8 for name in ("requested_bytes", "oversize_segments")}
+    expected = [
+        1000,  # allocation[all].current: the first int64
+        1000 + offset["requested_bytes"] + 2 * 4 + 3,  # requested_bytes[large_pool].freed
+        1000 + offset["oversize_segments"] + 1,
+        1000 + capi.DeviceStats.num_oom_rejections.offset // 8,
+        1000 + capi.DeviceStats.max_split_size.offset // 8,
+        0,
+    ]
+    assert [int(v) for v in out] == expected
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,12 +1,15 @@
 """The CUDA backend on a real GPU (the AscendCL backend on a real NPU with NPUMEM_BACKEND=acl):
-run by `make bench B=gpu` (NPUMEM_CHECK_GPU=1, the vendor library from the loader path), skipped
-in `make test`. Device memory is not the host's here: bytes go through write/read and the
-runtime's copies.
+run by `make check-gpu` and `make bench B=gpu` (NPUMEM_CHECK_GPU=1, the vendor library from the
+loader path), skipped in `make test`. Device memory is not the host's here: bytes go through
+write/read and the runtime's copies.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 from conftest import REAL_DEVICE, MiB
@@ -16,7 +19,7 @@ from npumem import AclError, MemAttr
 
 BACKEND = os.environ.get("NPUMEM_BACKEND") or "cuda"
 
-pytestmark = pytest.mark.skipif(not REAL_DEVICE, reason="needs a GPU or NPU: run `make bench B=gpu`")
+pytestmark = pytest.mark.skipif(not REAL_DEVICE, reason="needs a GPU or NPU: run `make check-gpu`")
 
 FAMILIES = ("npumem", "pytorch", "torch_npu", "direct")
 
@@ -89,3 +92,80 @@ def test_out_of_capacity_is_207001():
     with pytest.raises(AclError) as info:
         d.malloc(128 * MiB)
     assert info.value.code == 207001
+
+
+def test_memset_then_a_copy_on_a_non_blocking_stream_reads_the_new_bytes(dev):
+    s = dev.create_stream()
+    size = 64 * MiB
+    p, q = dev.malloc(size), dev.malloc(size)
+    dev.memset(p, size, 0x5A, size)
+    dev.memcpy_async(q, size, p, size, stream=s)
+    dev.synchronize_stream(s)
+    assert dev.read(q + size - 64, 64) == b"\x5a" * 64
+    dev.free(p)
+    dev.free(q)
+
+
+def test_a_mapped_free_physical_waits_for_the_unmap():
+    d = npumem.Device("1GiB", backend=BACKEND, allocator="direct")
+    g = d.mem_get_allocation_granularity(MemAttr.HBM_HUGE)
+    h = d.malloc_physical(g, MemAttr.HBM_HUGE)
+    va = d.reserve_mem_address(g)
+    d.map_mem(va, h)
+    d.free_physical(h)
+    d.write(va, b"mapped")
+    assert d.read(va, 6) == b"mapped"
+    d.unmap_mem(va)
+    d.release_mem_address(va)
+
+
+#: libnpumem under the real driver (or AscendCL) from 4 threads, each bound to the device with
+#: the runtime's own call, which every call must leave current.
+CAPI_THREADS = r"""
+import ctypes, json, os, threading
+import npumem.capi as capi
+lib = capi.load()
+lib.npumem_init(1)
+backend = os.environ["NPUMEM_BACKEND"]
+if backend == "cuda":
+    rt = ctypes.CDLL("libcuda.so.1")
+    rt.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+    rt.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
+    rt.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+    assert rt.cuInit(0) == 0
+    ctx = ctypes.c_void_p()
+    assert rt.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+    def bind(): assert rt.cuCtxSetCurrent(ctx) == 0
+    def current():
+        c = ctypes.c_void_p(); rt.cuCtxGetCurrent(ctypes.byref(c)); return c.value == ctx.value
+else:
+    rt = ctypes.CDLL("libascendcl.so")
+    def bind(): assert rt.aclrtSetDevice(0) == 0
+    def current():
+        d = ctypes.c_int(-1); return rt.aclrtGetDevice(ctypes.byref(d)) == 0 and d.value == 0
+errors = []
+def worker(t):
+    bind()
+    for i in range(200):
+        n = (1 + (i * 7 + t) % 64) << 16
+        p = lib.npumem_malloc(n, 0, None)
+        if not p:
+            errors.append(lib.npumem_last_error().decode()); return
+        lib.npumem_free(p, n, 0, None)
+        if not current():
+            errors.append(f"thread {t}: the device is no longer current"); return
+threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+for th in threads: th.start()
+for th in threads: th.join()
+lib.npumem_empty_cache()
+print(json.dumps({"errors": errors, "allocated": capi.device_stats(lib, 0)["allocation.all.allocated"]}))
+"""
+
+
+def test_libnpumem_from_threads_under_the_real_runtime():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NPUMEM_")}
+    env.update(NPUMEM_BACKEND=BACKEND, NPUMEM_CAPACITY="4GiB")
+    proc = subprocess.run([sys.executable, "-c", CAPI_THREADS], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out == {"errors": [], "allocated": 800}

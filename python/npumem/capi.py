@@ -86,6 +86,7 @@ class DeviceStats(ctypes.Structure):
         ("num_sync_all_streams", ctypes.c_int64),
         ("num_device_alloc", ctypes.c_int64),
         ("num_device_free", ctypes.c_int64),
+        ("num_oom_rejections", ctypes.c_int64),
         ("max_split_size", ctypes.c_int64),
         ("num_cache_misses", ctypes.c_int64),
     ]
@@ -125,7 +126,7 @@ _PROTOTYPES: dict[str, tuple[object, list[object]]] = {
     "npumem_reset": (None, [ctypes.c_bool]),
     "npumem_set_memory_fraction": (None, [ctypes.c_double, ctypes.c_int]),
     "npumem_get_device_stats": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(DeviceStats), ctypes.c_size_t]),
-    "npumem_reset_peak_stats": (None, [ctypes.c_int]),
+    "npumem_reset_peak_stats": (None, [ctypes.c_int8]),
     "npumem_last_error": (ctypes.c_char_p, []),
     "npumem_last_error_code": (ctypes.c_int, []),
 }

@@ -121,10 +121,13 @@ void npumem_reset(bool check_error);
 void npumem_set_memory_fraction(double fraction, int device);
 
 /*
- * Statistics, in PyTorch's scheme: npumem_device_stats_t has the fields of
- * c10::CachingDeviceAllocator::DeviceStats in the same order and with the same types (a Stat
- * is four int64_t; a StatArray is three Stats indexed by NPUMEM_STAT_ALL / _SMALL_POOL /
- * _LARGE_POOL), then npumem's own figures. torch.cuda.memory_stats() key
+ * Statistics, in PyTorch's scheme: npumem_device_stats_t (NPUMEM_DEVICE_STATS_VERSION 2) has
+ * one field for each plain field of torch 2.15's c10::CachingDeviceAllocator::DeviceStats, with
+ * the same name and type and in the same order (a Stat is four int64_t; a StatArray is three
+ * Stats indexed by NPUMEM_STAT_ALL / _SMALL_POOL / _LARGE_POOL), then npumem's own figures.
+ * Torch's reserved_bytes_by_private_pools (a hash map) has no C form; npumem has no private
+ * pools, so it stays empty. The layouts differ (torch's map sits between reserved_bytes and
+ * active_bytes): copy field by field, as NPUMEM_TORCH_DEVICE_STATS below does. torch.cuda.memory_stats() key
  * "<field>.<all|small_pool|large_pool>.<current|peak|allocated|freed>" is
  * stats.<field>[index].<current|peak|allocated|freed>; e.g. memory_allocated() is
  * stats.allocated_bytes[NPUMEM_STAT_ALL].current and memory_reserved() is
@@ -133,6 +136,7 @@ void npumem_set_memory_fraction(double fraction, int device);
  * versions: a few lines of C++ that call npumem_get_device_stats and copy the fields over
  * bridge the two.
  */
+#define NPUMEM_DEVICE_STATS_VERSION 2 /* torch 2.15's DeviceStats */
 #define NPUMEM_STAT_ALL 0
 #define NPUMEM_STAT_SMALL_POOL 1 /* blocks of up to 1 MiB */
 #define NPUMEM_STAT_LARGE_POOL 2
@@ -161,6 +165,7 @@ typedef struct npumem_device_stats {
     int64_t num_sync_all_streams;
     int64_t num_device_alloc;
     int64_t num_device_free;
+    int64_t num_oom_rejections;            /* 0: npumem has no OOM preemption policy */
     int64_t max_split_size;                /* -1: blocks of every size may be split */
     /* npumem's own figures (not in PyTorch's DeviceStats): */
     int64_t num_cache_misses;              /* mallocs that needed new device memory */
@@ -173,8 +178,11 @@ typedef struct npumem_device_stats {
  */
 int npumem_get_device_stats(int device, npumem_device_stats_t* out, size_t out_size);
 
-/* Resets the peaks of `device`'s statistics (torch_npu's set_reset_peak_status_fn, void(int)). */
-void npumem_reset_peak_stats(int device);
+/*
+ * Resets the peaks of `device`'s statistics (torch_npu's set_reset_peak_status_fn, whose hook is
+ * void(c10::DeviceIndex): int8_t).
+ */
+void npumem_reset_peak_stats(int8_t device);
 
 /*
  * Why the calling thread's last npumem call failed ("npumem_free(ptr=0x..., size=..., device=0,
@@ -189,6 +197,46 @@ int npumem_last_error_code(void);
 
 #ifdef __cplusplus
 } /* extern "C" */
+#endif
+
+#if defined(__cplusplus) && defined(NPUMEM_TORCH_DEVICE_STATS)
+#include <c10/core/CachingDeviceAllocator.h>
+/*
+ * Torch's DeviceStats from npumem's, field by field (define NPUMEM_TORCH_DEVICE_STATS before
+ * including this header, with torch's include directory on the path): what a hook that must
+ * return torch's struct (torch_npu's set_get_device_stats_fn) returns.
+ */
+inline c10::CachingDeviceAllocator::DeviceStats npumem_torch_device_stats(const npumem_device_stats_t& s) {
+    c10::CachingDeviceAllocator::DeviceStats t;
+    auto stat = [](c10::CachingAllocator::Stat& to, const npumem_stat_t& from) {
+        to.current = from.current;
+        to.peak = from.peak;
+        to.allocated = from.allocated;
+        to.freed = from.freed;
+    };
+    auto array = [&](c10::CachingAllocator::StatArray& to, const npumem_stat_t (&from)[3]) {
+        for (int i = 0; i < 3; i++) stat(to[i], from[i]);
+    };
+    array(t.allocation, s.allocation);
+    array(t.segment, s.segment);
+    array(t.active, s.active);
+    array(t.inactive_split, s.inactive_split);
+    array(t.allocated_bytes, s.allocated_bytes);
+    array(t.reserved_bytes, s.reserved_bytes);
+    array(t.active_bytes, s.active_bytes);
+    array(t.inactive_split_bytes, s.inactive_split_bytes);
+    array(t.requested_bytes, s.requested_bytes);
+    t.num_alloc_retries = s.num_alloc_retries;
+    t.num_ooms = s.num_ooms;
+    stat(t.oversize_allocations, s.oversize_allocations);
+    stat(t.oversize_segments, s.oversize_segments);
+    t.num_sync_all_streams = s.num_sync_all_streams;
+    t.num_device_alloc = s.num_device_alloc;
+    t.num_device_free = s.num_device_free;
+    t.num_oom_rejections = s.num_oom_rejections;
+    t.max_split_size = s.max_split_size;
+    return t;
+}
 #endif
 
 #endif /* NPUMEM_H */

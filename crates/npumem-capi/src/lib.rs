@@ -211,15 +211,16 @@ pub unsafe extern "C" fn npumem_get_device_stats(device: c_int, out: *mut CDevic
     if code == 0 { 0 } else { last_error::code() }
 }
 
-/// Resets the peaks of `device`'s statistics to their current values (`void(int)`, as torch_npu's
-/// `set_reset_peak_status_fn` takes).
+/// Resets the peaks of `device`'s statistics to their current values (`void(int8_t)`: torch_npu's
+/// `set_reset_peak_status_fn` takes a `void(c10::DeviceIndex)`, an `int8_t`; AAPCS64 leaves the
+/// upper bits of a narrower argument unspecified, so the width must be the caller's).
 #[unsafe(no_mangle)]
-pub extern "C" fn npumem_reset_peak_stats(device: c_int) {
+pub extern "C" fn npumem_reset_peak_stats(device: i8) {
     guarded(
         || format!("npumem_reset_peak_stats(device={device})"),
         (),
         || {
-            with_device(device, |slot| {
+            with_device(c_int::from(device), |slot| {
                 slot.device.reset_peak_stats();
                 Ok(())
             })
@@ -268,7 +269,7 @@ mod tests {
         let _: extern "C" fn(bool) = npumem_reset;
         let _: extern "C" fn(f64, c_int) = npumem_set_memory_fraction;
         let _: unsafe extern "C" fn(c_int, *mut CDeviceStats, usize) -> c_int = npumem_get_device_stats;
-        let _: extern "C" fn(c_int) = npumem_reset_peak_stats;
+        let _: extern "C" fn(i8) = npumem_reset_peak_stats;
         let _: extern "C" fn() -> *const c_char = npumem_last_error;
         let _: extern "C" fn() -> c_int = npumem_last_error_code;
     }

@@ -1,10 +1,15 @@
-//! `npumem_device_stats_t`: a device's allocator statistics as a plain C struct, field for field
-//! in the order and types of PyTorch's `c10::CachingDeviceAllocator::DeviceStats` (a `Stat` is
-//! four `int64_t`, a `StatArray` three `Stat`s indexed all / small pool / large pool), followed
-//! by npumem's own figures. The values are those of `Device.memory_stats()`.
+//! `npumem_device_stats_t` (`NPUMEM_DEVICE_STATS_VERSION` 2): a device's allocator statistics
+//! as a plain C struct, one field for each plain field of torch 2.15's
+//! `c10::CachingDeviceAllocator::DeviceStats`, by name, type and order (a `Stat` is four
+//! `int64_t`, a `StatArray` three `Stat`s indexed all / small pool / large pool), followed by
+//! npumem's own figures. Torch's `reserved_bytes_by_private_pools` (a hash map) has no C form:
+//! npumem has no private pools, so it stays empty. The values are those of
+//! `Device.memory_stats()`.
 //!
-//! Invariant: the layout is `#[repr(C)]` and matches include/npumem.h (the header test compiles
-//! a C program that checks `sizeof` and field offsets against this library).
+//! Invariants: the layout is `#[repr(C)]` and matches include/npumem.h (the header test compiles
+//! a C program that checks `sizeof` and field offsets against this library, and a C++ one that
+//! fills torch's struct field by field from it); a field torch adds or moves makes a new
+//! version, never a silent change of the old.
 
 use npumem_core::pool::stats::{PoolStats, Stat, StatArray};
 
@@ -42,6 +47,8 @@ pub struct CDeviceStats {
     pub num_sync_all_streams: i64,
     pub num_device_alloc: i64,
     pub num_device_free: i64,
+    /// Allocations an OOM preemption policy rejected: npumem has none, so 0.
+    pub num_oom_rejections: i64,
     /// -1 when blocks of every size may be split.
     pub max_split_size: i64,
     // npumem's own figures (not in PyTorch's struct).
@@ -92,6 +99,7 @@ impl From<&PoolStats> for CDeviceStats {
             num_sync_all_streams: signed(s.num_sync_all_streams),
             num_device_alloc: signed(s.num_device_alloc),
             num_device_free: signed(s.num_device_free),
+            num_oom_rejections: 0,
             max_split_size: if s.max_split_size == u64::MAX { -1 } else { signed(s.max_split_size) },
             num_cache_misses: signed(s.num_cache_misses),
         }
@@ -110,8 +118,9 @@ mod tests {
         assert_eq!(offset_of!(CDeviceStats, requested_bytes), 8 * 96);
         assert_eq!(offset_of!(CDeviceStats, num_alloc_retries), 9 * 96);
         assert_eq!(offset_of!(CDeviceStats, oversize_allocations), 9 * 96 + 16);
-        assert_eq!(offset_of!(CDeviceStats, max_split_size), 9 * 96 + 16 + 64 + 24);
-        assert_eq!(size_of::<CDeviceStats>(), 9 * 96 + 16 + 64 + 32 + 8);
+        assert_eq!(offset_of!(CDeviceStats, num_oom_rejections), 9 * 96 + 16 + 64 + 24);
+        assert_eq!(offset_of!(CDeviceStats, max_split_size), 9 * 96 + 16 + 64 + 32);
+        assert_eq!(size_of::<CDeviceStats>(), 9 * 96 + 16 + 64 + 40 + 8);
     }
 
     #[test]

@@ -12,6 +12,7 @@ use libloading::Library;
 use npumem_core::acl::{MemAttr, MemcpyKind};
 use npumem_core::backend::ffi::Candidate;
 use npumem_core::backend::{AclBackend, AclDriver, AclRuntime, Backend, CudaBackend, CudaDriver, CudaRuntime, Driver};
+use npumem_core::stream::RuntimeStreams;
 use npumem_core::units::{GIB, KIB, MIB};
 use npumem_core::vm::{PageKind, PageSize};
 use npumem_core::{AclError, ErrorCode};
@@ -196,12 +197,16 @@ fn acl_calls_codes_and_async_streams() {
     let (free, total) = rt.mem_info(MemAttr::Hbm).unwrap();
     assert_eq!(total - free, 2 * MIB);
     assert_eq!(rt.mem_info(MemAttr::Ddr).unwrap(), (0, 0));
-    // Freeing a mapped handle defers the release to the last unmap.
-    rt.free_physical(h).unwrap();
-    expect_code(rt.free_physical(h), ErrorCode::RtInvalidHandle, &[]);
-    assert_eq!(ACL.counts().handles, before.handles + 1);
+    // A copy of nothing is refused, as the runtime's checks refuse it.
+    // SAFETY: no byte is copied.
+    expect_code(unsafe { rt.memcpy(va, 8, va, 0, MemcpyKind::DeviceToDevice) }, ErrorCode::RtParamInvalid, &["107000"]);
+    // Freeing a mapped handle is refused: unmapping first is aclrtFreePhysical's precondition.
+    expect_code(rt.free_physical(h), ErrorCode::RtParamInvalid, &["aclrtFreePhysical", "107000"]);
     rt.unmap(va).unwrap();
     rt.unmap(va + 2 * MIB).unwrap();
+    assert_eq!(ACL.counts().handles, before.handles + 1);
+    rt.free_physical(h).unwrap();
+    expect_code(rt.free_physical(h), ErrorCode::RtInvalidHandle, &[]);
     assert_eq!(ACL.counts().handles, before.handles);
     rt.release(va).unwrap();
     let p = rt.malloc_host(100).unwrap();
@@ -214,7 +219,7 @@ fn acl_calls_codes_and_async_streams() {
     ACL.set_delay_us(3000);
     let (s1, s2) = (rt.create_stream().unwrap(), rt.create_stream().unwrap());
     let e = rt.create_event().unwrap();
-    assert!(rt.query_event(e).unwrap(), "never recorded: complete");
+    assert!(!rt.query_event(e).unwrap(), "never recorded: not ready (AscendCL's initial state)");
     let va = rt.reserve(64 * KIB, None).unwrap();
     let h = rt.malloc_physical(64 * KIB, MemAttr::MemNormal, 0).unwrap();
     rt.map(va, 64 * KIB, h).unwrap();
@@ -257,6 +262,30 @@ fn acl_calls_need_a_current_device_on_each_thread() {
         expect_code(rt.reserve(MIB, None), ErrorCode::RtDrvInternal, &["107002 (ACL_ERROR_RT_CONTEXT_NULL)"]);
         let va = driver.reserve(MIB, 0, None).unwrap();
         driver.release(va, MIB).unwrap();
+        // AscendCL cannot clear a thread's device without releasing it: it stays current.
+        assert_eq!(rt.current_device(), Some(0));
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn cuda_calls_leave_the_threads_context_as_they_found_it() {
+    let _g = CUDA.hold();
+    let driver = CudaDriver::new(cuda(), 0, Some(64 * MIB)).unwrap();
+    let context = cuda().primary_context(0).unwrap();
+    std::thread::spawn(move || {
+        let mut driver = driver;
+        let rt = driver.runtime();
+        assert_eq!(rt.current_context(), None);
+        let h = driver.create(2 * MIB, PageKind::Normal).unwrap();
+        driver.free(h).unwrap();
+        assert_eq!(rt.current_context(), None, "a thread with no context has none after a call");
+        rt.use_context(context).unwrap();
+        let e = driver.create_event().unwrap();
+        assert!(driver.query_event(e).unwrap(), "a never-recorded CUDA event is complete");
+        driver.destroy_event(e).unwrap();
+        assert_eq!(rt.current_context(), Some(context));
     })
     .join()
     .unwrap();
@@ -281,8 +310,8 @@ fn cuda_calls_codes_and_async_streams() {
     expect_code(rt.create(MIB, 0), ErrorCode::RtParamInvalid, &["cuMemCreate"]);
     expect_code(rt.create(4 * 1024 * GIB, 0), ErrorCode::RtMemoryAllocation, &["CUDA_ERROR_OUT_OF_MEMORY (2)"]);
     let h = rt.create(2 * MIB, 0).unwrap();
-    rt.map(va, 2 * MIB, h, 0).unwrap();
-    rt.map(va + 4 * MIB, 2 * MIB, h, 0).unwrap();
+    rt.map(va, 2 * MIB, h, &[0]).unwrap();
+    rt.map(va + 4 * MIB, 2 * MIB, h, &[0]).unwrap();
     rt.write(va + 5, b"cuda").unwrap();
     let mut out = [0u8; 4];
     rt.read(va + 4 * MIB + 5, &mut out).unwrap();
@@ -305,7 +334,7 @@ fn cuda_calls_codes_and_async_streams() {
     let e = rt.create_event().unwrap();
     let va = rt.reserve(2 * MIB, 0, None).unwrap();
     let h = rt.create(2 * MIB, 0).unwrap();
-    rt.map(va, 2 * MIB, h, 0).unwrap();
+    rt.map(va, 2 * MIB, h, &[0]).unwrap();
     let src = vec![9u8; 4096];
     let mut dst = vec![0u8; 4096];
     // SAFETY: both host buffers outlive the synchronisations below.

@@ -7,7 +7,9 @@
 //! copy and set"):
 //! - `aclInit` first (a repeat returns `ACL_ERROR_REPEAT_INITIALIZE` 100002); every device call
 //!   needs a device made current on the calling thread by `aclrtSetDevice`
-//!   (`ACL_ERROR_RT_CONTEXT_NULL` 107002); device ids past the count are 107001;
+//!   (`ACL_ERROR_RT_CONTEXT_NULL` 107002); device ids past the count are 107001; each device has
+//!   one (default) context, which `aclrtGetCurrentContext` / `aclrtSetCurrentContext` read and
+//!   make current with its device;
 //! - `aclrtReserveMemAddress`: size > 0 and a multiple of the normal granularity, `alignment` 0,
 //!   `flags` 0 or 1, `expectPtr` NULL or a free, aligned address in the 16–24 TiB window
 //!   (`ACL_ERROR_INVALID_PARAM` 100000 otherwise); reservations land in that window, aligned to
@@ -15,17 +17,23 @@
 //! - `aclrtMallocPhysical`: `flags` 0, `handleType` NONE, `allocationType` PINNED, a location of
 //!   type HOST or DEVICE, a supported `memAttr` (HBM/MEM normal, huge and huge-1G kinds; DDR kinds
 //!   only for HOST), size a non-zero multiple of the granularity (100000); 207001 when the
-//!   configured capacity runs out; `ACL_HBM_MEM_NORMAL` is allocated as huge pages;
+//!   configured capacity runs out; `ACL_HBM_MEM_NORMAL` is allocated as huge pages; as a release
+//!   before CANN 8.5 (`NPUMEM_FAKE_CANN`), it and `aclrtMemGetAllocationGranularity` take only
+//!   `ACL_HBM_MEM_HUGE`, `ACL_HBM_MEM_NORMAL` and `ACL_HBM_MEM_HUGE1G` (100000 otherwise);
 //! - `aclrtMapMem`: size equal to the physical size, `offset` 0, `flags` 0 (100000); inside one
 //!   reservation, over nothing mapped (107000); an unknown or freed handle 107017; a VA not
 //!   aligned to the granularity 107008;
-//! - `aclrtFreePhysical` of a mapped handle defers the release to the last unmap;
+//! - `aclrtFreePhysical` of a mapped handle fails (107000: unmapping first is its precondition);
 //!   `aclrtReleaseMemAddress` with live mappings fails (107000);
-//! - `aclrtMemcpy(Async)`: `count` 0 is a no-op; NULL pointers and kinds outside 0–5 are 100000;
+//! - `aclrtMemcpy(Async)`: `count` 0 (and, synchronous, `destMax` 0) is 107000; NULL pointers
+//!   and kinds outside 0–5 are 100000;
 //!   `count > destMax` is 107000; device bytes must be mapped (107000); `aclrtMemset(Async)`
 //!   likewise with `maxCount`;
 //! - streams and events as `npumem-fake`'s `streams` module runs them (NULL is the default
-//!   stream); a queued operation that fails is reported by the next synchronize (507899).
+//!   stream; a stream, or an event's record, of another device than the current one is 107003
+//!   `ACL_ERROR_RT_STREAM_CONTEXT`; an event never recorded is `ACL_EVENT_RECORDED_STATUS_NOT_READY`, as an event
+//!   `aclrtCreateEvent` makes starts in its initial state); a queued operation that fails is
+//!   reported by the next synchronize (507899).
 //!
 //! Test-only exports (`npumem_fake::export_test_hooks`): `npumem_fake_fail_next(kind, n)` (the
 //! fault switch: a physical allocation
@@ -61,6 +69,7 @@ fn code(fail: Fail) -> aclError {
         Fail::InvalidHandle => ACL_ERROR_RT_INVALID_HANDLE,
         Fail::Unaligned => ACL_ERROR_RT_ADDR_UNALIGNED,
         Fail::NoContext => ACL_ERROR_RT_CONTEXT_NULL,
+        Fail::WrongDevice => ACL_ERROR_RT_STREAM_CONTEXT,
         Fail::NotInitialized => ACL_ERROR_UNINITIALIZE,
         Fail::InvalidDevice => ACL_ERROR_RT_INVALID_DEVICEID,
         Fail::Injected(FaultKind::Stream) => ACL_ERROR_RT_NO_STREAM_RESOURCE,
@@ -84,8 +93,16 @@ fn require(ok: bool) -> Result<(), Fail> {
     if ok { Ok(()) } else { Err(Fail::InvalidValue) }
 }
 
+/// Whether the imitated release knows `attr` for physical memory: before CANN 8.5
+/// (v8.5.0-beta.1's `memory.cpp`) only `ACL_HBM_MEM_HUGE`, `ACL_HBM_MEM_NORMAL` and
+/// `ACL_HBM_MEM_HUGE1G`, any other value `ACL_ERROR_INVALID_PARAM`.
+fn known_attr(attr: aclrtMemAttr) -> bool {
+    RT.config.cann >= (8, 5) || matches!(attr, ACL_HBM_MEM_HUGE | ACL_HBM_MEM_NORMAL | ACL_HBM_MEM_HUGE1G)
+}
+
 /// The granularity of physical memory with `prop`'s attribute and location.
 fn granularity(prop: &aclrtPhysicalMemProp) -> Result<u64, Fail> {
+    require(known_attr(prop.memAttr))?;
     let normal = RT.config.granularity;
     // (granule, host-only DDR kind)
     let (granule, ddr) = match prop.memAttr {
@@ -151,6 +168,31 @@ pub extern "C" fn aclrtResetDevice(device_id: i32) -> aclError {
 pub extern "C" fn aclrtGetDevice(device_id: *mut i32) -> aclError {
     // SAFETY: the caller passes NULL or a valid out-pointer.
     call(|rt| unsafe { put(device_id, rt.current()?) })
+}
+
+/// The default context of each device: this base plus the device id.
+const CONTEXT_BASE: usize = 0xAC00_0000;
+
+/// The default context of the current device.
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtGetCurrentContext(context: *mut *mut c_void) -> aclError {
+    // SAFETY: the caller passes NULL or a valid out-pointer.
+    call(|rt| unsafe { put(context, std::ptr::without_provenance_mut(CONTEXT_BASE + rt.current()? as usize)) })
+}
+
+/// Makes a device's default context (and so the device) current on the calling thread.
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtSetCurrentContext(context: *mut c_void) -> aclError {
+    guard(ACL_ERROR_RT_DRV_INTERNAL_ERROR, || {
+        if !INITIALIZED.load(Ordering::SeqCst) {
+            return ACL_ERROR_UNINITIALIZE;
+        }
+        let device = context.addr().checked_sub(CONTEXT_BASE).and_then(|d| i32::try_from(d).ok());
+        match device {
+            Some(d) if (d as u32) < RT.config.devices => RT.set_current(d).map_or_else(code, |()| ACL_SUCCESS),
+            _ => ACL_ERROR_INVALID_PARAM,
+        }
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -221,12 +263,17 @@ pub extern "C" fn aclrtMallocPhysical(
     })
 }
 
+/// A mapped handle is refused: the documentation makes `aclrtUnmapMem` first a precondition.
 #[unsafe(no_mangle)]
 pub extern "C" fn aclrtFreePhysical(handle: *mut c_void) -> aclError {
     call(|rt| {
         require(!handle.is_null())?;
         rt.fault(FaultKind::FreePhysical)?;
-        rt.memory.lock().free(handle.addr() as u64)
+        let mut m = rt.memory.lock();
+        if m.physical(handle.addr() as u64)?.mapped() > 0 {
+            return Err(Fail::InUse);
+        }
+        m.free(handle.addr() as u64)
     })
 }
 
@@ -271,6 +318,12 @@ pub extern "C" fn aclrtMemGetAllocationGranularity(
     })
 }
 
+/// A copy of nothing is refused as the runtime's checks refuse it (`RT_ERROR_INVALID_VALUE`,
+/// 107000).
+fn refuse_empty(ok: bool) -> Result<(), Fail> {
+    if ok { Ok(()) } else { Err(Fail::RtParam) }
+}
+
 fn check_copy(
     dst: *mut c_void,
     src: *const c_void,
@@ -291,9 +344,7 @@ pub extern "C" fn aclrtMemcpy(
     kind: aclrtMemcpyKind,
 ) -> aclError {
     call(|rt| {
-        if count == 0 {
-            return Ok(());
-        }
+        refuse_empty(count > 0 && dest_max > 0)?;
         check_copy(dst, src, kind, count, dest_max)?;
         // The kind is advisory: the runtime decides the direction from the addresses.
         rt.copy(dst.addr() as u64, src.addr() as u64, count as u64, None)
@@ -310,9 +361,7 @@ pub extern "C" fn aclrtMemcpyAsync(
     stream: *mut c_void,
 ) -> aclError {
     call(|rt| {
-        if count == 0 {
-            return Ok(());
-        }
+        refuse_empty(count > 0)?;
         check_copy(dst, src, kind, count, dest_max)?;
         rt.copy_async(dst.addr() as u64, src.addr() as u64, count as u64, None, stream.addr() as u64)
     })
@@ -474,6 +523,8 @@ const _: PFN_aclrtSetDevice = aclrtSetDevice;
 const _: PFN_aclrtResetDevice = aclrtResetDevice;
 const _: PFN_aclrtGetDevice = aclrtGetDevice;
 const _: PFN_aclrtGetDeviceCount = aclrtGetDeviceCount;
+const _: PFN_aclrtGetCurrentContext = aclrtGetCurrentContext;
+const _: PFN_aclrtSetCurrentContext = aclrtSetCurrentContext;
 const _: PFN_aclrtSynchronizeDevice = aclrtSynchronizeDevice;
 const _: PFN_aclrtReserveMemAddress = aclrtReserveMemAddress;
 const _: PFN_aclrtReleaseMemAddress = aclrtReleaseMemAddress;

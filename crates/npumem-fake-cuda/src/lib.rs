@@ -16,15 +16,23 @@
 //!   `CUDA_ERROR_OUT_OF_MEMORY` when the configured capacity runs out;
 //! - `cuMemMap`: `offset` 0, `flags` 0, a size that is a multiple of the granularity and at most
 //!   the allocation's, inside one reservation and over nothing mapped; the mapping is not
-//!   accessible until `cuMemSetAccess` (`CUDA_ERROR_ILLEGAL_ADDRESS` for copies before it);
+//!   accessible until `cuMemSetAccess` (`CUDA_ERROR_ILLEGAL_ADDRESS` for copies before it), and
+//!   then only to the devices it names: a synchronous copy made in another device's context
+//!   is `CUDA_ERROR_ILLEGAL_ADDRESS` (as a peer's kernels would fault); `cuDeviceCanAccessPeer`
+//!   says yes for every pair of distinct devices;
 //! - `cuMemUnmap` takes ranges made of whole mappings; `cuMemRelease` of a mapped handle defers
 //!   the release to the last unmap; `cuMemAddressFree` with mappings in the range fails;
 //! - copies check their direction (`cuMemcpyHtoD` needs a device destination and a host source,
 //!   and so on) and that every device byte is mapped and accessible (`CUDA_ERROR_INVALID_VALUE`);
+//!   `cuMemsetD8` and `cuMemcpyDtoD` are queued on the legacy default stream and return before
+//!   they run (streams made `CU_STREAM_NON_BLOCKING` do not wait for them); `cuMemcpyHtoD` /
+//!   `DtoH` wait for the legacy stream, then copy;
 //! - streams and events as `npumem-fake`'s `streams` module runs them (`cuEventQuery` returns
-//!   `CUDA_ERROR_NOT_READY` until the record completes; NULL, `CU_STREAM_LEGACY` and
-//!   `CU_STREAM_PER_THREAD` are the default stream); a queued operation that fails is reported
-//!   by the next synchronize (`CUDA_ERROR_ILLEGAL_ADDRESS`).
+//!   `CUDA_ERROR_NOT_READY` until the record completes, `CUDA_SUCCESS` for an event never
+//!   recorded; NULL and `CU_STREAM_LEGACY` are the legacy default stream, `CU_STREAM_PER_THREAD`
+//!   each thread's own default stream; a stream, or an event's record, of another context than
+//!   the current one is `CUDA_ERROR_INVALID_CONTEXT`); a queued operation that fails is reported by the next
+//!   synchronize (`CUDA_ERROR_ILLEGAL_ADDRESS`).
 //!
 //! Test-only exports as in the AscendCL stand-in (`npumem_fake_fail_next`: a physical
 //! allocation fails with `CUDA_ERROR_OUT_OF_MEMORY`, anything else with `CUDA_ERROR_UNKNOWN`;
@@ -75,7 +83,7 @@ fn code(fail: Fail) -> CUresult {
         Fail::OutOfMemory | Fail::Injected(FaultKind::Physical | FaultKind::Host) => CUDA_ERROR_OUT_OF_MEMORY,
         Fail::InvalidHandle => CUDA_ERROR_INVALID_HANDLE,
         Fail::NoAccess | Fail::Async => CUDA_ERROR_ILLEGAL_ADDRESS,
-        Fail::NoContext => CUDA_ERROR_INVALID_CONTEXT,
+        Fail::NoContext | Fail::WrongDevice => CUDA_ERROR_INVALID_CONTEXT,
         Fail::NotInitialized => CUDA_ERROR_NOT_INITIALIZED,
         Fail::InvalidDevice => CUDA_ERROR_INVALID_DEVICE,
         Fail::Injected(_) | Fail::Internal => CUDA_ERROR_UNKNOWN,
@@ -112,14 +120,19 @@ fn handle_value(fail: Fail) -> Fail {
     if fail == Fail::InvalidHandle { Fail::InvalidValue } else { fail }
 }
 
-/// The stream key of a `CUstream` (NULL, `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD` are the
-/// default stream).
+/// The stream key of a `CUstream`: NULL and `CU_STREAM_LEGACY` are the legacy default stream,
+/// `CU_STREAM_PER_THREAD` the calling thread's own default stream, another one of its own.
 fn stream_key(stream: *mut c_void) -> u64 {
     match stream.addr() {
-        0 | CU_STREAM_LEGACY | CU_STREAM_PER_THREAD => 0,
+        0 | CU_STREAM_LEGACY => LEGACY,
+        CU_STREAM_PER_THREAD => npumem_fake::streams::per_thread_key(),
         key => key as u64,
     }
 }
+
+/// The legacy default stream's key: the synchronous memset and device-to-device copy run on it
+/// (returning before they complete), and the synchronous host copies wait for it first.
+const LEGACY: u64 = 0;
 
 fn check_location(location: &CUmemLocation) -> Result<(), Fail> {
     require(location.type_ == CU_MEM_LOCATION_TYPE_DEVICE)?;
@@ -173,6 +186,19 @@ pub extern "C" fn cuDevicePrimaryCtxRetain(context: *mut *mut c_void, device: c_
         }
         // SAFETY: as above.
         unsafe { put(context, std::ptr::without_provenance_mut(CONTEXT_BASE + device as usize)) }
+    })
+}
+
+/// Every pair of distinct devices can access each other's memory (as on an NVLink system).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDeviceCanAccessPeer(can: *mut c_int, device: c_int, peer: c_int) -> CUresult {
+    run(false, |rt| {
+        let valid = |d: c_int| d >= 0 && (d as u32) < rt.config.devices;
+        if !valid(device) || !valid(peer) {
+            return Err(Fail::InvalidDevice);
+        }
+        // SAFETY: the caller passes NULL or a valid out-pointer.
+        unsafe { put(can, c_int::from(device != peer)) }
     })
 }
 
@@ -309,27 +335,45 @@ pub extern "C" fn cuMemSetAccess(
         require(!desc.is_null() && count > 0)?;
         // SAFETY: the caller passes `count` descriptors at `desc`.
         let descs = unsafe { std::slice::from_raw_parts(desc, count) };
+        let mut devices = 0u64;
         for d in descs {
             check_location(&d.location)?;
             require(matches!(d.flags, CU_MEM_ACCESS_FLAGS_PROT_READ | CU_MEM_ACCESS_FLAGS_PROT_READWRITE))?;
+            devices |= 1u64.checked_shl(d.location.id as u32).unwrap_or(0);
         }
-        rt.memory.lock().set_access(ptr, size as u64)
+        rt.memory.lock().set_access(ptr, size as u64, devices)
     })
+}
+
+/// A synchronous host copy: after the legacy stream's earlier work, complete when it returns.
+fn host_copy(rt: &'static Runtime, dst: u64, src: u64, count: usize, want: (bool, bool)) -> Result<(), Fail> {
+    if count == 0 {
+        return Ok(());
+    }
+    rt.streams.synchronize(LEGACY)?;
+    let device = rt.current()?;
+    {
+        let m = rt.memory.lock();
+        m.check_granted(dst, count as u64, device)?;
+        m.check_granted(src, count as u64, device)?;
+    }
+    rt.copy(dst, src, count as u64, Some(want))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, count: usize) -> CUresult {
-    call(|rt| if count == 0 { Ok(()) } else { rt.copy(dst, src.addr() as u64, count as u64, Some((true, false))) })
+    call(|rt| host_copy(rt, dst, src.addr() as u64, count, (true, false)))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, count: usize) -> CUresult {
-    call(|rt| if count == 0 { Ok(()) } else { rt.copy(dst.addr() as u64, src, count as u64, Some((false, true))) })
+    call(|rt| host_copy(rt, dst.addr() as u64, src, count, (false, true)))
 }
 
+/// Queued on the legacy stream: a device-to-device copy does no host synchronisation.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, count: usize) -> CUresult {
-    call(|rt| if count == 0 { Ok(()) } else { rt.copy(dst, src, count as u64, Some((true, true))) })
+    call(|rt| if count == 0 { Ok(()) } else { rt.copy_async(dst, src, count as u64, Some((true, true)), LEGACY) })
 }
 
 #[unsafe(no_mangle)]
@@ -383,9 +427,11 @@ pub extern "C" fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, count: usize
     call(|rt| if count == 0 { Ok(()) } else { rt.copy_async(dst, src, count as u64, None, stream_key(stream)) })
 }
 
+/// Queued on the legacy stream: a memset of device memory is asynchronous with respect to the
+/// host (`cuda.h`'s `\note_memset`).
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemsetD8_v2(dst: CUdeviceptr, value: u8, count: usize) -> CUresult {
-    call(|rt| if count == 0 { Ok(()) } else { rt.fill(dst, value, count as u64, true) })
+    call(|rt| if count == 0 { Ok(()) } else { rt.fill_async(dst, value, count as u64, true, LEGACY) })
 }
 
 #[unsafe(no_mangle)]
@@ -542,6 +588,7 @@ const _: PFN_cuInit = cuInit;
 const _: PFN_cuDriverGetVersion = cuDriverGetVersion;
 const _: PFN_cuDeviceGetCount = cuDeviceGetCount;
 const _: PFN_cuDeviceGet = cuDeviceGet;
+const _: PFN_cuDeviceCanAccessPeer = cuDeviceCanAccessPeer;
 const _: PFN_cuDevicePrimaryCtxRetain = cuDevicePrimaryCtxRetain;
 const _: PFN_cuDevicePrimaryCtxRelease_v2 = cuDevicePrimaryCtxRelease_v2;
 const _: PFN_cuCtxSetCurrent = cuCtxSetCurrent;

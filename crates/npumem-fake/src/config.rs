@@ -9,7 +9,10 @@
 //!   (default 0), so that an event recorded behind it is not complete at once;
 //! - `NPUMEM_FAKE_FAIL`: countdowns of the fault switch armed at start, as `kind:n` pairs
 //!   separated by commas (`physical:3,map:1`; kinds in `faults.rs`);
-//! - `NPUMEM_FAKE_DEVICES`: how many devices the runtime reports (default 1).
+//! - `NPUMEM_FAKE_DEVICES`: how many devices the runtime reports (default 1);
+//! - `NPUMEM_FAKE_CANN`: the CANN release the AscendCL stand-in behaves as, `major.minor`
+//!   (default 8.5): before 8.5, physical memory takes only the `ACL_HBM_MEM_*` attributes
+//!   (`ACL_MEM_NORMAL` and the other 12–17 values first appear in CANN 8.5).
 //!
 //! Invariant: a value that cannot be read falls back to the default and is reported once on
 //! stderr (a test library must not abort its host process over a typo).
@@ -35,6 +38,8 @@ pub struct Config {
     pub granularity: u64,
     pub delay_us: u64,
     pub devices: u32,
+    /// The CANN release imitated, as (major, minor).
+    pub cann: (u32, u32),
     pub fail: Vec<(FaultKind, u64)>,
 }
 
@@ -52,6 +57,12 @@ pub fn parse_size(text: &str) -> Option<u64> {
         _ => return None,
     };
     value.checked_mul(unit)
+}
+
+/// Reads `8.3`, `8.5`, `9.0`.
+pub fn parse_release(text: &str) -> Option<(u32, u32)> {
+    let (major, minor) = text.trim().split_once('.')?;
+    Some((major.parse().ok()?, minor.parse().ok()?))
 }
 
 fn read<T>(name: &str, default: T, parse: impl Fn(&str) -> Option<T>) -> T {
@@ -77,6 +88,7 @@ impl Config {
             }),
             delay_us: read("NPUMEM_FAKE_DELAY_US", 0, |v| v.trim().parse().ok()),
             devices: read("NPUMEM_FAKE_DEVICES", 1, |v| v.trim().parse().ok().filter(|&n| n > 0)),
+            cann: read("NPUMEM_FAKE_CANN", (8, 5), parse_release),
             fail: read("NPUMEM_FAKE_FAIL", Vec::new(), |v| {
                 v.split(',')
                     .map(|pair| {
@@ -101,5 +113,8 @@ mod tests {
         assert_eq!(parse_size("4096"), Some(4096));
         assert_eq!(parse_size("lots"), None);
         assert_eq!(parse_size("99999999999999T"), None);
+        assert_eq!(parse_release("8.3"), Some((8, 3)));
+        assert_eq!(parse_release(" 9.0 "), Some((9, 0)));
+        assert_eq!(parse_release("8"), None);
     }
 }

@@ -53,6 +53,8 @@ pub enum Fail {
     InUse,
     /// No current device or context on the calling thread.
     NoContext,
+    /// A stream or event of another device than the calling thread's current one.
+    WrongDevice,
     /// The runtime is not initialised (`aclInit`, `cuInit`).
     NotInitialized,
     /// A device ordinal that does not exist.
@@ -82,6 +84,11 @@ thread_local! {
     static CURRENT: Cell<Option<i32>> = const { Cell::new(None) };
 }
 
+/// The device current on the calling thread, if any (what streams and events belong to).
+pub fn current_device() -> Option<i32> {
+    CURRENT.get()
+}
+
 impl Runtime {
     pub fn new(flavor: Flavor) -> Runtime {
         let config = Config::from_env(flavor);
@@ -93,7 +100,7 @@ impl Runtime {
         Runtime {
             flavor,
             memory: Mutex::new(Memory::new(window, config.capacity)),
-            streams: Streams::new(config.delay_us),
+            streams: Streams::new(config.delay_us, flavor == Flavor::Cuda),
             faults,
             config,
         }

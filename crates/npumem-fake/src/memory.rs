@@ -45,11 +45,21 @@ pub struct Physical {
     freed: bool,
 }
 
+impl Physical {
+    /// Live mappings of this allocation.
+    pub fn mapped(&self) -> u32 {
+        self.mapped
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 pub struct Mapping {
     pub handle: u64,
     pub size: u64,
     pub accessible: bool,
+    /// The devices granted access (bit `d` for device `d`; every bit for a mapping accessible
+    /// when made).
+    pub granted: u64,
 }
 
 /// How many live objects of each kind the runtime holds (`npumem_fake_live_counts`).
@@ -325,7 +335,8 @@ impl Memory {
             return Err(Fail::OutOfMemory);
         }
         self.physical.get_mut(&handle).expect("checked").mapped += 1;
-        self.mappings.insert(va, Mapping { handle, size, accessible });
+        let granted = if accessible { u64::MAX } else { 0 };
+        self.mappings.insert(va, Mapping { handle, size, accessible, granted });
         Ok(())
     }
 
@@ -347,15 +358,34 @@ impl Memory {
         Ok(starts)
     }
 
-    /// Makes the mappings that tile `[va, va + size)` readable and writable (`cuMemSetAccess`).
-    pub fn set_access(&mut self, va: u64, size: u64) -> Result<(), Fail> {
+    /// Makes the mappings that tile `[va, va + size)` readable and writable by the devices of
+    /// `devices` (a bit per device; `cuMemSetAccess`).
+    pub fn set_access(&mut self, va: u64, size: u64, devices: u64) -> Result<(), Fail> {
         let starts = self.tiling(va, size)?;
         // SAFETY: the range is exactly our own mappings.
         if unsafe { libc::mprotect(va as *mut _, size as usize, libc::PROT_READ | libc::PROT_WRITE) } != 0 {
             return Err(Fail::InvalidValue);
         }
         for m in starts {
-            self.mappings.get_mut(&m).expect("tiled").accessible = true;
+            let mapping = self.mappings.get_mut(&m).expect("tiled");
+            mapping.accessible = true;
+            mapping.granted |= devices;
+        }
+        Ok(())
+    }
+
+    /// Checks that `device` was granted access to every mapping device memory in
+    /// `[addr, addr + len)` lies in (host memory needs none).
+    pub fn check_granted(&self, addr: u64, len: u64, device: i32) -> Result<(), Fail> {
+        if !self.check(addr, len)? {
+            return Ok(());
+        }
+        let end = addr + len;
+        let bit = 1u64.checked_shl(device as u32).unwrap_or(0);
+        for (_, mp) in self.mappings.range(..end).rev().take_while(|&(&m, mp)| m + mp.size > addr) {
+            if mp.granted & bit == 0 {
+                return Err(Fail::NoAccess);
+            }
         }
         Ok(())
     }
@@ -551,8 +581,10 @@ mod tests {
         let h = m.create(2 * MIB, 2 * MIB).unwrap();
         m.map(va, 2 * MIB, h, false).unwrap();
         assert_eq!(m.fill(va, 1, 1, true), Err(Fail::NoAccess));
-        assert_eq!(m.set_access(va, 4 * MIB), Err(Fail::NotMapped));
-        m.set_access(va, 2 * MIB).unwrap();
+        assert_eq!(m.set_access(va, 4 * MIB, 1), Err(Fail::NotMapped));
+        m.set_access(va, 2 * MIB, 1).unwrap();
+        assert_eq!(m.check_granted(va, 16, 0), Ok(()));
+        assert_eq!(m.check_granted(va, 16, 1), Err(Fail::NoAccess), "device 1 was not granted access");
         m.fill(va, 1, 2 * MIB, true).unwrap();
         assert_eq!(m.unmap(va, Some(MIB)), Err(Fail::NotMapped));
         m.unmap(va, Some(2 * MIB)).unwrap();

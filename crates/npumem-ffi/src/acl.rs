@@ -163,6 +163,9 @@ pub type PFN_aclrtSetDevice = unsafe extern "C" fn(deviceId: i32) -> aclError;
 pub type PFN_aclrtResetDevice = unsafe extern "C" fn(deviceId: i32) -> aclError;
 pub type PFN_aclrtGetDevice = unsafe extern "C" fn(deviceId: *mut i32) -> aclError;
 pub type PFN_aclrtGetDeviceCount = unsafe extern "C" fn(count: *mut u32) -> aclError;
+/// `aclrtContext` is an opaque `void*`.
+pub type PFN_aclrtGetCurrentContext = unsafe extern "C" fn(context: *mut *mut c_void) -> aclError;
+pub type PFN_aclrtSetCurrentContext = unsafe extern "C" fn(context: *mut c_void) -> aclError;
 pub type PFN_aclrtSynchronizeDevice = unsafe extern "C" fn() -> aclError;
 pub type PFN_aclrtReserveMemAddress = unsafe extern "C" fn(
     virPtr: *mut *mut c_void,

@@ -157,6 +157,8 @@ pub type PFN_cuInit = unsafe extern "C" fn(Flags: c_uint) -> CUresult;
 pub type PFN_cuDriverGetVersion = unsafe extern "C" fn(driverVersion: *mut c_int) -> CUresult;
 pub type PFN_cuDeviceGetCount = unsafe extern "C" fn(count: *mut c_int) -> CUresult;
 pub type PFN_cuDeviceGet = unsafe extern "C" fn(device: *mut CUdevice, ordinal: c_int) -> CUresult;
+pub type PFN_cuDeviceCanAccessPeer =
+    unsafe extern "C" fn(canAccessPeer: *mut c_int, dev: CUdevice, peerDev: CUdevice) -> CUresult;
 pub type PFN_cuDevicePrimaryCtxRetain = unsafe extern "C" fn(pctx: *mut CUcontext, dev: CUdevice) -> CUresult;
 pub type PFN_cuDevicePrimaryCtxRelease_v2 = unsafe extern "C" fn(dev: CUdevice) -> CUresult;
 pub type PFN_cuCtxGetCurrent = unsafe extern "C" fn(pctx: *mut CUcontext) -> CUresult;

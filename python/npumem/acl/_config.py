@@ -2,8 +2,9 @@
 
 ``NPUMEM_DEVICES`` (how many devices, 1-64, default 8; each is made on first use),
 ``NPUMEM_CAPACITY`` (memory of each device, a size such as ``64GiB``; default 64 GiB on the
-simulator, the memory available on the host backend), ``NPUMEM_BACKEND`` (``sim``, the default,
-or ``host``), ``NPUMEM_ALLOCATOR`` (``npumem``, ``direct``, ``pytorch``, ``torch_npu``) and
+simulator, the memory available on the host backend, the device's memory on ``acl`` and ``cuda``),
+``NPUMEM_BACKEND`` (``sim``, the default, ``host``, or ``acl`` / ``cuda``: AscendCL or the CUDA
+driver, device i the runtime's device i), ``NPUMEM_ALLOCATOR`` (``npumem``, ``direct``, ``pytorch``, ``torch_npu``) and
 ``NPUMEM_ALLOC_CONF`` (the ``PYTORCH_NPU_ALLOC_CONF`` grammar). An empty variable counts as unset.
 
 Invariant: a :class:`Config` has been checked whole — the devices fit their slices of the one
@@ -27,7 +28,9 @@ ALLOC_CONF = "NPUMEM_ALLOC_CONF"
 
 #: The most devices one system holds: the device window cut in 64 slices of 128 GiB.
 MAX_DEVICES = 64
-BACKENDS = ("sim", "host")
+BACKENDS = ("sim", "host", "acl", "cuda")
+#: The backends over a real runtime (or its stand-in): device i is the runtime's device i.
+RUNTIME_BACKENDS = ("acl", "cuda")
 ALLOCATORS = ("npumem", "direct", "pytorch", "torch_npu")
 DEFAULT_SIM_CAPACITY = 64 << 30
 #: The capacities the host backend takes (its own check, made here before any device is).

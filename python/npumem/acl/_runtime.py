@@ -130,8 +130,15 @@ class System:
         if dev is None:
             c = self.config
             va_slice = (index, c.devices) if c.backend == "sim" else None
+            # On a runtime, device i is the runtime's device i (each opened as its own).
+            device_id = index if c.backend in _config.RUNTIME_BACKENDS else None
             dev = Device(
-                c.capacity, backend=c.backend, allocator=c.allocator, alloc_conf=c.alloc_conf, va_slice=va_slice
+                c.capacity,
+                backend=c.backend,
+                allocator=c.allocator,
+                alloc_conf=c.alloc_conf,
+                va_slice=va_slice,
+                device_id=device_id,
             )
             self.devices[index] = dev
         return dev
@@ -145,8 +152,7 @@ class System:
             off = addr - _native.VA_WINDOW_START
             return off // self._slice if 0 <= off < self._span else None
         for i, d in self.created():
-            lo, hi = d.va_window
-            if lo <= addr < hi:
+            if d.holds(addr):
                 return i
         return None
 

@@ -175,6 +175,16 @@ def _bad_device(index: int) -> int:
     return RT.fail(C.ACL_ERROR_RT_INVALID_DEVICEID, f"device {index} does not exist; this system has devices 0-{n - 1}")
 
 
+def _open_device(index: int) -> int:
+    """Makes device ``index`` (on first use): 0, or the code of why it cannot be (on ``acl`` and
+    ``cuda``, the runtime's own refusal, such as a device it does not have)."""
+    try:
+        RT.sys().device(index)
+    except AclError as e:
+        return RT.fail(e.code, f"device {index} cannot be opened: {e.message}")
+    return C.ACL_SUCCESS
+
+
 # ----- devices and contexts -----
 
 
@@ -184,6 +194,8 @@ def set_device(device_id: Any) -> int:
     d = _i(device_id, "set_device", "device_id")
     if not RT.valid_device(d):
         return _bad_device(d)
+    if (ret := _open_device(d)) != C.ACL_SUCCESS:
+        return ret
     RT.thread.context = RT.retain_device(d)
     return C.ACL_SUCCESS
 
@@ -240,7 +252,8 @@ def create_context(device_id: Any) -> tuple[int, int]:
     d = _i(device_id, "create_context", "device_id")
     if not RT.valid_device(d):
         return 0, _bad_device(d)
-    RT.sys().device(d)
+    if (ret := _open_device(d)) != C.ACL_SUCCESS:
+        return 0, ret
     ctx = Context(new_handle(), d, False)
     RT.contexts[ctx.handle] = ctx
     RT.thread.context = ctx

@@ -5,30 +5,38 @@
 //! library that is missing or lacks one of the calls below is an `ACL_ERROR_FEATURE_UNSUPPORTED`
 //! (200006) error naming what was searched. All calls are resolved when the library is first
 //! loaded: `aclInit` (a repeat's `ACL_ERROR_REPEAT_INITIALIZE` is fine), `aclrtSetDevice`,
-//! `aclrtGetDevice`, the VMM calls (`aclrtReserveMemAddress`, `aclrtReleaseMemAddress`,
-//! `aclrtMallocPhysical`, `aclrtFreePhysical`, `aclrtMapMem`, `aclrtUnmapMem`,
-//! `aclrtMemGetAllocationGranularity`), `aclrtMemcpy`, `aclrtMemset`, `aclrtGetMemInfo`,
+//! `aclrtGetDevice`, `aclrtGetCurrentContext`, `aclrtSetCurrentContext`, the VMM calls
+//! (`aclrtReserveMemAddress`, `aclrtReleaseMemAddress`, `aclrtMallocPhysical`,
+//! `aclrtFreePhysical`, `aclrtMapMem`, `aclrtUnmapMem`, `aclrtMemGetAllocationGranularity`),
+//! `aclrtMemcpy`, `aclrtMemset`, `aclrtGetMemInfo`,
 //! `aclrtMallocHost` / `aclrtFreeHost` (the device's `malloc_host`), and the stream and event calls (`aclrtCreateStream`, `aclrtRecordEvent`, `aclrtQueryEventStatus`,
 //! `aclrtSynchronizeEvent`, `aclrtStreamWaitEvent`, `aclrtMemcpyAsync`, `aclrtMemsetAsync`, ...), which
 //! are the backend's [`RuntimeStreams`].
 //!
 //! Memory: physical allocations of normal, huge and giant pages are `ACL_MEM_NORMAL`,
-//! `ACL_MEM_HUGE` and `ACL_MEM_HUGE1G` on the device, their page sizes the runtime's minimum
-//! granularity; VA comes from `aclrtReserveMemAddress` (alignment 0, as the runtime requires;
-//! see `DriverBackend` for alignment the runtime did not give); bytes move with `aclrtMemcpy`
-//! and `aclrtMemset`. The device is `aclrtSetDevice(device)` on each thread that calls.
+//! `ACL_MEM_HUGE` and `ACL_MEM_HUGE1G` on the device (CANN 8.5 on), or `ACL_HBM_MEM_NORMAL`,
+//! `ACL_HBM_MEM_HUGE` and `ACL_HBM_MEM_HUGE1G` on a release that refuses the first as an invalid
+//! parameter (before 8.5), their page sizes the runtime's minimum granularity; VA comes from
+//! `aclrtReserveMemAddress` (alignment 0, as the runtime requires; see `DriverBackend` for
+//! alignment the runtime did not give); bytes move with `aclrtMemcpy`
+//! and `aclrtMemset`. The device's default context is taken once (`aclrtSetDevice`, whose
+//! reference the driver holds); each call makes it current on the calling thread
+//! (`aclrtSetCurrentContext`, which takes no reference) and the thread's own context current
+//! again after ([`super::current`]).
 //!
 //! Errors: every non-zero `aclError` becomes an `AclError` with that code when npumem's
 //! [`ErrorCode`] has it, else with the nearest one, the runtime's number and name kept in the
 //! message (`aclrtCreateStream returned 207008 (ACL_ERROR_RT_NO_STREAM_RESOURCE)`).
 //!
-//! Invariants: every call is made with the backend's device current on the calling thread; a
-//! runtime error changes nothing in npumem's books (see `DriverBackend`).
+//! Invariants: every call is made with the backend's device current on the calling thread, and
+//! leaves the thread's current device as it found it; a runtime error changes nothing in npumem's
+//! books (see `DriverBackend`).
 
 use std::ffi::c_void;
 
 use npumem_ffi::acl::*;
 
+use super::current::{Bound, ThreadCurrent};
 use super::driver::{Driver, DriverBackend, RawHandle};
 use super::ffi::{self, Candidate, api};
 use crate::acl::{MemAttr, MemScope, MemcpyKind};
@@ -44,6 +52,8 @@ api! {
         aclInit: PFN_aclInit = "aclInit",
         aclrtSetDevice: PFN_aclrtSetDevice = "aclrtSetDevice",
         aclrtGetDevice: PFN_aclrtGetDevice = "aclrtGetDevice",
+        aclrtGetCurrentContext: PFN_aclrtGetCurrentContext = "aclrtGetCurrentContext",
+        aclrtSetCurrentContext: PFN_aclrtSetCurrentContext = "aclrtSetCurrentContext",
         aclrtSynchronizeDevice: PFN_aclrtSynchronizeDevice = "aclrtSynchronizeDevice",
         aclrtReserveMemAddress: PFN_aclrtReserveMemAddress = "aclrtReserveMemAddress",
         aclrtReleaseMemAddress: PFN_aclrtReleaseMemAddress = "aclrtReleaseMemAddress",
@@ -169,16 +179,58 @@ impl AclRuntime {
         &self.path
     }
 
-    /// Makes `device` current on the calling thread (unless it is already).
+    /// Makes `device` current on the calling thread (unless it is already), and keeps it
+    /// current (see [`AclRuntime::in_context`] for one call).
     pub fn use_device(&self, device: i32) -> Result<()> {
-        let mut current = -1;
-        // SAFETY: a valid out-pointer; without a current device the call fails and `current`
-        // stays -1.
-        if unsafe { (self.api.aclrtGetDevice)(&mut current) } == 0 && current == device {
+        if self.current_device() == Some(device) {
             return Ok(());
         }
         // SAFETY: a plain call with a device id.
         check(unsafe { (self.api.aclrtSetDevice)(device) }, || format!("aclrtSetDevice({device})"))
+    }
+
+    /// The calling thread's current device (`aclrtGetDevice`), `None` when it has none.
+    pub fn current_device(&self) -> Option<i32> {
+        let mut current = -1;
+        // SAFETY: a valid out-pointer; without a current device the call fails.
+        (unsafe { (self.api.aclrtGetDevice)(&mut current) } == ACL_SUCCESS && current >= 0).then_some(current)
+    }
+
+    /// The calling thread's current context (`aclrtGetCurrentContext`), `None` when it has none.
+    pub fn current_context(&self) -> Option<u64> {
+        let mut context = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; without a current context the call fails.
+        let ret = unsafe { (self.api.aclrtGetCurrentContext)(&mut context) };
+        (ret == ACL_SUCCESS && !context.is_null()).then(|| context.addr() as u64)
+    }
+
+    /// Makes `context` (and its device) current on the calling thread.
+    pub fn set_context(&self, context: u64) -> Result<()> {
+        // SAFETY: a context the runtime gave.
+        check(unsafe { (self.api.aclrtSetCurrentContext)(ptr(context)) }, || {
+            format!("aclrtSetCurrentContext({context:#x})")
+        })
+    }
+
+    /// The default context of `device` (`aclrtSetDevice`, one reference the caller keeps: the
+    /// device's resources stay while it is held), the calling thread's context left as it was.
+    pub fn default_context(&self, device: i32) -> Result<u64> {
+        let previous = self.current_context();
+        // SAFETY: a plain call with a device id.
+        check(unsafe { (self.api.aclrtSetDevice)(device) }, || format!("aclrtSetDevice({device})"))?;
+        let context = self.current_context();
+        if let Some(p) = previous {
+            self.set_context(p)?;
+        }
+        context.ok_or_else(|| {
+            AclError::internal(format!("aclrtSetDevice({device}) left no current context on the thread"))
+        })
+    }
+
+    /// `context` current on the calling thread while the guard lives, the thread's own context
+    /// current again after. Switching contexts, unlike `aclrtSetDevice`, takes no reference.
+    pub fn in_context(&'static self, context: u64) -> Result<Bound<AclRuntime>> {
+        Bound::new(self, context)
     }
 
     fn prop(attr: MemAttr, device: i32) -> aclrtPhysicalMemProp {
@@ -293,6 +345,24 @@ impl AclRuntime {
     }
 }
 
+impl ThreadCurrent for AclRuntime {
+    fn current(&self) -> Option<u64> {
+        self.current_context()
+    }
+
+    fn make_current(&self, target: u64) -> Result<()> {
+        self.set_context(target)
+    }
+
+    fn restore(&self, previous: Option<u64>) {
+        // (No call clears a thread's context without releasing its device: see `current`.)
+        if let Some(context) = previous {
+            // SAFETY: the context the thread had.
+            unsafe { (self.api.aclrtSetCurrentContext)(ptr(context)) };
+        }
+    }
+}
+
 /// The runtime's streams and events, handles as integers (0: the default stream); the device
 /// must be current on the calling thread.
 impl AclRuntime {
@@ -385,19 +455,22 @@ impl AclRuntime {
     }
 }
 
-/// The AscendCL attribute of physical memory of `kind`.
-fn attr(kind: PageKind) -> MemAttr {
-    match kind {
-        PageKind::Normal => MemAttr::MemNormal,
-        PageKind::Huge => MemAttr::MemHuge,
-        PageKind::Giant => MemAttr::MemHuge1g,
-    }
-}
+/// The attributes of physical memory of each `PageKind` (normal, huge, giant) from CANN 8.5
+/// (ACL 1.16) on.
+const MEM_ATTRS_8_5: [MemAttr; 3] = [MemAttr::MemNormal, MemAttr::MemHuge, MemAttr::MemHuge1g];
+
+/// The same before CANN 8.5, whose `aclrtMallocPhysical` and `aclrtMemGetAllocationGranularity`
+/// take only these (and return `ACL_ERROR_INVALID_PARAM` for the others).
+const MEM_ATTRS_HBM: [MemAttr; 3] = [MemAttr::HbmNormal, MemAttr::HbmHuge, MemAttr::HbmHuge1g];
 
 /// AscendCL on one device, for a [`DriverBackend`].
 pub struct AclDriver {
     rt: &'static AclRuntime,
     device: i32,
+    /// The device's default context (its reference held for the driver's life).
+    context: u64,
+    /// The runtime's attribute of physical memory of each `PageKind`.
+    attrs: [MemAttr; 3],
 }
 
 impl AclDriver {
@@ -407,9 +480,22 @@ impl AclDriver {
     }
 
     /// `rt` on `device`.
+    /// `rt` on `device`, with the memory attributes of the runtime's release: those of CANN 8.5
+    /// where the runtime knows them, else the `ACL_HBM_MEM_*` set of earlier releases.
     pub fn new(rt: &'static AclRuntime, device: i32) -> Result<AclDriver> {
-        rt.use_device(device)?;
-        Ok(AclDriver { rt, device })
+        let context = rt.default_context(device)?;
+        let bound = rt.in_context(context)?;
+        let attrs = match bound.granularity(MEM_ATTRS_8_5[0], device) {
+            Ok(_) => MEM_ATTRS_8_5,
+            Err(e) if e.code == ErrorCode::InvalidParam => MEM_ATTRS_HBM,
+            Err(e) => return Err(e),
+        };
+        Ok(AclDriver { rt, device, context, attrs })
+    }
+
+    /// The attribute physical memory of `kind` is allocated with.
+    pub fn attr(&self, kind: PageKind) -> MemAttr {
+        self.attrs[kind as usize]
     }
 
     pub fn runtime(&self) -> &'static AclRuntime {
@@ -420,9 +506,9 @@ impl AclDriver {
         self.device
     }
 
-    fn bound(&self) -> Result<&'static AclRuntime> {
-        self.rt.use_device(self.device)?;
-        Ok(self.rt)
+    /// The runtime with the driver's device (its default context) current for one call.
+    fn bound(&self) -> Result<Bound<AclRuntime>> {
+        self.rt.in_context(self.context)
     }
 }
 
@@ -432,7 +518,7 @@ impl Driver for AclDriver {
     }
 
     fn granularity(&self, kind: PageKind) -> Result<u64> {
-        self.bound()?.granularity(attr(kind), self.device)
+        self.bound()?.granularity(self.attr(kind), self.device)
     }
 
     fn window(&self) -> (u64, u64) {
@@ -452,7 +538,7 @@ impl Driver for AclDriver {
     }
 
     fn create(&self, size: u64, kind: PageKind) -> Result<RawHandle> {
-        self.bound()?.malloc_physical(size, attr(kind), self.device)
+        self.bound()?.malloc_physical(size, self.attr(kind), self.device)
     }
 
     fn free(&self, handle: RawHandle) -> Result<()> {
@@ -505,6 +591,10 @@ impl Driver for AclDriver {
 
     fn free_host(&self, addr: u64) -> Result<()> {
         self.bound()?.free_host(addr)
+    }
+
+    fn fresh_event_complete(&self) -> bool {
+        false
     }
 }
 

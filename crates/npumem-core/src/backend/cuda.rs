@@ -4,7 +4,8 @@
 //! The library is `NPUMEM_CUDA_LIB` (a path; when set, the only place looked), else
 //! `libcuda.so.1` on the loader path; a library that is missing or lacks one of the calls below
 //! is an `ACL_ERROR_FEATURE_UNSUPPORTED` (200006) error naming what was searched. Resolved up
-//! front: `cuInit`, `cuDeviceGet`, `cuDevicePrimaryCtxRetain`, `cuCtxGetCurrent`,
+//! front: `cuInit`, `cuDeviceGet`, `cuDeviceGetCount`, `cuDeviceCanAccessPeer`,
+//! `cuDevicePrimaryCtxRetain`, `cuCtxGetCurrent`,
 //! `cuCtxSetCurrent`, `cuCtxSynchronize`, the VMM calls (`cuMemAddressReserve`, `cuMemCreate`,
 //! `cuMemMap`, `cuMemSetAccess`, `cuMemUnmap`, `cuMemRelease`, `cuMemAddressFree`,
 //! `cuMemGetAllocationGranularity`), `cuMemcpyHtoD` / `DtoH` / `DtoD`, `cuMemsetD8`,
@@ -16,21 +17,26 @@
 //! page, huge pages are 2 MiB and giant pages 1 GiB (sizes that are multiples of it). On a GPU
 //! whose granularity is 2 MiB, normal pages are 2 MiB: a physical allocation smaller than that
 //! is refused (`ACL_ERROR_INVALID_PARAM`), as the driver would. A mapping is made readable and
-//! writable with `cuMemSetAccess` right after `cuMemMap` (undone if that fails). The device's
-//! primary context is made current on each thread that calls.
+//! writable with `cuMemSetAccess` right after `cuMemMap` (undone if that fails), for the device
+//! and each peer that can access it (`cuDeviceCanAccessPeer`): VMM memory is accessible only to
+//! the devices its mapping grants, whatever the contexts' peer access. Each call
+//! makes the device's primary context current on the calling thread and the thread's own
+//! context (or none) current again after ([`super::current`]).
 //!
 //! Errors: a `CUresult` becomes the nearest AscendCL code with the driver's name of the error
 //! in the message (`CUDA_ERROR_OUT_OF_MEMORY` → 207001, `CUDA_ERROR_INVALID_VALUE` → 107000,
 //! `CUDA_ERROR_INVALID_HANDLE` → 107017, `CUDA_ERROR_NOT_SUPPORTED` → 200006, ...; see
 //! [`nearest`]).
 //!
-//! Invariants: every call is made with the backend's context current on the calling thread; a
-//! driver error changes nothing in npumem's books (see `DriverBackend`).
+//! Invariants: every call is made with the backend's context current on the calling thread, and
+//! leaves the thread's current context as it found it; a driver error changes nothing in npumem's
+//! books (see `DriverBackend`).
 
 use std::ffi::{CStr, c_char, c_void};
 
 use npumem_ffi::cuda::*;
 
+use super::current::{Bound, ThreadCurrent};
 use super::driver::{Driver, DriverBackend, RawHandle};
 use super::ffi::{self, Candidate, api};
 use crate::acl::MemScope;
@@ -45,6 +51,8 @@ api! {
     pub struct CudaApi {
         cuInit: PFN_cuInit = "cuInit",
         cuDeviceGet: PFN_cuDeviceGet = "cuDeviceGet",
+        cuDeviceGetCount: PFN_cuDeviceGetCount = "cuDeviceGetCount",
+        cuDeviceCanAccessPeer: PFN_cuDeviceCanAccessPeer = "cuDeviceCanAccessPeer",
         cuDevicePrimaryCtxRetain: PFN_cuDevicePrimaryCtxRetain = "cuDevicePrimaryCtxRetain",
         cuCtxGetCurrent: PFN_cuCtxGetCurrent = "cuCtxGetCurrent",
         cuCtxSetCurrent: PFN_cuCtxSetCurrent = "cuCtxSetCurrent",
@@ -176,15 +184,46 @@ impl CudaRuntime {
         Ok(ctx.addr() as u64)
     }
 
-    /// Makes `context` current on the calling thread (unless it is already).
-    pub fn use_context(&self, context: u64) -> Result<()> {
-        let mut current = std::ptr::null_mut();
+    /// The other devices that can access `device`'s memory (`cuDeviceCanAccessPeer`), in order.
+    pub fn peers_of(&self, device: i32) -> Result<Vec<i32>> {
+        let mut count = 0;
         // SAFETY: a valid out-pointer.
-        if unsafe { (self.api.cuCtxGetCurrent)(&mut current) } == CUDA_SUCCESS && current.addr() as u64 == context {
+        self.check(unsafe { (self.api.cuDeviceGetCount)(&mut count) }, || "cuDeviceGetCount()".into())?;
+        let mut peers = Vec::new();
+        for peer in (0..count).filter(|&p| p != device) {
+            let mut can = 0;
+            // SAFETY: a valid out-pointer; both ordinals are the driver's.
+            let r = unsafe { (self.api.cuDeviceCanAccessPeer)(&mut can, peer, device) };
+            self.check(r, || format!("cuDeviceCanAccessPeer({peer}, {device})"))?;
+            if can == 1 {
+                peers.push(peer);
+            }
+        }
+        Ok(peers)
+    }
+
+    /// Makes `context` current on the calling thread (unless it is already), and keeps it
+    /// current (see [`CudaRuntime::in_context`] for one call).
+    pub fn use_context(&self, context: u64) -> Result<()> {
+        if self.current_context() == Some(context) {
             return Ok(());
         }
         // SAFETY: a context the driver gave.
         self.check(unsafe { (self.api.cuCtxSetCurrent)(ptr(context)) }, || format!("cuCtxSetCurrent({context:#x})"))
+    }
+
+    /// The calling thread's current context (`cuCtxGetCurrent`), `None` when it has none.
+    pub fn current_context(&self) -> Option<u64> {
+        let mut current = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        let r = unsafe { (self.api.cuCtxGetCurrent)(&mut current) };
+        (r == CUDA_SUCCESS && !current.is_null()).then(|| current.addr() as u64)
+    }
+
+    /// `context` current on the calling thread while the guard lives, the thread's own context
+    /// (or none) current again after.
+    pub fn in_context(&'static self, context: u64) -> Result<Bound<CudaRuntime>> {
+        Bound::new(self, context)
     }
 
     fn prop(device: i32) -> CUmemAllocationProp {
@@ -236,18 +275,21 @@ impl CudaRuntime {
         self.check(unsafe { (self.api.cuMemRelease)(handle) }, || format!("cuMemRelease({handle:#x})"))
     }
 
-    /// `cuMemMap` then `cuMemSetAccess` (read-write for `device`); the map is undone when the
-    /// access cannot be set.
-    pub fn map(&self, va: u64, size: u64, handle: RawHandle, device: i32) -> Result<()> {
+    /// `cuMemMap` then `cuMemSetAccess` (read-write for each of `devices`: the owner and the
+    /// peers that can access its memory); the map is undone when the access cannot be set.
+    pub fn map(&self, va: u64, size: u64, handle: RawHandle, devices: &[i32]) -> Result<()> {
         // SAFETY: the driver checks the range and the handle.
         let r = unsafe { (self.api.cuMemMap)(va, size as usize, 0, handle, 0) };
         self.check(r, || format!("cuMemMap({va:#x}, {}, handle {handle:#x})", format_size(size)))?;
-        let desc = CUmemAccessDesc {
-            location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: device },
-            flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
-        // SAFETY: one valid descriptor.
-        let r = unsafe { (self.api.cuMemSetAccess)(va, size as usize, &desc, 1) };
+        let descs: Vec<CUmemAccessDesc> = devices
+            .iter()
+            .map(|&id| CUmemAccessDesc {
+                location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id },
+                flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            })
+            .collect();
+        // SAFETY: `descs.len()` valid descriptors.
+        let r = unsafe { (self.api.cuMemSetAccess)(va, size as usize, descs.as_ptr(), descs.len()) };
         self.check(r, || format!("cuMemSetAccess({va:#x}, {})", format_size(size))).inspect_err(|_| {
             let _ = self.unmap(va, size);
         })
@@ -272,16 +314,29 @@ impl CudaRuntime {
         self.check(r, || format!("cuMemcpyHtoD({va:#x}, {} bytes)", data.len()))
     }
 
+    /// A device-to-device copy, complete when this returns.
     pub fn copy(&self, dst: u64, src: u64, count: u64) -> Result<()> {
         // SAFETY: device addresses, which the driver checks.
         let r = unsafe { (self.api.cuMemcpyDtoD)(dst, src, count as usize) };
-        self.check(r, || format!("cuMemcpyDtoD({dst:#x}, {src:#x}, {count} bytes)"))
+        self.check(r, || format!("cuMemcpyDtoD({dst:#x}, {src:#x}, {count} bytes)"))?;
+        self.finish_legacy(|| format!("cuMemcpyDtoD({dst:#x}, {src:#x}, {count} bytes)"))
     }
 
+    /// A memset of device memory, complete when this returns.
     pub fn memset(&self, va: u64, value: u8, count: u64) -> Result<()> {
         // SAFETY: a device address, which the driver checks.
         let r = unsafe { (self.api.cuMemsetD8)(va, value, count as usize) };
-        self.check(r, || format!("cuMemsetD8({va:#x}, {value}, {count} bytes)"))
+        self.check(r, || format!("cuMemsetD8({va:#x}, {value}, {count} bytes)"))?;
+        self.finish_legacy(|| format!("cuMemsetD8({va:#x}, {value}, {count} bytes)"))
+    }
+
+    /// Waits for the legacy default stream: `cuMemsetD8` and `cuMemcpyDtoD` run on it and may
+    /// return before they complete (`cuda.h`'s `\note_memset`; device-to-device copies do no
+    /// host synchronisation), and non-blocking streams (npumem's) do not wait for it.
+    fn finish_legacy(&self, call: impl FnOnce() -> String) -> Result<()> {
+        // SAFETY: the legacy default stream's handle, valid in every context.
+        let r = unsafe { (self.api.cuStreamSynchronize)(ptr(CU_STREAM_LEGACY as u64)) };
+        self.check(r, || format!("cuStreamSynchronize(CU_STREAM_LEGACY) after {}", call()))
     }
 
     pub fn mem_info(&self) -> Result<(u64, u64)> {
@@ -310,6 +365,21 @@ impl CudaRuntime {
     pub fn synchronize_context(&self) -> Result<()> {
         // SAFETY: a plain call.
         self.check(unsafe { (self.api.cuCtxSynchronize)() }, || "cuCtxSynchronize()".into())
+    }
+}
+
+impl ThreadCurrent for CudaRuntime {
+    fn current(&self) -> Option<u64> {
+        self.current_context()
+    }
+
+    fn make_current(&self, target: u64) -> Result<()> {
+        self.use_context(target)
+    }
+
+    fn restore(&self, previous: Option<u64>) {
+        // SAFETY: the context the thread had, or NULL (no context), both valid for the call.
+        unsafe { (self.api.cuCtxSetCurrent)(ptr(previous.unwrap_or(0))) };
     }
 }
 
@@ -403,6 +473,9 @@ pub struct CudaDriver {
     device: i32,
     context: u64,
     window: (u64, u64),
+    /// The devices every mapping is made accessible to: this one, then its peers (peer access
+    /// to VMM memory is the mapping's `cuMemSetAccess` grant, not the context's).
+    access: Vec<i32>,
 }
 
 impl CudaDriver {
@@ -416,15 +489,19 @@ impl CudaDriver {
     /// `rt` on `device` (its primary context), `capacity` as in [`CudaDriver::open`].
     pub fn new(rt: &'static CudaRuntime, device: i32, capacity: Option<u64>) -> Result<CudaDriver> {
         let context = rt.primary_context(device)?;
-        rt.use_context(context)?;
+        let rt_bound = rt.in_context(context)?;
         let capacity = match capacity {
             Some(c) => c,
-            None => rt.mem_info()?.1,
+            None => rt_bound.mem_info()?.1,
         };
+        let access: Vec<i32> = std::iter::once(device).chain(rt.peers_of(device)?).collect();
         let mut size = super::host::window_size(capacity);
         loop {
-            match rt.reserve(size, GIB, Some(VA_WINDOW_START)) {
-                Ok(start) => return Ok(CudaDriver { rt, device, context, window: (start, start + size) }),
+            match rt_bound.reserve(size, GIB, Some(VA_WINDOW_START)) {
+                Ok(start) => {
+                    let window = (start, start + size);
+                    return Ok(CudaDriver { rt, device, context, window, access });
+                }
                 // Too large for the driver (out of memory, or an invalid value): a smaller one.
                 Err(e)
                     if size > 16 * GIB
@@ -446,9 +523,9 @@ impl CudaDriver {
         self.rt
     }
 
-    fn bound(&self) -> Result<&'static CudaRuntime> {
-        self.rt.use_context(self.context)?;
-        Ok(self.rt)
+    /// The driver with the device's context current for one call.
+    fn bound(&self) -> Result<Bound<CudaRuntime>> {
+        self.rt.in_context(self.context)
     }
 }
 
@@ -507,7 +584,7 @@ impl Driver for CudaDriver {
     }
 
     fn map(&self, va: u64, size: u64, handle: RawHandle) -> Result<()> {
-        self.bound()?.map(va, size, handle, self.device)
+        self.bound()?.map(va, size, handle, &self.access)
     }
 
     fn unmap(&self, va: u64, size: u64) -> Result<()> {
@@ -540,6 +617,10 @@ impl Driver for CudaDriver {
 
     fn free_host(&self, addr: u64) -> Result<()> {
         self.bound()?.free_host(addr)
+    }
+
+    fn fresh_event_complete(&self) -> bool {
+        true
     }
 }
 

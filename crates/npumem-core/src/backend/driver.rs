@@ -10,8 +10,9 @@
 //! - a reservation the runtime placed off the alignment asked for is made again `align` bytes
 //!   larger and used from its first aligned address (AscendCL takes no alignment); a driver that
 //!   holds one window for its life (CUDA) has its reservations placed inside it by the books;
-//! - freeing a mapped physical allocation frees it in the runtime at once (both runtimes defer
-//!   the release to the last unmap) and keeps it in the books until then;
+//! - the runtime's free is never called on a mapped handle (AscendCL's `aclrtFreePhysical`
+//!   requires the handle unmapped first): freeing a mapped physical allocation marks it in the
+//!   books, and the unmap that takes its last mapping frees it in the runtime;
 //! - freeing an unmapped physical allocation or releasing an empty reservation cannot fail under
 //!   the `Backend` contract (the allocators tear segments down on it); where the runtime refuses
 //!   all the same, the object is *stranded*: gone from the books the allocators see, kept in a
@@ -89,6 +90,10 @@ pub trait Driver: RuntimeStreams {
     fn malloc_host(&self, size: u64) -> Result<u64>;
     /// Frees a block `malloc_host` returned (`aclrtFreeHost`, `cuMemFreeHost`).
     fn free_host(&self, addr: u64) -> Result<()>;
+    /// How the runtime answers a query of an event never recorded: complete (CUDA's
+    /// `cuEventQuery`) or not ready (AscendCL's `aclrtQueryEventStatus`, whose events start in
+    /// their initial state).
+    fn fresh_event_complete(&self) -> bool;
 }
 
 /// `RuntimeStreams` for a driver whose runtime (`self.bound()`) has the stream and event calls
@@ -181,6 +186,9 @@ pub struct DriverBackend<D: Driver> {
     /// queued work; the runtime's create and destroy cost more than a reuse), at most
     /// `EVENT_POOL` of them; not in `events`.
     spare_events: Vec<Handle>,
+    /// Events handed out from `spare_events` and not recorded since: they answer a query as a
+    /// new event does (`Driver::fresh_event_complete`), not as their last record did.
+    reissued: FxHashSet<Handle>,
 }
 
 /// The most warnings a backend keeps until they are taken (later ones are counted only).
@@ -256,6 +264,7 @@ impl<D: Driver> DriverBackend<D> {
             warnings: Vec::new(),
             host_blocks: FxHashSet::default(),
             spare_events: Vec::new(),
+            reissued: FxHashSet::default(),
         })
     }
 
@@ -400,14 +409,13 @@ impl<D: Driver> Backend for DriverBackend<D> {
 
     fn free_physical(&mut self, handle: PhysHandle) -> Result<()> {
         let p = self.ledger.allocs.live(handle)?;
-        let (raw, mapped) = (p.memory, p.mapped() > 0);
-        let refused = match self.driver.free(raw) {
-            // Still mapped: the allocation stays whole in the books, so the caller may retry.
-            Err(e) if mapped => return Err(e),
-            result => result.err(),
-        };
-        // The runtime has freed it (it releases the memory at the last unmap), or refused to
-        // free an unmapped one: the books release it now or at the last unmap.
+        let raw = p.memory;
+        if p.mapped() > 0 {
+            // The runtime's free waits for the last unmap (`unmap`).
+            self.ledger.allocs.free(handle)?;
+            return Ok(());
+        }
+        let refused = self.driver.free(raw).err();
         if let Some(p) = self.ledger.allocs.free(handle)? {
             match refused {
                 Some(e) => self.strand(Stranded::Physical(p.memory, p.size), &e),
@@ -423,9 +431,17 @@ impl<D: Driver> Backend for DriverBackend<D> {
     }
 
     fn unmap(&mut self, va: u64) -> Result<()> {
-        // The runtime freed a released allocation already (at its free, deferred to this unmap).
         let driver = &self.driver;
-        self.ledger.unmap(va, |mapping, _| driver.unmap(va, mapping.size)).map(drop)
+        let released = self.ledger.unmap(va, |mapping, _| driver.unmap(va, mapping.size))?;
+        // The last mapping of an allocation freed while mapped: the runtime frees it here.
+        if let Some(p) = released
+            && let Err(e) = self.driver.free(p.memory)
+        {
+            // The books counted it freed; the runtime has not taken it back yet.
+            self.ledger.counters.physical_frees -= 1;
+            self.strand(Stranded::Physical(p.memory, p.size), &e);
+        }
+        Ok(())
     }
 
     fn read(&mut self, va: u64, out: &mut [u8]) -> Result<()> {
@@ -489,6 +505,14 @@ impl<D: Driver> Backend for DriverBackend<D> {
     fn owns(&self, va: u64) -> bool {
         let (lo, hi) = self.driver.window();
         (self.driver.owns_window() && (lo..hi).contains(&va)) || self.ledger.space.reserved(va)
+    }
+
+    fn holds(&self, va: u64) -> bool {
+        if self.driver.holds_window() {
+            let (lo, hi) = self.driver.window();
+            return (lo..hi).contains(&va);
+        }
+        self.ledger.space.reserved(va)
     }
 
     fn counters(&self) -> BackendCounters {
@@ -566,7 +590,8 @@ impl<D: Driver> Drop for DriverBackend<D> {
         for (va, mapping) in self.ledger.space.mappings() {
             let _ = self.driver.unmap(va, mapping.size);
         }
-        for (_, p) in self.ledger.allocs.iter().filter(|(_, p)| !p.free_requested()) {
+        // (Those freed while mapped were left to their last unmap, just made.)
+        for (_, p) in self.ledger.allocs.iter() {
             let _ = self.driver.free(p.memory);
         }
         self.retry_stranded();

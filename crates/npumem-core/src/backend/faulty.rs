@@ -205,6 +205,10 @@ impl Backend for FaultyBackend {
         self.inner.owns(va)
     }
 
+    fn holds(&self, va: u64) -> bool {
+        self.inner.holds(va)
+    }
+
     fn host_accessible(&self) -> bool {
         self.inner.host_accessible()
     }

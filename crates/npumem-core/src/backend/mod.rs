@@ -13,12 +13,14 @@
 //! Contract every backend keeps: a physical allocation is mapped whole (size equal to its size,
 //! offset 0) at a VA aligned to its page size inside a live reservation; a reservation is
 //! released only when nothing is mapped in it; freeing a still-mapped physical allocation defers
-//! the release of its memory until its last unmap (as `aclrtFreePhysical` does); byte access
+//! the release of its memory until its last unmap (the runtime's free is called only then:
+//! AscendCL requires a handle unmapped before `aclrtFreePhysical`); byte access
 //! touches only mapped addresses and fails, never crashes, elsewhere.
 
 pub mod acl;
 pub mod address_map;
 pub mod cuda;
+pub mod current;
 pub mod driver;
 pub mod faulty;
 pub mod ffi;
@@ -117,6 +119,12 @@ pub trait Backend: Send {
     fn owns(&self, va: u64) -> bool {
         let (start, end) = self.window();
         (start..end).contains(&va)
+    }
+
+    /// Whether `va` is this backend's own, never another backend's of the same runtime: `owns`,
+    /// narrowed to its reservations where devices of one runtime share a window (AscendCL's).
+    fn holds(&self, va: u64) -> bool {
+        self.owns(va)
     }
 
     fn counters(&self) -> BackendCounters;

@@ -215,6 +215,11 @@ impl Device {
         Granted { ptr: a.ptr, granted: a.granted, requested, page: a.page }
     }
 
+    /// Whether `addr` is this device's memory and no other device's (of the same runtime too).
+    pub fn holds(&self, addr: u64) -> bool {
+        self.backend.holds(addr)
+    }
+
     /// The address window this device's allocations and reservations come from, `[start, end)`.
     pub fn va_window(&self) -> (u64, u64) {
         self.backend.window()

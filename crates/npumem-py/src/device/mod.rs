@@ -260,6 +260,12 @@ impl PyDevice {
         self.inner.lock().va_window()
     }
 
+    /// Whether `ptr` is this device's memory and no other device's, of the same runtime too
+    /// (AscendCL's devices share one address window).
+    fn holds(&self, ptr: u64) -> bool {
+        self.inner.lock().holds(ptr)
+    }
+
     #[getter]
     fn backend(&self) -> &'static str {
         self.inner.lock().backend_name()

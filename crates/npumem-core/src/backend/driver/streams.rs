@@ -48,7 +48,10 @@ impl<D: Driver> RuntimeStreams for DriverBackend<D> {
 
     fn create_event(&mut self) -> Result<Handle> {
         let event = match self.spare_events.pop() {
-            Some(event) => event,
+            Some(event) => {
+                self.reissued.insert(event);
+                event
+            }
             None => self.driver.create_event()?,
         };
         self.events.insert(event);
@@ -57,9 +60,10 @@ impl<D: Driver> RuntimeStreams for DriverBackend<D> {
 
     fn destroy_event(&mut self, event: Handle) -> Result<()> {
         self.known_event(event)?;
-        // Only an event whose latest record has completed is kept: it then answers as a new,
-        // never-recorded event does (complete), and waits on it wait for nothing.
-        if self.spare_events.len() < EVENT_POOL && self.driver.query_event(event).unwrap_or(false) {
+        // Only an event whose latest record has completed is kept: waits on it wait for
+        // nothing, and queries answer as for a new event until it is recorded (`reissued`).
+        let reissued = self.reissued.remove(&event);
+        if self.spare_events.len() < EVENT_POOL && (reissued || self.driver.query_event(event).unwrap_or(false)) {
             self.spare_events.push(event);
         } else {
             self.driver.destroy_event(event)?;
@@ -70,7 +74,9 @@ impl<D: Driver> RuntimeStreams for DriverBackend<D> {
 
     fn record_event(&mut self, event: Handle, stream: Handle) -> Result<()> {
         self.known_event(event)?;
-        self.driver.record_event(event, stream)
+        self.driver.record_event(event, stream)?;
+        self.reissued.remove(&event);
+        Ok(())
     }
 
     fn stream_wait_event(&mut self, stream: Handle, event: Handle) -> Result<()> {
@@ -80,6 +86,9 @@ impl<D: Driver> RuntimeStreams for DriverBackend<D> {
 
     fn query_event(&mut self, event: Handle) -> Result<bool> {
         self.known_event(event)?;
+        if self.reissued.contains(&event) {
+            return Ok(self.driver.fresh_event_complete());
+        }
         self.driver.query_event(event)
     }
 
