@@ -53,15 +53,22 @@ class HostPool(_native.HostPool):
     pool when the last array or view of it is collected."""
 
     def full(self, shape: int | tuple[int, ...], fill_value: Any, dtype: Any = None, order: str = "C") -> np.ndarray:
-        """Like ``np.full`` (a scalar ``fill_value``; one that the dtype cannot hold is an
-        InvalidParamError, and the block goes straight back to the pool)."""
-        a = self.array(shape, np.asarray(fill_value).dtype if dtype is None else dtype, order, False)
+        """Like ``np.full`` (a scalar ``fill_value``, checked against the dtype before a block is
+        taken)."""
+        dt = np.asarray(fill_value).dtype if dtype is None else dtype
         try:
-            a.fill(fill_value)
-        except (TypeError, ValueError, OverflowError) as e:
-            stored_as = a.dtype
-            del a
-            raise invalid_param(f"fill_value {_args.show(fill_value)} cannot be stored as {stored_as}: {e}") from None
+            probe = np.empty((), dtype=dt)
+        except TypeError:
+            probe = None  # not a dtype: array() says so, before it takes a block
+        if probe is not None:
+            try:
+                probe.fill(fill_value)
+            except (TypeError, ValueError, OverflowError) as e:
+                raise invalid_param(
+                    f"fill_value {_args.show(fill_value)} cannot be stored as {probe.dtype}: {e}"
+                ) from None
+        a = self.array(shape, dt, order, False)
+        a.fill(fill_value)
         return a
 
     @contextlib.contextmanager

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 /// Blocks from this size are cleared page-wise (dropped or written, by residency).
 pub const DROP_MIN: usize = 256 << 10;
 /// Of this many resident blocks of a class in a row, the last is dropped rather than written.
-pub const PROBE: u32 = 8;
+pub const PROBE: u32 = 4;
 /// Pages of the range sampled for residency.
 const SAMPLES: usize = 8;
 const PAGE: usize = 4096;
