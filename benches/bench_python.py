@@ -81,6 +81,11 @@ class World:
         self.acl_device = acl._runtime.RT.sys().device(0)
         self.dev_ptr, self.host_ptr = self.acl_device.malloc(PAGE), self.acl_device.malloc_host(PAGE)
 
+    def close(self) -> None:
+        acl.rt.free(self.acl_dev)
+        acl.rt.free_host(self.acl_host)
+        acl.finalize()
+
 
 def cases_4k(w: World) -> dict[str, Callable[[], object]]:
     dev, pool, d, u8 = w.dev, w.pool, w.acl_device, np.uint8
@@ -287,9 +292,11 @@ def instructions(quick: bool) -> dict[str, float]:
 
 
 def child(name: str, calls: int) -> None:
-    fn = cases_4k(World())[name]
+    w = World()
+    fn = cases_4k(w)[name]
     for _ in range(calls):
         fn()
+    w.close()
 
 
 def print_rows(title: str, rows: Rows) -> None:
@@ -333,7 +340,7 @@ def main() -> None:
     print_rows("np.zeros with the pool's NEP 49 handler against without", nep49_table(w, args.quick))
     print_rows("allocate-free and allocate-touch-free cycles", cycles_table(w, args.quick))
     print_rows("threads: aggregate pairs per second", threads_table(w, args.quick))
-    acl.finalize()
+    w.close()
 
 
 if __name__ == "__main__":

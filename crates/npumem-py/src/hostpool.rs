@@ -14,19 +14,20 @@ use std::ffi::{c_int, c_void};
 
 use npumem_core::AclError;
 use npumem_core::hostpool::{HostPool, HugePages};
-use numpy::PyArrayDescrMethods;
 use numpy::npyffi::{
     NPY_ARRAY_CARRAY, NPY_ARRAY_FARRAY, NPY_ARRAY_OWNDATA, NpyTypes, PY_ARRAY_API, PyArray_Descr, PyArrayObject_fields,
     get_type_object,
 };
+use numpy::{PyArrayDescr, PyArrayDescrMethods};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyCapsule, PyDict};
+use pyo3::types::{PyCapsule, PyDict, PyType};
 
 use crate::args::{DType, Shape, Size, Uint, name};
 use crate::errors::{catch_panics, guard, to_py};
 use crate::export::{Exported, buffer_exporter};
+use crate::fastcall::{self, FastMethod, entry, exact_u64};
 
 /// The most alloc+free pairs one `churn` call runs.
 const MAX_CHURN: u64 = 1 << 32;
@@ -146,52 +147,9 @@ impl PyHostPool {
             "F" => true,
             _ => return Err(to_py(py, AclError::invalid_param(format!("order {order:?} must be 'C' or 'F'")))),
         };
-        let Shape(shape) = shape;
+        let Shape(mut shape) = shape;
         let dtype = dtype.map_or_else(|| numpy::dtype::<f64>(py), |d| d.0);
-        if dtype.has_object() {
-            return Err(to_py(
-                py,
-                AclError::invalid_param("dtypes that hold Python objects cannot live in pool memory"),
-            ));
-        }
-        let mut count: u64 = 1;
-        for &d in &shape {
-            count = u64::try_from(d).ok().and_then(|d| count.checked_mul(d)).ok_or_else(|| {
-                to_py(py, AclError::invalid_param(format!("shape {shape:?} must be non-negative and fit in memory")))
-            })?;
-        }
-        let nbytes = count.checked_mul(dtype.itemsize() as u64).ok_or_else(|| {
-            to_py(py, AclError::invalid_param(format!("shape {shape:?} of {}-byte items overflows", dtype.itemsize())))
-        })?;
-        let handler = self.handler(py)?;
-        let data = self.alloc(py, nbytes.max(1), zero)?.cast::<c_void>();
-        let mut dims = shape; // `isize` is `npy_intp`
-        let flags = if fortran { NPY_ARRAY_FARRAY } else { NPY_ARRAY_CARRAY };
-        // SAFETY: NewFromDescr steals the new dtype reference and views `data`, a block of at
-        // least count * itemsize bytes, 64-byte aligned, handed to nobody else. The array then
-        // owns it as NumPy's own arrays own their data: OWNDATA set and the handler (a new
-        // reference) in `mem_handler`, so that NumPy's dealloc frees it through `h_free`.
-        unsafe {
-            let arr = PY_ARRAY_API.PyArray_NewFromDescr(
-                py,
-                get_type_object(py, NpyTypes::PyArray_Type),
-                dtype.into_ptr().cast::<PyArray_Descr>(),
-                dims.len() as c_int,
-                dims.as_mut_ptr(),
-                std::ptr::null_mut(),
-                data,
-                flags,
-                std::ptr::null_mut(),
-            );
-            if arr.is_null() {
-                self.pool.try_free(data.cast());
-                return Err(PyErr::fetch(py));
-            }
-            let fields = arr.cast::<ArrayFields>();
-            (*fields).mem_handler = handler.clone_ref(py).into_ptr();
-            (*fields).fields.flags |= NPY_ARRAY_OWNDATA;
-            Ok(Bound::from_owned_ptr(py, arr))
-        }
+        self.make_array(py, &mut shape, dtype, fortran, zero)
     }
 
     /// Allocates and frees one block of `nbytes` `n` times (the pool's own cost, for benchmarks);
@@ -257,6 +215,66 @@ impl PyHostPool {
 }
 
 impl PyHostPool {
+    /// The array of `array` with its arguments converted (`shape` is `npy_intp`s: `isize`).
+    fn make_array<'py>(
+        &self,
+        py: Python<'py>,
+        shape: &mut [isize],
+        dtype: Bound<'py, PyArrayDescr>,
+        fortran: bool,
+        zero: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if dtype.has_object() {
+            return Err(to_py(
+                py,
+                AclError::invalid_param("dtypes that hold Python objects cannot live in pool memory"),
+            ));
+        }
+        let mut count: u64 = 1;
+        for &d in shape.iter() {
+            count = u64::try_from(d).ok().and_then(|d| count.checked_mul(d)).ok_or_else(|| {
+                to_py(
+                    py,
+                    AclError::invalid_param(format!("shape {:?} must be non-negative and fit in memory", &*shape)),
+                )
+            })?;
+        }
+        let nbytes = count.checked_mul(dtype.itemsize() as u64).ok_or_else(|| {
+            to_py(
+                py,
+                AclError::invalid_param(format!("shape {:?} of {}-byte items overflows", &*shape, dtype.itemsize())),
+            )
+        })?;
+        let handler = self.handler(py)?;
+        let data = self.alloc(py, nbytes.max(1), zero)?.cast::<c_void>();
+        let flags = if fortran { NPY_ARRAY_FARRAY } else { NPY_ARRAY_CARRAY };
+        // SAFETY: NewFromDescr steals the new dtype reference and views `data`, a block of at
+        // least count * itemsize bytes, 64-byte aligned, handed to nobody else. The array then
+        // owns it as NumPy's own arrays own their data: OWNDATA set and the handler (a new
+        // reference) in `mem_handler`, so that NumPy's dealloc frees it through `h_free`.
+        unsafe {
+            let arr = PY_ARRAY_API.PyArray_NewFromDescr(
+                py,
+                get_type_object(py, NpyTypes::PyArray_Type),
+                dtype.into_ptr().cast::<PyArray_Descr>(),
+                shape.len() as c_int,
+                shape.as_mut_ptr(),
+                std::ptr::null_mut(),
+                data,
+                flags,
+                std::ptr::null_mut(),
+            );
+            if arr.is_null() {
+                self.pool.try_free(data.cast());
+                return Err(PyErr::fetch(py));
+            }
+            let fields = arr.cast::<ArrayFields>();
+            (*fields).mem_handler = handler.clone_ref(py).into_ptr();
+            (*fields).fields.flags |= NPY_ARRAY_OWNDATA;
+            Ok(Bound::from_owned_ptr(py, arr))
+        }
+    }
+
     /// The pool's NEP 49 handler capsule.
     fn handler(&self, py: Python<'_>) -> PyResult<&Py<PyAny>> {
         self.handler.get_or_try_init(py, || handler_capsule(py, self.pool.clone()))
@@ -285,6 +303,50 @@ struct ArrayFields {
     fields: PyArrayObject_fields,
     buffer_info: *mut c_void,
     mem_handler: *mut ffi::PyObject,
+}
+
+// --- `empty` / `zeros` as C-API methods (`fastcall`) ---------------------------------------
+
+/// `empty(n)` / `empty(n, dtype)` with `n` an exact int and `dtype` a dtype, a type or None:
+/// served here; any other call (and a dtype NumPy refuses) goes to PyO3's method.
+fn serve_array<'py>(
+    py: Python<'py>,
+    slf: &Bound<'py, PyAny>,
+    args: &[*mut ffi::PyObject],
+    zero: bool,
+) -> Option<PyResult<Bound<'py, PyAny>>> {
+    let (n, dtype) = match args {
+        [n] => (*n, None),
+        [n, dtype] => (*n, Some(*dtype)),
+        _ => return None,
+    };
+    let n = isize::try_from(exact_u64(n)?).ok()?;
+    // SAFETY: None is a static object; reading its address is all this does.
+    let none = unsafe { ffi::Py_None() };
+    let dtype = match dtype {
+        Some(d) if d != none => {
+            // SAFETY: a live argument of the call, borrowed for it.
+            let d = unsafe { Bound::from_borrowed_ptr(py, d) };
+            match d.cast_into::<PyArrayDescr>() {
+                Ok(descr) => descr,
+                Err(e) => PyArrayDescr::new(py, e.into_inner()).ok()?,
+            }
+        }
+        _ => numpy::dtype::<f64>(py),
+    };
+    let pool = slf.cast::<PyHostPool>().ok()?.get();
+    Some(pool.make_array(py, &mut [n], dtype, false, zero))
+}
+
+static EMPTY: FastMethod = FastMethod::new(c"empty", |py, slf, args| serve_array(py, slf, args, false));
+static ZEROS: FastMethod = FastMethod::new(c"zeros", |py, slf, args| serve_array(py, slf, args, true));
+entry!(empty_entry, EMPTY);
+entry!(zeros_entry, ZEROS);
+
+/// Installs `empty` and `zeros` over PyO3's methods of `HostPool`.
+pub fn install_fast(ty: &Bound<'_, PyType>) -> PyResult<()> {
+    fastcall::install(ty, &EMPTY, empty_entry)?;
+    fastcall::install(ty, &ZEROS, zeros_entry)
 }
 
 // --- NEP 49 -----------------------------------------------------------------------------------
@@ -376,7 +438,10 @@ fn handler_capsule(py: Python<'_>, pool: HostPool) -> PyResult<Py<PyAny>> {
     // SAFETY: a plain query of the loaded NumPy's C ABI level.
     let level = unsafe { PY_ARRAY_API.PyArray_GetNDArrayCFeatureVersion(py) };
     if level < NUMPY_1_22 {
-        return Err(to_py(py, AclError::invalid_param(format!("the host pool needs NumPy >= 1.22 (C API level {level})"))));
+        return Err(to_py(
+            py,
+            AclError::invalid_param(format!("the host pool needs NumPy >= 1.22 (C API level {level})")),
+        ));
     }
     let mut name = [0u8; 127];
     name[..HANDLER_NAME.len()].copy_from_slice(HANDLER_NAME.as_bytes());
