@@ -17,9 +17,9 @@ spell of the shared machine hits both ends of a ratio alike):
 5. Four threads allocating and freeing through one ``Device`` and through one ``HostPool``:
    aggregate pairs per second against one thread (the same work, all threads started together).
 
-``--instructions`` adds callgrind instruction counts per call for the 4 KiB rows (each case
-runs in a child process under ``valgrind --tool=callgrind`` at two call counts; the difference
-over the extra calls is the count per call, free of start-up and of the machine's load).
+``--instructions`` adds callgrind instruction counts per call for the 4 KiB rows (one child
+process under ``valgrind --tool=callgrind`` runs every case, counted only inside its calling loop,
+net of the loop's own cost): free of the machine's load, where wall time is too noisy.
 
 Run: make bench B=python   (or: .venv/bin/python benches/bench_python.py [--quick] [--instructions])
 """
@@ -32,6 +32,7 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
+import functools
 import gc
 import re
 import shutil
@@ -264,38 +265,50 @@ def threads_table(w: World, quick: bool) -> Rows:
 
 
 def instructions(quick: bool) -> dict[str, float]:
-    """Callgrind instructions per call of each 4 KiB case (children at two call counts)."""
+    """Callgrind instructions per call of each 4 KiB case, net of the loop that calls it: one
+    child under callgrind runs every case through ``functools.reduce``, collected only inside it
+    (``--toggle-collect``) and dumped after each (``--dump-after``), so start-up is not counted;
+    the loop's own cost (a case that does nothing) is subtracted."""
     if shutil.which("valgrind") is None:
         raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
-    low, high = (200, 1200) if quick else (1000, 11000)
-    out: dict[str, float] = {}
-    names = list(cases_4k(WORLD))
+    calls = 1000 if quick else 10_000
+    names = [NOTHING, *cases_4k(WORLD)]
     with tempfile.TemporaryDirectory() as tmp:
-        for name in names:
-            counts = []
-            for calls in (low, high):
-                cmd = [
-                    "valgrind",
-                    "--tool=callgrind",
-                    f"--callgrind-out-file={tmp}/cg.out",
-                    sys.executable,
-                    __file__,
-                    "--child",
-                    name,
-                    str(calls),
-                ]
-                err = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
-                counts.append(int(re.search(r"Collected : (\d+)", err).group(1)))
-            out[name] = (counts[1] - counts[0]) / (high - low)
-            print(f"  {name}: {out[name]:,.0f} instructions", flush=True)
-    return out
+        out = f"{tmp}/cg.out"
+        cmd = [
+            "valgrind",
+            "--tool=callgrind",
+            "--collect-atstart=no",
+            "--toggle-collect=functools_reduce",
+            "--dump-after=functools_reduce",
+            f"--callgrind-out-file={out}",
+            sys.executable,
+            __file__,
+            "--child",
+            str(calls),
+        ]
+        subprocess.run(cmd, capture_output=True, text=True, check=True)
+        counts = []
+        for i in range(1, len(names) + 1):
+            with open(f"{out}.{i}") as f:
+                counts.append(int(re.search(r"^summary: (\d+)", f.read(), re.M).group(1)) / calls)
+    loop = counts[0]
+    return {name: c - loop for name, c in zip(names[1:], counts[1:], strict=True)}
 
 
-def child(name: str, calls: int) -> None:
+#: The case that measures the calling loop alone.
+NOTHING = "nothing"
+
+
+def child(calls: int) -> None:
+    """Every 4 KiB case, ``calls`` times inside one ``functools.reduce`` each (after a warm-up
+    outside it), in the order ``instructions`` reads the dumps."""
     w = World()
-    fn = cases_4k(w)[name]
-    for _ in range(calls):
-        fn()
+    cases = {NOTHING: lambda: None, **cases_4k(w)}
+    for fn in cases.values():
+        for _ in range(100):
+            fn()
+        functools.reduce(lambda _a, _b, fn=fn: fn(), range(calls), None)
     w.close()
 
 
@@ -313,10 +326,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer rounds, shorter runs (a smoke test)")
     ap.add_argument("--instructions", action="store_true", help="callgrind instructions per call of the 4 KiB rows")
-    ap.add_argument("--child", nargs=2, metavar=("CASE", "CALLS"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", type=int, metavar="CALLS", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(args.child[0], int(args.child[1]))
+        child(args.child)
         return
     gc.disable()
     WORLD = w = World()

@@ -20,7 +20,8 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
 /// A fast method: `serve(py, self, positional args)` gives `None` for a call it leaves to
-/// PyO3's method.
+/// PyO3's method. `self` is an instance of the type the method is installed on (the method
+/// descriptor checks it before the call), so `cast_unchecked` to that class is sound.
 pub type Serve =
     for<'py> fn(Python<'py>, &Bound<'py, PyAny>, &[*mut ffi::PyObject]) -> Option<PyResult<Bound<'py, PyAny>>>;
 
@@ -87,7 +88,7 @@ pub unsafe fn call(
     unsafe {
         let py = Python::assume_attached();
         if kwnames.is_null() {
-            let this = Bound::from_borrowed_ptr(py, slf);
+            let this = Borrowed::from_ptr(py, slf);
             let positional = std::slice::from_raw_parts(args, nargs as usize);
             match catch_unwind(AssertUnwindSafe(|| (method.serve)(py, &this, positional))) {
                 Ok(Some(Ok(value))) => return value.into_ptr(),

@@ -334,7 +334,8 @@ fn serve_array<'py>(
         }
         _ => numpy::dtype::<f64>(py),
     };
-    let pool = slf.cast::<PyHostPool>().ok()?.get();
+    // SAFETY: `slf` is a `HostPool` (see `fastcall::Serve`).
+    let pool = unsafe { slf.cast_unchecked::<PyHostPool>() }.get();
     Some(pool.make_array(py, &mut [n], dtype, false, zero))
 }
 

@@ -12,21 +12,24 @@ use crate::fastcall::{self, FastMethod, entry, exact_u64};
 static MALLOC: FastMethod = FastMethod::new(c"malloc", |py, slf, args| {
     let [size] = args else { return None };
     let size = exact_u64(*size)?;
-    let dev = slf.cast::<PyDevice>().ok()?.get();
+    // SAFETY: `slf` is a `Device` (see `fastcall::Serve`).
+    let dev = unsafe { slf.cast_unchecked::<PyDevice>() }.get();
     Some(dev.run(py, |d| d.malloc_on(size, Policy::HugeFirst, true, 0)).map(|p| PyInt::new(py, p).into_any()))
 });
 
 static FREE: FastMethod = FastMethod::new(c"free", |py, slf, args| {
     let [ptr] = args else { return None };
     let ptr = exact_u64(*ptr)?;
-    let dev = slf.cast::<PyDevice>().ok()?.get();
+    // SAFETY: `slf` is a `Device` (see `fastcall::Serve`).
+    let dev = unsafe { slf.cast_unchecked::<PyDevice>() }.get();
     Some(dev.run(py, |d| d.free_on(ptr, None)).map(|()| py.None().into_bound(py)))
 });
 
 static BUFFER: FastMethod = FastMethod::new(c"buffer", |py, slf, args| {
     let [nbytes] = args else { return None };
     let nbytes = exact_u64(*nbytes)?;
-    let dev = slf.cast::<PyDevice>().ok()?.get();
+    // SAFETY: `slf` is a `Device` (see `fastcall::Serve`).
+    let dev = unsafe { slf.cast_unchecked::<PyDevice>() }.get();
     Some(dev.make_buffer(py, nbytes, Policy::HugeFirst, 0))
 });
 
