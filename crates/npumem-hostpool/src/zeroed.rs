@@ -2,39 +2,59 @@
 //! `HostPool.zeros`.
 //!
 //! - The requested bytes read as zero when the block is handed out; how is chosen per block,
-//!   by cost: the block's history decides, not a guess about the caller.
+//!   by cost, from the block's pages and its size class's history, never from a guess about the
+//!   caller. Bytes of the block past the request keep whatever they held.
 //! - Below `DROP_MIN` bytes the block is written with zeros (cheaper than a system call).
 //! - From `DROP_MIN`, the whole pages of the range are either dropped (`MADV_DONTNEED`: they
-//!   read as zero, and fault in cleared by the kernel when touched) or written with zeros,
-//!   depending on whether they are resident (sampled with `mincore`). Pages that are not
-//!   resident were not touched since they were last dropped (or ever): dropping them again costs
-//!   a system call and nothing per page, so zeros that are never used stay as cheap as NumPy's
-//!   fresh `mmap`. Resident pages were used: writing zeros over them keeps them mapped, and a
-//!   program that uses its zeroed memory pays no page fault and no kernel clearing.
-//! - A resident block is dropped instead every `PROBE`th time in a row for its size class, so a
-//!   program that stops touching its zeroed memory is seen to (the next block of the class is
-//!   then found not resident): a change of habit costs at most `PROBE` writes of the block.
-//! - Dropping also discards swapped-out pages (which `mincore` reports as not resident), so a
-//!   dropped range reads as zero whatever the sample said.
-//! - Partial pages at the ends of the range are written; bytes of the block past `size` keep
-//!   whatever they held.
+//!   read as zero and fault in cleared by the kernel when touched) or written with zeros, by
+//!   residency (`mincore` over the first `WINDOW` pages). Pages that are not resident were not
+//!   touched since they were last dropped (or ever): dropping them again costs one system call
+//!   and nothing per page, so zeros that are never used stay as cheap as NumPy's fresh `mmap`.
+//!   Resident pages were used: writing zeros over them keeps them mapped, so a program that uses
+//!   its zeroed memory pays no page fault and no kernel clearing.
+//! - A resident block is dropped instead (a probe) once its class has written `interval` of them
+//!   in a row, so a program that stops touching its zeroed memory is seen to: the next block of
+//!   the class is then found not resident. A probe that finds the memory used again doubles the
+//!   interval (up to `MAX_INTERVAL`: a used program pays one refault per that many blocks); one
+//!   that finds it unused resets it to `PROBE` (a change of habit costs at most `MAX_INTERVAL`
+//!   writes).
+//! - Dropping discards swapped-out pages too (which `mincore` reports as not resident), so a
+//!   dropped range reads as zero whatever the sample said. The history is advice under relaxed
+//!   atomics: a race changes what a block costs, never what it holds.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 /// Blocks from this size are cleared page-wise (dropped or written, by residency).
 pub const DROP_MIN: usize = 256 << 10;
-/// Of this many resident blocks of a class in a row, the last is dropped rather than written.
+/// The first probe interval, and the interval after a probe found the memory unused.
 pub const PROBE: u32 = 4;
-/// Pages of the range sampled for residency.
-const SAMPLES: usize = 8;
+/// The longest interval between probes.
+pub const MAX_INTERVAL: u32 = 64;
+/// Pages sampled for residency (the start of the range, one system call).
+const WINDOW: usize = 256;
 const PAGE: usize = 4096;
 
-/// Makes `len` bytes at `ptr` read as zero. `streak` counts the resident blocks of this size
-/// class written in a row.
+/// A size class's zeroing history.
+pub struct History {
+    /// Resident blocks written since the last probe.
+    written: AtomicU32,
+    /// Resident blocks to write before the next probe.
+    interval: AtomicU32,
+    /// The last block cleared was a probe (the next one shows whether it was used).
+    probed: AtomicBool,
+}
+
+impl Default for History {
+    fn default() -> Self {
+        History { written: AtomicU32::new(0), interval: AtomicU32::new(PROBE), probed: AtomicBool::new(false) }
+    }
+}
+
+/// Makes `len` bytes at `ptr` read as zero, by `history`'s rules.
 ///
 /// # Safety
 /// `[ptr, ptr + len)` is memory of one anonymous private mapping that nobody else uses now.
-pub unsafe fn clear(ptr: *mut u8, len: usize, streak: &AtomicU32) {
+pub unsafe fn clear(ptr: *mut u8, len: usize, history: &History) {
     let start = (ptr as usize).next_multiple_of(PAGE);
     let end = (ptr as usize + len) & !(PAGE - 1);
     if len < DROP_MIN || cfg!(miri) || end <= start {
@@ -47,32 +67,73 @@ pub unsafe fn clear(ptr: *mut u8, len: usize, streak: &AtomicU32) {
         ptr.write_bytes(0, start - ptr as usize);
         (end as *mut u8).write_bytes(0, ptr as usize + len - end);
     }
-    let resident = resident_samples(start, end);
-    let write = resident * 2 > SAMPLES && streak.fetch_add(1, Ordering::Relaxed) % PROBE != PROBE - 1;
-    if !write {
-        if resident * 2 <= SAMPLES {
-            streak.store(0, Ordering::Relaxed);
-        }
+    if !drop_pages(mostly_resident(start, end), history)
         // SAFETY: whole pages of the caller's anonymous private range; MADV_DONTNEED keeps the
-        // mapping and makes the pages read as zero.
-        if unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) } == 0 {
-            return;
-        }
+        // mapping and makes the pages read as zero. Should it fail, they are written below.
+        || unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) } != 0
+    {
+        // SAFETY: the caller's range.
+        unsafe { (start as *mut u8).write_bytes(0, end - start) };
     }
-    // SAFETY: the caller's range (also the fallback should madvise fail).
-    unsafe { (start as *mut u8).write_bytes(0, end - start) };
 }
 
-/// How many of `SAMPLES` pages spread over `[start, end)` (page-aligned) are resident.
-fn resident_samples(start: usize, end: usize) -> usize {
-    let pages = (end - start) / PAGE;
-    (0..SAMPLES)
-        .filter(|&i| {
-            let page = start + (i * pages / SAMPLES) * PAGE;
-            let mut vec = 0u8;
-            // SAFETY: one page of a mapping of this process; the kernel writes one byte to `vec`.
-            let ok = unsafe { libc::mincore(page as *mut libc::c_void, PAGE, &mut vec) } == 0;
-            ok && vec & 1 == 1
-        })
-        .count()
+/// Whether to drop (rather than write) a range whose pages are `resident` or not, and the
+/// history's update.
+fn drop_pages(resident: bool, h: &History) -> bool {
+    let after_probe = h.probed.swap(false, Ordering::Relaxed);
+    if !resident {
+        if after_probe {
+            h.interval.store(PROBE, Ordering::Relaxed);
+        }
+        h.written.store(0, Ordering::Relaxed);
+        return true;
+    }
+    let interval = h.interval.load(Ordering::Relaxed);
+    if after_probe {
+        h.interval.store((interval * 2).min(MAX_INTERVAL), Ordering::Relaxed);
+    }
+    if h.written.fetch_add(1, Ordering::Relaxed) + 1 >= interval {
+        h.written.store(0, Ordering::Relaxed);
+        h.probed.store(true, Ordering::Relaxed);
+        return true;
+    }
+    false
+}
+
+/// Whether at least half of the first `WINDOW` pages of `[start, end)` (page-aligned) are
+/// resident.
+fn mostly_resident(start: usize, end: usize) -> bool {
+    let pages = ((end - start) / PAGE).min(WINDOW);
+    let mut vec = [0u8; WINDOW];
+    // SAFETY: `pages` pages of a mapping of this process; the kernel writes one byte per page
+    // into `vec`, which has room for `WINDOW`.
+    if unsafe { libc::mincore(start as *mut libc::c_void, pages * PAGE, vec.as_mut_ptr()) } != 0 {
+        return false; // dropped then: always correct
+    }
+    vec[..pages].iter().filter(|&&v| v & 1 == 1).count() * 2 >= pages
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probes_back_off_while_memory_is_used_and_reset_when_it_is_not() {
+        let h = History::default();
+        // Resident every time: PROBE - 1 writes, a probe; then twice as many before the next.
+        let mut drops = vec![];
+        for i in 0..200 {
+            if drop_pages(true, &h) {
+                drops.push(i);
+            }
+        }
+        let gaps: Vec<_> = drops.windows(2).map(|w| w[1] - w[0]).collect();
+        assert_eq!(drops[0], PROBE as usize - 1);
+        assert_eq!(&gaps[..4], &[8, 16, 32, 64]);
+        assert!(gaps[4..].iter().all(|&g| g == MAX_INTERVAL as usize), "{gaps:?}");
+        // After a probe, memory found unused: dropped from then on, the interval back to PROBE.
+        while !drop_pages(true, &h) {}
+        assert!(drop_pages(false, &h) && drop_pages(false, &h));
+        assert_eq!(h.interval.load(Ordering::Relaxed), PROBE);
+    }
 }
