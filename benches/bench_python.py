@@ -161,7 +161,7 @@ def sizes_table(w: World, quick: bool) -> Rows:
             "np.full": lambda s=size: np.full(s, 7, u8),
         }
         budget = 0.002 if quick else (0.05 if size >= 1 << 30 else 0.01)
-        t = measure(cases, budget, 3 if quick or size >= 1 << 30 else 7)
+        t = measure(cases, budget, 3 if quick or size >= 1 << 30 else 15)
         for what in ("empty", "zeros", "full"):
             row(rows, f"HostPool.{what}({fmt(size)})", f"np.{what}", t[f"HostPool.{what}"], t[f"np.{what}"], 1.0)
         print(f"  measured {fmt(size)}", flush=True)
@@ -182,7 +182,7 @@ def nep49_table(w: World, quick: bool) -> Rows:
 
             n = calls_for(zeros, 0.002 if quick else 0.01, most=50_000)
             best = {"with": float("inf"), "without": float("inf")}
-            for _ in range(3 if quick else 7):
+            for _ in range(3 if quick else 15):
                 for case in best:
                     previous = w.nep49.set_numpy_handler() if case == "with" else None
                     t0 = time.perf_counter()
