@@ -14,10 +14,11 @@
 //!   its zeroed memory pays no page fault and no kernel clearing.
 //! - A resident block is dropped instead (a probe) once its class has written `interval` of them
 //!   in a row, so a program that stops touching its zeroed memory is seen to: the next block of
-//!   the class is then found not resident. A probe that finds the memory used again doubles the
-//!   interval (up to `MAX_INTERVAL`: a used program pays one refault per that many blocks); one
-//!   that finds it unused resets it to `PROBE` (a change of habit costs at most `MAX_INTERVAL`
-//!   writes).
+//!   the class is then found not resident. The first resident block is a probe (`PROBE` is 1:
+//!   residency left by another kind of use, `empty` or `full`, says nothing of this one). A
+//!   probe that finds the memory used again doubles the interval (up to `MAX_INTERVAL`: a used
+//!   program pays one refault per that many blocks); one that finds it unused resets it to
+//!   `PROBE` (a change of habit costs at most `MAX_INTERVAL` writes).
 //! - Dropping discards swapped-out pages too (which `mincore` reports as not resident), so a
 //!   dropped range reads as zero whatever the sample said. The history is advice under relaxed
 //!   atomics: a race changes what a block costs, never what it holds.
@@ -27,7 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 /// Blocks from this size are cleared page-wise (dropped or written, by residency).
 pub const DROP_MIN: usize = 256 << 10;
 /// The first probe interval, and the interval after a probe found the memory unused.
-pub const PROBE: u32 = 4;
+pub const PROBE: u32 = 1;
 /// The longest interval between probes.
 pub const MAX_INTERVAL: u32 = 64;
 /// Pages sampled for residency (the start of the range, one system call).
@@ -88,9 +89,10 @@ fn drop_pages(resident: bool, h: &History) -> bool {
         h.written.store(0, Ordering::Relaxed);
         return true;
     }
-    let interval = h.interval.load(Ordering::Relaxed);
+    let mut interval = h.interval.load(Ordering::Relaxed);
     if after_probe {
-        h.interval.store((interval * 2).min(MAX_INTERVAL), Ordering::Relaxed);
+        interval = (interval * 2).min(MAX_INTERVAL);
+        h.interval.store(interval, Ordering::Relaxed);
     }
     if h.written.fetch_add(1, Ordering::Relaxed) + 1 >= interval {
         h.written.store(0, Ordering::Relaxed);
@@ -120,7 +122,7 @@ mod tests {
     #[test]
     fn probes_back_off_while_memory_is_used_and_reset_when_it_is_not() {
         let h = History::default();
-        // Resident every time: PROBE - 1 writes, a probe; then twice as many before the next.
+        // Resident every time: a probe at once (PROBE is 1), then twice as many writes before each next.
         let mut drops = vec![];
         for i in 0..200 {
             if drop_pages(true, &h) {
@@ -129,8 +131,8 @@ mod tests {
         }
         let gaps: Vec<_> = drops.windows(2).map(|w| w[1] - w[0]).collect();
         assert_eq!(drops[0], PROBE as usize - 1);
-        assert_eq!(&gaps[..4], &[8, 16, 32, 64]);
-        assert!(gaps[4..].iter().all(|&g| g == MAX_INTERVAL as usize), "{gaps:?}");
+        assert_eq!(&gaps[..6], &[2, 4, 8, 16, 32, 64]);
+        assert!(gaps[6..].iter().all(|&g| g == MAX_INTERVAL as usize), "{gaps:?}");
         // After a probe, memory found unused: dropped from then on, the interval back to PROBE.
         while !drop_pages(true, &h) {}
         assert!(drop_pages(false, &h) && drop_pages(false, &h));
