@@ -213,7 +213,7 @@ def cycles_table(w: World, quick: bool) -> Rows:
                 cases["np.empty"] = lambda s=size: np.empty(s, u8)
                 for name, mp in w.arrow.items():
                     cases[f"pa.allocate_buffer, {name}"] = lambda s=size, mp=mp: pa.allocate_buffer(s, memory_pool=mp)
-            t = measure(cases, 0.002 if quick else 0.01, 3 if quick else 7)
+            t = measure(cases, 0.002 if quick else 0.01, 3 if quick else 15)
             how = "alloc+touch+free" if touched else "alloc+free"
             for peer in [k for k in cases if k != "HostPool.empty"]:
                 row(rows, f"HostPool.empty {fmt(size)} {how}", peer, t["HostPool.empty"], t[peer], 1.0)
