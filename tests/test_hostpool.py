@@ -280,3 +280,24 @@ def test_zeros_read_zero_on_every_reuse_used_or_not(nbytes: int):
                 z[::4096] = 0xA5
                 z[-1] = 0x5A
             del z
+
+
+def test_fast_and_general_calls_of_empty_and_zeros_agree():
+    # `empty(n)` / `empty(n, dtype)` are served by a C-API method; keywords, tuples and odd
+    # values by PyO3's. Both give the same arrays and the same errors.
+    pool = HostPool("64MiB")
+    for make in (pool.empty, pool.zeros):
+        for fast, general in (
+            (lambda m=make: m(10), lambda m=make: m((10,))),
+            (lambda m=make: m(6, np.float32), lambda m=make: m(6, dtype=np.float32)),
+            (lambda m=make: m(6, "i2"), lambda m=make: m((6,), "i2", "C")),
+            (lambda m=make: m(0, None), lambda m=make: m(shape=0)),
+        ):
+            a, b = fast(), general()
+            assert (a.shape, a.dtype, a.flags.owndata) == (b.shape, b.dtype, b.flags.owndata)
+        for bad in ((-1,), (10, object), (10, "no such dtype"), (2**63,)):
+            with pytest.raises(InvalidParamError) as fast_error:
+                make(*bad)
+            with pytest.raises(InvalidParamError) as general_error:
+                make(*bad[:1], **({"dtype": bad[1]} if len(bad) > 1 else {}))
+            assert str(fast_error.value) == str(general_error.value)
