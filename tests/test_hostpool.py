@@ -263,6 +263,11 @@ def test_pool_arrays_own_their_data_and_views_pin_it():
     g = pool.zeros(10)
     g.resize(100_000, refcheck=False)  # a realloc through the pool's handler
     assert g.shape == (100_000,) and not g.any() and HostPool.handler_of(g) == HANDLER_NAME
+    # The handler holds the pool: its arrays outlive the HostPool object.
+    del pool
+    gc.collect()
+    g[:] = 5
+    assert g.sum() == 500_000
 
 
 @pytest.mark.parametrize("nbytes", [64, 4 * KiB, 300 * KiB, 8 * MiB + 123])
