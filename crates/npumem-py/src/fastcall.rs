@@ -77,6 +77,7 @@ pub fn install(
 /// The interpreter's arguments of a `METH_FASTCALL | METH_KEYWORDS` method, on an attached
 /// thread: `nargs` positional arguments at `args` followed by one value per name in `kwnames`
 /// (a tuple, or NULL).
+#[inline(always)]
 pub unsafe fn call(
     method: &FastMethod,
     slf: *mut ffi::PyObject,
