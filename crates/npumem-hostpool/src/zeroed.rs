@@ -16,9 +16,10 @@
 //!   in a row, so a program that stops touching its zeroed memory is seen to: the next block of
 //!   the class is then found not resident. The first resident block is a probe (`PROBE` is 1:
 //!   residency left by another kind of use, `empty` or `full`, says nothing of this one). A
-//!   probe that finds the memory used again doubles the interval (up to `MAX_INTERVAL`: a used
-//!   program pays one refault per that many blocks); one that finds it unused resets it to
-//!   `PROBE` (a change of habit costs at most `MAX_INTERVAL` writes).
+//!   probe that finds the memory used again doubles the interval, up to `WRITE_BUDGET` bytes of
+//!   blocks (`MIN_MAX_INTERVAL` to `MAX_INTERVAL` blocks): a used program pays one refault per
+//!   that many blocks, and a change of habit (a probe that finds the memory unused resets the
+//!   interval to `PROBE`) costs at most that many bytes written.
 //! - Dropping discards swapped-out pages too (which `mincore` reports as not resident), so a
 //!   dropped range reads as zero whatever the sample said. The history is advice under relaxed
 //!   atomics: a race changes what a block costs, never what it holds.
@@ -29,8 +30,11 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 pub const DROP_MIN: usize = 256 << 10;
 /// The first probe interval, and the interval after a probe found the memory unused.
 pub const PROBE: u32 = 1;
-/// The longest interval between probes.
-pub const MAX_INTERVAL: u32 = 64;
+/// Bytes of blocks written between two probes, at most ...
+pub const WRITE_BUDGET: usize = 1 << 30;
+/// ... in at least this many blocks and at most this many.
+pub const MIN_MAX_INTERVAL: u32 = 4;
+pub const MAX_INTERVAL: u32 = 1024;
 /// Pages sampled for residency (the start of the range, one system call).
 const WINDOW: usize = 256;
 const PAGE: usize = 4096;
@@ -68,7 +72,7 @@ pub unsafe fn clear(ptr: *mut u8, len: usize, history: &History) {
         ptr.write_bytes(0, start - ptr as usize);
         (end as *mut u8).write_bytes(0, ptr as usize + len - end);
     }
-    if !drop_pages(mostly_resident(start, end), history)
+    if !drop_pages(mostly_resident(start, end), len, history)
         // SAFETY: whole pages of the caller's anonymous private range; MADV_DONTNEED keeps the
         // mapping and makes the pages read as zero. Should it fail, they are written below.
         || unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) } != 0
@@ -78,9 +82,9 @@ pub unsafe fn clear(ptr: *mut u8, len: usize, history: &History) {
     }
 }
 
-/// Whether to drop (rather than write) a range whose pages are `resident` or not, and the
-/// history's update.
-fn drop_pages(resident: bool, h: &History) -> bool {
+/// Whether to drop (rather than write) a range of `len` bytes whose pages are `resident` or
+/// not, and the history's update.
+fn drop_pages(resident: bool, len: usize, h: &History) -> bool {
     let after_probe = h.probed.swap(false, Ordering::Relaxed);
     if !resident {
         if after_probe {
@@ -91,7 +95,8 @@ fn drop_pages(resident: bool, h: &History) -> bool {
     }
     let mut interval = h.interval.load(Ordering::Relaxed);
     if after_probe {
-        interval = (interval * 2).min(MAX_INTERVAL);
+        let most = (WRITE_BUDGET / len).clamp(MIN_MAX_INTERVAL as usize, MAX_INTERVAL as usize) as u32;
+        interval = (interval * 2).min(most);
         h.interval.store(interval, Ordering::Relaxed);
     }
     if h.written.fetch_add(1, Ordering::Relaxed) + 1 >= interval {
@@ -122,20 +127,28 @@ mod tests {
     #[test]
     fn probes_back_off_while_memory_is_used_and_reset_when_it_is_not() {
         let h = History::default();
+        let len = WRITE_BUDGET / 64; // at most 64 blocks between probes
         // Resident every time: a probe at once (PROBE is 1), then twice as many writes before each next.
         let mut drops = vec![];
         for i in 0..200 {
-            if drop_pages(true, &h) {
+            if drop_pages(true, len, &h) {
                 drops.push(i);
             }
         }
         let gaps: Vec<_> = drops.windows(2).map(|w| w[1] - w[0]).collect();
         assert_eq!(drops[0], PROBE as usize - 1);
         assert_eq!(&gaps[..6], &[2, 4, 8, 16, 32, 64]);
-        assert!(gaps[6..].iter().all(|&g| g == MAX_INTERVAL as usize), "{gaps:?}");
+        assert!(gaps[6..].iter().all(|&g| g == 64), "{gaps:?}");
         // After a probe, memory found unused: dropped from then on, the interval back to PROBE.
-        while !drop_pages(true, &h) {}
-        assert!(drop_pages(false, &h) && drop_pages(false, &h));
+        while !drop_pages(true, len, &h) {}
+        assert!(drop_pages(false, len, &h) && drop_pages(false, len, &h));
         assert_eq!(h.interval.load(Ordering::Relaxed), PROBE);
+        // The cap follows the block size: small blocks probe rarely, huge ones often.
+        let small = History::default();
+        let probes = (0..4000).filter(|_| drop_pages(true, 256 << 10, &small)).count();
+        assert!(probes <= 14, "{probes} probes of 256 KiB blocks");
+        let huge = History::default();
+        let probes = (0..100).filter(|_| drop_pages(true, 1 << 30, &huge)).count();
+        assert!(probes >= 100 / MIN_MAX_INTERVAL as usize, "{probes} probes of 1 GiB blocks");
     }
 }
