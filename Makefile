@@ -104,7 +104,7 @@ miri:
 # docs/benchmarks.md. `make bench B=list` (or an unknown name) prints the names.
 B ?= malloc
 BENCHES := malloc replay replay-speed flat-latency buffer streams fastpath pools plan schedule tlb \
-	validate-tlb host pagesize sweep workloads stress pyacl memory-viz gpu torch-device \
+	validate-tlb host pagesize sweep workloads stress pyacl python memory-viz gpu torch-device \
 	snapshot-pickle torch-shape
 .PHONY: $(addprefix bench/,$(BENCHES) list unknown)
 
@@ -198,6 +198,11 @@ bench/workloads: build
 STRESS_EVALUATIONS ?= 1500
 bench/stress: build
 	python benches/bench_stress.py --evaluations $(STRESS_EVALUATIONS)
+
+# Every Python allocation entry point against its floor and peers in one table (numpy, pyarrow's
+# pools, the Device calls pyACL wraps, one thread against four), with callgrind instruction counts.
+bench/python: build
+	python benches/bench_python.py --instructions
 
 # The pyACL layer (npumem.acl): its cost per call beside Device's, and a P2P copy's time.
 bench/pyacl: build

@@ -194,6 +194,29 @@ def test_one_int_argument_acts_as_every_other_call(nbytes):
     assert outcomes[0] == outcomes[1]
 
 
+@pytest.mark.parametrize("value", [0, 1, 4096, 1 << 40, -1, 1 << 64, True, np.uint32(64), "4KiB"])
+def test_malloc_and_free_with_one_int_act_as_every_other_call(value):
+    """`malloc(n)` and `free(p)` with one int are served by C-API methods, other calls by
+    PyO3's: the same pointers, the same errors in the same words."""
+    outcomes = []
+    for malloc, free in (
+        (lambda d: d.malloc(value), lambda d, p: d.free(p)),
+        (lambda d: d.malloc(value, None, None, None), lambda d, p: d.free(ptr=p, stream=None)),
+    ):
+        dev = npumem.Device("64MiB")
+        got = []
+        for step in ("malloc", "free the value", "free a block"):
+            try:
+                if step == "malloc":
+                    got.append(malloc(dev))
+                else:
+                    got.append(free(dev, value if step == "free the value" else dev.malloc(4096)))
+            except (npumem.AclError, TypeError, OverflowError) as e:
+                got.append((type(e), str(e)))
+        outcomes.append((got, dev.allocations(), dev.stats()["live_count"]))
+    assert outcomes[0] == outcomes[1]
+
+
 class BufferAgainstMallocFree(RuleBasedStateMachine):
     """Device.buffer against its model, malloc + free at collection: a random program of
     buffers (on streams, under queued work, with host writes the sanitizer judges) run on one

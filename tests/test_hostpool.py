@@ -245,3 +245,66 @@ class HostPoolMachine(RuleBasedStateMachine):
 
 HostPoolMachine.TestCase.settings = settings(max_examples=30, stateful_step_count=40, deadline=None)
 TestHostPoolMachine = HostPoolMachine.TestCase
+
+
+def test_pool_arrays_own_their_data_and_views_pin_it():
+    pool = HostPool("256MiB")
+    a = pool.empty(1000, np.uint8)
+    # Built as NumPy builds its own arrays: the pool's handler owns the data, no object between.
+    assert a.flags.owndata and a.base is None and HostPool.handler_of(a) == HANDLER_NAME
+    where = addr(a)
+    a[:] = 9
+    view, mem = a[100:200], memoryview(a)
+    del a
+    gc.collect()
+    assert addr(pool.empty(1000, np.uint8)) != where, "the views still hold the block"
+    assert view.sum() == 900 and bytes(mem[:2]) == b"\t\t"
+    del view, mem
+    gc.collect()
+    assert addr(pool.empty(1000, np.uint8)) == where, "the last view gone, the block is back"
+    g = pool.zeros(10)
+    g.resize(100_000, refcheck=False)  # a realloc through the pool's handler
+    assert g.shape == (100_000,) and not g.any() and HostPool.handler_of(g) == HANDLER_NAME
+    # The handler holds the pool: its arrays outlive the HostPool object.
+    del pool
+    gc.collect()
+    g[:] = 5
+    assert g.sum() == 500_000
+
+
+@pytest.mark.parametrize("nbytes", [64, 4 * KiB, 300 * KiB, 8 * MiB + 123])
+def test_zeros_read_zero_on_every_reuse_used_or_not(nbytes: int):
+    # Large blocks are cleared by dropping unused pages or writing used ones (and, every few
+    # used ones, dropping them to look again): every path, on the same block, reads zero.
+    pool = HostPool("256MiB")
+    for round in range(20):
+        for make in (lambda: pool.zeros(nbytes, np.uint8), lambda: np.zeros(nbytes, np.uint8)):
+            with pool.numpy_allocator():
+                z = make()
+            assert HostPool.handler_of(z) == HANDLER_NAME
+            assert not z.any(), f"round {round}: {np.count_nonzero(z)} nonzero bytes"
+            if round % 4 != 3:  # used: every page written, and the last byte
+                z[::4096] = 0xA5
+                z[-1] = 0x5A
+            del z
+
+
+def test_fast_and_general_calls_of_empty_and_zeros_agree():
+    # `empty(n)` / `empty(n, dtype)` are served by a C-API method; keywords, tuples and odd
+    # values by PyO3's. Both give the same arrays and the same errors.
+    pool = HostPool("64MiB")
+    for make in (pool.empty, pool.zeros):
+        for fast, general in (
+            (lambda m=make: m(10), lambda m=make: m((10,))),
+            (lambda m=make: m(6, np.float32), lambda m=make: m(6, dtype=np.float32)),
+            (lambda m=make: m(6, "i2"), lambda m=make: m((6,), "i2", "C")),
+            (lambda m=make: m(0, None), lambda m=make: m(shape=0)),
+        ):
+            a, b = fast(), general()
+            assert (a.shape, a.dtype, a.flags.owndata) == (b.shape, b.dtype, b.flags.owndata)
+        for bad in ((-1,), (10, object), (10, "no such dtype"), (2**63,)):
+            with pytest.raises(InvalidParamError) as fast_error:
+                make(*bad)
+            with pytest.raises(InvalidParamError) as general_error:
+                make(*bad[:1], **({"dtype": bad[1]} if len(bad) > 1 else {}))
+            assert str(fast_error.value) == str(general_error.value)

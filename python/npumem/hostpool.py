@@ -7,7 +7,12 @@ class reuses memory that is already mapped: no page faults, no kernel zeroing. A
 :meth:`HostPool.empty` / :meth:`HostPool.zeros` view a block and give it back when they are
 garbage-collected. :meth:`HostPool.numpy_allocator` goes further: inside the ``with`` block,
 NumPy's own ``np.empty`` / ``np.zeros`` / ufunc outputs are served by the pool (a NEP 49
-``PyDataMem_Handler``).
+``PyDataMem_Handler``, which also owns the pool's own arrays: ``handler_of`` names it for both).
+
+Zeroed memory (``zeros``, and ``np.zeros`` under the handler) from 256 KiB is cleared page by
+page as is cheapest: pages nobody touched since they were last cleared are handed back to the
+kernel (they read as zero, as NumPy's fresh pages do, at the cost of a system call), pages in use
+are written with zeros (so using them costs no page fault).
 
 The pool is safe to use from many threads: each thread keeps a small cache of free blocks per
 size class and refills it from lock-free shared lists; only carving fresh memory takes a lock.

@@ -12,13 +12,15 @@
 //! just a free into that thread's cache. Only carving new chunks takes the pool's lock.
 //!
 //! Invariants: a block is in at most one place at a time — handed out, in one thread's cache,
-//! or on its class's shared stack; the pool never writes into a block (free-list links live in
-//! a separate table, one `u32` per 64-byte unit); the class of a block is found from its address
+//! or on its class's shared stack; the pool never writes into a free block (free-list links live
+//! in a separate table, one `u32` per 64-byte unit; `alloc_zeroed` clears a block as it hands it
+//! out, [`zeroed`]); the class of a block is found from its address
 //! (the chunk table), so `free` needs no size; the mapping lives as long as the last handle to
 //! the pool (blocks handed to Python hold one).
 
 mod classes;
 mod region;
+mod zeroed;
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -71,6 +73,8 @@ struct Shared {
     carve_lock: Mutex<()>,
     carves: AtomicU64,
     trimmed: AtomicU64,
+    /// Per class: how `alloc_zeroed` cleared its recent blocks (see [`zeroed`]).
+    zero_history: Vec<zeroed::History>,
 }
 
 /// Free-list links live in the region's link tables (per chunk for blocks that span chunks, per
@@ -118,6 +122,7 @@ impl HostPool {
                 carve_lock: Mutex::new(()),
                 carves: AtomicU64::new(0),
                 trimmed: AtomicU64::new(0),
+                zero_history: (0..classes).map(|_| zeroed::History::default()).collect(),
             }),
         })
     }
@@ -146,6 +151,16 @@ impl HostPool {
         let class = class_of(size);
         let index = with_cache(&self.shared, |cache| cache.pop(&self.shared, class))?;
         Ok(self.shared.region.ptr(index))
+    }
+
+    /// Like `alloc`, with the first `size` bytes zero: written, or for large blocks dropped to
+    /// the kernel's zero pages where they were not in use ([`zeroed`] says which and why).
+    pub fn alloc_zeroed(&self, size: u64) -> Result<*mut u8> {
+        let ptr = self.alloc(size)?;
+        // SAFETY: a block of at least `size` bytes of the pool's anonymous mapping, handed to
+        // nobody yet.
+        unsafe { zeroed::clear(ptr, size as usize, &self.shared.zero_history[class_of(size)]) };
+        Ok(ptr)
     }
 
     /// Gives a block back.
@@ -403,6 +418,27 @@ mod tests {
 
     fn pool() -> HostPool {
         HostPool::new(1 << 30, HugePages::Transparent).unwrap()
+    }
+
+    #[test]
+    fn zeroed_blocks_read_zero_on_every_reuse() {
+        let p = pool();
+        // Small (written), large and used (written, then a dropping probe), large and untouched
+        // (dropped), and a size that leaves partial pages at the end.
+        for size in [100usize, 4096, zeroed::DROP_MIN, (1 << 20) + 1000] {
+            for round in 0..40 {
+                let a = p.alloc_zeroed(size as u64).unwrap();
+                // SAFETY: a live block of at least `size` bytes, freed below.
+                let bytes = unsafe { std::slice::from_raw_parts_mut(a, size) };
+                assert!(bytes.iter().all(|&b| b == 0), "size {size}, round {round}: not zero");
+                if round % 3 != 2 {
+                    bytes.iter_mut().step_by(512).for_each(|b| *b = 0xA5); // used, dirty
+                    bytes[size - 1] = 0x5A;
+                }
+                // SAFETY: freed once, not used after.
+                unsafe { p.free(a) };
+            }
+        }
     }
 
     #[test]

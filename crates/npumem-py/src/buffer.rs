@@ -17,24 +17,19 @@
 //! bytes through the buffer protocol (each export pins the block too). No callback lets a panic
 //! cross into Python.
 //!
-//! `Device.buffer` itself is a C-API method too (`fast_buffer`, installed over PyO3's at module
-//! initialisation): a call with one exact int (`dev.buffer(4096)`) goes straight to the device;
-//! every other call is handed, as it came, to PyO3's method, so its conversions and errors are
-//! exactly that method's.
+//! `Device.buffer(nbytes)` with one exact int is a C-API method too (`device::fast`).
 
 use std::ffi::{c_char, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
-use npumem_core::{AclError, Policy};
+use npumem_core::AclError;
 use pyo3::exceptions::{PyMemoryError, PyRuntimeError};
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
-use crate::device::PyDevice;
 use crate::errors::{catch_panics, to_py};
 use crate::export::fill_buffer;
 use crate::shared::SharedDevice;
@@ -252,79 +247,4 @@ unsafe extern "C" fn release_buffer(obj: *mut ffi::PyObject, _view: *mut ffi::Py
     // SAFETY: the interpreter passes the live exporter (the view still references it).
     let (ptr, device) = unsafe { (fields(obj).ptr, device(obj)) };
     let _ = catch_unwind(AssertUnwindSafe(|| device.lock().unpin(ptr)));
-}
-
-/// PyO3's `Device.buffer` (its descriptor), for the calls `fast_buffer` does not serve itself.
-static GENERAL: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-
-/// Installs `fast_buffer` as `buffer` on the `Device` type `ty`, keeping PyO3's method (its
-/// documentation and text signature too) for every other call.
-pub fn install_fast_buffer(ty: &Bound<'_, PyType>) -> PyResult<()> {
-    let py = ty.py();
-    let general = ty.getattr("__dict__")?.get_item("buffer")?;
-    // SAFETY: only the type of `general` is read before its layout is relied on.
-    if unsafe { ffi::Py_TYPE(general.as_ptr()) } != &raw mut ffi::PyMethodDescr_Type {
-        return Err(PyRuntimeError::new_err("Device.buffer is not a method descriptor"));
-    }
-    // SAFETY: an object of exactly `PyMethodDescr_Type` is a `PyMethodDescrObject`, whose
-    // method definition (PyO3's, kept for the process) gives the documentation.
-    let doc = unsafe { (*(*general.as_ptr().cast::<ffi::PyMethodDescrObject>()).d_method).ml_doc };
-    // The definition lives for the process, as the descriptors made from it may.
-    let def = Box::leak(Box::new(ffi::PyMethodDef {
-        ml_name: c"buffer".as_ptr(),
-        ml_meth: ffi::PyMethodDefPointer { PyCFunctionFastWithKeywords: fast_buffer },
-        ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
-        ml_doc: doc,
-    }));
-    GENERAL.set(py, general.unbind()).map_err(|_| PyRuntimeError::new_err("Device.buffer is installed once"))?;
-    // SAFETY: `ty` is a live type object and `def` a method definition kept for the process.
-    let descr = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyDescr_NewMethod(ty.as_type_ptr(), def))? };
-    ty.setattr("buffer", descr)
-}
-
-/// `Device.buffer(...)`: one exact int argument (a size in bytes) is served here; any other
-/// call goes to PyO3's method with the same arguments.
-unsafe extern "C" fn fast_buffer(
-    slf: *mut ffi::PyObject,
-    args: *const *mut ffi::PyObject,
-    nargs: ffi::Py_ssize_t,
-    kwnames: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
-    // SAFETY: the interpreter calls a method on an attached thread, with `nargs` positional
-    // arguments at `args` followed by one value per name in `kwnames` (a tuple, or NULL).
-    unsafe {
-        let py = Python::assume_attached();
-        if kwnames.is_null() && nargs == 1 && ffi::PyLong_CheckExact(*args) != 0 {
-            let size = ffi::PyLong_AsUnsignedLongLong(*args);
-            if size != u64::MAX || ffi::PyErr_Occurred().is_null() {
-                let device = Bound::from_borrowed_ptr(py, slf);
-                let made = catch_unwind(AssertUnwindSafe(|| {
-                    device.cast::<PyDevice>()?.get().make_buffer(py, size, Policy::HugeFirst, 0)
-                }));
-                return match made {
-                    Ok(Ok(buf)) => buf.into_ptr(),
-                    Ok(Err(e)) => {
-                        e.restore(py);
-                        ptr::null_mut()
-                    }
-                    Err(_) => {
-                        panicked().restore(py);
-                        ptr::null_mut()
-                    }
-                };
-            }
-            // Negative or too large: PyO3's method says so in its words.
-            ffi::PyErr_Clear();
-        }
-        let Some(general) = GENERAL.get(py) else {
-            PyRuntimeError::new_err("npumem._native is not initialised").restore(py);
-            return ptr::null_mut();
-        };
-        let nkw = if kwnames.is_null() { 0 } else { ffi::PyTuple_GET_SIZE(kwnames) };
-        let given = std::slice::from_raw_parts(args, (nargs + nkw) as usize);
-        let mut argv = Vec::with_capacity(given.len() + 1);
-        argv.push(slf);
-        argv.extend_from_slice(given);
-        ffi::PyObject_Vectorcall(general.as_ptr(), argv.as_ptr(), (nargs + 1) as usize, kwnames)
-    }
 }

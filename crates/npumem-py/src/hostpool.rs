@@ -1,24 +1,33 @@
-//! `npumem._native.HostPool` / `HostBlock`: the core's `HostPool` for Python. A `HostBlock`
-//! exports its memory through the buffer protocol (numpy arrays and memoryviews view it and keep
-//! it alive) and gives it back to the pool when the last view goes. The pool can also serve
-//! NumPy's own data allocations: `set_numpy_handler` installs a NEP 49 `PyDataMem_Handler`.
+//! `npumem._native.HostPool` / `HostBlock`: the core's `HostPool` for Python.
+//!
+//! - A `HostBlock` exports its memory through the buffer protocol (memoryviews view it and keep
+//!   it alive) and gives it back to the pool when the last view goes.
+//! - The pool's NEP 49 `PyDataMem_Handler` (one capsule per pool, made on first use) serves
+//!   NumPy's own data allocations once `set_numpy_handler` installs it, and owns the data of the
+//!   arrays `empty`/`zeros`/`array` make: they are built as NumPy builds its own (`OWNDATA`, the
+//!   handler in `mem_handler`), so NumPy frees them into the pool with no object in between, and
+//!   `get_handler_name` names the pool for them.
+//! - Zero-filled memory comes from `HostPool::alloc_zeroed` (large blocks: pages dropped where
+//!   unused, written where in use).
 
 use std::ffi::{c_int, c_void};
 
 use npumem_core::AclError;
 use npumem_core::hostpool::{HostPool, HugePages};
-use numpy::PyArrayDescrMethods;
 use numpy::npyffi::{
-    NPY_ARRAY_CARRAY, NPY_ARRAY_FARRAY, NpyTypes, PY_ARRAY_API, PyArray_Descr, PyArrayObject, get_type_object, npy_intp,
+    NPY_ARRAY_CARRAY, NPY_ARRAY_FARRAY, NPY_ARRAY_OWNDATA, NpyTypes, PY_ARRAY_API, PyArray_Descr, PyArrayObject_fields,
+    get_type_object,
 };
+use numpy::{PyArrayDescr, PyArrayDescrMethods};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyCapsule, PyDict};
+use pyo3::types::{PyCapsule, PyDict, PyType};
 
 use crate::args::{DType, Shape, Size, Uint, name};
-use crate::errors::{guard, to_py};
+use crate::errors::{catch_panics, guard, to_py};
 use crate::export::{Exported, buffer_exporter};
+use crate::fastcall::{self, FastMethod, entry, exact_u64};
 
 /// The most alloc+free pairs one `churn` call runs.
 const MAX_CHURN: u64 = 1 << 32;
@@ -138,51 +147,9 @@ impl PyHostPool {
             "F" => true,
             _ => return Err(to_py(py, AclError::invalid_param(format!("order {order:?} must be 'C' or 'F'")))),
         };
-        let Shape(shape) = shape;
+        let Shape(mut shape) = shape;
         let dtype = dtype.map_or_else(|| numpy::dtype::<f64>(py), |d| d.0);
-        if dtype.has_object() {
-            return Err(to_py(
-                py,
-                AclError::invalid_param("dtypes that hold Python objects cannot live in pool memory"),
-            ));
-        }
-        let mut count: u64 = 1;
-        for &d in &shape {
-            count = u64::try_from(d).ok().and_then(|d| count.checked_mul(d)).ok_or_else(|| {
-                to_py(py, AclError::invalid_param(format!("shape {shape:?} must be non-negative and fit in memory")))
-            })?;
-        }
-        let nbytes = count.checked_mul(dtype.itemsize() as u64).ok_or_else(|| {
-            to_py(py, AclError::invalid_param(format!("shape {shape:?} of {}-byte items overflows", dtype.itemsize())))
-        })?;
-        let block = Py::new(py, self.new_block(py, nbytes.max(1), zero)?)?;
-        let data = block.get().ptr as *mut c_void;
-        let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
-        let flags = if fortran { NPY_ARRAY_FARRAY } else { NPY_ARRAY_CARRAY };
-        // SAFETY: NewFromDescr steals the new dtype reference and views `data`, a live block of at
-        // least count * itemsize bytes, 64-byte aligned; SetBaseObject steals the block reference,
-        // tying the block's life to the array's.
-        unsafe {
-            let arr = PY_ARRAY_API.PyArray_NewFromDescr(
-                py,
-                get_type_object(py, NpyTypes::PyArray_Type),
-                dtype.into_ptr().cast::<PyArray_Descr>(),
-                dims.len() as c_int,
-                dims.as_mut_ptr(),
-                std::ptr::null_mut(),
-                data,
-                flags,
-                std::ptr::null_mut(),
-            );
-            if arr.is_null() {
-                return Err(PyErr::fetch(py));
-            }
-            if PY_ARRAY_API.PyArray_SetBaseObject(py, arr.cast::<PyArrayObject>(), block.into_ptr()) < 0 {
-                ffi::Py_DECREF(arr);
-                return Err(PyErr::fetch(py));
-            }
-            Ok(Bound::from_owned_ptr(py, arr))
-        }
+        self.make_array(py, &mut shape, dtype, fortran, zero)
     }
 
     /// Allocates and frees one block of `nbytes` `n` times (the pool's own cost, for benchmarks);
@@ -237,8 +204,7 @@ impl PyHostPool {
     /// Installs this pool as NumPy's data allocator (NEP 49) in the current context; returns
     /// the previous handler, to give to `restore_numpy_handler`.
     fn set_numpy_handler(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let handler = self.handler.get_or_try_init(py, || handler_capsule(py, self.pool.clone()))?;
-        set_handler(py, handler.bind(py))
+        set_handler(py, self.handler(py)?.bind(py))
     }
 
     /// Reinstalls a handler returned by `set_numpy_handler`.
@@ -249,20 +215,139 @@ impl PyHostPool {
 }
 
 impl PyHostPool {
-    /// A block of `len` bytes (zero-filled when `zero`); the GIL is released while a block of
-    /// 1 MiB or more is cleared.
-    fn new_block(&self, py: Python<'_>, len: u64, zero: bool) -> PyResult<HostBlock> {
-        let ptr = guard(py, || self.pool.alloc(len))?;
-        if zero {
-            let addr = ptr as usize;
-            let clear = move || {
-                // SAFETY: the block is at least `len` bytes and not yet shared.
-                unsafe { std::ptr::write_bytes(addr as *mut u8, 0, len as usize) }
-            };
-            if len >= 1 << 20 { py.detach(clear) } else { clear() }
+    /// The array of `array` with its arguments converted (`shape` is `npy_intp`s: `isize`).
+    fn make_array<'py>(
+        &self,
+        py: Python<'py>,
+        shape: &mut [isize],
+        dtype: Bound<'py, PyArrayDescr>,
+        fortran: bool,
+        zero: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if dtype.has_object() {
+            return Err(to_py(
+                py,
+                AclError::invalid_param("dtypes that hold Python objects cannot live in pool memory"),
+            ));
         }
+        let mut count: u64 = 1;
+        for &d in shape.iter() {
+            count = u64::try_from(d).ok().and_then(|d| count.checked_mul(d)).ok_or_else(|| {
+                to_py(
+                    py,
+                    AclError::invalid_param(format!("shape {:?} must be non-negative and fit in memory", &*shape)),
+                )
+            })?;
+        }
+        let nbytes = count.checked_mul(dtype.itemsize() as u64).ok_or_else(|| {
+            to_py(
+                py,
+                AclError::invalid_param(format!("shape {:?} of {}-byte items overflows", &*shape, dtype.itemsize())),
+            )
+        })?;
+        let handler = self.handler(py)?;
+        let data = self.alloc(py, nbytes.max(1), zero)?.cast::<c_void>();
+        let flags = if fortran { NPY_ARRAY_FARRAY } else { NPY_ARRAY_CARRAY };
+        // SAFETY: NewFromDescr steals the new dtype reference and views `data`, a block of at
+        // least count * itemsize bytes, 64-byte aligned, handed to nobody else. The array then
+        // owns it as NumPy's own arrays own their data: OWNDATA set and the handler (a new
+        // reference) in `mem_handler`, so that NumPy's dealloc frees it through `h_free`.
+        unsafe {
+            let arr = PY_ARRAY_API.PyArray_NewFromDescr(
+                py,
+                get_type_object(py, NpyTypes::PyArray_Type),
+                dtype.into_ptr().cast::<PyArray_Descr>(),
+                shape.len() as c_int,
+                shape.as_mut_ptr(),
+                std::ptr::null_mut(),
+                data,
+                flags,
+                std::ptr::null_mut(),
+            );
+            if arr.is_null() {
+                self.pool.try_free(data.cast());
+                return Err(PyErr::fetch(py));
+            }
+            let fields = arr.cast::<ArrayFields>();
+            (*fields).mem_handler = handler.clone_ref(py).into_ptr();
+            (*fields).fields.flags |= NPY_ARRAY_OWNDATA;
+            Ok(Bound::from_owned_ptr(py, arr))
+        }
+    }
+
+    /// The pool's NEP 49 handler capsule.
+    fn handler(&self, py: Python<'_>) -> PyResult<&Py<PyAny>> {
+        self.handler.get_or_try_init(py, || handler_capsule(py, self.pool.clone()))
+    }
+
+    /// `len` bytes of the pool (zero-filled when `zero`); the GIL is released while a block of
+    /// 1 MiB or more is cleared.
+    fn alloc(&self, py: Python<'_>, len: u64, zero: bool) -> PyResult<*mut u8> {
+        let take = || if zero { self.pool.alloc_zeroed(len) } else { self.pool.alloc(len) }.map(|p| p as usize);
+        let ptr = if zero && len >= 1 << 20 { py.detach(|| catch_panics(take)) } else { catch_panics(take) };
+        ptr.map(|p| p as *mut u8).map_err(|e| to_py(py, e))
+    }
+
+    /// A block of `len` bytes (zero-filled when `zero`).
+    fn new_block(&self, py: Python<'_>, len: u64, zero: bool) -> PyResult<HostBlock> {
+        let ptr = self.alloc(py, len, zero)?;
         Ok(HostBlock { pool: self.pool.clone(), ptr: ptr as usize, len: len as usize })
     }
+}
+
+/// NumPy's `PyArrayObject_fields` through `mem_handler` (numpy/ndarraytypes.h, NumPy >= 1.22;
+/// the numpy crate declares the fields up to `weakreflist`).
+#[repr(C)]
+struct ArrayFields {
+    ob_base: ffi::PyObject,
+    fields: PyArrayObject_fields,
+    buffer_info: *mut c_void,
+    mem_handler: *mut ffi::PyObject,
+}
+
+// --- `empty` / `zeros` as C-API methods (`fastcall`) ---------------------------------------
+
+/// `empty(n)` / `empty(n, dtype)` with `n` an exact int and `dtype` a dtype, a type or None:
+/// served here; any other call (and a dtype NumPy refuses) goes to PyO3's method.
+fn serve_array<'py>(
+    py: Python<'py>,
+    slf: &Bound<'py, PyAny>,
+    args: &[*mut ffi::PyObject],
+    zero: bool,
+) -> Option<PyResult<Bound<'py, PyAny>>> {
+    let (n, dtype) = match args {
+        [n] => (*n, None),
+        [n, dtype] => (*n, Some(*dtype)),
+        _ => return None,
+    };
+    let n = isize::try_from(exact_u64(n)?).ok()?;
+    // SAFETY: None is a static object; reading its address is all this does.
+    let none = unsafe { ffi::Py_None() };
+    let dtype = match dtype {
+        Some(d) if d != none => {
+            // SAFETY: a live argument of the call, borrowed for it.
+            let d = unsafe { Bound::from_borrowed_ptr(py, d) };
+            match d.cast_into::<PyArrayDescr>() {
+                Ok(descr) => descr,
+                Err(e) => PyArrayDescr::new(py, e.into_inner()).ok()?,
+            }
+        }
+        _ => numpy::dtype::<f64>(py),
+    };
+    // SAFETY: `slf` is a `HostPool` (see `fastcall::Serve`).
+    let pool = unsafe { slf.cast_unchecked::<PyHostPool>() }.get();
+    Some(pool.make_array(py, &mut [n], dtype, false, zero))
+}
+
+static EMPTY: FastMethod = FastMethod::new(c"empty", |py, slf, args| serve_array(py, slf, args, false));
+static ZEROS: FastMethod = FastMethod::new(c"zeros", |py, slf, args| serve_array(py, slf, args, true));
+entry!(empty_entry, EMPTY);
+entry!(zeros_entry, ZEROS);
+
+/// Installs `empty` and `zeros` over PyO3's methods of `HostPool`.
+pub fn install_fast(ty: &Bound<'_, PyType>) -> PyResult<()> {
+    fastcall::install(ty, &EMPTY, empty_entry)?;
+    fastcall::install(ty, &ZEROS, zeros_entry)
 }
 
 // --- NEP 49 -----------------------------------------------------------------------------------
@@ -312,14 +397,7 @@ unsafe extern "C" fn h_malloc(ctx: *mut c_void, size: usize) -> *mut c_void {
 unsafe extern "C" fn h_calloc(ctx: *mut c_void, nelem: usize, elsize: usize) -> *mut c_void {
     no_unwind(std::ptr::null_mut(), || {
         let Some(size) = nelem.checked_mul(elsize) else { return std::ptr::null_mut() };
-        match pool_of(ctx).alloc(size.max(1) as u64) {
-            Ok(p) => {
-                // SAFETY: a fresh block of at least `size` bytes.
-                unsafe { std::ptr::write_bytes(p, 0, size) };
-                p.cast()
-            }
-            Err(_) => std::ptr::null_mut(),
-        }
+        pool_of(ctx).alloc_zeroed(size.max(1) as u64).map_or(std::ptr::null_mut(), |p| p.cast())
     })
 }
 
@@ -354,7 +432,18 @@ unsafe extern "C" fn h_free(ctx: *mut c_void, ptr: *mut c_void, _size: usize) {
     }
 }
 
+/// `NPY_1_22_API_VERSION`: the C ABI with `mem_handler` in arrays and the handler API.
+const NUMPY_1_22: u32 = 0x0f;
+
 fn handler_capsule(py: Python<'_>, pool: HostPool) -> PyResult<Py<PyAny>> {
+    // SAFETY: a plain query of the loaded NumPy's C ABI level.
+    let level = unsafe { PY_ARRAY_API.PyArray_GetNDArrayCFeatureVersion(py) };
+    if level < NUMPY_1_22 {
+        return Err(to_py(
+            py,
+            AclError::invalid_param(format!("the host pool needs NumPy >= 1.22 (C API level {level})")),
+        ));
+    }
     let mut name = [0u8; 127];
     name[..HANDLER_NAME.len()].copy_from_slice(HANDLER_NAME.as_bytes());
     let handler = PyDataMemHandler {

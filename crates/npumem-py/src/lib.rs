@@ -7,6 +7,7 @@ mod device;
 mod dispatch;
 mod errors;
 mod export;
+mod fastcall;
 mod hostpool;
 mod kernels;
 mod plan;
@@ -74,7 +75,8 @@ mod _native {
         m.add("VA_WINDOW_END", npumem_core::vm::VA_WINDOW_END)?;
         m.add("HOST_POOL_HANDLER_NAME", crate::hostpool::HANDLER_NAME)?;
         m.add("DeviceBuffer", crate::buffer::create_type(m.py())?)?;
-        crate::buffer::install_fast_buffer(&m.py().get_type::<crate::device::PyDevice>())?;
+        crate::device::fast::install(&m.py().get_type::<crate::device::PyDevice>())?;
+        crate::hostpool::install_fast(&m.py().get_type::<crate::hostpool::PyHostPool>())?;
         Ok(())
     }
 }

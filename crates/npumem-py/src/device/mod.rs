@@ -6,7 +6,8 @@
 //!
 //! The methods are split by concern (pyo3's `multiple-pymethods`): allocation, batches and the
 //! replay here; byte access in `io`; accounting and snapshots in `stats`; streams, events and
-//! the cost model in `streams`; virtual-memory calls, faults and pool attributes in `vmm`.
+//! the cost model in `streams`; virtual-memory calls, faults and pool attributes in `vmm`;
+//! `malloc`, `free` and `buffer` with one exact int are served by C-API methods in `fast`.
 
 use npumem_core::acl::MemPoolAttr;
 use npumem_core::backend::{FaultPlan, SimConfig};
@@ -31,6 +32,7 @@ use crate::errors::{catch_panics, guard, to_py};
 use crate::shared::{Locked, SharedDevice};
 use crate::view::DeviceView;
 
+pub(crate) mod fast;
 mod io;
 mod stats;
 mod streams;
@@ -407,7 +409,7 @@ impl PyDevice {
 
     /// One owning allocation of `nbytes` on `stream`: a `DeviceBuffer` that converts to its
     /// pointer and frees its block when collected (a plain `free` of it is refused meanwhile).
-    // A call with one exact int takes `buffer::fast_buffer`, installed over this method.
+    // A call with one exact int takes `fast::BUFFER`, installed over this method.
     #[pyo3(signature = (nbytes, policy = None, stream = None))]
     fn buffer<'py>(
         &self,
