@@ -26,7 +26,7 @@ KIB = 1 << 10
 
 
 def main() -> None:
-    files = sorted(glob.glob(os.path.join(ROOT, "examples", "graphs", "*.json.gz")))
+    files = sorted(glob.glob(os.path.join(ROOT, "examples", "graphs", "*.json")))
     files += sorted(glob.glob(os.path.join(ROOT, "benches", "graphs", "*.json.gz")))
     header = ["graph", "ops", "given KiB", "XLA KiB", "Inductor KiB", "npumem KiB", "any-order bound KiB"]
     header += ["npumem vs best anchor", "proven", "transitions", "s"]

@@ -9,7 +9,7 @@
   SGD update of every weight (in place) — by ``make_fx``.
 
 Run: ``python examples/graphs/record.py [--out examples/graphs]``; then
-``npumem plan examples/graphs/unet.json.gz --schedule``.
+``npumem plan examples/graphs/unet.json --schedule``.
 """
 
 from __future__ import annotations
@@ -26,21 +26,26 @@ from models import InceptionNet, RandWire, SmallCNN, UNet
 from npumem.torch_graphs import from_export, from_training
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=str(Path(__file__).parent))
-    out = Path(ap.parse_args().out)
-    torch.manual_seed(0)
+def builders() -> dict:
+    """Each example graph's name and a function that records it."""
     graphs = {
         f"randwire_s{s}": lambda s=s: from_export(RandWire(seed=s), (torch.randn(1, 3, 32, 32),)) for s in range(3)
     }
     graphs["inception"] = lambda: from_export(InceptionNet(), (torch.randn(1, 3, 28, 28),))
     graphs["unet"] = lambda: from_export(UNet(), (torch.randn(1, 3, 128, 128),))
     graphs["cnn_train_sgd"] = lambda: from_training(SmallCNN(), torch.randn(8, 3, 32, 32), lr=0.01)
+    return graphs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=str(Path(__file__).parent))
+    out = Path(ap.parse_args().out)
     sizes = {}
-    for name, build in graphs.items():
+    for name, build in builders().items():
+        torch.manual_seed(0)
         g = build()
-        g.save(out / f"{name}.json.gz")
+        g.save(out / f"{name}.json")
         sizes[name] = (len(g), len(g.ops))
     print(
         f"torch {torch.__version__} -> {out}: "
