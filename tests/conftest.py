@@ -364,21 +364,25 @@ def host(dev):
 
 
 # --------------------------------------------------------------------------------------------
-# PyTorch: `make test` installs it (requirements-torch.txt). A test module that needs it calls
-# `require_torch()` at import: without torch it is skipped, except under CI=true, where a missing
-# torch is a failure of the set-up and must not pass as a skip.
+# Tools the set-up installs (torch from requirements-torch.txt, chromium under `make browser`,
+# the toolchain's g++): a test without one is skipped, except under CI=true, where a missing tool
+# is a failure of the set-up and must not pass as a skip.
 # --------------------------------------------------------------------------------------------
 
 
+def missing_tool(why: str) -> None:
+    """Skips the test (or, at import, its module) saying ``why``; fails it under CI=true."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true: {why}", pytrace=False)
+    pytest.skip(why, allow_module_level=True)
+
+
 def require_torch():
-    """The torch module; a skip (a failure under CI=true) when it is not installed."""
+    """The torch module; see :func:`missing_tool` when it is not installed."""
     try:
         import torch
     except ImportError as e:
-        why = f"torch is not installed ({e}); pip install -r requirements-torch.txt"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true: {why}", pytrace=False)
-        pytest.skip(why, allow_module_level=True)
+        missing_tool(f"torch is not installed ({e}); pip install -r requirements-torch.txt")
     return torch
 
 

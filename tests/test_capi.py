@@ -20,6 +20,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import missing_tool
 
 import npumem.capi as capi
 from npumem.errors import InvalidParamError
@@ -222,7 +223,7 @@ def test_the_header_fills_torchs_device_stats_field_by_field(tmp_path):
     # the tests run with, and each field lands where its name says.
     cc = shutil.which("g++")
     if cc is None:
-        pytest.skip("g++ is not installed")
+        missing_tool("g++ is not installed (Debian's g++ package)")
     spec = importlib.util.find_spec("torch")
     assert spec is not None and spec.submodule_search_locations, "torch is not installed"
     torch_include = Path(next(iter(spec.submodule_search_locations))) / "include"

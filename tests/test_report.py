@@ -10,6 +10,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from conftest import missing_tool
 
 import npumem
 from npumem import report, sweep
@@ -176,10 +177,7 @@ def test_report_renders_in_headless_chromium(page, tmp_path):
     copy of the page once all images are complete) and the screenshot is not blank."""
     browser = _browser()
     if browser is None:
-        why = "no headless browser: install Debian's chromium package (apt-get install chromium)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true: {why}", pytrace=False)
-        pytest.skip(why)
+        missing_tool("no headless browser: install Debian's chromium package (apt-get install chromium)")
     path, text = page
     probe = tmp_path / "probe.html"
     script = (

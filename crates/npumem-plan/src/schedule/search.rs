@@ -16,8 +16,8 @@
 //!   the front: that only shortens lifetimes), which collapses chains of ops to one path;
 //! - a first, narrow pass (a beam search) finds a good order cheaply, so the exact pass prunes
 //!   hard; the search is bounded by work, never by time: `width` states per level (the rest,
-//!   ranked by peak so far, then bytes live, then discovery, are dropped and the pass no longer
-//!   proves anything) and `work` transitions in all (past it, one state per level: a greedy
+//!   ranked by peak so far, then bytes live, then discovery, are dropped, and a pass that drops
+//!   any proves nothing) and `work` transitions in all (past it, one state per level: a greedy
 //!   finish). The same graph and limits give the same order on every run.
 
 use std::collections::HashMap;
@@ -120,7 +120,7 @@ pub(crate) fn search(d: &Dag, upper: u64, floor: &[u64], width: usize, work: u64
     }
 }
 
-/// States per level of the first pass.
+/// States per level of the narrow (beam) pass that runs before the exact one.
 const NARROW: usize = 32;
 
 /// One pass: the best order strictly below `upper`, if it finds one.
