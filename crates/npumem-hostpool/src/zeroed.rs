@@ -12,6 +12,10 @@
 //!   and nothing per page, so zeros that are never used stay as cheap as NumPy's fresh `mmap`.
 //!   Resident pages were used: writing zeros over them keeps them mapped, so a program that uses
 //!   its zeroed memory pays no page fault and no kernel clearing.
+//! - Residency is sampled only after a drop: while a class writes (between two probes), the
+//!   pages it wrote last are resident by its own doing, so a sample would say nothing and cost a
+//!   system call per block. A block that is not resident then is written all the same (its
+//!   pages fault in as the program's own touches would have); the next probe looks again.
 //! - A resident block is dropped instead (a probe) once its class has written `interval` of them
 //!   in a row, so a program that stops touching its zeroed memory is seen to: the next block of
 //!   the class is then found not resident. The first resident block is a probe (`PROBE` is 1:
@@ -47,11 +51,13 @@ pub struct History {
     interval: AtomicU32,
     /// The last block cleared was a probe (the next one shows whether it was used).
     probed: AtomicBool,
+    /// The last block cleared was written (no residency sample until the next drop).
+    writing: AtomicBool,
 }
 
 impl Default for History {
     fn default() -> Self {
-        History { written: AtomicU32::new(0), interval: AtomicU32::new(PROBE), probed: AtomicBool::new(false) }
+        History { written: AtomicU32::new(0), interval: AtomicU32::new(PROBE), probed: AtomicBool::new(false), writing: AtomicBool::new(false) }
     }
 }
 
@@ -72,7 +78,10 @@ pub unsafe fn clear(ptr: *mut u8, len: usize, history: &History) {
         ptr.write_bytes(0, start - ptr as usize);
         (end as *mut u8).write_bytes(0, ptr as usize + len - end);
     }
-    if !drop_pages(mostly_resident(start, end), len, history)
+    let resident = history.writing.load(Ordering::Relaxed) || mostly_resident(start, end);
+    let dropped = drop_pages(resident, len, history);
+    history.writing.store(!dropped, Ordering::Relaxed);
+    if !dropped
         // SAFETY: whole pages of the caller's anonymous private range; MADV_DONTNEED keeps the
         // mapping and makes the pages read as zero. Should it fail, they are written below.
         || unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) } != 0
