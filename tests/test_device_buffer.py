@@ -90,6 +90,36 @@ def test_buffer_protocol_on_the_host_backend_only():
     assert host.stats()["live_count"] == 0
 
 
+def test_reused_buffer_objects_are_each_a_new_allocation():
+    """Dropped buffers' objects are kept and made again (more at once than are kept, across
+    devices): each made one holds its own block with its own size and device, and is freed
+    by its own deallocation."""
+    a, b = npumem.Device("64MiB"), npumem.Device("64MiB")
+    for rounds in range(3):
+        bufs = [(a if i % 2 else b).buffer(64 + i) for i in range(200)]
+        assert len({(dev, int(buf)) for dev, buf in zip([b, a] * 100, bufs, strict=True)}) == 200
+        assert [len(buf) for buf in bufs] == [64 + i for i in range(200)]
+        assert a.stats()["live_count"] == b.stats()["live_count"] == 100
+        for i, buf in enumerate(bufs):
+            assert (a if i % 2 else b).allocation(buf)["size"] >= 64 + i
+        with pytest.raises(MemoryFreeError):
+            a.free(bufs[1])  # still held by its object
+        del buf
+        del bufs[::2]
+        assert b.stats()["live_count"] == 0 and a.stats()["live_count"] == 100
+        del bufs
+        assert a.stats()["live_count"] == 0, f"round {rounds}"
+    dev = npumem.Device("64MiB")
+    gone = weakref.ref(dev)
+    kept = dev.buffer(4096)
+    del dev
+    assert gone() is None
+    buf = a.buffer(4096)  # the memory of an object of `dev` may come back for `a`
+    assert a.stats()["live_count"] == 1 and len(kept) == 4096
+    del buf, kept
+    assert a.stats()["live_count"] == 0
+
+
 def test_buffer_outlives_its_device_object():
     """A buffer shares the core device, not the Device object: the object goes when its last
     reference does (even one held through the buffer, a cycle no collector needs to see), and

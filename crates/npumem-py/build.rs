@@ -8,6 +8,7 @@
 //!   holds the lock of its own directory for as long as this script runs.
 //! - The files are replaced by a rename, never rewritten in place: a process may have the old
 //!   library loaded.
+//! - It passes on PyO3's cfgs of the interpreter (`Py_GIL_DISABLED`) to the crate.
 //! - Under `cargo clippy`, or with `NPUMEM_SKIP_CAPI=1`, it does nothing: a lint must not
 //!   replace the shipped library with one of its own profile.
 
@@ -35,6 +36,8 @@ fn replace(from: &Path, to: &Path) {
 }
 
 fn main() {
+    // The interpreter's cfgs, for this crate's own `cfg(Py_GIL_DISABLED)`.
+    pyo3_build_config::use_pyo3_cfgs();
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let root = manifest.join("../..");
     let capi = root.join("crates/npumem-capi");

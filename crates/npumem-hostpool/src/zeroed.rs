@@ -57,7 +57,12 @@ pub struct History {
 
 impl Default for History {
     fn default() -> Self {
-        History { written: AtomicU32::new(0), interval: AtomicU32::new(PROBE), probed: AtomicBool::new(false), writing: AtomicBool::new(false) }
+        History {
+            written: AtomicU32::new(0),
+            interval: AtomicU32::new(PROBE),
+            probed: AtomicBool::new(false),
+            writing: AtomicBool::new(false),
+        }
     }
 }
 
@@ -131,6 +136,8 @@ fn mostly_resident(start: usize, end: usize) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::ptr;
+
     use super::*;
 
     #[test]
@@ -159,5 +166,44 @@ mod tests {
         let huge = History::default();
         let probes = (0..100).filter(|_| drop_pages(true, 1 << 30, &huge)).count();
         assert!(probes >= 100 / MIN_MAX_INTERVAL as usize, "{probes} probes of 1 GiB blocks");
+    }
+
+    #[test]
+    fn a_writing_class_clears_without_sampling_and_every_block_reads_zero() {
+        const LEN: usize = 1 << 20;
+        // SAFETY: a fresh anonymous private mapping of two blocks, unmapped below.
+        let map = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                2 * LEN,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(map, libc::MAP_FAILED);
+        let blocks = [map.cast::<u8>(), map.cast::<u8>().wrapping_add(LEN)];
+        let h = History::default();
+        let mut wrote = 0;
+        for round in 0..64 {
+            // Mostly the first block, used; every fifth round the second, never touched (not
+            // resident while the class writes).
+            let block = blocks[usize::from(round % 5 == 4)];
+            // SAFETY: a block of the mapping, used by nobody else.
+            unsafe { clear(block, LEN, &h) };
+            // SAFETY: as above; read and written only here.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(block, LEN) };
+            assert!(bytes.iter().all(|&b| b == 0), "round {round}: not zero");
+            wrote += usize::from(h.writing.load(Ordering::Relaxed));
+            if block == blocks[0] {
+                bytes.iter_mut().step_by(PAGE).for_each(|b| *b = 0xA5);
+                bytes[LEN - 1] = 0x5A;
+            }
+        }
+        // The used class wrote most blocks (a drop is a probe or a block found unused).
+        assert!(wrote > 32, "{wrote} of 64 written");
+        // SAFETY: the mapping made above, no longer used.
+        assert_eq!(unsafe { libc::munmap(map, 2 * LEN) }, 0);
     }
 }

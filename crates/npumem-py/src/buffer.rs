@@ -17,7 +17,10 @@
 //! bytes through the buffer protocol (each export pins the block too). No callback lets a panic
 //! cross into Python.
 //!
-//! `Device.buffer(nbytes)` with one exact int is a C-API method too (`device::fast`).
+//! `Device.buffer(nbytes)` with one exact int is a C-API method too (`device::fast`). The memory
+//! of deallocated objects is kept for the next ones (`FreeList`, at most `FREE_MAX` blocks,
+//! reached only by a thread that holds the GIL), as CPython keeps its floats and tuples: a
+//! program that makes and drops buffers in a loop skips the object allocator.
 
 use std::ffi::{c_char, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -46,6 +49,55 @@ struct RawBuffer {
 
 /// The type object, made once at module initialisation and kept for the life of the process.
 static TYPE: AtomicPtr<ffi::PyTypeObject> = AtomicPtr::new(ptr::null_mut());
+
+/// Objects kept for reuse at most.
+const FREE_MAX: usize = 64;
+
+/// The memory of deallocated objects (each `size_of::<RawBuffer>()` bytes from
+/// `PyObject_Malloc`, holding nothing), kept for `new_buffer`.
+struct FreeList {
+    blocks: std::cell::UnsafeCell<([*mut c_void; FREE_MAX], usize)>,
+}
+
+// SAFETY: the list is reached only by `pop` and `push`, whose callers hold the GIL (the slots
+// and methods of this module run attached, and on a build with the GIL attached means holding
+// it); a build without the GIL has no list (`FREE_LIST` is `None` there).
+unsafe impl Sync for FreeList {}
+
+#[cfg(not(Py_GIL_DISABLED))]
+static FREE_LIST: Option<FreeList> =
+    Some(FreeList { blocks: std::cell::UnsafeCell::new(([ptr::null_mut(); FREE_MAX], 0)) });
+#[cfg(Py_GIL_DISABLED)]
+static FREE_LIST: Option<FreeList> = None;
+
+impl FreeList {
+    /// A kept block, or `None`.
+    ///
+    /// # Safety
+    /// The calling thread holds the GIL.
+    unsafe fn pop(&self) -> Option<*mut c_void> {
+        // SAFETY: the GIL, held by the caller, excludes every other access to the list.
+        let (blocks, len) = unsafe { &mut *self.blocks.get() };
+        *len = len.checked_sub(1)?;
+        Some(blocks[*len])
+    }
+
+    /// Keeps `obj` (the memory of a deallocated object) unless the list is full; whether kept.
+    ///
+    /// # Safety
+    /// The calling thread holds the GIL; `obj` came from `PyObject_Malloc` with this object's
+    /// size and is used by nobody.
+    unsafe fn push(&self, obj: *mut c_void) -> bool {
+        // SAFETY: as `pop`.
+        let (blocks, len) = unsafe { &mut *self.blocks.get() };
+        if *len == FREE_MAX {
+            return false;
+        }
+        blocks[*len] = obj;
+        *len += 1;
+        true
+    }
+}
 
 /// The getters' table; CPython keeps a pointer to it for the life of the type.
 struct GetSets([ffi::PyGetSetDef; 3]);
@@ -113,8 +165,14 @@ pub fn create_type(py: Python<'_>) -> PyResult<Bound<'_, PyType>> {
 /// made, the block is freed.
 pub fn new_buffer<'py>(py: Python<'py>, device: SharedDevice, ptr: u64, len: u64) -> PyResult<Bound<'py, PyAny>> {
     let ty = TYPE.load(Ordering::Acquire);
-    // SAFETY: `PyObject_Malloc` may be called on an attached thread (any size; NULL on failure).
-    let obj = if ty.is_null() { ptr::null_mut() } else { unsafe { ffi::PyObject_Malloc(size_of::<RawBuffer>()) } };
+    let obj = if ty.is_null() {
+        ptr::null_mut()
+    } else {
+        // SAFETY: the caller is attached (it holds `py`): with the GIL, it holds the GIL.
+        // `PyObject_Malloc` may be called on an attached thread (any size; NULL on failure).
+        unsafe { FREE_LIST.as_ref().and_then(|l| l.pop()) }
+            .unwrap_or_else(|| unsafe { ffi::PyObject_Malloc(size_of::<RawBuffer>()) })
+    };
     if obj.is_null() {
         let _ = device.release_with(|d| d.free_held(ptr));
         return Err(if ty.is_null() {
@@ -166,8 +224,9 @@ fn panicked() -> PyErr {
 }
 
 unsafe extern "C" fn dealloc(obj: *mut ffi::PyObject) {
-    // SAFETY: called once, when the last reference is gone; the fields are read before the
-    // memory goes back, and the device count taken at creation is released here.
+    // SAFETY: called once, when the last reference is gone, on an attached thread; the fields
+    // are read before the memory goes back (to the free list, which holds nothing of them, or
+    // to the allocator), and the device count taken at creation is released here.
     unsafe {
         let ptr = fields(obj).ptr;
         let device = ptr::read(&raw const (*obj.cast::<RawBuffer>()).device);
@@ -176,7 +235,9 @@ unsafe extern "C" fn dealloc(obj: *mut ffi::PyObject) {
         // device counts it live).
         let _ = device.release_with(|d| d.free_held(ptr));
         let ty = ffi::Py_TYPE(obj);
-        ffi::PyObject_Free(obj.cast());
+        if !FREE_LIST.as_ref().is_some_and(|l| l.push(obj.cast())) {
+            ffi::PyObject_Free(obj.cast());
+        }
         // Instances of a heap type hold a reference to it (taken by `PyObject_Init`).
         ffi::Py_DECREF(ty.cast());
     }
