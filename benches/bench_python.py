@@ -11,7 +11,7 @@ spell of the shared machine hits both ends of a ratio alike):
    pyarrow's system, mimalloc and jemalloc pools.
 2. ``HostPool.empty/zeros/full`` against NumPy from 64 B to 1 GiB (goal: never slower).
 3. ``np.zeros`` with the pool's NEP 49 handler installed against without it, untouched and used
-   (one byte written per 4 KiB page), 4 KiB to 64 MiB.
+   (one byte written per 4 KiB page), 64 B to 1 GiB.
 4. The allocate-free cycle and the allocate-touch-free cycle (one byte per 4 KiB page) at 4 KiB,
    1 MiB and 64 MiB: ``HostPool.empty``, ``np.empty`` and ``pa.allocate_buffer`` (three pools).
 5. Four threads allocating and freeing through one ``Device`` and through one ``HostPool``:
@@ -172,7 +172,7 @@ def nep49_table(w: World, quick: bool) -> Rows:
     """The handler is installed around each timed batch of the "with" case (not per call:
     installing it is a context-variable change that a program makes once)."""
     rows = []
-    for size in (PAGE, 1 << 20, 64 << 20):
+    for size in (64, PAGE, 64 << 10, 256 << 10, 1 << 20, 64 << 20, 1 << 30):
         for used in (False, True):
 
             def zeros(s: int = size, used: bool = used) -> None:
@@ -182,7 +182,7 @@ def nep49_table(w: World, quick: bool) -> Rows:
 
             n = calls_for(zeros, 0.002 if quick else 0.01, most=50_000)
             best = {"with": float("inf"), "without": float("inf")}
-            for _ in range(3 if quick else 15):
+            for _ in range(3 if quick or size >= 1 << 30 else 15):
                 for case in best:
                     previous = w.nep49.set_numpy_handler() if case == "with" else None
                     t0 = time.perf_counter()

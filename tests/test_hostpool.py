@@ -272,7 +272,7 @@ def test_pool_arrays_own_their_data_and_views_pin_it():
     assert g.sum() == 500_000
 
 
-@pytest.mark.parametrize("nbytes", [64, 4 * KiB, 300 * KiB, 8 * MiB + 123])
+@pytest.mark.parametrize("nbytes", [64, 4 * KiB, 300 * KiB, 600 * KiB, 8 * MiB + 123])
 def test_zeros_read_zero_on_every_reuse_used_or_not(nbytes: int):
     # Large blocks are cleared by dropping unused pages or writing used ones (and, every few
     # used ones, dropping them to look again): every path, on the same block, reads zero.

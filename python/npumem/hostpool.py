@@ -9,7 +9,7 @@ garbage-collected. :meth:`HostPool.numpy_allocator` goes further: inside the ``w
 NumPy's own ``np.empty`` / ``np.zeros`` / ufunc outputs are served by the pool (a NEP 49
 ``PyDataMem_Handler``, which also owns the pool's own arrays: ``handler_of`` names it for both).
 
-Zeroed memory (``zeros``, and ``np.zeros`` under the handler) from 256 KiB is cleared page by
+Zeroed memory (``zeros``, and ``np.zeros`` under the handler) from 512 KiB is cleared page by
 page as is cheapest: pages nobody touched since they were last cleared are handed back to the
 kernel (they read as zero, as NumPy's fresh pages do, at the cost of a system call), pages in use
 are written with zeros (so using them costs no page fault).
