@@ -1,6 +1,7 @@
 """Several `npu` devices (`NPUMEM_DEVICES=2`): npu:0 and npu:1 are the devices of npumem.acl's
 system (one address space), a copy between them takes the peer path, an unknown index is a clear
-error, and so is autograd on npu:1 (PyTorch's Python device guard knows one device)."""
+error, and autograd on npu:1 runs through compiled autograd (PyTorch's Python device guard knows
+one device, so its engine has no worker for npu:1)."""
 
 from __future__ import annotations
 
@@ -72,8 +73,46 @@ PROGRAM = textwrap.dedent(
     w = torch.ones(3, device="npu:0", requires_grad=True)
     (w * 2).sum().backward()
     out["backward0"] = str(w.grad.device)
+    # training on npu:1 (compiled autograd), against the same steps on the CPU
+    x, target = torch.randn(4, 3, 8, 8), torch.randint(0, 10, (4,))
+    runs = {}
+    for where in ("cpu", "npu:1"):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+            torch.nn.Flatten(), torch.nn.Linear(512, 10),
+        ).to(where)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+        losses = []
+        for _ in range(3):
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(net(x.to(where)), target.to(where))
+            loss.backward()
+            opt.step()
+            losses.append(loss.item() if host or where == "cpu" else list(loss.shape))
+        runs[where] = [losses, [p.grad for p in net.parameters()], [p for p in net.parameters()]]
+    (cpu_losses, cpu_grads, cpu_params), (losses, grads, params) = runs["cpu"], runs["npu:1"]
+    out["train1"] = {
+        "devices": sorted({str(g.device) for g in grads + params}),
+        "losses": [cpu_losses == losses] if host else losses,
+        "equal": all(torch.equal(a.cpu(), b) for a, b in zip(grads + params, cpu_grads + cpu_params)) if host else None,
+        "shapes": [list(g.shape) for g in grads] == [list(g.shape) for g in cpu_grads],
+        "on_npu1": torch.npu.memory_allocated(1) >= sum(4 * g.numel() for g in grads + params),
+        "engine_after": None,
+    }
+    w1 = torch.ones(3, device="npu:1", requires_grad=True)
+    out["grad1"] = [t.tolist() if host else list(t.shape) for t in torch.autograd.grad((w1 * w1).sum(), [w1])]
+    w.grad = None
+    (w * 3).sum().backward()  # npu:0 still takes the engine's own path
+    out["train1"]["engine_after"] = w.grad.tolist() if host else str(w.grad.device)
+    # an event of npu:1 waited on by npu:0's stream (on the host); recording it on npu:0 is refused
+    e = torch.npu.Event()
+    e.record(torch.npu.current_stream(1))
+    e.wait(torch.npu.current_stream(0))
+    out["event"] = [str(e.device), e.query()]
     for name, fn in [
-        ("backward1", lambda: (torch.ones(3, device="npu:1", requires_grad=True) * 2).sum().backward()),
+        ("event0", lambda: e.record(torch.npu.current_stream(0))),
+        ("backward1", lambda: torch.autograd.grad((w1 * w1).sum(), [w1], create_graph=True)),
         ("unknown", lambda: torch.empty(2, device="npu:2")),
         ("set_device", lambda: torch.npu.set_device(5)),
     ]:
@@ -130,10 +169,24 @@ def test_host_mode_copies_and_reads_equal_the_cpu_s(runs):
 
 
 @pytest.mark.parametrize("mode", ["host", "shape"])
-def test_an_unknown_index_and_autograd_on_npu1_are_clear_errors(runs, mode):
+def test_a_training_step_on_npu1_gives_the_cpu_runs_losses_and_gradients(runs, mode):
+    r = runs[mode]["train1"]
+    assert r["devices"] == ["npu:1"] and r["shapes"] and r["on_npu1"]
+    if mode == "host":
+        assert r["losses"] == [True] and r["equal"] and r["engine_after"] == [3.0, 3.0, 3.0]
+        assert runs[mode]["grad1"] == [[2.0, 2.0, 2.0]]
+    else:
+        assert r["losses"] == [[], [], []] and r["engine_after"] == "npu:0" and runs[mode]["grad1"] == [[3]]
+
+
+@pytest.mark.parametrize("mode", ["host", "shape"])
+def test_an_unknown_index_and_double_backward_on_npu1_are_clear_errors(runs, mode):
     r = runs[mode]
     assert r["unknown"] == ["ValueError", "device='npu:2': no such npu device; npumem.torch has npu:0, npu:1"]
     assert r["set_device"] == ["ValueError", "device=5: no such npu device; npumem.torch has npu:0, npu:1"]
+    assert r["event"] == ["npu:1", True]
+    assert r["event0"] == ["RuntimeError", "Event device npu:1 does not match recording stream's device npu:0"]
     kind, message = r["backward1"]
     assert kind == "DeviceAutogradError"
-    assert message.startswith("ACL_ERROR_FEATURE_UNSUPPORTED (200006): backward over tensors on npu:1 or above")
+    assert message.startswith("ACL_ERROR_FEATURE_UNSUPPORTED (200006): this backward over tensors on npu:1 or above")
+    assert "(create_graph=True)" in message

@@ -101,3 +101,50 @@ def test_bad_options_are_one_line_and_exit_status_2(tmp_path):
         out = _fit(tmp_path, *args)
         assert out.returncode == 2, (args, out.stderr)
         assert out.stderr.startswith(message) and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+TWO_DEVICES = textwrap.dedent(
+    """
+    import sys
+    import torch
+
+    a = torch.ones(1 << 20, device="npu:0")  # 4 MiB on npu:0
+    b = torch.ones(4 << 20, device="npu:1")  # 16 MiB on npu:1
+    c = (b * 2).to("npu:0")
+    big = torch.empty(int(sys.argv[1]), device="npu:1")
+    """
+)
+
+
+def test_with_two_devices_the_answer_and_the_snapshot_cover_each_device(tmp_path):
+    from torch.cuda import _memory_viz
+
+    script = tmp_path / "two.py"
+    script.write_text(TWO_DEVICES)
+    snap = tmp_path / "two.pickle"
+    fit = [sys.executable, "-m", "npumem", "fit", "--devices", "2", "--capacity", "256MiB"]
+    runs = [  # both at once: each is a fresh process importing torch
+        subprocess.Popen([*fit, "--snapshot", str(snap), str(script), str(100 << 20)], stdout=-1, stderr=-1, text=True),
+        subprocess.Popen([*fit, "--json", str(script), "1000"], stdout=-1, stderr=-1, text=True),
+    ]
+    (oom, oom_err), (fits, fits_err) = (r.communicate(timeout=180) for r in runs)
+    assert runs[0].returncode == 1, oom_err
+    assert oom.startswith(f"does not fit: out of memory on npu:1 at {script}:8, tried to allocate 400.00 MiB with ")
+    assert "; npu:0 peak reserved " in oom and "; npu:1 peak reserved " in oom
+    with open(snap, "rb") as f:
+        dumped = pickle.load(f)
+    assert {s["device"] for s in dumped["segments"]} == {0, 1} and len(dumped["device_traces"]) == 2
+    sizes = [[e["size"] for e in t if e["action"] == "alloc"] for t in dumped["device_traces"]]
+    # each device's own history, in torch_npu's rounding (32 bytes more, to 512): a, then b
+    assert sizes[0][0] == (4 << 20) + 512 and sizes[1][0] == (16 << 20) + 512 and (4 << 20) + 512 not in sizes[1]
+    assert "Summary of segments" in _memory_viz.segsum(dumped)
+    trace = _memory_viz.trace(dumped)
+    assert "Device 0 ----" in trace and "Device 1 ----" in trace
+    assert "<html" in _memory_viz.trace_plot(dumped).lower()  # every device
+
+    assert runs[1].returncode == 0, fits_err
+    answer = json.loads(fits)
+    assert [d["device"] for d in answer["devices"]] == ["npu:0", "npu:1"]
+    zero, one = answer["devices"]
+    assert answer["peak_allocated"] == zero["peak_allocated"] and not zero["out_of_memory"]
+    assert zero["peak_allocated"] >= 20 << 20 and one["peak_allocated"] >= 32 << 20  # a and c; b and b * 2

@@ -668,8 +668,13 @@ def write_snapshot(device: Any, path: Any) -> None:
     it with :func:`check_snapshot`."""
     if not isinstance(device, _native.Device):
         raise _args.type_error("device", device, "an npumem.Device (its memory snapshot is written)")
+    dump_snapshot_data(device.memory_snapshot(), path)
+
+
+def dump_snapshot_data(snap: Any, path: Any) -> None:
+    """Pickles the snapshot ``snap`` (a dict of PyTorch's format, e.g. several devices' merged)
+    to ``path``, after checking it with :func:`check_snapshot`."""
     name = _files.path_arg(path)
-    snap = device.memory_snapshot()
     check_snapshot(snap)
     with open(name, "wb") as f:
         pickle.dump(snap, f, protocol=SNAPSHOT_PROTOCOL)

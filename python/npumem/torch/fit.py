@@ -10,8 +10,10 @@ R reserved" (exit 1), the line being the user's own frame, not PyTorch's or npum
 Rules:
 - Options come before the script; everything after it is the script's. They are checked
   before torch is imported or the script starts: a bad one is one line and exit status 2.
-- With ``--devices N`` the answer is npu:0's, then each other device's peaks (``devices`` in
-  ``--json``); out of memory on any device does not fit.
+- With ``--devices N`` the answer names each device's peaks (``devices`` in ``--json``), and
+  out of memory on any device does not fit, naming the device that ran out; the top-level
+  figures of ``--json`` are npu:0's. ``--snapshot`` holds every device (one pickle in PyTorch's
+  format, each segment tagged with its device, ``device_traces[i]`` for npu:i).
 - The script sees ``sys.argv`` as ``[script, args...]`` and ``import torch_npu`` resolves to
   npumem's stand-in, as under ``python -m npumem.torch``. An exception of the script's own (not
   out of memory) is its traceback and exit status 2; its ``sys.exit(n)`` with ``n`` not 0 is
@@ -145,7 +147,9 @@ def run(args: Any) -> int:
         progress.stop()
         sys.argv, sys.path[:] = saved_argv, saved_path
     if args.snapshot:
-        dev.dump_snapshot(args.snapshot)
+        from .snapshot import dump
+
+        dump(args.snapshot)
     missing = None
     if args.plot:
         try:
@@ -164,32 +168,47 @@ def run(args: Any) -> int:
         "alloc_conf": dev.alloc_conf,
         "out_of_memory": oom,
         "devices": [
-            {"peak_reserved": d.max_memory_reserved(), "peak_allocated": d.max_memory_allocated()}
-            for d in runtime.get().devices
+            {
+                "device": f"npu:{i}",
+                "peak_reserved": d.max_memory_reserved(),
+                "peak_allocated": d.max_memory_allocated(),
+                "fragmentation": d.fragmentation()["external"],
+                "out_of_memory": oom is not None and oom["device"] == i,
+            }
+            for i, d in enumerate(runtime.get().devices)
         ],
     }
-    others = "".join(
-        f"; npu:{i} peak reserved {_gib(d['peak_reserved'])}, peak allocated {_gib(d['peak_allocated'])}"
-        for i, d in enumerate(answer["devices"])
-        if i
-    )
     if args.json:
         print(json.dumps(answer))
     elif oom is None:
+        peaks = f"peak reserved {_gib(answer['peak_reserved'])} of {_gib(dev.capacity)}, peak allocated "
+        peaks += f"{_gib(answer['peak_allocated'])}"
         print(
-            f"fits: peak reserved {_gib(answer['peak_reserved'])} of {_gib(dev.capacity)}, peak allocated "
-            f"{_gib(answer['peak_allocated'])}, fragmentation {frag['external']:.1%} of the free reserved "
-            f"memory at the end{others}"
+            f"fits: {peaks}{' on npu:0' if count > 1 else ''}, fragmentation {frag['external']:.1%} of the free "
+            f"reserved memory at the end{_others(answer['devices'], skip=0)}"
         )
     else:
+        on = f" on npu:{oom['device']}" if count > 1 else ""
         print(
-            f"does not fit: out of memory at {oom['file']}:{oom['line']}, tried to allocate "
+            f"does not fit: out of memory{on} at {oom['file']}:{oom['line']}, tried to allocate "
             f"{_gib(oom['tried_to_allocate'])} with {_gib(oom['reserved'])} reserved (of {_gib(dev.capacity)})"
+            f"{_others(answer['devices'], skip=None)}"
         )
     if missing:
         print(missing, file=sys.stderr)
         return EXIT_MISSING_DEPENDENCY
     return EXIT_OK if oom is None else EXIT_NO
+
+
+def _others(devices: list[dict[str, Any]], skip: int | None) -> str:
+    """Each device's peaks but ``skip``'s, for the answer's line (nothing with one device)."""
+    if len(devices) == 1:
+        return ""
+    return "".join(
+        f"; {d['device']} peak reserved {_gib(d['peak_reserved'])}, peak allocated {_gib(d['peak_allocated'])}"
+        for i, d in enumerate(devices)
+        if i != skip
+    )
 
 
 def _gib(n: int) -> str:

@@ -3,9 +3,10 @@
 
 Rules:
 - Names and signatures are torch_npu's; only what npumem can answer truthfully is here. Streams
-  are npumem's (:mod:`.streams`: they pick the allocator's pool; ops do not run on them). Events,
-  RNG state per device and ``torch.accelerator``'s memory calls are not here (the Python
-  PrivateUse1 route has no C++ device allocator or stream guard).
+  and events are npumem's (:mod:`.streams`, :mod:`.events`: they pick the allocator's pool and
+  order its stream-ordered reuse; ops do not run on them). RNG state per device and
+  ``torch.accelerator``'s memory calls are not here (the Python PrivateUse1 route has no C++
+  device allocator or stream guard).
 - ``npu`` random numbers come from PyTorch's CPU generator (the kernels are CPU's), so
   ``torch.manual_seed`` seeds them and a seeded CPU run draws the same numbers.
 """
@@ -17,7 +18,8 @@ from typing import Any
 import torch
 
 from .. import runtime
-from . import memory, streams
+from . import events, memory, streams
+from .events import Event
 from .memory import (
     _dump_snapshot,
     _record_memory_history,
@@ -39,6 +41,7 @@ from .memory import (
 from .streams import Stream, current_stream, default_stream, set_stream, stream
 
 __all__ = [
+    "Event",
     "OutOfMemoryError",
     "Stream",
     "_dump_snapshot",
@@ -49,6 +52,7 @@ __all__ = [
     "default_stream",
     "device_count",
     "empty_cache",
+    "events",
     "get_amp_supported_dtype",
     "get_device_name",
     "get_per_process_memory_fraction",

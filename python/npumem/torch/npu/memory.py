@@ -6,7 +6,10 @@ Rules:
 - Values are npumem's own counters: ``memory_allocated`` is the bytes of live blocks as the
   chosen allocator rounds them, ``memory_reserved`` the bytes it holds from the device.
 - ``memory_stats`` has torch_npu's keys (``allocated_bytes.all.current``, ``num_ooms``, ...),
-  sorted, as torch_npu flattens them; ``memory_snapshot`` is the snapshot's ``segments``.
+  sorted, as torch_npu flattens them.
+- Snapshots cover every device, as torch_npu's and PyTorch's do (:mod:`..snapshot`: each
+  segment tagged with its device, ``device_traces[i]`` for ``npu:i``); ``memory_snapshot`` is the
+  ``segments``; ``_snapshot(device)`` with a device given is that device's alone.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import collections
 from typing import Any
 
 from .. import runtime
+from .. import snapshot as _snapshots
 
 __all__ = [
     "_dump_snapshot",
@@ -102,10 +106,10 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
 
 
 def memory_snapshot(mempool_id: Any = None) -> list[dict[str, Any]]:
-    """The current device's segments with their blocks (PyTorch's snapshot schema)."""
+    """Every device's segments with their blocks (PyTorch's snapshot schema)."""
     if mempool_id is not None:
         raise ValueError(f"mempool_id={mempool_id!r}: memory pools are not supported by npumem.torch")
-    return _dev().memory_snapshot()["segments"]
+    return _snapshots.snapshot()["segments"]
 
 
 def _record_memory_history(
@@ -119,10 +123,11 @@ def _record_memory_history(
 
 
 def _snapshot(device: Any = None) -> dict[str, Any]:
-    """The whole snapshot (``segments``, ``device_traces``, ...) memory_viz reads."""
-    return _dev(device).memory_snapshot()
+    """The whole snapshot (``segments``, ``device_traces``, ...) memory_viz reads: every
+    device's, or ``device``'s alone."""
+    return _snapshots.snapshot(None if device is None else [runtime.index_of(device)])
 
 
 def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
-    """Pickles :func:`_snapshot` to ``filename`` for PyTorch's memory_viz."""
-    _dev().dump_snapshot(filename)
+    """Pickles every device's :func:`_snapshot` to ``filename`` for PyTorch's memory_viz."""
+    _snapshots.dump(filename)

@@ -9,9 +9,10 @@ Rules:
   for that stream, as torch_npu's does, so two streams do not share cached blocks.
 - ``tensor.record_stream(s)`` marks the block as used on ``s`` too (``Device.record_stream``):
   its memory is reused only once ``s`` reaches the point of the free.
-- Ops do not run on streams (the kernels are synchronous CPU or meta kernels), so there is never
-  queued work: ``synchronize`` and ``wait_stream`` return at once, ``query`` is True. Events are
-  not provided.
+- Ops do not run on streams (the kernels are synchronous CPU or meta kernels); what is queued
+  on a stream is npumem's own work (``Device.launch``, ``memcpy_async``) on its simulated clock.
+  ``synchronize``, ``query``, ``record_event``, ``wait_event`` and ``wait_stream`` are npumem's
+  (:mod:`.events`), so the allocator's stream-ordered reuse sees them.
 """
 
 from __future__ import annotations
@@ -46,10 +47,31 @@ class Stream(torch.Stream):
         runtime.device(self.device_index).synchronize_stream(_native(self.stream_id))
 
     def query(self) -> bool:
-        return True
+        """Whether the work queued on the stream so far is done."""
+        return self.record_event().query()
+
+    def record_event(self, event: Any = None) -> Any:
+        """Records ``event`` (a new ``torch.npu.Event`` by default) on this stream; returns it."""
+        from .events import Event
+
+        if event is None:
+            event = Event()
+        elif not isinstance(event, Event):
+            raise TypeError(f"event={event!r}: expected a torch.npu.Event")
+        event.record(self)
+        return event
+
+    def wait_event(self, event: Any) -> None:
+        """Work queued on this stream from now on waits for ``event``."""
+        from .events import Event
+
+        if not isinstance(event, Event):
+            raise TypeError(f"event={event!r}: expected a torch.npu.Event")
+        event.wait(self)
 
     def wait_stream(self, stream: Any) -> None:
-        """Nothing is queued on any stream: there is nothing to wait for."""
+        """Work queued on this stream from now on waits for the work queued on ``stream`` so far."""
+        self.wait_event(_check(stream).record_event())
 
 
 def _native(stream_id: int) -> int | None:
@@ -65,11 +87,14 @@ def default_stream(device: Any = None) -> Stream:
     return Stream(runtime.index_of(device), stream_id=_DEFAULT)
 
 
-def _check(stream: Any) -> torch.Stream:
+def _check(stream: Any) -> Stream:
+    """``stream`` as a :class:`Stream` (a plain ``torch.Stream`` of the npu device becomes one)."""
     if not isinstance(stream, torch.Stream) or stream.device_type != _TYPE:
         raise TypeError(f"stream={stream!r}: expected an npu stream (torch.npu.Stream())")
     runtime.check_index(stream.device_index)
-    return stream
+    if isinstance(stream, Stream):
+        return stream
+    return Stream(stream.device_index, stream_id=stream.stream_id)
 
 
 def set_stream(stream: Any) -> None:
