@@ -1,7 +1,8 @@
 """The plain-call paths of acl.rt's hot calls (malloc, free, memcpy, memset, malloc_host,
 free_host) keep every promise of the checked path: each error code and message, the per-thread
 context, and, for random programs, the same codes, messages and bytes as the checked path
-(``rt._malloc``, ``rt._free``, ``rt._copy``, ``rt._memset_args``) run as the model."""
+(``rt._malloc``, ``rt._free``, ``rt._copy``, ``rt._memset_args``, ``rt._malloc_host``,
+``rt._free_host``) run as the model."""
 
 from __future__ import annotations
 
@@ -71,6 +72,19 @@ def test_malloc_records_the_call_site(system):
     assert ret == 0 and RT.allocs[p].site == f"{__file__}:{line}"
     assert (RT.allocs[p].size, RT.allocs[p].device, RT.allocs[p].api) == (4096, 0, "malloc")
     assert acl.rt.free(p) == 0 and p not in RT.allocs and RT.freed_sites[p].endswith(f":{line}")
+
+
+def test_malloc_host_records_the_call_site(system):
+    h, ret = acl.rt.malloc_host(100)
+    line = test_malloc_host_records_the_call_site.__code__.co_firstlineno + 1
+    assert ret == 0 and RT.host_blocks[h].site == f"{__file__}:{line}" and RT.host_blocks[h].owner == 0
+    assert acl.rt.free_host(h) == 0 and RT.freed_sites[h].endswith(f":{line}")
+    # Without a context (another thread), the block belongs to device 0.
+    got = []
+    t = threading.Thread(target=lambda: got.append(acl.rt.malloc_host(64)))
+    t.start()
+    t.join()
+    assert got[0][1] == 0 and RT.host_blocks[got[0][0]].owner == 0 and acl.rt.free_host(got[0][0]) == 0
 
 
 def test_malloc_without_a_context_on_another_thread(system):
@@ -231,6 +245,10 @@ def _checked(op: str, *args):
             return rt._copy("memcpy", *args, None)
         if op == "memset":
             return rt._memset_args(*args)
+        if op == "malloc_host":
+            return rt._malloc_host(rt._k(args[0], "malloc_host", "size"))
+        if op == "free_host":
+            return rt._free_host(rt._k(args[0], "free_host", "host_ptr"))
     raise AssertionError(op)
 
 
@@ -255,11 +273,11 @@ def run(program, fast: bool) -> list:
         if kind == "malloc":
             res = call("malloc", *args)
         elif kind == "malloc_host":
-            res = acl.rt.malloc_host(args[0])
+            res = call("malloc_host", args[0])
         elif kind == "free":
             res = call("free", ptr(args[0], args[1]))
         elif kind == "free_host":
-            res = acl.rt.free_host(ptr(args[0], 0))
+            res = call("free_host", ptr(args[0], 0))
         elif kind == "memcpy":
             d, s, n = ptr(args[0], args[1]), ptr(args[2], args[3]), args[4]
             res = call("memcpy", d, n + args[5], s, n, args[6])

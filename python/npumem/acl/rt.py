@@ -430,6 +430,17 @@ def _not_dvpp(alloc: Alloc) -> bool:
 def malloc_host(size: Any) -> tuple[int, int]:
     """``aclrtMallocHost``: real, 64-byte aligned process memory."""
     with LOCK:
+        # Fast path: an exact int and a live current context (_malloc_host's steps otherwise).
+        if type(size) is int and 0 < size <= _U64:
+            ctx = RT.thread.context
+            if ctx is not None and ctx.handle in RT.contexts:
+                try:
+                    ptr = RT.system.devices[ctx.device].malloc_host(size)  # type: ignore[union-attr]
+                except AclError as e:
+                    return 0, RT.native_error(e)
+                frame = sys._getframe(1)  # call_site(2), inline: this is the hot path
+                RT.add_host_block(ptr, HostBlock(ctx.device, size, f"{frame.f_code.co_filename}:{frame.f_lineno}"))
+                return ptr, C.ACL_SUCCESS
         return _malloc_host(_k(size, "malloc_host", "size"))
 
 
