@@ -11,6 +11,16 @@ passes (``acl.util.bytes_to_ptr``/``numpy_to_ptr`` pointers, ``ndarray.ctypes.da
 to be mapped before it is touched. Copies take their direction from the addresses (the kind is
 checked, 0-5, then advisory); an async copy from or to pageable memory completes before it
 returns, one between a device and its own ``malloc_host`` memory is queued on the stream.
+
+Rules of the hot calls (``malloc``, ``free``, ``memcpy``, ``memset``, ``malloc_host``,
+``free_host``):
+
+- a plain call (exact ints, a live current context, memory of one created device or its
+  ``malloc_host`` blocks, in bounds) takes the plain-call path; anything else takes the checked
+  path (``_malloc``, ``_free``, ``_copy``, ``_memset_args``, ``_malloc_host``, ``_free_host``),
+  which words every error;
+- both paths read and write the same tables (``RT.allocs``, ``RT.host_blocks``,
+  ``RT.freed_sites``) under ``LOCK`` and give the same codes, messages and bytes.
 """
 
 from __future__ import annotations
