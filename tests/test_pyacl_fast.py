@@ -305,3 +305,31 @@ def run(program, fast: bool) -> list:
 @given(st.lists(OP, max_size=25))
 def test_random_programs_match_the_checked_path(program):
     assert run(program, True) == run(program, False)
+
+
+# ----- Device.malloc(size, policy, stream, tag): the call npumem.acl makes -----
+
+
+def test_device_malloc_with_four_positional_arguments():
+    import npumem
+
+    dev = npumem.Device("256MiB")
+    x = dev.malloc(4096, 2, 0, "site.py:7")
+    assert [(a["ptr"], a["tag"]) for a in dev.leak_report()["allocations"]] == [(x, "site.py:7")]
+    assert dev.page_of(x) == 4096  # policy 2 (NORMAL_ONLY) kept
+    s = dev.create_stream()
+    y = dev.malloc(100, 0, s, "on a stream")
+    dev.free(y)
+    # What the plain call refuses goes to the general method, with its messages.
+    with pytest.raises(npumem.errors.InvalidParamError, match="99 is not a valid memory malloc policy"):
+        dev.malloc(4096, 99, 0, "t")
+    with pytest.raises(TypeError, match="tag must be a str, got int"):
+        dev.malloc(4096, 0, 0, 5)
+    with pytest.raises(npumem.errors.InvalidParamError, match="stream 7 does not exist"):
+        dev.malloc(4096, 0, 7, "t")
+    with pytest.raises(npumem.errors.InvalidParamError, match="size must be greater than 0"):
+        dev.malloc(0, 0, 0, "t")
+    with pytest.raises(npumem.errors.InvalidParamError, match="size must be an integer from 0 to 2"):
+        dev.malloc(-1, 0, 0, "t")
+    dev.free(x)
+    assert dev.leak_report()["allocations"] == []
