@@ -666,11 +666,7 @@ def memcpy(dst: Any, dest_max: Any, src: Any, count: Any, kind: Any) -> int:
         # Fast path: exact ints, both ends in the device window or malloc_host blocks of one
         # created device, in bounds (_copy's steps; it serves every other copy).
         if (
-            type(dst) is int
-            and type(src) is int
-            and type(count) is int
-            and type(dest_max) is int
-            and type(kind) is int
+            type(dst) is type(src) is type(count) is type(dest_max) is type(kind) is int
             and 0 <= kind <= 5
             and 0 < count <= dest_max <= _U64
             and dst != src
@@ -806,10 +802,7 @@ def memset(dev_ptr: Any, max_count: Any, value: Any, count: Any) -> int:
     with LOCK:
         # Fast path: exact ints, memory of a created device or a malloc_host block, in bounds.
         if (
-            type(dev_ptr) is int
-            and type(max_count) is int
-            and type(value) is int
-            and type(count) is int
+            type(dev_ptr) is type(max_count) is type(value) is type(count) is int
             and 0 < count <= max_count <= _U64
             and -(1 << 31) <= value < 1 << 31
             and RT.system is not None
