@@ -21,6 +21,7 @@ from npumem.acl import rt
 from npumem.acl._runtime import LOCK, RT
 
 H2H, H2D, D2H, D2D = 0, 1, 2, 3
+SCRATCH = 8192
 
 
 def reset() -> None:
@@ -267,6 +268,17 @@ def run(program, fast: bool) -> list:
     def ptr(i: int, off: int) -> int:
         return ptrs[i % len(ptrs)][0] + off if ptrs else 0
 
+    # Bytes are copied to and from pageable memory as in C: an end of a copy or fill outside
+    # the device window and outside every live malloc_host block is this scratch buffer, so a
+    # program never writes the interpreter's heap.
+    scratch = np.zeros(2 * SCRATCH, np.uint8)
+
+    def target(i: int, off: int) -> int:
+        p = ptr(i, off)
+        if p == 0 or RT.sys().locate(p) is not None or RT.host_block_of(p) is not None:
+            return p
+        return scratch.ctypes.data + off
+
     for op in program:
         before = acl.get_recent_err_msg()
         kind, args = op[0], op[1:]
@@ -279,10 +291,10 @@ def run(program, fast: bool) -> list:
         elif kind == "free_host":
             res = call("free_host", ptr(args[0], 0))
         elif kind == "memcpy":
-            d, s, n = ptr(args[0], args[1]), ptr(args[2], args[3]), args[4]
+            d, s, n = target(args[0], args[1]), target(args[2], args[3]), args[4]
             res = call("memcpy", d, n + args[5], s, n, args[6])
         elif kind == "memset":
-            res = call("memset", ptr(args[0], args[1]), args[3] + args[4], args[2], args[3])
+            res = call("memset", target(args[0], args[1]), args[3] + args[4], args[2], args[3])
         else:
             res = getattr(acl.rt, kind)(args[0])
         if isinstance(res, tuple) and res[1] == 0:
@@ -297,6 +309,7 @@ def run(program, fast: bool) -> list:
             out.append(bytes(buf))
         elif p in RT.host_blocks:
             out.append(ctypes.string_at(p, RT.host_blocks[p].size))
+    out.append(scratch.tobytes())
     reset()
     return out
 

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from .._native import VA_WINDOW_START
 from ..errors import AclError
 from . import codes as C
 from ._runtime import (
@@ -693,7 +694,11 @@ def _fast_where(addr: int, count: int) -> tuple[bool, int] | None:
     """(on a device, the device) of ``count`` bytes at ``addr`` in a created device's window or
     inside one malloc_host block, or None: _where decides (and words the error)."""
     s = RT.system
-    d = s.locate(addr)  # type: ignore[union-attr]
+    if s._sim:  # type: ignore[union-attr]
+        off = addr - VA_WINDOW_START  # System.locate's arithmetic, inline: the hot path
+        d = off // s._slice if 0 <= off < s._span else None  # type: ignore[union-attr]
+    else:
+        d = s.locate(addr)  # type: ignore[union-attr]
     if d is not None:
         return (True, d) if s.devices[d] is not None else None  # type: ignore[union-attr]
     hit = RT.host_block_of(addr)
