@@ -4,7 +4,9 @@ measuring, and the files it refuses."""
 from __future__ import annotations
 
 import json
+import math
 
+import numpy as np
 import pytest
 
 from npumem.cli import main
@@ -90,3 +92,22 @@ def test_measured_refuses_what_only_a_measurement_uses(tmp_path, capsys):
     assert "the document is a list" in capsys.readouterr().err
     assert main(["tlb", "validate", "--measured", path, "--preset", "nope"]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_a_set_over_its_ways_misses_on_every_line_of_a_cyclic_order():
+    from npumem.chase_model import _resident
+
+    one_set = (8 * 64, 8)  # 8 lines, 8 ways: one set
+    assert _resident(7, one_set) == pytest.approx(sum(np.exp(-7) * 7**k / math.factorial(k) for k in range(8)))
+    # The L1 data cache's step on this project's machine: 512 random lines in 64 sets keep 45%.
+    assert _resident(512, (32 << 10, 8)) == pytest.approx(0.453, abs=1e-3)
+    assert _resident(1e-9, one_set) == pytest.approx(1.0)
+
+
+def test_fit_leaves_a_constant_no_point_spends_time_on_at_zero():
+    from npumem.tlb import fit_chase
+
+    few = grid(256 << 10, 1 << 20, 1)
+    ns = predict_chase(few, 4096, host_page_size=4096, preset="zen4", costs=COSTS)
+    fitted = fit_chase(few, ns, page_size=4096, host_page_size=4096, preset="zen4")
+    assert fitted["far_ns"] == 0.0 and fitted["l2_tlb_ns"] == pytest.approx(COSTS["l2_tlb_ns"], rel=0.05)
