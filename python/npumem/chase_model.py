@@ -21,9 +21,10 @@ Rules:
   squares); ``base_ns`` is the chase's floor: the mean of the measured points the model gives no
   L1 TLB miss and L1-resident data.
 - What it does not represent: prefetchers, replacement other than LRU and index hashing in the
-  data caches (the residency above is random placement), memory-level parallelism (a chase has none), and DRAM pages. Data-cache effects
-  take over where the lap's lines leave L1 (32 KiB: 512 lines, a 2 MiB footprint on Zen 4) and L2
-  (1 MiB: 16,384 lines, a 64 MiB footprint): there the load, not the translation, sets the step.
+  data caches (the residency above is random placement), memory-level parallelism (a chase has
+  none), and DRAM pages. Data-cache effects take over where the lap's lines leave L1 (32 KiB: 512
+  lines, from a 1.4 MiB footprint on Zen 4) and L2 (1 MiB: 16,384 lines, a 64 MiB footprint):
+  there the load, not the translation, sets the step.
 """
 
 from __future__ import annotations
