@@ -14,15 +14,17 @@ Rules:
   (``far_ns``). Reads the walk caches skip cost nothing.
 - Residency: upper-level walk reads and the host walks of guest table pages touch a handful of
   lines and are near. The data line and the leaf reads (a guest PTE each walk, a host PTE of the
-  data each walk) share the data caches, set-associative with lines in random sets (see
-  ``_weights``).
+  data each walk) share the data caches, set-associative with lines in random sets; the chase
+  repeats one order, so a set holding more lines than ways misses on every one of them (LRU on a
+  cyclic order; :func:`chase_weights`).
 - Three cost constants are fitted (``l2_tlb_ns``, ``near_ns``, ``far_ns``, non-negative least
   squares); ``base_ns`` is the chase's floor: the mean of the measured points the model gives no
   L1 TLB miss and L1-resident data.
-- What it does not represent: prefetchers, the data caches' replacement and index hashing (the
-  residency above is random placement), memory-level parallelism (a chase has none), and DRAM pages. Data-cache effects
-  take over where the lap's lines leave L1 (32 KiB: 512 lines, a 2 MiB footprint on Zen 4) and L2
-  (1 MiB: 16,384 lines, a 64 MiB footprint): there the load, not the translation, sets the step.
+- What it does not represent: prefetchers, replacement other than LRU and index hashing in the
+  data caches (the residency above is random placement), memory-level parallelism (a chase has
+  none), and DRAM pages. Data-cache effects take over where the lap's lines leave L1 (32 KiB: 512
+  lines, from a 1.4 MiB footprint on Zen 4) and L2 (1 MiB: 16,384 lines, a 64 MiB footprint):
+  there the load, not the translation, sets the step.
 """
 
 from __future__ import annotations
@@ -140,7 +142,8 @@ def chase_weights(
     the host's leaf entries of the data: eight a line under a 2 MiB or 1 GiB guest page (its
     frames are contiguous), one a line under 4 KiB guest pages (a guest's 4 KiB frames lie
     scattered). Lines land in random sets: a cache of S sets of A ways holding W/k lines (a line
-    touched k times a lap counts 1/k) keeps E[min(L, A)] / λ of them, L ~ Poisson(λ = W/(k·S)).
+    touched k times a lap counts 1/k) keeps P(L < A) of them, L ~ Poisson(λ = W/(k·S)) the other
+    lines of a line's set: under LRU a set over its ways misses on every line of a cyclic order.
     The load and the leaf reads cost
     ``base_ns`` when L1-resident, ``near_ns`` when L2-resident, ``far_ns`` beyond; the other walk
     reads (upper levels, host walks of guest table pages) ``near_ns``."""
@@ -175,17 +178,17 @@ def chase_weights(
 
 
 def _resident(lines: float, cache: Cache) -> float:
-    """The share of ``lines`` lines, placed in random sets, that ``cache`` holds."""
+    """The share of ``lines`` lines, placed in random sets and touched in one repeating order,
+    that ``cache`` keeps: a line hits when its set holds at most ``ways`` of them (fewer than
+    ``ways`` others, Poisson with mean ``lines / sets``); a set holding more misses on every
+    line, as least-recently-used replacement does on a cyclic order."""
     size, ways = cache
     lam = lines / (size / LINE / ways)
-    if lam <= 0:
-        return 1.0
-    p, tail, kept = math.exp(-lam), 1.0, 0.0
+    p, kept = math.exp(-lam), 0.0
     for load in range(ways):
-        kept += load * p
-        tail -= p
+        kept += p
         p *= lam / (load + 1)
-    return min(1.0, (kept + ways * max(tail, 0.0)) / lam)
+    return min(1.0, kept)
 
 
 def predict_ns(rows: list[dict[str, float]], c: Mapping[str, float]) -> list[float]:

@@ -144,14 +144,26 @@ def _parser() -> argparse.ArgumentParser:
         help="this machine's pointer chase (4 KiB pages, 2 MiB THP) beside the model's prediction "
         "(costs fitted on 4 KiB)",
     )
-    va.add_argument("--max-footprint", default="64MiB", help="largest footprint (64KiB-1GiB; default 64MiB)")
-    va.add_argument("--min-footprint", default="64KiB", help="smallest footprint (default 64KiB)")
-    va.add_argument("--per-octave", type=int, default=4, help="footprints an octave (default 4)")
-    va.add_argument("--rounds", type=int, default=5, help="interleaved rounds; each point is the best (default 5)")
+    va.add_argument("--max-footprint", default=None, help="largest footprint (64KiB-1GiB; default 64MiB)")
+    va.add_argument("--min-footprint", default=None, help="smallest footprint (default 64KiB)")
+    va.add_argument("--per-octave", type=int, default=None, help="footprints an octave (default 4)")
+    va.add_argument("--rounds", type=int, default=None, help="interleaved rounds; each point is the best (default 5)")
     va.add_argument(
-        "--host-page-size", default="4KiB", help="the host's page (4KiB, 2MiB, 1GiB) or 'none' for a native machine"
+        "--host-page-size",
+        default=None,
+        help="the host's page (4KiB, 2MiB, 1GiB) or 'none' for a native machine (default 4KiB, or --measured's)",
     )
-    va.add_argument("--preset", default="cpuid", help="geometry: 'cpuid' (this machine's) or a preset name")
+    va.add_argument(
+        "--preset",
+        default=None,
+        help="geometry: 'cpuid' (this machine's) or a preset name (default cpuid, or --measured's)",
+    )
+    va.add_argument(
+        "--measured",
+        default=None,
+        metavar="FILE",
+        help="re-fit and re-predict the measurement stored in FILE (a --json output) instead of measuring",
+    )
     va.add_argument("--no-hugetlb", action="store_true", help="skip the hugetlb series even where pages are free")
     va.add_argument("--json", default=None, help="also write the result as JSON to this path")
     va.add_argument("--plot", default=None, help="also draw measured vs model into this PNG (needs matplotlib)")
@@ -358,20 +370,36 @@ def _tlb_presets(args: argparse.Namespace) -> int:
 def _tlb_validate(args: argparse.Namespace) -> int:
     from . import _args, tlb, tlb_validate
 
-    lo = _args.size(args.min_footprint, "--min-footprint", 4096, 1 << 30)
-    hi = _args.size(args.max_footprint, "--max-footprint", lo, 1 << 30)
-    per_octave = _args.integer(args.per_octave, "--per-octave", 1, 64)
-    host = None if args.host_page_size.lower() == "none" else tlb.host_page(args.host_page_size, "--host-page-size")
+    host: Any = None
+    if args.host_page_size is not None and args.host_page_size.lower() != "none":
+        host = tlb.host_page(args.host_page_size, "--host-page-size")
     for path, flag in ((args.json, "--json"), (args.plot, "--plot")):
         if path:
             _output_path(path, flag)
-    result = tlb_validate.validate(
-        tlb_validate.grid(lo, hi, per_octave),
-        rounds=args.rounds,
-        host_page_size=host,
-        preset=args.preset,
-        hugetlb=not args.no_hugetlb,
-    )
+    if args.measured is not None:
+        measuring = ("--min-footprint", "--max-footprint", "--per-octave", "--rounds")
+        given = [f for f in measuring if getattr(args, f[2:].replace("-", "_")) is not None]
+        if given or args.no_hugetlb:
+            raise UsageError(
+                f"{', '.join(given or ['--no-hugetlb'])} set what is measured; --measured FILE measures nothing "
+                "(it re-fits the stored points): drop one or the other"
+            )
+        result = tlb_validate.revalidate(
+            args.measured,
+            host_page_size=tlb_validate.FROM_FILE if args.host_page_size is None else host,
+            preset=args.preset,
+        )
+    else:
+        lo = _args.size(args.min_footprint or "64KiB", "--min-footprint", 4096, 1 << 30)
+        hi = _args.size(args.max_footprint or "64MiB", "--max-footprint", lo, 1 << 30)
+        per_octave = _args.integer(4 if args.per_octave is None else args.per_octave, "--per-octave", 1, 64)
+        result = tlb_validate.validate(
+            tlb_validate.grid(lo, hi, per_octave),
+            rounds=5 if args.rounds is None else args.rounds,
+            host_page_size=4096 if args.host_page_size is None else host,
+            preset=args.preset or "cpuid",
+            hugetlb=not args.no_hugetlb,
+        )
     print(tlb_validate.format_table(result))
     if args.json:
         tlb_validate.write_json(result, args.json)

@@ -584,7 +584,8 @@ def fit_chase(
     """The ``costs`` (base_ns, l2_tlb_ns, near_ns, far_ns) that fit measured ``ns`` per access at
     ``footprints`` best: base_ns the mean of the points with no L1 TLB miss and L1-resident data
     in the model (the smallest point where there is none), the other three by non-negative
-    least squares on relative errors (every point weighs alike)."""
+    least squares on relative errors (every point weighs alike); a constant that no point
+    spends a hundredth of an access on is 0."""
     footprints = chase_model._footprints(footprints)
     if isinstance(ns, (str, bytes)) or not isinstance(ns, Iterable):
         raise _args.type_error("ns", ns, "a list of nanoseconds")
@@ -597,7 +598,11 @@ def fit_chase(
     w = np.array([[r["w_l2_tlb"], r["w_near"], r["w_far"]] for r in rows])
     rest = y - base * np.array([r["w_base"] for r in rows])
     scale = 1 / np.maximum(y, 1e-9)
-    c = chase_model.nonnegative_fit(w * scale[:, None], rest * scale)
+    # A constant no point spends a hundredth of an access on is not determined by these points
+    # (its least-squares value could be any size): it stays 0.
+    used = w.max(axis=0) >= 0.01
+    c = np.zeros(3)
+    c[used] = chase_model.nonnegative_fit(w[:, used] * scale[:, None], rest * scale)
     out = {"base_ns": base, "l2_tlb_ns": float(c[0]), "near_ns": float(c[1]), "far_ns": float(c[2])}
     return {k: (round(v, 4) if math.isfinite(v) else v) for k, v in out.items()}
 

@@ -32,7 +32,7 @@ import numpy as np
 
 from . import _args, _files, _native
 from ._optional import require
-from .chase_model import PAGE
+from .chase_model import MAX_FOOTPRINT, PAGE, PAGE_POLICIES
 from .errors import invalid_param
 from .patterns import pointer_chase
 from .tlb import chase_features, fit_chase, predict_chase
@@ -233,12 +233,7 @@ def validate(
         raise invalid_param("footprints is empty; give at least one size")
     footprints = sorted(set(footprints))
     rounds = _args.integer(rounds, "rounds", 1, 1000)
-    from .device import Device
-    from .tlb import Tlb, host_page
-
-    # The geometry and host are checked before anything is measured.
-    host_page_size = None if host_page_size is None else host_page(host_page_size, "host_page_size")
-    Tlb.preset(_args.text(preset, "preset"), Device("64MiB"), host_page_size=host_page_size)
+    host_page_size, preset = _model_args(host_page_size, preset)
     load_before = os.getloadavg()
     biggest = -(-max(footprints) // HUGE) * HUGE
     t0 = time.perf_counter()
@@ -246,25 +241,53 @@ def validate(
     series = [s for s in series if all(math.isfinite(v) for v in measured[s.label])]
     elapsed = time.perf_counter() - t0
     load_after = os.getloadavg()
-    costs = fit_chase(footprints, measured["4KiB"], page_size=PAGE, host_page_size=host_page_size, preset=preset)
+    points = {s.label: (s.page_size, s.backing, measured[s.label]) for s in series}
+    meta = {
+        "rounds": rounds,
+        "seconds": round(elapsed, 1),
+        "load_average": {"before": list(load_before), "after": list(load_after)},
+    }
+    return assess(footprints, points, host_page_size=host_page_size, preset=preset, meta=meta)
+
+
+def _model_args(host_page_size: Any, preset: Any) -> tuple[int | None, str]:
+    """The host page and preset, checked (by building the TLB) before anything is measured."""
+    from .device import Device
+    from .tlb import Tlb, host_page
+
+    host_page_size = None if host_page_size is None else host_page(host_page_size, "host_page_size")
+    preset = _args.text(preset, "preset")
+    Tlb.preset(preset, Device("64MiB"), host_page_size=host_page_size)
+    return host_page_size, preset
+
+
+def assess(
+    footprints: Sequence[int],
+    points: dict[str, tuple[int, str, Sequence[float]]],
+    *,
+    host_page_size: int | None,
+    preset: str,
+    meta: dict[str, Any],
+) -> dict[str, Any]:
+    """Fits the costs on the ``"4KiB"`` series of ``points`` (label -> (guest page size, backing,
+    ns per access at each footprint)), predicts every series and checks the bounds; ``meta``
+    (rounds, seconds, load_average) describes the measurement."""
+    costs = fit_chase(footprints, points["4KiB"][2], page_size=PAGE, host_page_size=host_page_size, preset=preset)
     out: dict[str, Any] = {
         "preset": preset,
         "host_page_size": host_page_size,
         "costs": costs,
         "fitted_on": "4KiB",
-        "rounds": rounds,
-        "seconds": round(elapsed, 1),
-        "load_average": {"before": list(load_before), "after": list(load_after)},
-        "footprints": footprints,
+        **meta,
+        "footprints": list(footprints),
         "series": {},
     }
-    for s in series:
-        pred = predict_chase(footprints, s.page_size, host_page_size=host_page_size, preset=preset, costs=costs)
-        feats = chase_features(footprints, s.page_size, host_page_size=host_page_size, preset=preset)
-        meas = measured[s.label]
-        out["series"][s.label] = {
-            "backing": s.backing,
-            "page_size": s.page_size,
+    for label, (page_size, backing, meas) in points.items():
+        pred = predict_chase(footprints, page_size, host_page_size=host_page_size, preset=preset, costs=costs)
+        feats = chase_features(footprints, page_size, host_page_size=host_page_size, preset=preset)
+        out["series"][label] = {
+            "backing": backing,
+            "page_size": page_size,
             "measured_ns": [round(v, 3) for v in meas],
             "predicted_ns": [round(v, 3) for v in pred],
             "reads_per_access": [round(r["reads"], 3) for r in feats],
@@ -274,6 +297,76 @@ def validate(
         }
     out["checks"] = _checks(out)
     return out
+
+
+#: ``host_page_size`` of :func:`revalidate`: the one the stored measurement was assessed with.
+FROM_FILE = "file"
+
+
+def load_measured(path: Any) -> tuple[list[int], dict[str, tuple[int, str, list[float]]], dict[str, Any]]:
+    """The footprints, series (label -> (guest page size, backing, ns)) and measurement details
+    (rounds, seconds, load_average, host_page_size, preset) of a stored validation JSON
+    (:func:`write_json`'s output)."""
+    name = _files.path_arg(path)
+    doc = _files.read_json(name, "a validation JSON (npumem tlb validate --json)")
+
+    def bad(what: str) -> Exception:
+        return invalid_param(f"{name} is not a validation JSON (npumem tlb validate --json): {what}")
+
+    if not isinstance(doc, dict):
+        raise bad(f"the document is a {type(doc).__name__}, not an object")
+    for key, kind in (("footprints", list), ("series", dict)):
+        if not isinstance(doc.get(key), kind):
+            raise bad(f"{key!r} is {_args.show(doc.get(key))}, expected a JSON {kind.__name__}")
+    footprints = [
+        _args.size(f, f"{name}: footprints[{i}]", PAGE, MAX_FOOTPRINT) for i, f in enumerate(doc["footprints"])
+    ]
+    if not footprints or footprints != sorted(set(footprints)):
+        raise bad("'footprints' must be a non-empty increasing list of sizes")
+    points: dict[str, tuple[int, str, list[float]]] = {}
+    for label, s in doc["series"].items():
+        where = f"{name}: series[{label!r}]"
+        if not isinstance(s, dict):
+            raise bad(f"series[{label!r}] is {_args.show(s)}, expected an object")
+        page_size = _args.size(s.get("page_size"), f"{where}.page_size")
+        if page_size not in PAGE_POLICIES:
+            raise bad(f"series[{label!r}].page_size {page_size} is not a guest page (4096, 2MiB or 1GiB)")
+        ns = s.get("measured_ns")
+        if not isinstance(ns, list) or len(ns) != len(footprints):
+            raise bad(f"series[{label!r}].measured_ns must list one time per footprint ({len(footprints)})")
+        ns = [_args.real(v, f"{where}.measured_ns[{i}]", 1e-3, 1e6, unit="ns") for i, v in enumerate(ns)]
+        points[str(label)] = (page_size, str(s.get("backing", "stored measurement")), ns)
+    if "4KiB" not in points or "2MiB" not in points:
+        raise bad(f"it holds the series {sorted(points)}; the model is fitted on '4KiB' and checked on '2MiB'")
+    meta = {k: doc[k] for k in ("rounds", "seconds", "load_average", "host_page_size", "preset") if k in doc}
+    return footprints, points, meta
+
+
+def revalidate(path: Any, *, host_page_size: Any = FROM_FILE, preset: str | None = None) -> dict[str, Any]:
+    """Re-fits and re-predicts the measurement stored in ``path`` (a validation JSON) without
+    measuring: the model's host page and preset are the file's unless given (``host_page_size``
+    None: a native machine)."""
+    footprints, points, meta = load_measured(path)
+    stored_host, stored_preset = meta.get("host_page_size", PAGE), meta.get("preset", "cpuid")
+    keep_host = isinstance(host_page_size, str) and host_page_size == FROM_FILE
+    host, preset = _model_args(
+        stored_host if keep_host else host_page_size, stored_preset if preset is None else preset
+    )
+    meta = {
+        "rounds": meta.get("rounds", 0),
+        "seconds": meta.get("seconds", 0.0),
+        "load_average": _load_average(meta.get("load_average")),
+        "measured_from": _files.path_arg(path),
+    }
+    return assess(footprints, points, host_page_size=host, preset=preset, meta=meta)
+
+
+def _load_average(la: Any) -> dict[str, list[float]]:
+    """A stored load average, or NaNs where the file has none."""
+    try:
+        return {k: [float(v) for v in la[k]] for k in ("before", "after")}
+    except (KeyError, TypeError, ValueError):
+        return {"before": [math.nan] * 3, "after": [math.nan] * 3}
 
 
 def _checks(out: dict[str, Any]) -> dict[str, bool]:
@@ -332,6 +425,7 @@ def format_table(result: dict[str, Any]) -> str:
     lines.append(
         f"best of {result['rounds']} interleaved rounds ({result['seconds']} s); load average "
         f"before {la['before'][0]:.2f}, after {la['after'][0]:.2f}"
+        + (f"; stored in {result['measured_from']}, not measured again" if "measured_from" in result else "")
     )
     for lab, s in result["series"].items():
         lines.append(f"  {lab}: {s['backing']}; knees measured {s['knees_measured']}, model {s['knees_predicted']}")
@@ -399,12 +493,15 @@ def plot(result: dict[str, Any], path: str) -> None:
 
 
 __all__ = [
+    "assess",
     "format_table",
     "grid",
     "knees",
+    "load_measured",
     "make_series",
     "measure",
     "plot",
+    "revalidate",
     "smaps_backing",
     "summary",
     "validate",

@@ -325,6 +325,7 @@ fn cpuid_of_the_zen4_guest_gives_the_published_zen4_geometry() {
     assert_eq!(l1[0].page_sizes, vec![PageSize::Size4K, PageSize::Size64K, PageSize::Size2M]);
     let l2 = &c.levels[1];
     assert_eq!((l2.len(), l2[0].entries, l2[0].ways), (1, 3072, 8));
+    assert_eq!((l1[0].replacement, l2[0].replacement), (Replacement::Lru, Replacement::Plru));
     assert_eq!(c.host.as_ref().map(|h| h.page_size), Some(PageSize::Size4K));
     // Without a host page the guest is modelled native, and says so.
     let native = cpuid::from_reader(&cpuid, None).unwrap();
