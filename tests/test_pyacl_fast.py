@@ -298,6 +298,12 @@ def run(program, fast: bool) -> list:
         else:
             res = getattr(acl.rt, kind)(args[0])
         if isinstance(res, tuple) and res[1] == 0:
+            # A distinct pattern in each new block, so every copy shows in the bytes.
+            pattern = bytes((len(ptrs) * 31 + j) % 251 for j in range(args[0]))
+            if kind == "malloc":
+                RT.sys().device(RT.allocs[res[0]].device).write(res[0], pattern)
+            else:
+                ctypes.memmove(res[0], pattern, args[0])
             ptrs.append((res[0], args[0]))
             res = ("P", res[1])
         msg = acl.get_recent_err_msg()
@@ -314,9 +320,11 @@ def run(program, fast: bool) -> list:
     return out
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(OP, max_size=25))
 def test_random_programs_match_the_checked_path(program):
+    # Three blocks to start with, so most copies and fills find memory to move.
+    program = [("malloc", 4096, 0), ("malloc", 5000, 2), ("malloc_host", 4096), *program]
     assert run(program, True) == run(program, False)
 
 
