@@ -153,7 +153,8 @@ def test_memcpy_errors_and_kinds(system):
     assert acl.rt.memcpy(0, 16, h, 16, H2D) == C.ACL_ERROR_INVALID_PARAM and "dst is NULL" in err()
     assert acl.rt.memcpy(p, 16, 0, 16, H2D) == C.ACL_ERROR_INVALID_PARAM and "src is NULL" in err()
     assert acl.rt.memcpy(p, 8192, h, 8192, H2D) == C.ACL_ERROR_RT_PARAM_INVALID and "run past" in err()
-    assert acl.rt.memcpy(p + 4000, 200, h, 200, H2D) != 0  # past the device allocation
+    assert acl.rt.memcpy(p + 4000, 200, h, 200, H2D) == C.ACL_ERROR_RT_PARAM_INVALID
+    assert "run 104 bytes past the end of the allocation" in err()
     assert acl.rt.memcpy(p, 16, p, 16, D2D) == 0  # the same address: nothing to move
     assert acl.rt.memcpy(p, 16, h, 0, H2D) == 0  # nothing to move, and no address is checked
     # Every kind 0-5 copies; one that names another direction is counted, then ignored.
@@ -192,7 +193,8 @@ def test_memset_errors(system):
     assert acl.rt.memset(p, 8, 1, 16) == C.ACL_ERROR_RT_PARAM_INVALID and "larger than max_count" in err()
     assert acl.rt.memset(0, 16, 1, 16) == C.ACL_ERROR_INVALID_PARAM and "destination is NULL" in err()
     assert acl.rt.memset(h, 128, 1, 128) == C.ACL_ERROR_RT_PARAM_INVALID and "run past" in err()
-    assert acl.rt.memset(p + 4090, 16, 1, 16) != 0  # past the allocation: the device refuses
+    assert acl.rt.memset(p + 4090, 16, 1, 16) == C.ACL_ERROR_RT_PARAM_INVALID
+    assert "run 10 bytes past the end of the allocation" in err()
     assert acl.rt.memset(p, 16, 1, 0) == 0
     with pytest.raises(OverflowError, match="value=2147483648 does not fit a C int"):
         acl.rt.memset(p, 16, 1 << 31, 16)
