@@ -153,7 +153,8 @@ def test_memcpy_errors_and_kinds(system):
     assert acl.rt.memcpy(0, 16, h, 16, H2D) == C.ACL_ERROR_INVALID_PARAM and "dst is NULL" in err()
     assert acl.rt.memcpy(p, 16, 0, 16, H2D) == C.ACL_ERROR_INVALID_PARAM and "src is NULL" in err()
     assert acl.rt.memcpy(p, 8192, h, 8192, H2D) == C.ACL_ERROR_RT_PARAM_INVALID and "run past" in err()
-    assert acl.rt.memcpy(p + 4000, 200, h, 200, H2D) != 0  # past the device allocation
+    assert acl.rt.memcpy(p + 4000, 200, h, 200, H2D) == C.ACL_ERROR_RT_PARAM_INVALID
+    assert "run 104 bytes past the end of the allocation" in err()
     assert acl.rt.memcpy(p, 16, p, 16, D2D) == 0  # the same address: nothing to move
     assert acl.rt.memcpy(p, 16, h, 0, H2D) == 0  # nothing to move, and no address is checked
     # Every kind 0-5 copies; one that names another direction is counted, then ignored.
@@ -192,7 +193,8 @@ def test_memset_errors(system):
     assert acl.rt.memset(p, 8, 1, 16) == C.ACL_ERROR_RT_PARAM_INVALID and "larger than max_count" in err()
     assert acl.rt.memset(0, 16, 1, 16) == C.ACL_ERROR_INVALID_PARAM and "destination is NULL" in err()
     assert acl.rt.memset(h, 128, 1, 128) == C.ACL_ERROR_RT_PARAM_INVALID and "run past" in err()
-    assert acl.rt.memset(p + 4090, 16, 1, 16) != 0  # past the allocation: the device refuses
+    assert acl.rt.memset(p + 4090, 16, 1, 16) == C.ACL_ERROR_RT_PARAM_INVALID
+    assert "run 10 bytes past the end of the allocation" in err()
     assert acl.rt.memset(p, 16, 1, 0) == 0
     with pytest.raises(OverflowError, match="value=2147483648 does not fit a C int"):
         acl.rt.memset(p, 16, 1 << 31, 16)
@@ -255,29 +257,31 @@ def _checked(op: str, *args):
 
 def run(program, fast: bool) -> list:
     """Runs ``program`` on a fresh system: each call's result and message (addresses written as
-    their index in the pointers seen), and every live block's bytes at the end."""
+    their index in the blocks handed out), and every live block's bytes at the end.
+
+    Device addresses are the same in both runs; host addresses are the heap's, so a host block
+    is named by its index alone: a freed one (whose address the heap may hand out again in one
+    run only) is passed as the scratch buffer's address, pageable memory that is no block."""
     fresh()
     call = (lambda op, *a: getattr(acl.rt, op)(*a)) if fast else _checked
-    ptrs: list[tuple[int, int]] = []  # (pointer, size), every one handed out
+    #: [address, size, malloc_host block, live] of every block handed out
+    blocks: list[list] = []
     out: list = []
+    # Bytes are copied to and from pageable memory as in C: an end of a copy or fill that is not
+    # device memory nor inside its own live malloc_host block is this buffer (never the heap).
+    scratch = np.zeros(2 * SCRATCH, np.uint8)
 
     def name(text: str) -> str:
-        known = {f"{p:#x}": f"P{i}" for i, (p, _) in enumerate(ptrs)}
+        known = {f"{b[0]:#x}": f"P{i}" for i, b in enumerate(blocks) if b[3] or not b[2]}
         return re.sub(r"0x[0-9a-f]+", lambda m: known.get(m.group(0), "ADDR"), text)
 
     def ptr(i: int, off: int) -> int:
-        return ptrs[i % len(ptrs)][0] + off if ptrs else 0
-
-    # Bytes are copied to and from pageable memory as in C: an end of a copy or fill outside
-    # the device window and outside every live malloc_host block is this scratch buffer, so a
-    # program never writes the interpreter's heap.
-    scratch = np.zeros(2 * SCRATCH, np.uint8)
-
-    def target(i: int, off: int) -> int:
-        p = ptr(i, off)
-        if p == 0 or RT.sys().locate(p) is not None or RT.host_block_of(p) is not None:
-            return p
-        return scratch.ctypes.data + off
+        if not blocks:
+            return 0
+        addr, size, host, live = blocks[i % len(blocks)]
+        if host and not (live and off < size):
+            return scratch.ctypes.data + off
+        return addr + off
 
     for op in program:
         before = acl.get_recent_err_msg()
@@ -290,33 +294,43 @@ def run(program, fast: bool) -> list:
             res = call("free", ptr(args[0], args[1]))
         elif kind == "free_host":
             res = call("free_host", ptr(args[0], 0))
+            if res == 0:
+                blocks[args[0] % len(blocks)][3] = False
         elif kind == "memcpy":
-            d, s, n = target(args[0], args[1]), target(args[2], args[3]), args[4]
+            d, s, n = ptr(args[0], args[1]), ptr(args[2], args[3]), args[4]
             res = call("memcpy", d, n + args[5], s, n, args[6])
         elif kind == "memset":
-            res = call("memset", target(args[0], args[1]), args[3] + args[4], args[2], args[3])
+            res = call("memset", ptr(args[0], args[1]), args[3] + args[4], args[2], args[3])
         else:
             res = getattr(acl.rt, kind)(args[0])
         if isinstance(res, tuple) and res[1] == 0:
-            ptrs.append((res[0], args[0]))
+            # A distinct pattern in each new block, so every copy shows in the bytes.
+            pattern = bytes((len(blocks) * 31 + j) % 251 for j in range(args[0]))
+            if kind == "malloc":
+                RT.sys().device(RT.allocs[res[0]].device).write(res[0], pattern)
+            else:
+                ctypes.memmove(res[0], pattern, args[0])
+            blocks.append([res[0], args[0], kind == "malloc_host", True])
             res = ("P", res[1])
         msg = acl.get_recent_err_msg()
         out.append((kind, res, name(msg) if msg != before else None))
-    for p in sorted({p for p, _ in ptrs}, key=[p for p, _ in ptrs].index):
-        if p in RT.allocs:
-            buf = bytearray(RT.allocs[p].size)
-            RT.sys().device(RT.allocs[p].device).read_into(p, buf)
+    for i, (addr, _, host, live) in enumerate(blocks):
+        if host and live:
+            out.append(ctypes.string_at(addr, RT.host_blocks[addr].size))
+        elif not host and addr in RT.allocs and addr not in [b[0] for b in blocks[i + 1 :]]:
+            buf = bytearray(RT.allocs[addr].size)
+            RT.sys().device(RT.allocs[addr].device).read_into(addr, buf)
             out.append(bytes(buf))
-        elif p in RT.host_blocks:
-            out.append(ctypes.string_at(p, RT.host_blocks[p].size))
     out.append(scratch.tobytes())
     reset()
     return out
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(OP, max_size=25))
 def test_random_programs_match_the_checked_path(program):
+    # Three blocks to start with, so most copies and fills find memory to move.
+    program = [("malloc", 4096, 0), ("malloc", 5000, 2), ("malloc_host", 4096), *program]
     assert run(program, True) == run(program, False)
 
 
