@@ -105,6 +105,10 @@ PROGRAM = textwrap.dedent(
     w.grad = None
     (w * 3).sum().backward()  # npu:0 still takes the engine's own path
     out["train1"]["engine_after"] = w.grad.tolist() if host else str(w.grad.device)
+    def anomaly(fn):
+        with torch.autograd.detect_anomaly():
+            fn()
+
     # an event of npu:1 waited on by npu:0's stream (on the host); recording it on npu:0 is refused
     e = torch.npu.Event()
     e.record(torch.npu.current_stream(1))
@@ -113,6 +117,7 @@ PROGRAM = textwrap.dedent(
     for name, fn in [
         ("event0", lambda: e.record(torch.npu.current_stream(0))),
         ("backward1", lambda: torch.autograd.grad((w1 * w1).sum(), [w1], create_graph=True)),
+        ("anomaly1", lambda: anomaly(lambda: (w1 * w1).sum().backward())),
         ("unknown", lambda: torch.empty(2, device="npu:2")),
         ("set_device", lambda: torch.npu.set_device(5)),
     ]:
@@ -189,4 +194,5 @@ def test_an_unknown_index_and_double_backward_on_npu1_are_clear_errors(runs, mod
     kind, message = r["backward1"]
     assert kind == "DeviceAutogradError"
     assert message.startswith("ACL_ERROR_FEATURE_UNSUPPORTED (200006): this backward over tensors on npu:1 or above")
-    assert "(create_graph=True)" in message
+    assert "(create_graph=True, anomaly detection)" in message
+    assert r["anomaly1"][0] == "DeviceAutogradError"
