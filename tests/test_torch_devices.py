@@ -14,7 +14,7 @@ require_torch()
 
 PROGRAM = textwrap.dedent(
     """
-    import json, sys
+    import copy, json, sys
     import numpy as np
     import torch
     import npumem.acl as acl
@@ -100,6 +100,18 @@ PROGRAM = textwrap.dedent(
         "on_npu1": torch.npu.memory_allocated(1) >= sum(4 * g.numel() for g in grads + params),
         "engine_after": None,
     }
+    # model parallel, the loss on npu:0: the graph walk finds npu:1 inside
+    torch.manual_seed(0)
+    first, second = torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)
+    cpu_first, cpu_second = copy.deepcopy(first), copy.deepcopy(second)
+    first.to("npu:1")
+    second.to("npu:0")
+    inputs = torch.randn(3, 4)
+    second(first(inputs.to("npu:1")).to("npu:0")).square().sum().backward()
+    cpu_second(cpu_first(inputs)).square().sum().backward()
+    out["parallel"] = [str(first.weight.grad.device), str(second.weight.grad.device)]
+    if host:
+        out["parallel"].append(torch.equal(first.weight.grad.cpu(), cpu_first.weight.grad))
     w1 = torch.ones(3, device="npu:1", requires_grad=True)
     out["grad1"] = [t.tolist() if host else list(t.shape) for t in torch.autograd.grad((w1 * w1).sum(), [w1])]
     w.grad = None
@@ -177,6 +189,7 @@ def test_host_mode_copies_and_reads_equal_the_cpu_s(runs):
 def test_a_training_step_on_npu1_gives_the_cpu_runs_losses_and_gradients(runs, mode):
     r = runs[mode]["train1"]
     assert r["devices"] == ["npu:1"] and r["shapes"] and r["on_npu1"]
+    assert runs[mode]["parallel"] == (["npu:1", "npu:0", True] if mode == "host" else ["npu:1", "npu:0"])
     if mode == "host":
         assert r["losses"] == [True] and r["equal"] and r["engine_after"] == [3.0, 3.0, 3.0]
         assert runs[mode]["grad1"] == [[2.0, 2.0, 2.0]]
