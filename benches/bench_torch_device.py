@@ -1,5 +1,6 @@
 """The `npu` device (npumem.torch, host mode) against plain CPU in the same run: per-op time of
-a small add, and a ResNet-style training step (batch 8, SGD) whose result must equal the CPU's.
+a small add, and a ResNet-style training step (batch 8, SGD) whose result must equal the CPU's, on
+npu:0 (PyTorch's autograd engine) and on npu:1 (compiled autograd: its first step traces).
 
 Usage: python benches/bench_torch_device.py [--steps N]
 """
@@ -54,7 +55,8 @@ def resnet() -> nn.Module:
     )
 
 
-def train_seconds(model: nn.Module, x, y, steps: int) -> tuple[float, torch.Tensor]:
+def train_seconds(model: nn.Module, x, y, steps: int) -> tuple[float, torch.Tensor, float]:
+    """Seconds per step after the first, the last loss, and the first step's seconds."""
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
 
@@ -65,11 +67,13 @@ def train_seconds(model: nn.Module, x, y, steps: int) -> tuple[float, torch.Tens
         opt.step()
         return loss.detach()
 
+    t = time.perf_counter()
     step()  # warm-up
+    first = time.perf_counter() - t
     t = time.perf_counter()
     for _ in range(steps):
         loss = step()
-    return (time.perf_counter() - t) / steps, loss.cpu()
+    return (time.perf_counter() - t) / steps, loss.cpu(), first
 
 
 def main() -> None:
@@ -77,20 +81,26 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    npumem.torch.install(capacity="4GiB")
+    npumem.torch.install(capacity="4GiB", devices=2)
     cpu, npu = per_op_us("cpu"), per_op_us("npu")
     print(f"add of 1,024 floats: cpu {cpu:.1f} us/op, npu {npu:.1f} us/op ({npu / cpu:.0f}x)")
     torch.manual_seed(0)
     model = resnet()
     x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
     on_npu = copy.deepcopy(model).npu()
-    t_cpu, l_cpu = train_seconds(model, x, y, args.steps)
-    t_npu, l_npu = train_seconds(on_npu, x.npu(), y.npu(), args.steps)
-    assert torch.equal(l_cpu, l_npu), (l_cpu, l_npu)
+    on_npu1 = copy.deepcopy(model).to("npu:1")
+    t_cpu, l_cpu, _ = train_seconds(model, x, y, args.steps)
+    t_npu, l_npu, _ = train_seconds(on_npu, x.npu(), y.npu(), args.steps)
+    t_npu1, l_npu1, first1 = train_seconds(on_npu1, x.to("npu:1"), y.to("npu:1"), args.steps)
+    assert torch.equal(l_cpu, l_npu) and torch.equal(l_cpu, l_npu1), (l_cpu, l_npu, l_npu1)
     print(
         f"ResNet-style step (9 convs, batch 8, 32x32, SGD): cpu {t_cpu * 1e3:.1f} ms, npu {t_npu * 1e3:.1f} ms "
         f"({t_npu / t_cpu:.2f}x); same loss {l_npu.item():.6f}; peak allocated {torch.npu.max_memory_allocated():,} B, "
         f"peak reserved {torch.npu.max_memory_reserved():,} B"
+    )
+    print(
+        f"the same step on npu:1 (compiled autograd): {t_npu1 * 1e3:.1f} ms ({t_npu1 / t_npu:.2f}x npu:0's), "
+        f"its first step (tracing) {first1:.2f} s; same loss"
     )
 
 

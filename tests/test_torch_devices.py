@@ -14,7 +14,7 @@ require_torch()
 
 PROGRAM = textwrap.dedent(
     """
-    import json, sys
+    import copy, json, sys
     import numpy as np
     import torch
     import npumem.acl as acl
@@ -100,11 +100,27 @@ PROGRAM = textwrap.dedent(
         "on_npu1": torch.npu.memory_allocated(1) >= sum(4 * g.numel() for g in grads + params),
         "engine_after": None,
     }
+    # model parallel, the loss on npu:0: the graph walk finds npu:1 inside
+    torch.manual_seed(0)
+    first, second = torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)
+    cpu_first, cpu_second = copy.deepcopy(first), copy.deepcopy(second)
+    first.to("npu:1")
+    second.to("npu:0")
+    inputs = torch.randn(3, 4)
+    second(first(inputs.to("npu:1")).to("npu:0")).square().sum().backward()
+    cpu_second(cpu_first(inputs)).square().sum().backward()
+    out["parallel"] = [str(first.weight.grad.device), str(second.weight.grad.device)]
+    if host:
+        out["parallel"].append(torch.equal(first.weight.grad.cpu(), cpu_first.weight.grad))
     w1 = torch.ones(3, device="npu:1", requires_grad=True)
     out["grad1"] = [t.tolist() if host else list(t.shape) for t in torch.autograd.grad((w1 * w1).sum(), [w1])]
     w.grad = None
     (w * 3).sum().backward()  # npu:0 still takes the engine's own path
     out["train1"]["engine_after"] = w.grad.tolist() if host else str(w.grad.device)
+    def anomaly(fn):
+        with torch.autograd.detect_anomaly():
+            fn()
+
     # an event of npu:1 waited on by npu:0's stream (on the host); recording it on npu:0 is refused
     e = torch.npu.Event()
     e.record(torch.npu.current_stream(1))
@@ -113,6 +129,7 @@ PROGRAM = textwrap.dedent(
     for name, fn in [
         ("event0", lambda: e.record(torch.npu.current_stream(0))),
         ("backward1", lambda: torch.autograd.grad((w1 * w1).sum(), [w1], create_graph=True)),
+        ("anomaly1", lambda: anomaly(lambda: (w1 * w1).sum().backward())),
         ("unknown", lambda: torch.empty(2, device="npu:2")),
         ("set_device", lambda: torch.npu.set_device(5)),
     ]:
@@ -172,6 +189,7 @@ def test_host_mode_copies_and_reads_equal_the_cpu_s(runs):
 def test_a_training_step_on_npu1_gives_the_cpu_runs_losses_and_gradients(runs, mode):
     r = runs[mode]["train1"]
     assert r["devices"] == ["npu:1"] and r["shapes"] and r["on_npu1"]
+    assert runs[mode]["parallel"] == (["npu:1", "npu:0", True] if mode == "host" else ["npu:1", "npu:0"])
     if mode == "host":
         assert r["losses"] == [True] and r["equal"] and r["engine_after"] == [3.0, 3.0, 3.0]
         assert runs[mode]["grad1"] == [[2.0, 2.0, 2.0]]
@@ -189,4 +207,5 @@ def test_an_unknown_index_and_double_backward_on_npu1_are_clear_errors(runs, mod
     kind, message = r["backward1"]
     assert kind == "DeviceAutogradError"
     assert message.startswith("ACL_ERROR_FEATURE_UNSUPPORTED (200006): this backward over tensors on npu:1 or above")
-    assert "(create_graph=True)" in message
+    assert "(create_graph=True, anomaly detection)" in message
+    assert r["anomaly1"][0] == "DeviceAutogradError"

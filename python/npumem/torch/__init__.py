@@ -21,8 +21,11 @@ metadata kernels and a fallback that runs CPU kernels on the same memory (:mod:`
 PyTorch's Python-backend hooks and device guard stand for C++. No compiler is needed and the
 allocator is the very npumem ``Device`` Python holds, so snapshots, summaries and the
 fragmentation view come from it. The cost: about 0.1 ms of Python per op, autograd on
-``npu:0`` only (PyTorch's Python device guard reports one device; :mod:`.engine`), no streams,
-and ``torch.accelerator.memory_*`` (which needs a C++ ``DeviceAllocator``) does not answer. The
+``npu:1`` and above through compiled autograd (PyTorch's Python device guard reports one
+device, so its engine has no worker for them; :mod:`.engine`), kernels that run when issued
+rather than on streams (streams and events order only npumem's own queued work and the
+allocator's reuse), and ``torch.accelerator.memory_*`` (which needs a C++ ``DeviceAllocator``)
+does not answer. The
 devices are ``npumem.acl``'s (:mod:`.system`); shape mode's kernels are :mod:`.shape`.
 """
 

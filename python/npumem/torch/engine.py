@@ -13,7 +13,7 @@ Rules:
   compiled autograd with the eager compiler (the traced graph as it is, the very ops the engine
   would run, so losses and gradients equal the CPU run's); any other pass is the engine's, as
   before. Each new graph is traced once (about a second), then its cached graph runs.
-- A pass compiled autograd cannot take (``create_graph=True`` on ``npu:1``) that reaches the
+- A pass compiled autograd cannot take (``create_graph=True``, anomaly detection) that reaches the
   engine's assertion reads as what it is: :class:`DeviceAutogradError`, an AscendCL-style
   ``ACL_ERROR_FEATURE_UNSUPPORTED`` ``RuntimeError``. Any other error passes unchanged.
 """
@@ -79,7 +79,12 @@ def _wrap(fn: Any) -> Any:
             bound = signature.bind(*args, **kwargs).arguments
             # backward's roots are ``tensors``, grad's ``outputs``
             roots = bound.get("tensors", bound.get("outputs"))
-            if bound.get("create_graph") or not touches_other_devices(_roots(roots)):
+            import torch
+
+            # compiled autograd refuses both (engine.cpp's TORCH_CHECKs): the engine's path then
+            # ends in the clear error below
+            unsupported = bound.get("create_graph") or torch.is_anomaly_enabled()
+            if unsupported or not touches_other_devices(_roots(roots)):
                 return fn(*args, **kwargs)
             from torch._dynamo import compiled_autograd
 
@@ -94,7 +99,7 @@ def _wrap(fn: Any) -> Any:
                 "this backward over tensors on npu:1 or above is not supported: PyTorch's Python device guard "
                 "for the npu backend reports one device, so its autograd engine has a worker for npu:0 only, "
                 "and compiled autograd (which npumem.torch runs such passes with) does not take this one "
-                "(create_graph=True). Run it on npu:0",
+                "(create_graph=True, anomaly detection). Run it on npu:0",
             ) from None
 
     call.__wrapped_by_npumem__ = True  # type: ignore[attr-defined]

@@ -5,8 +5,10 @@ Rules:
 - A :class:`Stream` is a ``torch.Stream`` of the ``npu`` device whose ``stream_id`` is an npumem
   stream of that device (``Device.create_stream``); ``stream_id`` 0 is the default stream.
 - The current stream of a device (``torch.npu.stream(s)``, ``set_stream``) is the stream new
-  ``npu`` storages are allocated on: the caching allocator keeps the blocks freed on a stream
-  for that stream, as torch_npu's does, so two streams do not share cached blocks.
+  ``npu`` storages are allocated on and freed on. npumem's frees are stream-ordered, over one
+  cache for all streams: a freed block waits until the streams that used it are done (or the
+  stream that takes it is ordered after them), then any stream reuses it; so there are no
+  per-stream cached bytes to report.
 - ``tensor.record_stream(s)`` marks the block as used on ``s`` too (``Device.record_stream``):
   its memory is reused only once ``s`` reaches the point of the free.
 - Ops do not run on streams (the kernels are synchronous CPU or meta kernels); what is queued
