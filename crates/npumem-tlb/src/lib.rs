@@ -48,6 +48,7 @@ mod fixed;
 mod memo;
 pub mod reference;
 mod walk;
+mod walk_cache;
 
 pub use config::{ArrayConfig, HostConfig, Replacement, SOURCE_KINDS, TlbConfig, field_range, limits, out_of_range};
 pub use walk::table_gpa;
