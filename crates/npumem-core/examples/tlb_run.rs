@@ -4,12 +4,14 @@
 //! `cargo build --release -p npumem-core --example tlb_run`, then
 //! `target/release/examples/tlb_run PRESET PAGE PATTERN [fast|reference]` with PAGE `4KiB` (over
 //! 64 MiB) or `2MiB` (over 1 GiB) and PATTERN `streaming`, `strided`, `uniform` or `zipf`;
-//! `ACCESSES` (default 16 Mi) accesses through the page table. Under callgrind, subtract a run
+//! `ACCESSES` (default 16 Mi) accesses through the page table; `SPAN_MIB` sets the footprint
+//! and `HOST` (`4KiB`, `2MiB` or `1GiB`) runs the preset as a guest over that host page size. Under callgrind, subtract a run
 //! with half the accesses and divide by the difference for the instructions per access.
 
 use std::time::Instant;
 
 use npumem_core::units::{GIB, MIB};
+use npumem_core::vm::tlb::HostConfig;
 use npumem_core::vm::tlb::reference::ReferenceTlb;
 use npumem_core::vm::{PageSize, PageTable, Tlb, TlbConfig};
 
@@ -25,6 +27,7 @@ fn main() {
         "2MiB" => (PageSize::Size2M, GIB),
         other => fail(&format!("unknown page {other:?}: use 4KiB or 2MiB")),
     };
+    let span = std::env::var("SPAN_MIB").ok().and_then(|s| s.parse::<u64>().ok()).map_or(span, |m| m * MIB);
     let mut pt = PageTable::new();
     for i in 0..span / page.bytes() {
         pt.map(BASE + i * page.bytes(), i * page.bytes(), page).expect("maps");
@@ -48,7 +51,16 @@ fn main() {
             .collect(),
         other => fail(&format!("unknown pattern {other:?}: use streaming, strided, uniform or zipf")),
     };
-    let config = TlbConfig::preset(&preset).unwrap_or_else(|e| fail(&e.message));
+    let mut config = TlbConfig::preset(&preset).unwrap_or_else(|e| fail(&e.message));
+    if let Ok(host) = std::env::var("HOST") {
+        let page = match host.as_str() {
+            "4KiB" => PageSize::Size4K,
+            "2MiB" => PageSize::Size2M,
+            "1GiB" => PageSize::Size1G,
+            other => fail(&format!("unknown HOST {other:?}: use 4KiB, 2MiB or 1GiB")),
+        };
+        config.host = Some(HostConfig::with_page(page));
+    }
     let (start, cpu) = (Instant::now(), thread_cpu_seconds());
     let walks = match model.as_str() {
         "fast" => {

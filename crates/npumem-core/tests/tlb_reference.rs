@@ -38,7 +38,8 @@ fn array_config() -> impl Strategy<Value = ArrayConfig> {
 fn tlb_config() -> impl Strategy<Value = TlbConfig> {
     (
         prop::collection::vec(prop::collection::vec(array_config(), 1..=3), 1..=3),
-        [0usize..40, 0usize..40, 0usize..40],
+        // The last reaches past 64: both kinds of walk cache (scanned, indexed).
+        [0usize..40, 0usize..40, 0usize..80],
         0u64..50,
         0u32..4,
     )
@@ -85,7 +86,7 @@ fn kernel_config() -> impl Strategy<Value = TlbConfig> {
 
 /// A host dimension (any host page, 4 or 5 levels, any nested-TLB and host walk-cache sizes).
 fn host_config() -> impl Strategy<Value = HostConfig> {
-    (0usize..3, 4u32..=5, 0usize..40, [0usize..40, 0usize..40, 0usize..40]).prop_map(
+    (0usize..3, 4u32..=5, 0usize..80, [0usize..40, 0usize..40, 0usize..80]).prop_map(
         |(p, levels, nested_tlb_entries, walk_cache_entries)| HostConfig {
             page_size: [PageSize::Size4K, PageSize::Size2M, PageSize::Size1G][p],
             levels,

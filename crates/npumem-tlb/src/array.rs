@@ -62,7 +62,7 @@ pub(super) fn fingerprint(tag: u64) -> u16 {
 /// (bit `w` for way `w`).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn fp_matches(fps: &[u64], fp: u16) -> u32 {
+pub(super) fn fp_matches(fps: &[u64], fp: u16) -> u32 {
     use std::arch::x86_64::*;
     assert!(fps.len() >= FP_WORDS);
     // SAFETY: SSE2 is part of the x86_64 baseline; `fps` holds 32 readable bytes (two unaligned
@@ -80,13 +80,13 @@ fn fp_matches(fps: &[u64], fp: u16) -> u32 {
 /// (bit `w` for way `w`).
 #[cfg(not(target_arch = "x86_64"))]
 #[inline(always)]
-fn fp_matches(fps: &[u64], fp: u16) -> u32 {
+pub(super) fn fp_matches(fps: &[u64], fp: u16) -> u32 {
     (0..SCAN_WAYS).fold(0, |m, w| m | u32::from((fps[w / 4] >> (16 * (w % 4))) as u16 == fp) << w)
 }
 
 /// Sets the fingerprint of way `way` in `fps` (a row's [`FP_WORDS`] words) to `fp`.
 #[inline(always)]
-fn set_fp(fps: &mut [u64], way: usize, fp: u16) {
+pub(super) fn set_fp(fps: &mut [u64], way: usize, fp: u16) {
     assert!(way < 4 * fps.len());
     #[cfg(target_endian = "little")]
     // SAFETY: lane `way` is `u16` number `way` of the words' bytes on a little-endian machine,

@@ -17,8 +17,10 @@
 //! carry their sources; [`cpuid`] reads the geometry of the machine it runs on.
 //!
 //! Speed: a lookup costs O(1) at any associativity (narrow sets compare fingerprints of all
-//! ways at once and keep LRU as a 4-bit-a-way recency order, wide ones and the walk caches are
-//! hashed: [`array`]); `run` remembers the translations it has asked for ([`memo`]), counts a run
+//! ways at once and keep LRU as a 4-bit-a-way recency order, wide ones are hashed: [`array`];
+//! walk caches and the nested TLB of up to 64 entries are a recency ring searched sixteen
+//! fingerprints at a time, with no hash or list to maintain on the miss-heavy walk path:
+//! [`walk_cache`]); `run` remembers the translations it has asked for ([`memo`]), counts a run
 //! of accesses to the page of the previous one in bulk, and simulates the rest along each page
 //! size's chain of arrays ([`chain`]: a dedicated loop when every array is narrow LRU, with
 //! [`fixed`] loops monomorphised per chain shape for the common two-link chains; access by
@@ -48,6 +50,7 @@ mod fixed;
 mod memo;
 pub mod reference;
 mod walk;
+mod walk_cache;
 
 pub use config::{ArrayConfig, HostConfig, Replacement, SOURCE_KINDS, TlbConfig, field_range, limits, out_of_range};
 pub use walk::table_gpa;

@@ -18,8 +18,8 @@
 //!   bit.
 
 use crate::TlbStats;
-use crate::array::Array;
 use crate::config::HostConfig;
+use crate::walk_cache::WalkCache;
 
 /// The VA bits below each walk cache's tag (table levels 0, 1, 2).
 const WALK_CACHE_SHIFT: [u32; 3] = [39, 30, 21];
@@ -48,7 +48,7 @@ fn upper_tables(depth: u32) -> usize {
 /// and with it; the levels below the hit are filled, the walk read them): returns the steps
 /// skipped.
 #[inline]
-fn radix(caches: &mut [Option<Array>; 3], addr: u64, depth: u32) -> u64 {
+fn radix(caches: &mut [Option<WalkCache>; 3], addr: u64, depth: u32) -> u64 {
     let tables = upper_tables(depth);
     let mut probe =
         |level: usize| caches[level].as_mut().is_some_and(|c| c.lookup_fill(addr >> WALK_CACHE_SHIFT[level]));
@@ -70,8 +70,8 @@ fn radix(caches: &mut [Option<Array>; 3], addr: u64, depth: u32) -> u64 {
 pub(crate) struct Host {
     page_shift: u32,
     depth: u32,
-    tlb: Option<Array>,
-    caches: [Option<Array>; 3],
+    tlb: Option<WalkCache>,
+    caches: [Option<WalkCache>; 3],
 }
 
 impl Host {
@@ -79,8 +79,8 @@ impl Host {
         Host {
             page_shift: h.page_size.bytes().trailing_zeros(),
             depth: h.depth(),
-            tlb: (h.nested_tlb_entries > 0).then(|| Array::walk_cache(h.nested_tlb_entries)),
-            caches: h.walk_cache_entries.map(|n| (n > 0).then(|| Array::walk_cache(n))),
+            tlb: (h.nested_tlb_entries > 0).then(|| WalkCache::new(h.nested_tlb_entries)),
+            caches: h.walk_cache_entries.map(|n| (n > 0).then(|| WalkCache::new(n))),
         }
     }
 
@@ -106,7 +106,7 @@ impl Host {
     fn contents(&self) -> Vec<Vec<u64>> {
         std::iter::once(&self.tlb)
             .chain(&self.caches)
-            .map(|c| c.as_ref().map_or_else(Vec::new, |c| c.tags().collect()))
+            .map(|c| c.as_ref().map_or_else(Vec::new, WalkCache::tags))
             .collect()
     }
 }
@@ -114,20 +114,20 @@ impl Host {
 /// The walk caches of both dimensions.
 #[derive(Debug)]
 pub(crate) struct Walker {
-    caches: [Option<Array>; 3],
+    caches: [Option<WalkCache>; 3],
     host: Option<Host>,
 }
 
 impl Walker {
     pub(crate) fn new(walk_cache_entries: [usize; 3], host: Option<&HostConfig>) -> Self {
-        Walker { caches: walk_cache_entries.map(|n| (n > 0).then(|| Array::walk_cache(n))), host: host.map(Host::new) }
+        Walker { caches: walk_cache_entries.map(|n| (n > 0).then(|| WalkCache::new(n))), host: host.map(Host::new) }
     }
 
     /// Every entry of each guest walk cache, then (with a host) of the nested TLB and each host
     /// walk cache.
     pub(crate) fn contents(&self) -> Vec<Vec<u64>> {
         let mut out: Vec<Vec<u64>> =
-            self.caches.iter().map(|c| c.as_ref().map_or_else(Vec::new, |c| c.tags().collect())).collect();
+            self.caches.iter().map(|c| c.as_ref().map_or_else(Vec::new, WalkCache::tags)).collect();
         if let Some(h) = &self.host {
             out.extend(h.contents());
         }
