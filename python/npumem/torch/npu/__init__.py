@@ -3,7 +3,7 @@
 
 Rules:
 - Names and signatures are torch_npu's; only what npumem can answer truthfully is here. Streams
-  and events are npumem's (:mod:`.streams`, :mod:`.events`: they pick the allocator's pool and
+  and events are npumem's (:mod:`.streams`: they pick the allocator's pool and
   order its stream-ordered reuse; ops do not run on them). RNG state per device and
   ``torch.accelerator``'s memory calls are not here (the Python PrivateUse1 route has no C++
   device allocator or stream guard).
@@ -18,8 +18,7 @@ from typing import Any
 import torch
 
 from .. import runtime
-from . import events, memory, streams
-from .events import Event
+from . import memory, streams
 from .memory import (
     _dump_snapshot,
     _record_memory_history,
@@ -38,7 +37,7 @@ from .memory import (
     reset_peak_memory_stats,
     set_per_process_memory_fraction,
 )
-from .streams import Stream, current_stream, default_stream, set_stream, stream
+from .streams import Event, Stream, current_stream, default_stream, set_stream, stream
 
 __all__ = [
     "Event",
@@ -52,7 +51,6 @@ __all__ = [
     "default_stream",
     "device_count",
     "empty_cache",
-    "events",
     "get_amp_supported_dtype",
     "get_device_name",
     "get_per_process_memory_fraction",
