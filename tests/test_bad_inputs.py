@@ -1966,6 +1966,9 @@ CLI_HOSTILE = [
         "Size",
     ),
     ("replay-dev-zero", {}, ["replay", "/dev/zero"], "not a trace"),
+    ("plan-dev-zero", {}, ["plan", "/dev/zero"], "longer than"),
+    ("sweep-dev-zero", {}, ["sweep", "/dev/zero"], "larger than"),
+    ("sweep-binary", {"c.toml": b"\xff\xfe[tlb]"}, ["sweep", "{tmp}/c.toml"], "UTF-8"),
     ("sweep-accesses-text", {"c.toml": SWEEP_TLB + "accesses = 'many'\n"}, ["sweep", "{tmp}/c.toml"], "tlb.accesses"),
     ("sweep-tlb-int", {"c.toml": "tlb = 5\n"}, ["sweep", "{tmp}/c.toml"], "[tlb]"),
     (

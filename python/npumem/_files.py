@@ -6,16 +6,20 @@ depth, not a pickle, or a pickle that refers to anything but plain data) raises
 :class:`npumem.InvalidParamError` naming the path and what was expected. Pickles are read with a
 restricted unpickler: no class, function or module named in the file is ever imported or
 called, so a crafted file cannot run code (:mod:`npumem._snapshot_pickle`). What is read is
-bounded by the file, never by a size it claims: JSON up to :data:`MAX_JSON_BYTES` decompressed.
+bounded by the file, never by a size it claims: JSON up to :data:`MAX_JSON_BYTES` decompressed,
+text files (configs) up to :data:`MAX_TEXT_BYTES`, CSV lines up to :data:`MAX_CSV_LINE` characters,
+so a ``/dev/zero`` or a runaway file is refused, never read whole.
 """
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import os
 import zlib
+from collections.abc import Iterator
 from typing import Any
 
 from . import _args, _snapshot_pickle
@@ -88,6 +92,51 @@ def _json_bytes(path: str, what: str) -> bytes:
     if len(data) > limit:
         raise invalid_param(f"{path}: larger than {_args.bound(limit)} bytes; {what} this large is not read")
     return data
+
+
+#: The longest line a CSV reader takes (a row of a trace or a plan is a few dozen characters).
+MAX_CSV_LINE = 1 << 16
+
+
+def csv_lines(f: Any, name: str, what: str) -> Iterator[str]:
+    """The lines of the text file ``f``, refusing one longer than :data:`MAX_CSV_LINE` before it
+    is read whole; ``what`` names the expected content in the error."""
+    n = 0
+    while True:
+        line = f.readline(MAX_CSV_LINE + 1)
+        if not line:
+            return
+        n += 1
+        if len(line) > MAX_CSV_LINE:
+            raise invalid_param(f"{name}: line {n} is longer than {MAX_CSV_LINE:,} characters; not {what}")
+        yield line
+
+
+#: The largest text file (a config) read whole.
+MAX_TEXT_BYTES = 1 << 24
+
+
+def read_text(path: Any, what: str) -> str:
+    """The UTF-8 text of ``path``, at most :data:`MAX_TEXT_BYTES`; ``what`` names the expected
+    content in errors."""
+    name = path_arg(path)
+    with open(name, "rb") as f:
+        data = _read_upto(f, MAX_TEXT_BYTES + 1)
+    if len(data) > MAX_TEXT_BYTES:
+        raise invalid_param(f"{name}: larger than {_args.bound(MAX_TEXT_BYTES)} bytes; not {what}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise invalid_param(f"{name}: not UTF-8 text ({e}); expected {what}") from None
+
+
+def sha256(path: str) -> str:
+    """The SHA-256 of the file at ``path``, read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def read_snapshot(path: Any) -> Any:

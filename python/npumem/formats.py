@@ -28,7 +28,7 @@ one, every replay, writer and measure takes one (or replay events, made one by :
 
 Malformed input raises InvalidParamError naming the file and the row; a file that cannot be
 opened raises OSError. What a reader reads is bounded by the file, never by a number it claims:
-RMM CSV lines up to :data:`MAX_CSV_LINE` characters and fields up to 20 digits, npz columns up to
+RMM CSV lines up to :data:`npumem._files.MAX_CSV_LINE` characters and fields up to 20 digits, npz columns up to
 :data:`MAX_NPZ_BYTES` decompressed (each array header checked against its zip member first), JSON
 up to ``npumem._files.MAX_JSON_BYTES``, snapshot pickles as :mod:`npumem._snapshot_pickle` says.
 """
@@ -46,7 +46,7 @@ import stat
 import threading
 import zipfile
 import zlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -294,29 +294,13 @@ def _thread(text: str, where: str) -> int:
 
 
 #: The longest line of an RMM CSV read (RMM's are under 200 characters).
-MAX_CSV_LINE = 1 << 16
-
-
-def _csv_lines(f: Any, name: str) -> Iterator[str]:
-    """The lines of ``f``, refusing one longer than :data:`MAX_CSV_LINE` before it is read whole."""
-    n = 0
-    while True:
-        line = f.readline(MAX_CSV_LINE + 1)
-        if not line:
-            return
-        n += 1
-        if len(line) > MAX_CSV_LINE:
-            raise invalid_param(f"{name}: line {n} is longer than {MAX_CSV_LINE:,} characters; not an RMM log")
-        yield line
-
-
 def read_rmm_csv(path: Any) -> Trace:
     """A trace from RMM's ``logging_resource_adaptor`` CSV (see the module doc): rows in file
     order, with each row's thread and stream."""
     name = _files.path_arg(path)
     # utf-8-sig: a byte-order mark (what Excel and many tools write) is not part of the header.
     with open(name, newline="", encoding="utf-8-sig", errors="replace") as f:
-        rows = csv.reader(_csv_lines(f, name))
+        rows = csv.reader(_files.csv_lines(f, name, "an RMM log"))
         try:
             return _rmm_rows(rows, name)
         except csv.Error as e:  # a field past csv's limit, a NUL byte

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _args, _native
+from . import _args, _files, _native
 from ._optional import require
 from .errors import AclError, invalid_param
 
@@ -148,7 +148,7 @@ class Problem:
         name = os.fspath(path)
         try:
             with open(path, newline="", encoding="utf-8") as f:
-                reader = csv.DictReader(f)
+                reader = csv.DictReader(_files.csv_lines(f, name, "a MiniMalloc CSV"))
                 need = {"id", "lower", "upper", "size"}
                 if reader.fieldnames is None or not need <= set(reader.fieldnames):
                     raise invalid_param(

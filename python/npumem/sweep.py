@@ -129,14 +129,13 @@ def load_config(path: Any) -> dict[str, Any]:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
         tomllib = require("tomli", "reading a sweep config on Python 3.10")
-    with open(name, "rb") as f:
-        raw = f.read()
+    raw = _files.read_text(name, "a TOML sweep config")
     try:
-        config = tomllib.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        config = tomllib.loads(raw)
+    except tomllib.TOMLDecodeError as e:
         raise invalid_param(f"{name}: not a TOML sweep config ({e})") from None
     config["base"] = os.path.dirname(os.path.abspath(name))
-    config["source"] = raw.decode("utf-8")
+    config["source"] = raw
     config["path"] = name
     return config
 
@@ -297,8 +296,7 @@ def _workload(name: str, spec: Any, base: str) -> tuple[dict[str, Any], Any]:
         if len(spec) != 1:
             raise invalid_param(f"{where}: a trace workload takes only trace = PATH, got {sorted(spec)}")
         path = os.path.join(base, _args.text(spec["trace"], f"{where}.trace"))
-        with open(path, "rb") as f:
-            digest = hashlib.sha256(f.read()).hexdigest()
+        digest = _files.sha256(path)
         trace = formats.load(path)
         ident = {"trace": os.path.basename(path), "sha256": digest}
     else:
