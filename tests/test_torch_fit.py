@@ -92,10 +92,11 @@ def test_the_progress_line_is_rewritten_on_a_terminal_and_throttled_elsewhere(np
 
 def test_bad_options_are_one_line_and_exit_status_2(tmp_path):
     for args, message in [
-        (["--capacity", "lots", "SCRIPT"], "npumem fit: --capacity 'lots': expected a size"),
-        (["--mode", "meta", "SCRIPT"], "npumem fit: --mode 'meta': expected one of host, shape"),
-        (["--devices", "65", "SCRIPT"], "npumem fit: --devices 65: expected a number of devices from 1 to 64"),
+        (["--capacity", "lots", "SCRIPT"], "npumem fit: ACL_ERROR_INVALID_PARAM (100000): --capacity 'lots': expected a size"),
+        (["--mode", "meta", "SCRIPT"], "npumem fit: ACL_ERROR_INVALID_PARAM (100000): --mode 'meta': expected one of host, shape"),
+        (["--devices", "65", "SCRIPT"], "npumem fit: ACL_ERROR_INVALID_PARAM (100000): --devices 65: expected a number of devices from 1 to 64"),
         (["missing.py"], "npumem fit: missing.py: no such file"),
+        (["/dev/zero"], "npumem fit: /dev/zero: not a file"),
         (["--plot", "/no/such/dir/t.png", "SCRIPT"], "npumem fit: --plot"),
     ]:
         out = _fit(tmp_path, *args)

@@ -62,9 +62,9 @@ def test_a_script_runs_on_npu_with_its_arguments_exit_status_and_the_environment
     [
         (
             {"NPUMEM_TORCH_MODE": "shape", "NPUMEM_BACKEND": "host"},
-            "npumem.torch: NPUMEM_BACKEND='host' with mode='shape': shape mode has no bytes",
+            "npumem.torch: ACL_ERROR_INVALID_PARAM (100000): NPUMEM_BACKEND='host' with mode='shape': shape mode has no bytes",
         ),
-        ({"NPUMEM_ALLOC_CONF": "nonsense"}, "npumem.torch: NPUMEM_ALLOC_CONF='nonsense'"),
+        ({"NPUMEM_ALLOC_CONF": "nonsense"}, "npumem.torch: ACL_ERROR_INVALID_PARAM (100000): NPUMEM_ALLOC_CONF='nonsense'"),
     ],
 )
 def test_a_bad_variable_is_one_line_and_exit_status_2(tmp_path, env, message):

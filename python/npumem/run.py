@@ -22,7 +22,8 @@ def usage_status(prog: str, usage: str, args: list[str]) -> int | None:
         print(usage, file=sys.stderr if not args else sys.stdout)
         return 0 if args else 2
     if not os.path.isfile(args[0]):
-        print(f"{prog}: {args[0]}: no such file", file=sys.stderr)
+        why = "not a file" if os.path.exists(args[0]) else "no such file"
+        print(f"{prog}: {args[0]}: {why}", file=sys.stderr)
         return 2
     return None
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import _native
-from ..errors import AclError
+from ..errors import ACL_ERROR_INVALID_PARAM, AclError, InvalidParamError
 
 DEVICES = "NPUMEM_DEVICES"
 CAPACITY = "NPUMEM_CAPACITY"
@@ -40,9 +40,15 @@ HOST_MIN_CAPACITY, HOST_MAX_CAPACITY = 64 << 10, 1 << 40
 VA_PER_BYTE = 8
 
 
-class ConfigError(ValueError):
-    """A bad setting of the pyACL layer: the message names the variable (or argument), the value
-    and what is accepted."""
+class ConfigError(InvalidParamError):
+    """A bad setting of the pyACL layer (``ACL_ERROR_INVALID_PARAM``, a ``ValueError``): the
+    message names the variable (or argument), the value and what is accepted."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ACL_ERROR_INVALID_PARAM, "ACL_ERROR_INVALID_PARAM", message)
+
+    def __reduce__(self):  # keep pickling working: the one argument is the message
+        return (type(self), (self.message,))
 
 
 @dataclass(frozen=True)

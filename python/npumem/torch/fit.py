@@ -89,7 +89,7 @@ def run(args: Any) -> int:
 
     script = os.path.abspath(args.script)
     if not os.path.isfile(script):
-        raise UsageError(f"{args.script}: no such file")
+        raise UsageError(f"{args.script}: {'not a file' if os.path.exists(script) else 'no such file'}")
     if args.snapshot:
         _output_path(args.snapshot, "--snapshot")
     if args.plot:
