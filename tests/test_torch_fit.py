@@ -30,6 +30,10 @@ SCRIPT = textwrap.dedent(
 )
 
 
+#: How a bad value's message starts (its AscendCL code).
+BAD = "ACL_ERROR_INVALID_PARAM (100000): "
+
+
 def _fit(tmp_path, *args: str) -> subprocess.CompletedProcess:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
@@ -92,9 +96,9 @@ def test_the_progress_line_is_rewritten_on_a_terminal_and_throttled_elsewhere(np
 
 def test_bad_options_are_one_line_and_exit_status_2(tmp_path):
     for args, message in [
-        (["--capacity", "lots", "SCRIPT"], "npumem fit: ACL_ERROR_INVALID_PARAM (100000): --capacity 'lots': expected a size"),
-        (["--mode", "meta", "SCRIPT"], "npumem fit: ACL_ERROR_INVALID_PARAM (100000): --mode 'meta': expected one of host, shape"),
-        (["--devices", "65", "SCRIPT"], "npumem fit: ACL_ERROR_INVALID_PARAM (100000): --devices 65: expected a number of devices from 1 to 64"),
+        (["--capacity", "lots", "SCRIPT"], f"npumem fit: {BAD}--capacity 'lots': expected a size"),
+        (["--mode", "meta", "SCRIPT"], f"npumem fit: {BAD}--mode 'meta': expected one of host, shape"),
+        (["--devices", "65", "SCRIPT"], f"npumem fit: {BAD}--devices 65: expected a number of devices from 1 to 64"),
         (["missing.py"], "npumem fit: missing.py: no such file"),
         (["/dev/zero"], "npumem fit: /dev/zero: not a file"),
         (["--plot", "/no/such/dir/t.png", "SCRIPT"], "npumem fit: --plot"),

@@ -34,6 +34,10 @@ SCRIPT = textwrap.dedent(
 )
 
 
+#: How a bad value's message starts (its AscendCL code).
+BAD = "ACL_ERROR_INVALID_PARAM (100000): "
+
+
 def _run(tmp_path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
@@ -62,9 +66,9 @@ def test_a_script_runs_on_npu_with_its_arguments_exit_status_and_the_environment
     [
         (
             {"NPUMEM_TORCH_MODE": "shape", "NPUMEM_BACKEND": "host"},
-            "npumem.torch: ACL_ERROR_INVALID_PARAM (100000): NPUMEM_BACKEND='host' with mode='shape': shape mode has no bytes",
+            f"npumem.torch: {BAD}NPUMEM_BACKEND='host' with mode='shape': shape mode has no bytes",
         ),
-        ({"NPUMEM_ALLOC_CONF": "nonsense"}, "npumem.torch: ACL_ERROR_INVALID_PARAM (100000): NPUMEM_ALLOC_CONF='nonsense'"),
+        ({"NPUMEM_ALLOC_CONF": "nonsense"}, f"npumem.torch: {BAD}NPUMEM_ALLOC_CONF='nonsense'"),
     ],
 )
 def test_a_bad_variable_is_one_line_and_exit_status_2(tmp_path, env, message):
