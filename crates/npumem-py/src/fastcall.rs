@@ -1,5 +1,5 @@
 //! C-API methods installed over PyO3's for the hottest calls: `Device.malloc`, `Device.free`,
-//! `Device.buffer`, `HostPool.empty` and `HostPool.zeros`.
+//! `Device.buffer`, `HostPool.empty` and `HostPool.zeros`, and npumem.acl's hot calls (`acl`).
 //!
 //! - A fast method serves only the plainest call (positional arguments of exact types: an exact
 //!   int, for `empty`/`zeros` a dtype too) and hands every other call, as it came, to PyO3's
@@ -122,17 +122,44 @@ pub unsafe fn call(
 /// An exact int that fits `u64`, or `None` (any other object, or a value out of range: the
 /// general method says why).
 pub fn exact_u64(obj: *mut ffi::PyObject) -> Option<u64> {
+    match exact_i64(obj) {
+        Ok(v) => u64::try_from(v).ok(),
+        // SAFETY: `obj` is an exact int (checked by `exact_i64`); a failed conversion's error
+        // is cleared.
+        Err(true) => unsafe {
+            let v = ffi::PyLong_AsUnsignedLongLong(obj);
+            if v == u64::MAX && !ffi::PyErr_Occurred().is_null() {
+                ffi::PyErr_Clear();
+                return None;
+            }
+            Some(v)
+        },
+        Err(false) => None,
+    }
+}
+
+/// An exact int that fits `i32`, or `None`.
+pub fn exact_i32(obj: *mut ffi::PyObject) -> Option<i32> {
+    exact_i64(obj).ok().and_then(|v| i32::try_from(v).ok())
+}
+
+/// An exact int that fits `i64`; else whether it is an exact int above `i64::MAX`.
+fn exact_i64(obj: *mut ffi::PyObject) -> Result<i64, bool> {
     // SAFETY: `obj` is a live argument of the call; a failed conversion's error is cleared.
     unsafe {
         if ffi::PyLong_CheckExact(obj) == 0 {
-            return None;
+            return Err(false);
         }
-        let v = ffi::PyLong_AsUnsignedLongLong(obj);
-        if v == u64::MAX && !ffi::PyErr_Occurred().is_null() {
+        let mut overflow = 0;
+        let v = ffi::PyLong_AsLongLongAndOverflow(obj, &mut overflow);
+        if overflow != 0 {
+            return Err(overflow > 0);
+        }
+        if v == -1 && !ffi::PyErr_Occurred().is_null() {
             ffi::PyErr_Clear();
-            return None;
+            return Err(false);
         }
-        Some(v)
+        Ok(v)
     }
 }
 

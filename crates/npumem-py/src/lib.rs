@@ -1,6 +1,7 @@
 //! `npumem._native`: the PyO3 bindings of npumem-core. Conversions, GIL handling and error
 //! mapping only; every rule lives in the core crate.
 
+mod acl;
 mod args;
 mod buffer;
 mod device;
@@ -26,6 +27,9 @@ mod _native {
 
     #[pymodule_export]
     use crate::tlb::PyTlb;
+
+    #[pymodule_export]
+    use crate::acl::{AclAlloc, AclHostBlock, AclTables, ReentrantLock};
 
     #[pymodule_export]
     use crate::view::DeviceView;
@@ -73,9 +77,11 @@ mod _native {
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
         m.add("VA_WINDOW_START", npumem_core::vm::VA_WINDOW_START)?;
         m.add("VA_WINDOW_END", npumem_core::vm::VA_WINDOW_END)?;
+        m.add("ACL_FREED_SITES", crate::acl::FREED_SITES)?;
         m.add("HOST_POOL_HANDLER_NAME", crate::hostpool::HANDLER_NAME)?;
         m.add("DeviceBuffer", crate::buffer::create_type(m.py())?)?;
         crate::device::fast::install(&m.py().get_type::<crate::device::PyDevice>())?;
+        crate::acl::install(&m.py().get_type::<crate::acl::AclTables>())?;
         crate::hostpool::install_fast(&m.py().get_type::<crate::hostpool::PyHostPool>())?;
         Ok(())
     }

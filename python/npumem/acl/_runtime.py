@@ -12,7 +12,10 @@ Invariants:
 - a context, stream or event handle is a non-zero int that names one live object until it is
   destroyed, and is never handed out again;
 - every public call takes ``LOCK`` for its whole run (the devices lock themselves too; this
-  lock keeps the tables and the devices in step).
+  lock keeps the tables and the devices in step);
+- the records of memory (``allocs``, ``host_blocks``, ``freed_sites``) live in the native
+  ``TABLES``, which serve the plain hot calls of ``acl.rt`` (see ``npumem._native.AclTables``);
+  each thread's current context is mirrored there whenever it is set (``_Thread.context``).
 """
 
 from __future__ import annotations
@@ -22,23 +25,26 @@ import itertools
 import os
 import sys
 import threading
-from bisect import bisect_right
-from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _native
+from .._native import AclAlloc as Alloc
+from .._native import AclHostBlock as HostBlock
 from ..device import Device
 from ..errors import AclError
 from . import _config, codes
 
-LOCK = threading.RLock()
+LOCK = _native.ReentrantLock()
+#: The records of the program's memory, and the native plain-call paths of the hot calls.
+TABLES = _native.AclTables(LOCK)
 #: Handles: distinct, non-zero, pointer-like ints, one sequence for contexts, streams, events
 #: and physical-memory handles alike so that one is never taken for another.
 _HANDLES = itertools.count(0x5A0000001000, 0x40)
 PAGE = 4096
 #: How many freed blocks' call sites the report can still name.
-FREED_SITES = 4096
+FREED_SITES = _native.ACL_FREED_SITES
 
 
 def new_handle() -> int:
@@ -81,23 +87,6 @@ class Event:
 
 
 @dataclass(slots=True)
-class Alloc:
-    device: int
-    size: int
-    site: str
-    api: str
-    #: For dvpp_malloc: the pointer malloc returned (the program sees a 128-byte aligned one).
-    base: int = 0
-
-
-@dataclass(slots=True)
-class HostBlock:
-    owner: int
-    size: int
-    site: str
-
-
-@dataclass(slots=True)
 class IpcKey:
     device: int
     ptr: int
@@ -108,9 +97,84 @@ class IpcKey:
     imports: list[int] = field(default_factory=list)
 
 
+class _Records(MutableMapping[int, Any]):
+    """A dict-like view of one kind of record in ``TABLES`` (keys: pointers)."""
+
+    def __init__(
+        self,
+        get: Callable[[Any], Any],
+        put: Callable[[int, Any], None],
+        delete: Callable[[Any], bool],
+        keys: Callable[[], list[int]],
+        count: Callable[[], int],
+    ) -> None:
+        self.get_record, self._put, self._delete, self._keys, self._count = get, put, delete, keys, count
+
+    def __getitem__(self, ptr: Any) -> Any:
+        record = self.get_record(ptr)
+        if record is None:
+            raise KeyError(ptr)
+        return record
+
+    def get(self, ptr: Any, default: Any = None) -> Any:
+        record = self.get_record(ptr)
+        return default if record is None else record
+
+    def __contains__(self, ptr: object) -> bool:
+        return self.get_record(ptr) is not None
+
+    def __setitem__(self, ptr: int, record: Any) -> None:
+        self._put(ptr, record)
+
+    def __delitem__(self, ptr: Any) -> None:
+        if not self._delete(ptr):
+            raise KeyError(ptr)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._keys())
+
+    def __len__(self) -> int:
+        return self._count()
+
+
+class _FreedSites(Mapping[int, str]):
+    """The call sites of the last ``FREED_SITES`` pointers freed, oldest free first."""
+
+    def __getitem__(self, ptr: Any) -> str:
+        site = TABLES.freed_site(ptr)
+        if site is None:
+            raise KeyError(ptr)
+        return site
+
+    def get(self, ptr: Any, default: Any = None) -> Any:
+        site = TABLES.freed_site(ptr)
+        return default if site is None else site
+
+    def __contains__(self, ptr: object) -> bool:
+        return TABLES.freed_site(ptr) is not None
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(TABLES.freed_site_keys())
+
+    def __len__(self) -> int:
+        return TABLES.freed_site_count()
+
+
 class _Thread(threading.local):
-    context: Context | None = None
     error: str = ""
+    _context: Context | None = None
+
+    @property
+    def context(self) -> Context | None:
+        return self._context
+
+    @context.setter
+    def context(self, ctx: Context | None) -> None:
+        self._context = ctx
+        if ctx is None:
+            TABLES.set_current(0, 0)
+        else:
+            TABLES.set_current(ctx.handle, ctx.device)
 
 
 class System:
@@ -168,7 +232,7 @@ class Runtime:
 
     def __init__(self) -> None:
         self.config: _config.Config | None = None
-        self.system: System | None = None
+        self._system: System | None = None
         self.initialized = False
         self.default_device: int | None = None
         self.thread = _Thread()
@@ -181,9 +245,17 @@ class Runtime:
         self.contexts: dict[int, Context] = {}
         self.streams: dict[int, Stream] = {}
         self.events: dict[int, Event] = {}
-        self.allocs: dict[int, Alloc] = {}
-        self.host_blocks: dict[int, HostBlock] = {}
-        self._host_starts: list[int] = []
+        TABLES.reset()
+        self.allocs: MutableMapping[int, Alloc] = _Records(
+            TABLES.alloc, TABLES.set_alloc, TABLES.del_alloc, TABLES.alloc_keys, TABLES.alloc_count
+        )
+        self.host_blocks: MutableMapping[int, HostBlock] = _Records(
+            TABLES.host_block,
+            TABLES.set_host_block,
+            TABLES.del_host_block,
+            TABLES.host_block_keys,
+            TABLES.host_block_count,
+        )
         self.physical: dict[int, tuple[int, int, str]] = {}
         self.reservations: dict[int, tuple[int, str]] = {}
         self.peers: set[tuple[int, int]] = set()
@@ -195,11 +267,31 @@ class Runtime:
         #: Every stream handle by (device, native stream), destroyed ones too, and the call sites
         #: of recently freed memory: sanitizer findings name them as the program knows them.
         self.stream_names: dict[tuple[int, int], int] = {}
-        self.freed_sites: OrderedDict[int, str] = OrderedDict()
-        #: Copies whose kind named another direction than their addresses (the kind is advisory).
-        self.kind_mismatches = 0
+        self.freed_sites: Mapping[int, str] = _FreedSites()
+        TABLES.bind(self.ipc, self.fail)
+
+    @property
+    def kind_mismatches(self) -> int:
+        """Copies whose kind named another direction than their addresses (the kind is advisory)."""
+        return TABLES.kind_mismatches
+
+    @kind_mismatches.setter
+    def kind_mismatches(self, value: int) -> None:
+        TABLES.kind_mismatches = value
 
     # ----- the system -----
+
+    @property
+    def system(self) -> System | None:
+        return self._system
+
+    @system.setter
+    def system(self, system: System | None) -> None:
+        self._system = system
+        if system is None:
+            TABLES.bind_system(None, 0)
+        else:
+            TABLES.bind_system(system.devices, system._slice if system._sim else 0)
 
     def sys(self) -> System:
         if self.system is None:
@@ -248,6 +340,8 @@ class Runtime:
         if ctx is None and self.default_device is not None:
             ctx = self.retain_device(self.default_device)
             self.thread.context = ctx
+        elif ctx is not None:
+            TABLES.set_current(ctx.handle, ctx.device)  # the mirror may be of an older epoch
         return ctx
 
     def valid_device(self, index: int) -> bool:
@@ -275,6 +369,7 @@ class Runtime:
                 except AclError as e:
                     self.misuse.append(f"destroying stream {handle:#x} with its context: {e.message}")
         self.contexts.pop(ctx.handle, None)
+        TABLES.context_dropped()
         if ctx.default:
             self.default_contexts.pop(ctx.device, None)
 
@@ -291,29 +386,18 @@ class Runtime:
 
     def forget_site(self, ptr: int, site: str) -> None:
         """Keeps the call site of memory just freed (the last ``FREED_SITES``)."""
-        self.freed_sites[ptr] = site
-        self.freed_sites.move_to_end(ptr)
-        if len(self.freed_sites) > FREED_SITES:
-            self.freed_sites.popitem(last=False)
+        TABLES.forget_site(ptr, site)
 
     # ----- where an address lives -----
 
     def add_host_block(self, addr: int, block: HostBlock) -> None:
         self.host_blocks[addr] = block
-        self._host_starts.insert(bisect_right(self._host_starts, addr), addr)
 
     def remove_host_block(self, addr: int) -> None:
         del self.host_blocks[addr]
-        self._host_starts.pop(bisect_right(self._host_starts, addr) - 1)
 
     def host_block_of(self, addr: int) -> tuple[int, HostBlock] | None:
-        i = bisect_right(self._host_starts, addr) - 1
-        if i >= 0:
-            start = self._host_starts[i]
-            block = self.host_blocks[start]
-            if addr < start + block.size:
-                return start, block
-        return None
+        return TABLES.host_block_of(addr) if 0 <= addr < 1 << 64 else None
 
 
 RT = Runtime()

@@ -16,10 +16,10 @@ Rules of the hot calls (``malloc``, ``free``, ``memcpy``, ``memset``, ``malloc_h
 ``free_host``):
 
 - a plain call (exact ints, a live current context, memory of one created device or its
-  ``malloc_host`` blocks, in bounds) takes the plain-call path; anything else takes the checked
-  path (``_malloc``, ``_free``, ``_copy``, ``_memset_args``, ``_malloc_host``, ``_free_host``),
-  which words every error;
-- both paths read and write the same tables (``RT.allocs``, ``RT.host_blocks``,
+  ``malloc_host`` blocks, in bounds) is served natively (``npumem._native.AclTables``); anything
+  else takes the checked path (``_malloc``, ``_free``, ``_copy``, ``_memset_args``,
+  ``_malloc_host``, ``_free_host``), which words every error;
+- both paths read and write the same records (``RT.allocs``, ``RT.host_blocks``,
   ``RT.freed_sites``) under ``LOCK`` and give the same codes, messages and bytes.
 """
 
@@ -27,18 +27,17 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import numpy as np
 
-from .._native import VA_WINDOW_START
 from ..errors import AclError
 from . import codes as C
 from ._runtime import (
     LOCK,
     RT,
+    TABLES,
     Alloc,
     Context,
     Event,
@@ -358,22 +357,8 @@ def _malloc(fn: str, size: Any, policy: Any, api: str, site: str) -> tuple[int, 
     return ptr, C.ACL_SUCCESS
 
 
-def malloc(size: Any, policy: Any) -> tuple[int, int]:
-    """``aclrtMalloc`` on the current device: ``(dev_ptr, ret)``."""
+def _malloc_checked(size: Any, policy: Any) -> tuple[int, int]:
     with LOCK:
-        # Fast path (exact ints, a plain policy, a live current context): the same steps as
-        # _malloc, which serves every other call and is the fast path's model in the tests.
-        if type(size) is int and type(policy) is int and 0 < size <= _U64 and 0 <= policy <= 7:
-            ctx = RT.thread.context
-            if ctx is not None and ctx.handle in RT.contexts:
-                frame = sys._getframe(1)  # call_site(2), inline: this is the hot path
-                site = f"{frame.f_code.co_filename}:{frame.f_lineno}"
-                try:
-                    ptr = RT.system.devices[ctx.device].malloc(size, policy, 0, site)  # type: ignore[union-attr]
-                except AclError as e:
-                    return 0, RT.native_error(e)
-                RT.allocs[ptr] = Alloc(ctx.device, size, site, "malloc")
-                return ptr, C.ACL_SUCCESS
         return _malloc("malloc", size, policy, "malloc", call_site(2))
 
 
@@ -416,21 +401,8 @@ def _free(fn: str, ptr: int, api_ok: Callable[[Alloc], bool], hint: str) -> int:
     return ret
 
 
-def free(dev_ptr: Any) -> int:
-    """``aclrtFree``: immediate; memory that queued work still uses goes back once that work is
-    done, and the sanitizer reports the hazard."""
+def _free_checked(dev_ptr: Any) -> int:
     with LOCK:
-        # Fast path: a live malloc block while no IPC key is open (_free's steps otherwise).
-        if type(dev_ptr) is int and not RT.ipc:
-            alloc = RT.allocs.get(dev_ptr)
-            if alloc is not None and alloc.api != "dvpp":
-                try:
-                    RT.system.devices[alloc.device].free(dev_ptr)  # type: ignore[union-attr]
-                except AclError as e:
-                    return RT.native_error(e)
-                del RT.allocs[dev_ptr]
-                RT.forget_site(dev_ptr, alloc.site)
-                return C.ACL_SUCCESS
         return _free("free", _k(dev_ptr, "free", "dev_ptr"), _not_dvpp, "acl.rt.malloc")
 
 
@@ -438,20 +410,8 @@ def _not_dvpp(alloc: Alloc) -> bool:
     return alloc.api != "dvpp"
 
 
-def malloc_host(size: Any) -> tuple[int, int]:
-    """``aclrtMallocHost``: real, 64-byte aligned process memory."""
+def _malloc_host_checked(size: Any) -> tuple[int, int]:
     with LOCK:
-        # Fast path: an exact int and a live current context (_malloc_host's steps otherwise).
-        if type(size) is int and 0 < size <= _U64:
-            ctx = RT.thread.context
-            if ctx is not None and ctx.handle in RT.contexts:
-                try:
-                    ptr = RT.system.devices[ctx.device].malloc_host(size)  # type: ignore[union-attr]
-                except AclError as e:
-                    return 0, RT.native_error(e)
-                frame = sys._getframe(1)  # call_site(2), inline: this is the hot path
-                RT.add_host_block(ptr, HostBlock(ctx.device, size, f"{frame.f_code.co_filename}:{frame.f_lineno}"))
-                return ptr, C.ACL_SUCCESS
         return _malloc_host(_k(size, "malloc_host", "size"))
 
 
@@ -468,7 +428,7 @@ def _malloc_host(n: int) -> tuple[int, int]:
     return ptr, C.ACL_SUCCESS
 
 
-def free_host(host_ptr: Any) -> int:
+def _free_host_checked(host_ptr: Any) -> int:
     with LOCK:
         return _free_host(_k(host_ptr, "free_host", "host_ptr"))
 
@@ -661,50 +621,11 @@ def _copy(fn: str, dst: int, dst_max: int, src: int, count: int, kind: int, stre
     return C.ACL_SUCCESS
 
 
-def memcpy(dst: Any, dest_max: Any, src: Any, count: Any, kind: Any) -> int:
-    """``aclrtMemcpy``: copies now; the direction comes from the addresses."""
+def _memcpy_checked(dst: Any, dest_max: Any, src: Any, count: Any, kind: Any) -> int:
     with LOCK:
-        # Fast path: exact ints, both ends in the device window or malloc_host blocks of one
-        # created device, in bounds (_copy's steps; it serves every other copy).
-        if (
-            type(dst) is type(src) is type(count) is type(dest_max) is type(kind) is int
-            and 0 <= kind <= 5
-            and 0 < count <= dest_max <= _U64
-            and dst != src
-            and RT.system is not None
-        ):
-            w = _fast_where(dst, count)
-            if w is not None:
-                ws = _fast_where(src, count)
-                if ws is not None and ws[1] == w[1]:
-                    named = _KIND_DIRECTIONS.get(kind)
-                    if named is not None and named != (ws[0], w[0]):
-                        RT.kind_mismatches += 1
-                    try:
-                        RT.system.devices[w[1]].memcpy(dst, dest_max, src, count, kind)  # type: ignore[union-attr]
-                    except AclError as e:
-                        return RT.native_error(e)
-                    return C.ACL_SUCCESS
         f = "memcpy"
         args = _k(dst, f, "dst"), _k(dest_max, f, "dest_max"), _k(src, f, "src"), _k(count, f, "count")
         return _copy(f, *args, _i(kind, f, "kind"), None)
-
-
-def _fast_where(addr: int, count: int) -> tuple[bool, int] | None:
-    """(on a device, the device) of ``count`` bytes at ``addr`` in a created device's window or
-    inside one malloc_host block, or None: _where decides (and words the error)."""
-    s = RT.system
-    if s._sim:  # type: ignore[union-attr]
-        off = addr - VA_WINDOW_START  # System.locate's arithmetic, inline: the hot path
-        d = off // s._slice if 0 <= off < s._span else None  # type: ignore[union-attr]
-    else:
-        d = s.locate(addr)  # type: ignore[union-attr]
-    if d is not None:
-        return (True, d) if s.devices[d] is not None else None  # type: ignore[union-attr]
-    hit = RT.host_block_of(addr)
-    if hit is None or addr + count > hit[0] + hit[1].size:
-        return None
-    return False, hit[1].owner
 
 
 @_locked
@@ -802,23 +723,8 @@ def _memset(fn: str, ptr: int, max_count: int, value: int, count: int, stream: S
     return C.ACL_SUCCESS
 
 
-def memset(dev_ptr: Any, max_count: Any, value: Any, count: Any) -> int:
-    """``aclrtMemset``: a byte fill of device or host memory (found from the address)."""
+def _memset_checked(dev_ptr: Any, max_count: Any, value: Any, count: Any) -> int:
     with LOCK:
-        # Fast path: exact ints, memory of a created device or a malloc_host block, in bounds.
-        if (
-            type(dev_ptr) is type(max_count) is type(value) is type(count) is int
-            and 0 < count <= max_count <= _U64
-            and -(1 << 31) <= value < 1 << 31
-            and RT.system is not None
-        ):
-            w = _fast_where(dev_ptr, count)
-            if w is not None:
-                try:
-                    RT.system.devices[w[1]].memset(dev_ptr, max_count, value, count)  # type: ignore[union-attr]
-                except AclError as e:
-                    return RT.native_error(e)
-                return C.ACL_SUCCESS
         return _memset_args(dev_ptr, max_count, value, count)
 
 
@@ -1329,3 +1235,16 @@ def ipc_mem_close(key: Any) -> int:
         return ret
     del RT.ipc[key]
     return C.ACL_SUCCESS
+
+
+# The hot calls: plain calls are served natively (npumem._native.AclTables), every other call
+# by the checked call given here.
+TABLES.set_checked_calls(
+    _malloc_checked, _free_checked, _memcpy_checked, _memset_checked, _malloc_host_checked, _free_host_checked
+)
+malloc = TABLES.malloc
+free = TABLES.free
+memcpy = TABLES.memcpy
+memset = TABLES.memset
+malloc_host = TABLES.malloc_host
+free_host = TABLES.free_host

@@ -218,6 +218,12 @@ impl Device {
         self.sched.stream_wait_event(stream, event)
     }
 
+    /// Whether the sanitizer checks accesses (a mode other than off): allocation tags only
+    /// matter to its findings.
+    pub fn sanitizing(&self) -> bool {
+        self.sanitizer.enabled()
+    }
+
     /// The sanitizer's findings so far.
     pub fn sanitizer_reports(&self) -> &[Finding] {
         self.sanitizer.findings()

@@ -39,7 +39,7 @@ mod streams;
 mod vmm;
 
 /// Transfers at least this large release the GIL while they copy.
-const DETACH_BYTES: usize = 1 << 20;
+pub(crate) const DETACH_BYTES: usize = 1 << 20;
 
 #[pyclass(module = "npumem._native", name = "Device", frozen, subclass)]
 pub struct PyDevice {
@@ -131,6 +131,17 @@ impl PyDevice {
         detach: bool,
         f: impl FnOnce(&mut Locked<'_>) -> Result<T, AclError> + Send,
     ) -> PyResult<T> {
+        self.call(py, detach, f).map_err(|e| to_py(py, e))
+    }
+
+    /// Runs `f` on the locked device (detached with `detach`) and logs the backend's warnings;
+    /// the core's error is returned as it is (npumem.acl makes a return code of it).
+    pub(crate) fn call<T: Send>(
+        &self,
+        py: Python<'_>,
+        detach: bool,
+        f: impl FnOnce(&mut Locked<'_>) -> Result<T, AclError> + Send,
+    ) -> Result<T, AclError> {
         let inner = &self.inner;
         let work = move || {
             let mut device = inner.lock();
@@ -144,7 +155,7 @@ impl PyDevice {
                 e.write_unraisable(py, None);
             }
         }
-        result.map_err(|e| to_py(py, e))
+        result
     }
 
     fn run<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Device) -> Result<T, AclError> + Send) -> PyResult<T> {
