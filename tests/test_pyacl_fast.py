@@ -360,3 +360,184 @@ def test_device_malloc_with_four_positional_arguments():
         dev.malloc(-1, 0, 0, "t")
     dev.free(x)
     assert dev.leak_report()["allocations"] == []
+
+
+# ----- the native tables: records, call sites, contexts across threads, the lock -----
+
+
+def test_call_sites_name_each_line(system):
+    a, _ = acl.rt.malloc(64, 0)
+    first = test_call_sites_name_each_line.__code__.co_firstlineno + 1
+    b, _ = acl.rt.malloc(64, 0)
+    h, _ = acl.rt.malloc_host(64)
+    assert [RT.allocs[a].site, RT.allocs[b].site, RT.host_blocks[h].site] == [
+        f"{__file__}:{first}",
+        f"{__file__}:{first + 2}",
+        f"{__file__}:{first + 3}",
+    ]
+    # Code compiled from a string, at module level of its own: its file name and line.
+    scope = {"acl": acl}
+    exec(compile("\n\nx = acl.rt.malloc(64, 0)", "<prog>", "exec"), scope)
+    assert RT.allocs[scope["x"][0]].site == "<prog>:3"
+    for p in (a, b, scope["x"][0]):
+        assert acl.rt.free(p) == 0
+    assert acl.rt.free_host(h) == 0
+    assert RT.freed_sites[scope["x"][0]] == "<prog>:3" and RT.freed_sites.get(h) == f"{__file__}:{first + 3}"
+
+
+def test_records_behave_as_mappings(system):
+    p, _ = acl.rt.malloc(4096, 0)
+    h, _ = acl.rt.malloc_host(64)
+    assert list(RT.allocs) == [p] and len(RT.allocs) == 1 and dict(RT.allocs)[p].size == 4096
+    assert list(RT.host_blocks) == [h] and RT.host_blocks[h].size == 64
+    # Keys no pointer can be are simply absent.
+    for k in ("x", -1, 1 << 70, 4.0):
+        assert k not in RT.allocs and RT.allocs.get(k) is None and k not in RT.freed_sites
+    with pytest.raises(KeyError):
+        RT.allocs[p + 1]
+    with pytest.raises(KeyError):
+        del RT.host_blocks[h + 1]
+    assert RT.host_block_of(h + 63) == (h, RT.host_blocks[h]) and RT.host_block_of(h + 64) is None
+    assert RT.host_block_of(-5) is None and RT.host_block_of(1 << 64) is None
+    assert acl.rt.free(p) == 0 and acl.rt.free_host(h) == 0
+    assert len(RT.allocs) == len(RT.host_blocks) == 0 and list(RT.freed_sites)[-2:] == [p, h]
+    rt.TABLES.check_invariants()
+
+
+def test_freed_sites_keep_the_latest(system):
+    from npumem.acl._runtime import FREED_SITES
+
+    ptrs = [acl.rt.malloc(64, 0)[0] for _ in range(FREED_SITES + 10)]
+    for p in ptrs:
+        assert acl.rt.free(p) == 0
+    assert len(RT.freed_sites) == FREED_SITES
+    assert ptrs[0] not in RT.freed_sites and ptrs[-1] in RT.freed_sites and ptrs[10] in RT.freed_sites
+    # The same pointer freed over and over is one entry (and the order list stays bounded).
+    for _ in range(3 * FREED_SITES):
+        p, _ = acl.rt.malloc(64, 0)
+        assert acl.rt.free(p) == 0
+    assert len(RT.freed_sites) <= FREED_SITES and list(RT.freed_sites)[-1] == p
+    rt.TABLES.check_invariants()
+
+
+def test_a_context_destroyed_on_another_thread(system):
+    """The plain-call path trusts a thread's context only in the epoch it was set: a context
+    destroyed by another thread is seen at once."""
+    ctx, ret = acl.rt.create_context(1)
+    assert ret == 0
+    p, _ = acl.rt.malloc(64, 0)
+    assert RT.allocs[p].device == 1
+    t = threading.Thread(target=lambda: acl.rt.destroy_context(ctx))
+    t.start()
+    t.join()
+    assert acl.rt.malloc(64, 0) == (0, C.ACL_ERROR_RT_CONTEXT_NULL)
+    assert acl.rt.malloc_host(64) != (0, C.ACL_ERROR_RT_CONTEXT_NULL)  # host memory needs none
+    assert acl.rt.free(p) == 0
+
+
+def test_threads_on_their_own_devices(system):
+    """Four threads, two per device, each allocating, filling, copying and freeing on the plain
+    paths at once: every block on its thread's device, every byte its own, nothing left."""
+    errors: list = []
+
+    def work(index: int) -> None:
+        try:
+            assert acl.rt.set_device(index % 2) == 0
+            h, ret = acl.rt.malloc_host(256)
+            assert ret == 0
+            for i in range(300):
+                p, ret = acl.rt.malloc(256, 0)
+                assert ret == 0 and RT.allocs[p].device == index % 2
+                assert acl.rt.memset(p, 256, (index * 7 + i) & 0xFF, 256) == 0
+                assert acl.rt.memcpy(h, 256, p, 256, D2H) == 0
+                assert ctypes.string_at(h, 256) == bytes([(index * 7 + i) & 0xFF]) * 256
+                assert acl.rt.free(p) == 0
+            assert acl.rt.free_host(h) == 0
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(RT.allocs) == 0 and len(RT.host_blocks) == 0
+    rt.TABLES.check_invariants()
+
+
+def test_finalize_with_live_memory(system):
+    p, _ = acl.rt.malloc(4096, 0)
+    h, _ = acl.rt.malloc_host(64)
+    assert acl.rt.reset_device(0) == 0
+    assert acl.finalize() == 0 and len(RT.allocs) == len(RT.host_blocks) == len(RT.freed_sites) == 0
+    # No system now: every call takes the checked path, which says why.
+    assert acl.rt.free(p) != 0 and acl.rt.free_host(h) != 0
+    fresh()
+    assert acl.rt.malloc(4096, 0)[1] == 0
+
+
+def test_kind_mismatches_are_counted(system):
+    p, _ = acl.rt.malloc(64, 0)
+    h, _ = acl.rt.malloc_host(64)
+    assert acl.rt.memcpy(p, 64, h, 64, H2D) == 0 and RT.kind_mismatches == 0
+    assert acl.rt.memcpy(h, 64, p, 64, H2D) == 0 and RT.kind_mismatches == 1  # really D2H
+    assert acl.rt.memcpy(h, 64, p, 64, 4) == 0 and RT.kind_mismatches == 1  # DEFAULT names none
+    assert acl.rt.free(p) == 0 and acl.rt.free_host(h) == 0
+
+
+def test_the_hot_calls_read_as_pyacl_functions(system):
+    import inspect
+
+    assert str(inspect.signature(acl.rt.malloc)) == "(size, policy)"
+    assert "aclrtMalloc" in acl.rt.malloc.__doc__ and acl.rt.memcpy.__name__ == "memcpy"
+    p, ret = acl.rt.malloc(size=4096, policy=0)  # keywords take the checked path
+    assert ret == 0 and acl.rt.free(dev_ptr=p) == 0
+    with pytest.raises(TypeError):
+        acl.rt.malloc(4096)
+
+
+# ----- the lock both paths hold -----
+
+
+def test_the_lock_is_reentrant_and_owned():
+    from npumem._native import ReentrantLock
+
+    lock = ReentrantLock()
+    assert lock.acquire() and lock.acquire(blocking=False) and lock._is_owned()
+    lock.release()
+    with lock:
+        assert lock.locked()
+    lock.release()
+    assert not lock.locked() and not lock._is_owned()
+    with pytest.raises(RuntimeError, match="un-acquired"):
+        lock.release()
+    with pytest.raises(ValueError, match="non-blocking"):
+        lock.acquire(blocking=False, timeout=1)
+    with pytest.raises(ValueError, match="non-negative"):
+        lock.acquire(timeout=-2)
+
+
+def test_the_lock_makes_other_threads_wait():
+    from npumem._native import ReentrantLock
+
+    lock = ReentrantLock()
+    taken, release, seen = threading.Event(), threading.Event(), []
+
+    def holder() -> None:
+        with lock:
+            taken.set()
+            release.wait(10)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    assert taken.wait(10)
+    seen.append(lock.acquire(blocking=False))
+    seen.append(lock.acquire(timeout=0.05))
+    with pytest.raises(RuntimeError):
+        lock.release()  # not this thread's
+    waiter = threading.Thread(target=lambda: seen.append(lock.acquire(timeout=10)))
+    waiter.start()  # waits detached: the holder runs meanwhile
+    release.set()
+    t.join()
+    waiter.join()
+    assert seen == [False, False, True] and lock.locked() and not lock._is_owned()

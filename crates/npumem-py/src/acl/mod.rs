@@ -112,13 +112,11 @@ impl AclTables {
     fn place(&self, py: Python<'_>, st: &State, addr: u64, count: u64) -> Option<(u32, bool)> {
         let devices = st.devices.as_ref()?.bind(py);
         let end = addr.checked_add(count)?;
-        if st.slice > 0 {
-            let off = addr.wrapping_sub(npumem_core::vm::VA_WINDOW_START);
-            if addr >= npumem_core::vm::VA_WINDOW_START && off / st.slice < devices.len() as u64 {
-                let d = off / st.slice;
+        if let Some(d) = addr.checked_sub(npumem_core::vm::VA_WINDOW_START).and_then(|off| off.checked_div(st.slice)) {
+            if d < devices.len() as u64 {
                 return (!devices.get_item(d as usize).ok()?.is_none()).then_some((d as u32, true));
             }
-        } else {
+        } else if st.slice == 0 {
             for (i, item) in devices.iter().enumerate() {
                 if let Ok(dev) = item.cast::<PyDevice>()
                     && dev.get().lock_inner().holds(addr)
@@ -192,16 +190,15 @@ static MALLOC: FastMethod = FastMethod::new(c"malloc", |py, slf, args| {
     let made = dev.call(py, false, |d| Ok((d.malloc_on(size, policy, true, 0)?, d.sanitizing())));
     let site = Site::caller(py);
     let made = match made {
-        Ok((ptr, false)) => Ok(ptr),
         // Only the sanitizer's findings read a tag: the text is made for it alone.
-        Ok((ptr, true)) => match site.text(py) {
-            Ok(text) => match text.to_str() {
-                Ok(text) => dev.call(py, false, |d| d.set_tag(ptr, text)).map(|()| ptr),
-                Err(e) => return Some(Err(e)),
-            },
-            Err(e) => return Some(Err(e)),
-        },
-        Err(e) => Err(e),
+        Ok((ptr, true)) => {
+            let mut text = String::with_capacity(96);
+            if let Err(e) = site.write_text(py, &mut text) {
+                return Some(Err(e));
+            }
+            dev.call(py, false, |d| d.set_tag(ptr, &text)).map(|()| ptr)
+        }
+        made => made.map(|(ptr, _)| ptr),
     };
     if let Ok(ptr) = made {
         t.state.lock().allocs.insert(ptr, AllocRec { device, size, site, api: Api::Malloc, base: 0 });
@@ -349,27 +346,47 @@ impl AclTables {
 
     /// ``aclrtMalloc`` on the current device: ``(dev_ptr, ret)``.
     #[pyo3(signature = (*args, **kwargs), text_signature = "(size, policy)")]
-    fn malloc(&self, py: Python<'_>, args: &Bound<'_, PyTuple>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Py<PyAny>> {
+    fn malloc(
+        &self,
+        py: Python<'_>,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Py<PyAny>> {
         self.forward(py, 0, args, kwargs)
     }
 
     /// ``aclrtFree``: immediate; memory that queued work still uses goes back once that work is
     /// done, and the sanitizer reports the hazard.
     #[pyo3(signature = (*args, **kwargs), text_signature = "(dev_ptr)")]
-    fn free(&self, py: Python<'_>, args: &Bound<'_, PyTuple>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Py<PyAny>> {
+    fn free(
+        &self,
+        py: Python<'_>,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Py<PyAny>> {
         self.forward(py, 1, args, kwargs)
     }
 
     /// ``aclrtMemcpy``: copies now; the direction comes from the addresses (the kind is
     /// checked, 0-5, then advisory).
     #[pyo3(signature = (*args, **kwargs), text_signature = "(dst, dest_max, src, count, kind)")]
-    fn memcpy(&self, py: Python<'_>, args: &Bound<'_, PyTuple>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Py<PyAny>> {
+    fn memcpy(
+        &self,
+        py: Python<'_>,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Py<PyAny>> {
         self.forward(py, 2, args, kwargs)
     }
 
     /// ``aclrtMemset``: a byte fill of device or host memory (found from the address).
     #[pyo3(signature = (*args, **kwargs), text_signature = "(dev_ptr, max_count, value, count)")]
-    fn memset(&self, py: Python<'_>, args: &Bound<'_, PyTuple>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Py<PyAny>> {
+    fn memset(
+        &self,
+        py: Python<'_>,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Py<PyAny>> {
         self.forward(py, 3, args, kwargs)
     }
 
@@ -407,7 +424,8 @@ impl AclTables {
         malloc_host: Py<PyAny>,
         free_host: Py<PyAny>,
     ) {
-        self.state.lock().checked = [Some(malloc), Some(free), Some(memcpy), Some(memset), Some(malloc_host), Some(free_host)];
+        self.state.lock().checked =
+            [Some(malloc), Some(free), Some(memcpy), Some(memset), Some(malloc_host), Some(free_host)];
     }
 
     /// The system's device list (None: no system) and each device's slice of the simulated

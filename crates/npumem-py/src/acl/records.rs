@@ -6,7 +6,9 @@
 //! - `FreedSites` holds the sites of the last `FREED_SITES` distinct pointers freed, the latest
 //!   free of each; older ones are forgotten first.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
+use std::fmt::Write;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::ffi;
@@ -24,6 +26,18 @@ pub const FREED_SITES: usize = 4096;
 // calling frame's code object (a reference: code objects live as long as their functions) and
 // its instruction offset; `PyCode_Addr2Line` gives the same line `frame.f_lineno` gave, when
 // the text is asked for.
+
+/// The site this thread made the text of last: its code object, file name, offset and line.
+struct LastSite {
+    code: Py<PyAny>,
+    file: String,
+    lasti: i32,
+    line: i32,
+}
+
+thread_local! {
+    static LAST_SITE: RefCell<Option<LastSite>> = const { RefCell::new(None) };
+}
 
 /// Where the program made a call: `file:line` text, or a frame's code and offset.
 pub enum Site {
@@ -51,14 +65,66 @@ impl Site {
     pub fn text<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyString>> {
         match self {
             Site::Text(s) => Ok(s.bind(py).clone()),
-            Site::Code { code, lasti } => {
-                let file = code.bind(py).getattr("co_filename")?;
-                // SAFETY: `code` is a code object (from `PyFrame_GetCode`), held.
-                let line = unsafe { ffi::PyCode_Addr2Line(code.as_ptr().cast(), *lasti) };
-                let line = if line < 0 { "None".to_string() } else { line.to_string() };
-                Ok(PyString::new(py, &format!("{file}:{line}")))
+            Site::Code { .. } => {
+                let mut text = String::new();
+                self.write_text(py, &mut text)?;
+                Ok(PyString::new(py, &text))
             }
         }
+    }
+
+    /// Appends the `file:line` text to `out` (the tag a device keeps for its sanitizer: made on
+    /// the hot path, so the last site's file name and line are kept per thread).
+    pub fn write_text(&self, py: Python<'_>, out: &mut String) -> PyResult<()> {
+        let (code, lasti) = match self {
+            Site::Text(s) => {
+                out.push_str(&s.bind(py).to_cow()?);
+                return Ok(());
+            }
+            Site::Code { code, lasti } => (code, *lasti),
+        };
+        // A loop allocates from one line over and over: its line is kept with the file name.
+        let known = LAST_SITE.with_borrow(|last| match last {
+            Some(l) if l.code.is(code) => {
+                out.push_str(&l.file);
+                Some((l.lasti == lasti).then_some(l.line))
+            }
+            _ => None,
+        });
+        let line = match known {
+            Some(Some(line)) => line,
+            _ => {
+                // SAFETY: `code` is a code object (from `PyFrame_GetCode`), held.
+                let line = unsafe { ffi::PyCode_Addr2Line(code.as_ptr().cast(), lasti) };
+                let file = match known {
+                    Some(None) => None,
+                    _ => {
+                        let file = code.bind(py).getattr("co_filename")?.str()?.to_cow()?.into_owned();
+                        out.push_str(&file);
+                        Some(file)
+                    }
+                };
+                // The code object last named is dropped outside the borrow (its dealloc may
+                // run Python code that makes a site again).
+                let old = LAST_SITE.with_borrow_mut(|last| match (file, last.as_mut()) {
+                    (None, Some(l)) => {
+                        (l.lasti, l.line) = (lasti, line);
+                        None
+                    }
+                    (file, _) => {
+                        last.replace(LastSite { code: code.clone_ref(py), file: file.unwrap_or_default(), lasti, line })
+                    }
+                });
+                drop(old);
+                line
+            }
+        };
+        if line < 0 {
+            out.push_str(":None");
+        } else {
+            write!(out, ":{line}").expect("writing to a String does not fail");
+        }
+        Ok(())
     }
 
     /// Whether the two name the same `file:line`.
