@@ -23,6 +23,13 @@ pub struct ReentrantLock {
 /// The lock held by this thread until dropped.
 pub struct Held<'a>(&'a ReentrantLock);
 
+impl Held<'_> {
+    /// Whether this is a hold of `lock`.
+    pub fn of(&self, lock: &ReentrantLock) -> bool {
+        std::ptr::eq(self.0, lock)
+    }
+}
+
 impl Drop for Held<'_> {
     fn drop(&mut self) {
         // SAFETY: a `Held` exists only while this thread holds the lock once for it.

@@ -13,22 +13,23 @@
 //! - A thread's current context is mirrored here (`set_current`) and trusted only under the
 //!   epoch it was set in: `context_dropped` and `reset` move the epoch, so a context destroyed
 //!   by any thread sends the next call of every thread to the checked path, which sets it anew.
-//! - The state mutex is never held across a call into Python or into a device.
+//! - The records are reached only with `LOCK` held (a `Held` proves it), borrowed for a step at
+//!   a time: never across a call into Python or into a device.
 
 mod lock;
 mod records;
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell, RefMut};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use npumem_core::{AclError, Policy};
-use parking_lot::Mutex;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple, PyType};
 use rustc_hash::FxHashMap;
 
+use self::lock::Held;
 pub use self::lock::ReentrantLock;
 pub use self::records::{AclAlloc, AclHostBlock, FREED_SITES};
 use self::records::{AllocRec, Api, FreedSites, HostRec, Site};
@@ -72,12 +73,22 @@ struct State {
     /// `RT.fail(code, message)`: records an error for `acl.get_recent_err_msg`.
     fail: Option<Py<PyAny>>,
     checked: [Option<Py<PyAny>>; 6],
+    /// Whether each device's sanitizer is on, as its last allocation said (None: not asked).
+    sanitizes: Vec<Option<bool>>,
 }
+
+/// The state, reached only while the tables' `ReentrantLock` is held.
+struct Guarded(RefCell<State>);
+
+// SAFETY: the cell is only borrowed through `AclTables::state`, which takes a `Held` of the
+// tables' lock: one thread at a time reaches it (the lock is reentrant, and `RefCell` refuses a
+// second borrow on that thread); `State` itself is `Send`.
+unsafe impl Sync for Guarded {}
 
 #[pyclass(module = "npumem._native", frozen)]
 pub struct AclTables {
     lock: Py<ReentrantLock>,
-    state: Mutex<State>,
+    state: Guarded,
     epoch: AtomicU64,
     kind_mismatches: AtomicU64,
 }
@@ -94,6 +105,12 @@ fn named_direction(kind: u64) -> Option<(bool, bool)> {
 }
 
 impl AclTables {
+    /// The records, borrowed while `held` (this table's lock) is.
+    fn state<'a>(&'a self, held: &'a Held<'_>) -> RefMut<'a, State> {
+        debug_assert!(held.of(self.lock.get()));
+        self.state.0.borrow_mut()
+    }
+
     /// This thread's current context (its device), if the runtime set it in this epoch.
     fn current_device(&self) -> Option<u32> {
         let c = CURRENT.with(Cell::get);
@@ -101,8 +118,8 @@ impl AclTables {
     }
 
     /// Created device `index` of the bound system.
-    fn device<'py>(&self, py: Python<'py>, index: u32) -> Option<Bound<'py, PyDevice>> {
-        let list = self.state.lock().devices.as_ref()?.clone_ref(py);
+    fn device<'py>(&self, py: Python<'py>, held: &Held<'_>, index: u32) -> Option<Bound<'py, PyDevice>> {
+        let list = self.state(held).devices.as_ref()?.clone_ref(py);
         let item = list.bind(py).get_item(index as usize).ok()?;
         item.cast_into::<PyDevice>().ok()
     }
@@ -131,14 +148,16 @@ impl AclTables {
 
     /// Records `e` as the thread's recent error (`RT.fail`) and gives its code.
     fn fail(&self, py: Python<'_>, e: AclError) -> PyResult<u32> {
-        let fail = self.state.lock().fail.as_ref().map(|f| f.clone_ref(py));
+        let held = self.lock.get().hold(py);
+        let fail = self.state(&held).fail.as_ref().map(|f| f.clone_ref(py));
         let fail = fail.ok_or_else(|| PyRuntimeError::new_err("npumem.acl's tables are not bound"))?;
         fail.call1(py, (e.code.value(), e.message))?;
         Ok(e.code.value())
     }
 
     fn checked(&self, py: Python<'_>, which: usize) -> PyResult<Py<PyAny>> {
-        self.state.lock().checked[which]
+        let held = self.lock.get().hold(py);
+        self.state(&held).checked[which]
             .as_ref()
             .map(|f| f.clone_ref(py))
             .ok_or_else(|| PyRuntimeError::new_err(format!("acl.rt.{}: npumem.acl is not loaded", CHECKED[which])))
@@ -183,26 +202,46 @@ static MALLOC: FastMethod = FastMethod::new(c"malloc", |py, slf, args| {
     let size = exact_u64(*size).filter(|&s| s > 0)?;
     let policy = Policy::from_raw(u32::try_from(exact_u64(*policy).filter(|&p| p <= 7)?).ok()?).ok()?;
     let t = tables(slf);
-    let _held = t.lock.get().hold(py);
+    let held = t.lock.get().hold(py);
     let device = t.current_device()?;
-    let dev = t.device(py, device)?;
+    let dev = t.device(py, &held, device)?;
     let dev = dev.get();
-    let made = dev.call(py, false, |d| Ok((d.malloc_on(size, policy, true, 0)?, d.sanitizing())));
     let site = Site::caller(py);
+    // Only the sanitizer's findings read a tag: its text is made where the device has one on.
+    let mut tag = None;
+    if t.state(&held).sanitizes.get(device as usize) == Some(&Some(true)) {
+        let mut text = String::with_capacity(96);
+        if let Err(e) = site.write_text(py, &mut text) {
+            return Some(Err(e));
+        }
+        tag = Some(text);
+    }
+    let made = dev.call(py, false, |d| {
+        let ptr = d.malloc_on(size, policy, true, 0)?;
+        let on = d.sanitizing();
+        if let (true, Some(tag)) = (on, &tag) {
+            d.set_tag(ptr, tag)?;
+        }
+        Ok((ptr, on))
+    });
     let made = match made {
-        // Only the sanitizer's findings read a tag: the text is made for it alone.
-        Ok((ptr, true)) => {
+        Ok((ptr, true)) if tag.is_none() => {
             let mut text = String::with_capacity(96);
             if let Err(e) = site.write_text(py, &mut text) {
                 return Some(Err(e));
             }
-            dev.call(py, false, |d| d.set_tag(ptr, &text)).map(|()| ptr)
+            dev.call(py, false, |d| d.set_tag(ptr, &text)).map(|()| (ptr, true))
         }
-        made => made.map(|(ptr, _)| ptr),
+        made => made,
     };
-    if let Ok(ptr) = made {
-        t.state.lock().allocs.insert(ptr, AllocRec { device, size, site, api: Api::Malloc, base: 0 });
-    }
+    let made = made.map(|(ptr, on)| {
+        let mut st = t.state(&held);
+        if let Some(known) = st.sanitizes.get_mut(device as usize) {
+            *known = Some(on);
+        }
+        st.allocs.insert(ptr, AllocRec { device, size, site, api: Api::Malloc, base: 0 });
+        ptr
+    });
     Some(value_and_ret(py, t, made))
 });
 
@@ -210,19 +249,19 @@ static FREE: FastMethod = FastMethod::new(c"free", |py, slf, args| {
     let [ptr] = args else { return None };
     let ptr = exact_u64(*ptr).filter(|&p| p != 0)?;
     let t = tables(slf);
-    let _held = t.lock.get().hold(py);
+    let held = t.lock.get().hold(py);
     let device = {
-        let st = t.state.lock();
+        let st = t.state(&held);
         if st.ipc.as_ref().is_some_and(|ipc| !ipc.bind(py).is_empty()) {
             return None;
         }
         let rec = st.allocs.get(&ptr).filter(|a| a.api != Api::Dvpp)?;
         rec.device
     };
-    let dev = t.device(py, device)?;
+    let dev = t.device(py, &held, device)?;
     let freed = dev.get().call(py, false, |d| d.free_on(ptr, None));
     if freed.is_ok() {
-        let mut st = t.state.lock();
+        let mut st = t.state(&held);
         if let Some(rec) = st.allocs.remove(&ptr) {
             st.freed.insert(ptr, rec.site);
         }
@@ -234,12 +273,12 @@ static MALLOC_HOST: FastMethod = FastMethod::new(c"malloc_host", |py, slf, args|
     let [size] = args else { return None };
     let size = exact_u64(*size).filter(|&s| s > 0)?;
     let t = tables(slf);
-    let _held = t.lock.get().hold(py);
+    let held = t.lock.get().hold(py);
     let owner = t.current_device()?;
-    let dev = t.device(py, owner)?;
+    let dev = t.device(py, &held, owner)?;
     let made = dev.get().call(py, false, |d| d.malloc_host(size));
     if let Ok(ptr) = made {
-        t.state.lock().hosts.insert(ptr, HostRec { owner, size, site: Site::caller(py) });
+        t.state(&held).hosts.insert(ptr, HostRec { owner, size, site: Site::caller(py) });
     }
     Some(value_and_ret(py, t, made))
 });
@@ -248,12 +287,12 @@ static FREE_HOST: FastMethod = FastMethod::new(c"free_host", |py, slf, args| {
     let [ptr] = args else { return None };
     let ptr = exact_u64(*ptr).filter(|&p| p != 0)?;
     let t = tables(slf);
-    let _held = t.lock.get().hold(py);
-    let owner = t.state.lock().hosts.get(&ptr)?.owner;
-    let dev = t.device(py, owner)?;
+    let held = t.lock.get().hold(py);
+    let owner = t.state(&held).hosts.get(&ptr)?.owner;
+    let dev = t.device(py, &held, owner)?;
     let freed = dev.get().call(py, false, |d| d.free_host(ptr));
     if freed.is_ok() {
-        let mut st = t.state.lock();
+        let mut st = t.state(&held);
         if let Some(rec) = st.hosts.remove(&ptr) {
             st.freed.insert(ptr, rec.site);
         }
@@ -270,9 +309,9 @@ static MEMCPY: FastMethod = FastMethod::new(c"memcpy", |py, slf, args| {
         return None;
     }
     let t = tables(slf);
-    let _held = t.lock.get().hold(py);
+    let held = t.lock.get().hold(py);
     let device = {
-        let st = t.state.lock();
+        let st = t.state(&held);
         let (d, dst_on_device) = t.place(py, &st, dst, count)?;
         let (s, src_on_device) = t.place(py, &st, src, count)?;
         if d != s {
@@ -283,7 +322,7 @@ static MEMCPY: FastMethod = FastMethod::new(c"memcpy", |py, slf, args| {
         }
         d
     };
-    let dev = t.device(py, device)?;
+    let dev = t.device(py, &held, device)?;
     let detach = count >= DETACH_BYTES as u64;
     Some(ret(py, t, dev.get().call(py, detach, |d| d.memcpy(dst, dst_max, src, count, kind as u32))))
 });
@@ -293,9 +332,9 @@ static MEMSET: FastMethod = FastMethod::new(c"memset", |py, slf, args| {
     let (ptr, max_count, value) = (exact_u64(*ptr)?, exact_u64(*max_count)?, exact_i32(*value)?);
     let count = exact_u64(*count).filter(|&c| 0 < c && c <= max_count)?;
     let t = tables(slf);
-    let _held = t.lock.get().hold(py);
-    let device = t.place(py, &t.state.lock(), ptr, count)?.0;
-    let dev = t.device(py, device)?;
+    let held = t.lock.get().hold(py);
+    let device = t.place(py, &t.state(&held), ptr, count)?.0;
+    let dev = t.device(py, &held, device)?;
     Some(ret(py, t, dev.get().call(py, false, |d| d.memset(ptr, max_count, value, count))))
 });
 
@@ -327,7 +366,7 @@ impl AclTables {
     fn new(lock: Py<ReentrantLock>) -> Self {
         AclTables {
             lock,
-            state: Mutex::new(State {
+            state: Guarded(RefCell::new(State {
                 allocs: FxHashMap::default(),
                 hosts: BTreeMap::new(),
                 freed: FreedSites::default(),
@@ -336,7 +375,8 @@ impl AclTables {
                 ipc: None,
                 fail: None,
                 checked: Default::default(),
-            }),
+                sanitizes: Vec::new(),
+            })),
             epoch: AtomicU64::new(next_epoch()),
             kind_mismatches: AtomicU64::new(0),
         }
@@ -415,8 +455,10 @@ impl AclTables {
     // ----- binding to the runtime -----
 
     /// The checked calls the plain-call paths hand every other call to.
+    #[allow(clippy::too_many_arguments)] // the six calls, by name
     fn set_checked_calls(
         &self,
+        py: Python<'_>,
         malloc: Py<PyAny>,
         free: Py<PyAny>,
         memcpy: Py<PyAny>,
@@ -424,22 +466,26 @@ impl AclTables {
         malloc_host: Py<PyAny>,
         free_host: Py<PyAny>,
     ) {
-        self.state.lock().checked =
+        let held = self.lock.get().hold(py);
+        self.state(&held).checked =
             [Some(malloc), Some(free), Some(memcpy), Some(memset), Some(malloc_host), Some(free_host)];
     }
 
     /// The system's device list (None: no system) and each device's slice of the simulated
     /// device window (0: another backend, whose devices say which addresses are theirs).
     #[pyo3(signature = (devices, slice))]
-    fn bind_system(&self, devices: Option<Py<PyList>>, slice: u64) {
-        let mut st = self.state.lock();
+    fn bind_system(&self, py: Python<'_>, devices: Option<Py<PyList>>, slice: u64) {
+        let held = self.lock.get().hold(py);
+        let mut st = self.state(&held);
+        st.sanitizes = vec![None; devices.as_ref().map_or(0, |d| d.bind(py).len())];
         st.devices = devices;
         st.slice = slice;
     }
 
     /// `RT.ipc` (open keys send frees to the checked path) and `RT.fail`.
-    fn bind(&self, ipc: Py<PyDict>, fail: Py<PyAny>) {
-        let mut st = self.state.lock();
+    fn bind(&self, py: Python<'_>, ipc: Py<PyDict>, fail: Py<PyAny>) {
+        let held = self.lock.get().hold(py);
+        let mut st = self.state(&held);
         st.ipc = Some(ipc);
         st.fail = Some(fail);
     }
@@ -456,9 +502,10 @@ impl AclTables {
     }
 
     /// Forgets every record and every thread's context (acl.finalize).
-    fn reset(&self) {
+    fn reset(&self, py: Python<'_>) {
         {
-            let mut st = self.state.lock();
+            let held = self.lock.get().hold(py);
+            let mut st = self.state(&held);
             st.allocs.clear();
             st.hosts.clear();
             st.freed.clear();
@@ -481,66 +528,79 @@ impl AclTables {
     // ----- the records, for the Python runtime's mappings -----
 
     fn alloc(&self, py: Python<'_>, ptr: &Bound<'_, PyAny>) -> Option<AclAlloc> {
-        let st = self.state.lock();
+        let held = self.lock.get().hold(py);
+        let st = self.state(&held);
         st.allocs.get(&key(ptr)?).map(|a| AclAlloc::copy(py, a))
     }
 
     fn set_alloc(&self, py: Python<'_>, ptr: u64, alloc: Bound<'_, AclAlloc>) {
         let rec = AclAlloc::copy(py, &alloc.get().0).0;
-        self.state.lock().allocs.insert(ptr, rec);
+        let held = self.lock.get().hold(py);
+        self.state(&held).allocs.insert(ptr, rec);
     }
 
     /// Removes the record of `ptr`: whether there was one.
-    fn del_alloc(&self, ptr: &Bound<'_, PyAny>) -> bool {
-        key(ptr).is_some_and(|p| self.state.lock().allocs.remove(&p).is_some())
+    fn del_alloc(&self, py: Python<'_>, ptr: &Bound<'_, PyAny>) -> bool {
+        let held = self.lock.get().hold(py);
+        key(ptr).is_some_and(|p| self.state(&held).allocs.remove(&p).is_some())
     }
 
-    fn alloc_keys(&self) -> Vec<u64> {
-        self.state.lock().allocs.keys().copied().collect()
+    fn alloc_keys(&self, py: Python<'_>) -> Vec<u64> {
+        let held = self.lock.get().hold(py);
+        self.state(&held).allocs.keys().copied().collect()
     }
 
-    fn alloc_count(&self) -> usize {
-        self.state.lock().allocs.len()
+    fn alloc_count(&self, py: Python<'_>) -> usize {
+        let held = self.lock.get().hold(py);
+        self.state(&held).allocs.len()
     }
 
     fn host_block(&self, py: Python<'_>, ptr: &Bound<'_, PyAny>) -> Option<AclHostBlock> {
-        let st = self.state.lock();
+        let held = self.lock.get().hold(py);
+        let st = self.state(&held);
         st.hosts.get(&key(ptr)?).map(|b| AclHostBlock::copy(py, b))
     }
 
     fn set_host_block(&self, py: Python<'_>, ptr: u64, block: Bound<'_, AclHostBlock>) {
         let rec = AclHostBlock::copy(py, &block.get().0).0;
-        self.state.lock().hosts.insert(ptr, rec);
+        let held = self.lock.get().hold(py);
+        self.state(&held).hosts.insert(ptr, rec);
     }
 
-    fn del_host_block(&self, ptr: &Bound<'_, PyAny>) -> bool {
-        key(ptr).is_some_and(|p| self.state.lock().hosts.remove(&p).is_some())
+    fn del_host_block(&self, py: Python<'_>, ptr: &Bound<'_, PyAny>) -> bool {
+        let held = self.lock.get().hold(py);
+        key(ptr).is_some_and(|p| self.state(&held).hosts.remove(&p).is_some())
     }
 
     /// The live blocks' addresses, in address order.
-    fn host_block_keys(&self) -> Vec<u64> {
-        self.state.lock().hosts.keys().copied().collect()
+    fn host_block_keys(&self, py: Python<'_>) -> Vec<u64> {
+        let held = self.lock.get().hold(py);
+        self.state(&held).hosts.keys().copied().collect()
     }
 
-    fn host_block_count(&self) -> usize {
-        self.state.lock().hosts.len()
+    fn host_block_count(&self, py: Python<'_>) -> usize {
+        let held = self.lock.get().hold(py);
+        self.state(&held).hosts.len()
     }
 
     /// `(start, block)` of the live malloc_host block holding `addr`, or None.
     fn host_block_of(&self, py: Python<'_>, addr: u64) -> Option<(u64, AclHostBlock)> {
-        let st = self.state.lock();
+        let held = self.lock.get().hold(py);
+        let st = self.state(&held);
         let (start, b) = st.hosts.range(..=addr).next_back()?;
         (addr - start < b.size).then(|| (*start, AclHostBlock::copy(py, b)))
     }
 
     /// Keeps the call site of memory just freed (the last `FREED_SITES` pointers').
-    fn forget_site(&self, ptr: u64, site: Bound<'_, PyString>) {
-        self.state.lock().freed.insert(ptr, Site::Text(site.unbind()));
+    fn forget_site(&self, py: Python<'_>, ptr: u64, site: Bound<'_, PyString>) {
+        let held = self.lock.get().hold(py);
+        self.state(&held).freed.insert(ptr, Site::Text(site.unbind()));
     }
 
     fn freed_site<'py>(&self, py: Python<'py>, ptr: &Bound<'_, PyAny>) -> PyResult<Option<Bound<'py, PyString>>> {
         let site = {
-            let st = self.state.lock();
+            let held = self.lock.get().hold(py);
+            let st = self.state(&held);
             match key(ptr).and_then(|p| st.freed.get(p)) {
                 Some(site) => site.clone_ref(py),
                 None => return Ok(None),
@@ -550,17 +610,20 @@ impl AclTables {
     }
 
     /// The freed pointers whose sites are kept, oldest free first.
-    fn freed_site_keys(&self) -> Vec<u64> {
-        self.state.lock().freed.keys()
+    fn freed_site_keys(&self, py: Python<'_>) -> Vec<u64> {
+        let held = self.lock.get().hold(py);
+        self.state(&held).freed.keys()
     }
 
-    fn freed_site_count(&self) -> usize {
-        self.state.lock().freed.len()
+    fn freed_site_count(&self, py: Python<'_>) -> usize {
+        let held = self.lock.get().hold(py);
+        self.state(&held).freed.len()
     }
 
     /// Raises ValueError if a record invariant does not hold (the tests call it).
-    fn check_invariants(&self) -> PyResult<()> {
-        let st = self.state.lock();
+    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
+        let held = self.lock.get().hold(py);
+        let st = self.state(&held);
         st.freed.check_invariants().map_err(PyValueError::new_err)?;
         let mut end = 0;
         for (&start, b) in &st.hosts {
