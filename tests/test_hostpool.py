@@ -289,6 +289,54 @@ def test_zeros_read_zero_on_every_reuse_used_or_not(nbytes: int):
             del z
 
 
+def test_small_arrays_reuse_the_last_block_freed_and_read_zero():
+    """Arrays up to 1 KiB take the block their class freed last (the handler's stash): zeros
+    from it read zero, and a block of another class never serves them."""
+    pool = HostPool("256MiB")
+    with pool.numpy_allocator():
+        for n in (1, 64, 100, 256, 257, 1000, 1024):
+            a = np.empty(n, np.uint8)
+            a[:] = 0xAB
+            where = addr(a)
+            del a
+            z = np.zeros(n, np.uint8)
+            assert addr(z) == where and not z.any(), n
+            del z
+            b = pool.zeros(n, np.uint8)  # the pool's own arrays share the stash
+            assert addr(b) == where and not b.any(), n
+            b[:] = 1
+            del b
+        # A block of another class (a 64-byte one) is not handed to a 1000-byte array.
+        small = np.empty(64, np.uint8)
+        big = np.empty(1000, np.uint8)
+        del small
+        big2 = np.zeros(1000, np.uint8)
+        assert addr(big2) != addr(big) and not big2.any()
+        # Grown by realloc past its class: the data moves, the old block is stashed for reuse.
+        g = np.arange(100, dtype=np.uint8)
+        g.resize(900, refcheck=False)
+        assert g[:100].tolist() == list(range(100)) and not g[100:].any()
+
+
+def test_small_arrays_on_many_threads_never_share_a_block():
+    pool = HostPool("256MiB")
+
+    def work(i: int) -> None:
+        with pool.numpy_allocator():
+            live = []
+            for k in range(3000):
+                n = 16 + (k * 37 + i) % 1000
+                a = np.zeros(n, np.uint8)
+                assert not a.any()
+                a[:] = i + 1
+                live.append(a)
+                if len(live) > 3:
+                    old = live.pop(k % 3)
+                    assert (old == old[0]).all() and old[0] == i + 1, "another thread wrote into the block"
+
+    assert run_in_threads(work, 4) == []
+
+
 def test_fast_and_general_calls_of_empty_and_zeros_agree():
     # `empty(n)` / `empty(n, dtype)` are served by a C-API method; keywords, tuples and odd
     # values by PyO3's. Both give the same arrays and the same errors.

@@ -203,6 +203,12 @@ impl HostPool {
         self.locate(ptr).map(|(_, c)| size_of(c))
     }
 
+    /// The size class (`class_of`'s numbering) of the block at `ptr`, if it lies in the pool's
+    /// carved memory.
+    pub fn block_class(&self, ptr: *const u8) -> Option<usize> {
+        self.locate(ptr).map(|(_, c)| c)
+    }
+
     /// Gives the pages of free blocks of `min_block` bytes (at least one chunk) or more on the
     /// shared stacks back to the system (the blocks stay in the pool; their pages read as zero and fault in again
     /// when reused). Returns the bytes released.

@@ -7,13 +7,16 @@
 //!   arrays `empty`/`zeros`/`array` make: they are built as NumPy builds its own (`OWNDATA`, the
 //!   handler in `mem_handler`), so NumPy frees them into the pool with no object in between, and
 //!   `get_handler_name` names the pool for them.
+//! - The handler keeps the last freed block of each class up to 1 KiB for the next allocation
+//!   of that class (Note [The small-array stash]).
 //! - Zero-filled memory comes from `HostPool::alloc_zeroed` (large blocks: pages dropped where
 //!   unused, written where in use).
 
 use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use npumem_core::AclError;
-use npumem_core::hostpool::{HostPool, HugePages};
+use npumem_core::hostpool::{HostPool, HugePages, class_of};
 use numpy::npyffi::{
     NPY_ARRAY_CARRAY, NPY_ARRAY_FARRAY, NPY_ARRAY_OWNDATA, NpyTypes, PY_ARRAY_API, PyArray_Descr, PyArrayObject_fields,
     get_type_object,
@@ -246,7 +249,21 @@ impl PyHostPool {
             )
         })?;
         let handler = self.handler(py)?;
-        let data = self.alloc(py, nbytes.max(1), zero)?.cast::<c_void>();
+        let data = if class_of(nbytes.max(1)) < STASH_CLASSES {
+            // Small: as NumPy's own allocations under the handler, the class's stashed block first.
+            let ptr = stash_of(handler.bind(py))?.alloc(nbytes as usize);
+            if ptr.is_null() {
+                return Err(to_py(py, AclError::oom(format!("host pool: no block of {nbytes} bytes left"))));
+            }
+            if zero {
+                // SAFETY: a block of at least `nbytes` bytes handed to nobody yet.
+                unsafe { std::ptr::write_bytes(ptr, 0, nbytes as usize) };
+            }
+            ptr
+        } else {
+            self.alloc(py, nbytes, zero)?
+        }
+        .cast::<c_void>();
         let flags = if fortran { NPY_ARRAY_FARRAY } else { NPY_ARRAY_CARRAY };
         // SAFETY: NewFromDescr steals the new dtype reference and views `data`, a block of at
         // least count * itemsize bytes, 64-byte aligned, handed to nobody else. The array then
@@ -370,17 +387,97 @@ struct PyDataMemHandler {
     allocator: PyDataMemAllocator,
 }
 
-// SAFETY: `ctx` points at a `HostPool` (Send + Sync) owned by the capsule; the functions are
-// thread-safe.
+// SAFETY: `ctx` points at a `HandlerCtx` (a `HostPool` and atomic slots: Send + Sync) owned by
+// the capsule; the functions are thread-safe.
 unsafe impl Send for PyDataMemHandler {}
 
 /// The handler's name, as `np.core.multiarray.get_handler_name()` reports it.
 pub const HANDLER_NAME: &str = "npumem_host_pool";
 
-fn pool_of<'a>(ctx: *mut c_void) -> &'a HostPool {
-    // SAFETY: `ctx` is the `Box<HostPool>` made in `handler_capsule`, alive while the capsule is
-    // (every array allocated through the handler holds a reference to the capsule).
-    unsafe { &*(ctx as *const HostPool) }
+/// What the handler's `ctx` points at: the pool, and one block of each small class kept back
+/// from the last free.
+///
+/// Note [The small-array stash]
+/// NumPy's default handler serves arrays under 1 KiB from its own cache of a few blocks per
+/// size, a handful of instructions; the pool's thread cache costs two thread-local look-ups and
+/// the class arithmetic on each side. A program that makes and drops small arrays in a loop
+/// frees a block and asks for one of the same class next: each small class keeps the last block
+/// freed in an atomic slot (taken and given by one swap, so any thread may use it), and the
+/// next allocation of that class takes it back without the pool. The class of a freed block is
+/// the pool's (its chunk table), never the size NumPy passes. Blocks still in the slots go back
+/// to the pool when the capsule is released.
+struct HandlerCtx {
+    pool: HostPool,
+    stash: [AtomicPtr<u8>; STASH_CLASSES],
+}
+
+/// Classes up to 1 KiB (`class_of(1024)` is 11) are stashed.
+const STASH_CLASSES: usize = 12;
+
+impl HandlerCtx {
+    fn new(pool: HostPool) -> Self {
+        HandlerCtx { pool, stash: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())) }
+    }
+
+    /// A block of at least `size` bytes: the stashed one of its class, else the pool's.
+    fn alloc(&self, size: usize) -> *mut u8 {
+        let size = size.max(1) as u64;
+        let class = class_of(size);
+        if class < STASH_CLASSES {
+            let ptr = self.stash[class].swap(std::ptr::null_mut(), Ordering::Acquire);
+            if !ptr.is_null() {
+                return ptr;
+            }
+        }
+        self.pool.alloc(size).unwrap_or(std::ptr::null_mut())
+    }
+
+    /// Gives a block back: into its class's slot (the block there before goes to the pool).
+    ///
+    /// # Safety
+    /// `ptr` came from this handler (or is foreign: ignored) and is not used afterwards.
+    unsafe fn free(&self, ptr: *mut u8) {
+        match self.pool.block_class(ptr) {
+            Some(class) if class < STASH_CLASSES => {
+                let old = self.stash[class].swap(ptr, Ordering::AcqRel);
+                if !old.is_null() {
+                    // SAFETY: a block of this pool that the slot owned.
+                    unsafe { self.pool.try_free(old) };
+                }
+            }
+            // SAFETY: the caller's contract.
+            _ => unsafe {
+                self.pool.try_free(ptr);
+            },
+        }
+    }
+}
+
+impl Drop for HandlerCtx {
+    fn drop(&mut self) {
+        for slot in &self.stash {
+            let ptr = slot.swap(std::ptr::null_mut(), Ordering::Acquire);
+            if !ptr.is_null() {
+                // SAFETY: a block of this pool that the slot owned; no array uses it.
+                unsafe { self.pool.try_free(ptr) };
+            }
+        }
+    }
+}
+
+/// The `HandlerCtx` of one of this module's handler capsules.
+fn stash_of<'a>(capsule: &'a Bound<'_, PyAny>) -> PyResult<&'a HandlerCtx> {
+    let capsule = capsule.cast::<PyCapsule>()?;
+    let handler = capsule.pointer_checked(Some(c"mem_handler"))?.as_ptr().cast::<PyDataMemHandler>();
+    // SAFETY: the capsules named "mem_handler" that a `PyHostPool` keeps are `handler_capsule`'s,
+    // whose value is a `PyDataMemHandler` with a `HandlerCtx` as `ctx`, alive with the capsule.
+    Ok(ctx_of(unsafe { (*handler).allocator.ctx }))
+}
+
+fn ctx_of<'a>(ctx: *mut c_void) -> &'a HandlerCtx {
+    // SAFETY: `ctx` is the `Box<HandlerCtx>` made in `handler_capsule`, alive while the capsule
+    // is (every array allocated through the handler holds a reference to the capsule).
+    unsafe { &*(ctx as *const HandlerCtx) }
 }
 
 /// Runs a hook body; a panic (which must not unwind into C) becomes `fallback`.
@@ -389,46 +486,51 @@ fn no_unwind<T>(fallback: T, f: impl FnOnce() -> T) -> T {
 }
 
 unsafe extern "C" fn h_malloc(ctx: *mut c_void, size: usize) -> *mut c_void {
-    no_unwind(std::ptr::null_mut(), || {
-        pool_of(ctx).alloc(size.max(1) as u64).map_or(std::ptr::null_mut(), |p| p.cast())
-    })
+    no_unwind(std::ptr::null_mut(), || ctx_of(ctx).alloc(size).cast())
 }
 
 unsafe extern "C" fn h_calloc(ctx: *mut c_void, nelem: usize, elsize: usize) -> *mut c_void {
     no_unwind(std::ptr::null_mut(), || {
         let Some(size) = nelem.checked_mul(elsize) else { return std::ptr::null_mut() };
-        pool_of(ctx).alloc_zeroed(size.max(1) as u64).map_or(std::ptr::null_mut(), |p| p.cast())
+        let h = ctx_of(ctx);
+        if class_of(size.max(1) as u64) < STASH_CLASSES {
+            let ptr = h.alloc(size);
+            if !ptr.is_null() {
+                // SAFETY: a block of at least `size` bytes handed to nobody yet.
+                unsafe { std::ptr::write_bytes(ptr, 0, size) };
+            }
+            return ptr.cast();
+        }
+        h.pool.alloc_zeroed(size as u64).map_or(std::ptr::null_mut(), |p| p.cast())
     })
 }
 
 unsafe extern "C" fn h_realloc(ctx: *mut c_void, ptr: *mut c_void, new_size: usize) -> *mut c_void {
     no_unwind(std::ptr::null_mut(), || {
-        let pool = pool_of(ctx);
+        let h = ctx_of(ctx);
         if ptr.is_null() {
-            return pool.alloc(new_size.max(1) as u64).map_or(std::ptr::null_mut(), |p| p.cast());
+            return h.alloc(new_size).cast();
         }
-        let Some(old) = pool.block_size(ptr.cast()) else { return std::ptr::null_mut() };
+        let Some(old) = h.pool.block_size(ptr.cast()) else { return std::ptr::null_mut() };
         if new_size as u64 <= old && new_size as u64 * 2 > old {
             return ptr; // fits and not wastefully large
         }
-        match pool.alloc(new_size.max(1) as u64) {
-            Ok(p) => {
-                // SAFETY: both blocks are ours; copy what both hold, then free the old one.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(ptr.cast::<u8>(), p, (old as usize).min(new_size));
-                    pool.try_free(ptr.cast());
-                }
-                p.cast()
+        let p = h.alloc(new_size);
+        if !p.is_null() {
+            // SAFETY: both blocks are ours; copy what both hold, then free the old one.
+            unsafe {
+                std::ptr::copy_nonoverlapping(ptr.cast::<u8>(), p, (old as usize).min(new_size));
+                h.free(ptr.cast());
             }
-            Err(_) => std::ptr::null_mut(),
         }
+        p.cast()
     })
 }
 
 unsafe extern "C" fn h_free(ctx: *mut c_void, ptr: *mut c_void, _size: usize) {
     if !ptr.is_null() {
         // SAFETY: NumPy frees what this handler allocated, once; a foreign pointer is ignored.
-        no_unwind(false, || unsafe { pool_of(ctx).try_free(ptr.cast()) });
+        no_unwind((), || unsafe { ctx_of(ctx).free(ptr.cast()) });
     }
 }
 
@@ -450,7 +552,7 @@ fn handler_capsule(py: Python<'_>, pool: HostPool) -> PyResult<Py<PyAny>> {
         name,
         version: 1,
         allocator: PyDataMemAllocator {
-            ctx: Box::into_raw(Box::new(pool)).cast(),
+            ctx: Box::into_raw(Box::new(HandlerCtx::new(pool))).cast(),
             malloc: h_malloc,
             calloc: h_calloc,
             realloc: h_realloc,
@@ -459,7 +561,7 @@ fn handler_capsule(py: Python<'_>, pool: HostPool) -> PyResult<Py<PyAny>> {
     };
     let capsule = PyCapsule::new_with_value_and_destructor(py, handler, c"mem_handler", |h, _| {
         // SAFETY: the box made above, released once, when the last array using it is gone.
-        drop(unsafe { Box::from_raw(h.allocator.ctx as *mut HostPool) });
+        drop(unsafe { Box::from_raw(h.allocator.ctx as *mut HandlerCtx) });
     })?;
     Ok(capsule.into_any().unbind())
 }
